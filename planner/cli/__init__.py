@@ -1,0 +1,1 @@
+"""The ``batchplan`` command line: one file per command, each an ``add_parser`` + ``run`` pair."""

@@ -1,0 +1,87 @@
+"""Entry point of the ``batchplan`` console script.
+
+stdout carries the result (a table, or exact JSON with ``--json``); stderr carries logs and progress. A user
+error is one line ``error: <what> (<how to fix>)`` and exit code 2 (1 for an infeasible plan or a failed
+preflight); ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from torchkit.errors import UserError
+
+# one module per command, each defining add_parser(subparsers) (which sets func=run) and run(args) -> int
+COMMAND_MODULES: tuple[str, ...] = (
+    "planner.cli.devices",
+    "planner.cli.profile",
+    "planner.cli.plan",
+    "planner.cli.preflight",
+    "planner.cli.show",
+    "planner.cli.catalog",
+)
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in our one-line format with exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _ArgumentParser(
+        prog="batchplan",
+        description="Cluster-aware batch planner for PyTorch DDP on mixed GPUs.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:  # a command whose module is not built: leave it out
+            if exc.name != module_name:
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def _version() -> str:
+    from planner import __version__
+
+    return f"batchplan {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s" if args.debug else "%(message)s",
+        stream=sys.stderr,
+    )
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        if args.debug:
+            raise
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    except BrokenPipeError:  # `batchplan plan | head`: not an error of ours
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

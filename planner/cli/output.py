@@ -1,0 +1,57 @@
+"""How results are shown: rich tables on a terminal, aligned plain text when piped, exact JSON with
+``--json``. Results are computed elsewhere; this module only renders them (one table renderer for all)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+GIB = 2**30
+
+
+def format_gib(num_bytes: int | float | None, digits: int = 1) -> str:
+    """Bytes as GiB (2^30) with ``digits`` decimals; ``-`` for unknown."""
+    if num_bytes is None or num_bytes < 0:
+        return "-"
+    return f"{num_bytes / GIB:.{digits}f}"
+
+
+def print_json(obj: Any) -> None:
+    """Exact JSON on stdout (sorted keys off: field order follows the schema)."""
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A table on stdout: rich when stdout is a terminal, plain aligned text otherwise (pipes, files, CI)."""
+    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title)
+        for name in columns:
+            table.add_column(name)
+        for row in cells:
+            table.add_row(*row)
+        Console().print(table)
+        return
+    widths = [len(c) for c in columns]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)]
+    if title:
+        sys.stdout.write(title + "\n")
+    sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False)).rstrip() + "\n")
+    for row in cells:
+        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() + "\n")
+
+
+def echo(text: str = "") -> None:
+    """A line of result text on stdout."""
+    sys.stdout.write(text + "\n")
+
+
+def note(text: str) -> None:
+    """A log line on stderr (never mixed into the result)."""
+    sys.stderr.write(text + "\n")
