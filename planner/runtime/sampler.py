@@ -1,0 +1,194 @@
+"""A batch sampler that splits every global batch into the planned, unequal per-rank slices.
+
+``DistributedSampler`` gives every rank ``len(dataset) / W`` samples and the DataLoader cuts them into equal
+batches; with per-rank batches ``b_i`` of different sizes the ranks would then run different numbers of
+steps, and DDP hangs at the first all-reduce a rank never reaches (DeepSpeed #2223). This sampler instead
+walks one shared permutation of the dataset in global steps of ``B = Σ_i b_i`` indices and hands rank ``i``
+the slice ``[offset_i, offset_i + b_i)`` of each, where ``offset_i = Σ_{j<i} b_j``. Every rank computes
+the same permutation from ``seed + epoch`` (no communication), so the slices are disjoint, every rank runs
+the same number of steps, and one global step holds exactly the samples a single process would take.
+
+Use it as a DataLoader's ``batch_sampler``::
+
+    sampler = PlannedBatchSampler.from_plan(rank_plan, len(dataset), seed=0)
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=4)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader: ...
+
+Known limitations: the permutation comes from ``torch.randperm`` with a CPU generator, so all ranks must run
+the same torch version (as ``DistributedSampler`` also assumes). The sampler does not look at the data, so
+samples of different cost (sequence length) are not balanced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.data import Sampler
+
+from planner.errors import ConfigError
+from planner.runtime.weights import _positive_int
+
+if TYPE_CHECKING:
+    from planner.runtime.rank_plan import RankPlan
+
+__all__ = ["PlannedBatchSampler"]
+
+
+class PlannedBatchSampler(Sampler[list[int]]):
+    """Yields this rank's index list for every global step of an epoch.
+
+    Args:
+        dataset_size: number of samples in the dataset (``len(dataset)``).
+        batches: every rank's batch per step, in rank order (``plan.json`` ``ranks[].batch``).
+        rank: this process's global rank.
+        shuffle: draw a new permutation every epoch (seeded with ``seed + epoch``); else dataset order.
+        seed: base seed; must be the same on every rank.
+        drop_last: drop the tail of the epoch that does not fill a whole optimizer step. With ``False`` the
+            tail is completed by wrapping around to the start of the epoch's order (as
+            ``DistributedSampler`` pads), so a few samples are seen twice in that epoch. Either way every
+            rank gets exactly its planned batch in every step, so the plan's loss weights stay exact, and
+            every rank runs the same number of steps, so DDP cannot hang on a missing all-reduce.
+        accumulate: micro-steps per optimizer step (``plan.json`` ``accumulate``). The number of steps per
+            epoch is a multiple of it, so an epoch never ends inside an optimizer step.
+
+    Raises:
+        ConfigError: empty or non-positive batches, a rank out of range, or a dataset smaller than one
+            optimizer step (``Σ batches · accumulate`` samples).
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        batches: Sequence[int],
+        rank: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+        accumulate: int = 1,
+    ) -> None:
+        super().__init__()
+        if len(batches) == 0:
+            raise ConfigError("batches is empty: give every rank's batch in rank order")
+        self.batches: tuple[int, ...] = tuple(_positive_int(b, f"batches[{i}]") for i, b in enumerate(batches))
+        """every rank's batch per step, in rank order"""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(self.batches):
+            raise ConfigError(
+                f"rank {rank!r} is out of range for {len(self.batches)} ranks (expected 0..{len(self.batches) - 1})"
+            )
+        self.rank = rank
+        """this process's global rank"""
+        self.accumulate = _positive_int(accumulate, "accumulate")
+        """micro-steps per optimizer step"""
+        self.dataset_size = _positive_int(dataset_size, "dataset_size")
+        """samples in the dataset"""
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.epoch = 0
+        """the epoch whose permutation ``__iter__`` walks; set with :meth:`set_epoch`"""
+
+        optimizer_step = self.step_batch * self.accumulate
+        if self.dataset_size < optimizer_step:
+            what = "one global batch" if self.accumulate == 1 else f"one optimizer step ({self.accumulate} micro-steps)"
+            raise ConfigError(
+                f"the dataset has {self.dataset_size} samples, fewer than {what} of {optimizer_step} samples "
+                f"(batches {list(self.batches)}): use a larger dataset or plan a smaller global batch"
+            )
+        if self.drop_last:
+            optimizer_steps = self.dataset_size // optimizer_step
+        else:
+            optimizer_steps = -(-self.dataset_size // optimizer_step)  # ceil
+        self._steps_per_epoch = optimizer_steps * self.accumulate
+
+    @classmethod
+    def from_plan(
+        cls,
+        plan: RankPlan,
+        dataset_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = True,
+    ) -> PlannedBatchSampler:
+        """The sampler for ``plan``'s rank (batches, rank and accumulate from the plan)."""
+        return cls(
+            dataset_size,
+            plan.batches,
+            plan.rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            accumulate=plan.accumulate,
+        )
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return len(self.batches)
+
+    @property
+    def rank_batch(self) -> int:
+        """This rank's batch per step (``b_i``)."""
+        return self.batches[self.rank]
+
+    @property
+    def step_batch(self) -> int:
+        """Samples of one global (micro-)step over all ranks (``B = Σ_i b_i``)."""
+        return sum(self.batches)
+
+    @property
+    def offset(self) -> int:
+        """Where this rank's slice starts inside a global step (``Σ_{j<i} b_j``)."""
+        return sum(self.batches[: self.rank])
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Indices one epoch hands out over all ranks (less than the dataset with ``drop_last``, more
+        without it when the tail was padded)."""
+        return self._steps_per_epoch * self.step_batch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's permutation; call it with the same value on every rank before iterating."""
+        self.epoch = int(epoch)
+
+    def epoch_order(self) -> list[int]:
+        """The epoch's global order, already cut or padded to ``samples_per_epoch`` indices.
+
+        Global step ``s`` is ``order[s·B : (s+1)·B]``; rank ``i`` takes ``[offset_i, offset_i + b_i)`` of it.
+        """
+        if self.shuffle:
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.dataset_size, generator=generator).tolist()
+        else:
+            order = list(range(self.dataset_size))
+        wanted = self.samples_per_epoch
+        if wanted <= len(order):
+            return order[:wanted]
+        padding = wanted - len(order)
+        # wrap around like DistributedSampler; the dataset holds at least one optimizer step, and the
+        # padding is less than one, so one extra copy of the start always suffices
+        return order + order[:padding]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self.epoch_order()
+        step_batch, offset, rank_batch = self.step_batch, self.offset, self.rank_batch
+        for step in range(self._steps_per_epoch):
+            start = step * step_batch + offset
+            yield order[start : start + rank_batch]
+
+    def __len__(self) -> int:
+        """Steps per epoch: the same on every rank."""
+        return self._steps_per_epoch
+
+    def __repr__(self) -> str:
+        return (
+            f"PlannedBatchSampler(rank={self.rank}, batches={list(self.batches)}, dataset_size={self.dataset_size}, "
+            f"steps_per_epoch={len(self)}, shuffle={self.shuffle}, seed={self.seed}, drop_last={self.drop_last}, "
+            f"accumulate={self.accumulate}, epoch={self.epoch})"
+        )
