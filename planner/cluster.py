@@ -1,0 +1,309 @@
+"""Cluster configs: a YAML description of (simulated) nodes and their GPUs, loaded strictly.
+
+A config names GPU types from the catalog (``cluster_configs/gpus.yaml``) and may add its own under
+``gpu_types:``. Busy cards are described by the memory already in use and their utilisation, so idle-GPU
+selection can be exercised without GPUs. Format (DESIGN.md, "Cluster config")::
+
+    name: mixed-lab
+    gpu_types:                 # optional: extra catalog entries (gpus.yaml keys plus name)
+      - {name: MY-GPU, memory_mib: 24576, fp16_tflops: 71, bf16_tflops: 71, fp32_tflops: 35.6,
+         bandwidth_gb_s: 936}
+    nodes:
+      - name: node-a
+        cpu_count: 64          # optional: host CPU cores, for the ranks x data-loader workers check
+        host_memory_gib: 512   # optional: host memory
+        gpus: [{type: A100-SXM4-80GB, count: 8}]
+      - name: node-b
+        gpus:
+          - {type: V100-SXM2-16GB, count: 4}
+          - {type: T4, count: 1, used_memory_gib: 9.5, utilization: 0.85}   # a busy card
+
+Every error is a ConfigError naming the file, the path (``nodes[1].gpus[0].type``) and the fix. Pure
+Python + PyYAML: importing this module imports no torch, Ray or pynvml.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchkit.catalog import (
+    GPU_SPEC_OPTIONAL_KEYS,
+    GPU_SPEC_REQUIRED_KEYS,
+    ConfigLocation,
+    GpuCatalog,
+    GpuSpec,
+    cluster_configs_dir,
+    expect_int,
+    expect_list,
+    expect_mapping,
+    expect_number,
+    expect_str,
+    load_catalog,
+    parse_gpu_spec,
+    read_yaml_file,
+)
+from torchkit.errors import ConfigError
+
+GIB = 2**30
+
+MAX_GPUS_PER_NODE = 256
+"""sanity bound: the largest real single-host systems have 16 GPUs; a count beyond this is a typo"""
+
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # usable as a hostname label and a Ray resource
+
+_TOP_REQUIRED = {"nodes": "a list of nodes, e.g. nodes: [{name: node-a, gpus: [{type: T4, count: 2}]}]"}
+_TOP_OPTIONAL = ("name", "gpu_types")
+_NODE_REQUIRED = {
+    "name": "e.g. name: node-a",
+    "gpus": "e.g. gpus: [{type: A100-SXM4-80GB, count: 8}]",
+}
+_NODE_OPTIONAL = ("cpu_count", "host_memory_gib")
+_GPU_REQUIRED = {"type": "a catalog GPU type, e.g. type: A100-SXM4-80GB (see `batchplan catalog`)"}
+_GPU_OPTIONAL = ("count", "used_memory_gib", "utilization")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedGpu:
+    """One GPU of a simulated node, with the load it carries before our job starts."""
+
+    index: int
+    """device index within the node (0, 1, ... in config order), as NVML/CUDA would number it"""
+    spec: GpuSpec
+    """the catalog type"""
+    used_memory_bytes: int = 0
+    """memory already held by other processes, bytes (``used_memory_gib`` in the config)"""
+    utilization_fraction: float = 0.0
+    """current compute utilisation by other processes, 0..1 (``utilization`` in the config)"""
+
+    @property
+    def total_memory_bytes(self) -> int:
+        """total memory as the driver reports it"""
+        return self.spec.memory_bytes
+
+    @property
+    def free_memory_bytes(self) -> int:
+        """total minus what other processes hold"""
+        return self.spec.memory_bytes - self.used_memory_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeSpec:
+    """One node of a cluster config."""
+
+    name: str
+    """node name, unique within the cluster"""
+    gpus: tuple[SimulatedGpu, ...]
+    """the node's GPUs, indices 0..n-1"""
+    cpu_count: int | None = None
+    """host CPU cores (logical), if the config gives them"""
+    host_memory_bytes: int | None = None
+    """host memory in bytes, if the config gives it (``host_memory_gib``)"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """A cluster config, validated and expanded (one SimulatedGpu per card)."""
+
+    name: str
+    """cluster name (``name:``; defaults to the file's stem)"""
+    nodes: tuple[NodeSpec, ...]
+    """nodes in config order"""
+    source_path: str
+    """the file it was read from, or the label given to ``parse_cluster``"""
+    catalog: GpuCatalog
+    """the catalog the GPU types were resolved against, including the config's ``gpu_types``"""
+
+    @property
+    def num_gpus(self) -> int:
+        """total GPUs over all nodes"""
+        return sum(len(node.gpus) for node in self.nodes)
+
+    def node(self, name: str) -> NodeSpec:
+        """The node called ``name``; KeyError if there is none."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def gpu_type_counts(self) -> dict[str, int]:
+        """GPU type name -> number of cards, in order of first appearance."""
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            for gpu in node.gpus:
+                counts[gpu.spec.name] = counts.get(gpu.spec.name, 0) + 1
+        return counts
+
+
+def shipped_cluster_configs() -> dict[str, Path]:
+    """The example cluster configs shipped with batchplan: name (file stem) -> path, sorted by name."""
+    return {
+        path.stem: path for path in sorted(cluster_configs_dir().glob("*.yaml")) if path.name != "gpus.yaml"
+    }
+
+
+def load_cluster(path: str | os.PathLike[str], catalog: GpuCatalog | None = None) -> ClusterSpec:
+    """Load and validate a cluster config file.
+
+    ``path`` may also be the name of a shipped example (``demo-mixed``) when no such file exists here.
+
+    Raises:
+        ConfigError: the file is missing, is not valid YAML, or breaks a rule of the format (the message
+            names the file, the path inside it and the fix).
+    """
+    file_path = Path(path)
+    if not file_path.exists():
+        shipped = shipped_cluster_configs()
+        stem = file_path.name.removesuffix(".yaml").removesuffix(".yml")
+        if file_path.parent == Path(".") and stem in shipped:
+            file_path = shipped[stem]
+        else:
+            raise ConfigError(
+                f"cluster config {file_path} does not exist (check the path; shipped examples: "
+                f"{', '.join(shipped)})"
+            )
+    data = read_yaml_file(file_path, "cluster config")
+    return parse_cluster(data, str(file_path), catalog=catalog, default_name=file_path.stem)
+
+
+def parse_cluster(
+    data: Any, source: str, catalog: GpuCatalog | None = None, *, default_name: str | None = None
+) -> ClusterSpec:
+    """Validate parsed YAML (``data``) as a cluster config; ``source`` names it in errors.
+
+    ``catalog`` defaults to the shipped one; the config's ``gpu_types`` are added to it.
+    ``default_name`` is used when the config has no ``name:`` (default: the stem of ``source``).
+    """
+    top = ConfigLocation(source)
+    if data is None:
+        raise top.error("is empty (expected a mapping with name: and nodes:)")
+    expect_mapping(
+        data, top, required=_TOP_REQUIRED, optional=_TOP_OPTIONAL, what="a mapping with name: and nodes:"
+    )
+    name = (
+        expect_str(data["name"], top.key("name")) if "name" in data else (default_name or Path(source).stem)
+    )
+
+    catalog = _with_config_types(load_catalog() if catalog is None else catalog, data.get("gpu_types"), top)
+
+    nodes_where = top.key("nodes")
+    nodes_raw = expect_list(data["nodes"], nodes_where, what="a list of nodes")
+    nodes: list[NodeSpec] = []
+    first_index_of: dict[str, int] = {}
+    for i, node_raw in enumerate(nodes_raw):
+        node = _parse_node(node_raw, nodes_where.index(i), catalog)
+        if node.name in first_index_of:
+            first = first_index_of[node.name]
+            name_where = nodes_where.index(i).key("name")
+            raise name_where.error(
+                f"duplicate node name {node.name!r} (also nodes[{first}]; names must be unique)"
+            )
+        first_index_of[node.name] = i
+        nodes.append(node)
+    return ClusterSpec(name=name, nodes=tuple(nodes), source_path=source, catalog=catalog)
+
+
+def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation) -> GpuCatalog:
+    """The catalog plus the config's ``gpu_types`` entries (each: gpus.yaml keys plus ``name``)."""
+    if raw is None:
+        return catalog
+    types_where = top.key("gpu_types")
+    entries = expect_list(raw, types_where, what="a list of GPU type entries", non_empty=False)
+    for i, entry in enumerate(entries):
+        where = types_where.index(i)
+        expect_mapping(
+            entry,
+            where,
+            required={"name": "the new type's name, e.g. name: MY-GPU", **GPU_SPEC_REQUIRED_KEYS},
+            optional=GPU_SPEC_OPTIONAL_KEYS,
+            what="a GPU type entry mapping",
+        )
+        fields = {key: value for key, value in entry.items() if key != "name"}
+        spec = parse_gpu_spec(expect_str(entry["name"], where.key("name")), fields, where)
+        try:
+            catalog = catalog.with_types([spec])
+        except ConfigError as exc:
+            raise where.key("name").error(str(exc)) from None
+    return catalog
+
+
+def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog) -> NodeSpec:
+    node = expect_mapping(raw, where, required=_NODE_REQUIRED, optional=_NODE_OPTIONAL, what="a node mapping")
+    name = expect_str(node["name"], where.key("name"))
+    if not _NODE_NAME.match(name):
+        raise where.key("name").error(
+            f"node name {name!r} may hold only letters, digits, '.', '_' and '-' and must start with a letter "
+            "or digit (it becomes a host label)"
+        )
+    cpu_count = None
+    if node.get("cpu_count") is not None:
+        cpu_count = expect_int(node["cpu_count"], where.key("cpu_count"), minimum=1)
+    host_memory_bytes = None
+    if node.get("host_memory_gib") is not None:
+        gib = expect_number(
+            node["host_memory_gib"], where.key("host_memory_gib"), positive=True, hint="in GiB"
+        )
+        host_memory_bytes = round(gib * GIB)
+
+    gpus_where = where.key("gpus")
+    entries = expect_list(node["gpus"], gpus_where, what="a list of {type, count} entries")
+    gpus: list[SimulatedGpu] = []
+    for j, entry in enumerate(entries):
+        gpus.extend(_parse_gpu_entry(entry, gpus_where.index(j), catalog, first_index=len(gpus)))
+        if len(gpus) > MAX_GPUS_PER_NODE:
+            raise gpus_where.error(
+                f"node {name!r} has more than {MAX_GPUS_PER_NODE} GPUs (check the counts, or split it into nodes)"
+            )
+    return NodeSpec(name=name, gpus=tuple(gpus), cpu_count=cpu_count, host_memory_bytes=host_memory_bytes)
+
+
+def _parse_gpu_entry(
+    raw: Any, where: ConfigLocation, catalog: GpuCatalog, *, first_index: int
+) -> list[SimulatedGpu]:
+    entry: Mapping[str, Any] = expect_mapping(
+        raw,
+        where,
+        required=_GPU_REQUIRED,
+        optional=_GPU_OPTIONAL,
+        what="a GPU entry mapping like {type: T4, count: 2}",
+    )
+    type_where = where.key("type")
+    type_name = expect_str(entry["type"], type_where)
+    try:
+        spec = catalog.get(type_name)
+    except ConfigError as exc:
+        raise type_where.error(str(exc)) from None
+    count = expect_int(entry.get("count", 1), where.key("count"), minimum=1)
+
+    used_memory_bytes = 0
+    if entry.get("used_memory_gib") is not None:
+        used_where = where.key("used_memory_gib")
+        used_gib = expect_number(entry["used_memory_gib"], used_where, minimum=0, hint="memory in use, GiB")
+        used_memory_bytes = round(used_gib * GIB)
+        if used_memory_bytes > spec.memory_bytes:
+            raise used_where.error(
+                f"{used_gib:g} GiB in use exceeds the {spec.memory_bytes / GIB:.2f} GiB total of a {spec.name} "
+                f"(use at most {spec.memory_bytes / GIB:.2f})"
+            )
+    utilization = 0.0
+    if entry.get("utilization") is not None:
+        utilization = expect_number(
+            entry["utilization"],
+            where.key("utilization"),
+            minimum=0,
+            maximum=1,
+            hint="a fraction, e.g. 0.85 for 85%",
+        )
+    return [
+        SimulatedGpu(
+            index=first_index + k,
+            spec=spec,
+            used_memory_bytes=used_memory_bytes,
+            utilization_fraction=utilization,
+        )
+        for k in range(count)
+    ]
