@@ -14,3 +14,31 @@ def _restore_environment():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+#: raylets of the shared test cluster: enough for the 3-node simulated configs to get one each
+TEST_RAYLETS = 3
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One real local Ray cluster for the whole test run: TEST_RAYLETS raylets, all on 127.0.0.1, dashboard off.
+
+    Ray rewrites 127.0.0.1 to the machine's own address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 is set
+    before it starts and every node is given node_ip_address=127.0.0.1 (DESIGN.md, Testing).
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+    from ray.cluster_utils import Cluster
+
+    common = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "object_store_memory": 80 * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={**common, "include_dashboard": False})
+    for _ in range(TEST_RAYLETS - 1):
+        cluster.add_node(wait=False, **common)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="ERROR")
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

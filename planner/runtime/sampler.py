@@ -23,6 +23,7 @@ samples of different cost (sequence length) are not balanced.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -76,11 +77,15 @@ class PlannedBatchSampler(Sampler[list[int]]):
             raise ConfigError("batches is empty: give every rank's batch in rank order")
         self.batches: tuple[int, ...] = tuple(_positive_int(b, f"batches[{i}]") for i, b in enumerate(batches))
         """every rank's batch per step, in rank order"""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(self.batches):
+        try:
+            checked_rank = None if isinstance(rank, bool) else operator.index(rank)
+        except TypeError:
+            checked_rank = None
+        if checked_rank is None or not 0 <= checked_rank < len(self.batches):
             raise ConfigError(
                 f"rank {rank!r} is out of range for {len(self.batches)} ranks (expected 0..{len(self.batches) - 1})"
             )
-        self.rank = rank
+        self.rank: int = checked_rank
         """this process's global rank"""
         self.accumulate = _positive_int(accumulate, "accumulate")
         """micro-steps per optimizer step"""

@@ -1,0 +1,37 @@
+"""In-job helpers for DDP with the planned per-rank batches: each rank's plan entry, its loss weight and a
+batch sampler that gives it its slice of every global batch.
+
+Names are loaded lazily (PEP 562): ``import planner.runtime`` imports no torch; ``loss_weight`` and
+``load_rank_plan`` stay torch-free, and only ``PlannedBatchSampler`` (a ``torch.utils.data.Sampler``)
+imports torch when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> submodule that defines it (planner.runtime.autobatch_ddp adds its names here)
+_EXPORTS: dict[str, str] = {
+    "loss_weight": "planner.runtime.weights",
+    "loss_weights": "planner.runtime.weights",
+    "sum_loss_scale": "planner.runtime.weights",
+    "PlannedBatchSampler": "planner.runtime.sampler",
+    "RankPlan": "planner.runtime.rank_plan",
+    "load_rank_plan": "planner.runtime.rank_plan",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'planner.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # cache: the next access skips __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
