@@ -1,0 +1,296 @@
+"""``batchplan devices``: the GPUs of this machine (or of a cluster's nodes) with memory, utilisation,
+temperature, power and the processes holding them, and which GPUs a ``--select`` spec would use.
+
+Computed first (``local_node_inventory`` → a JSON-able node dict), rendered second (``render_nodes``), so
+the Ray path (``planner.cluster_devices.cluster_inventory``) returns the same node dicts and shares the
+renderer. On a machine without an NVIDIA driver it lists the host only, says why on stderr, and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from planner.cli.output import echo, format_gib, note, print_json, print_table
+from torchkit.errors import ConfigError
+
+SCHEMA = "batchplan/devices@1"
+
+# the selection shown when --select is not given: "which GPU would -1 pick"
+DEFAULT_SELECT = "-1"
+
+# argparse reads "-1,-1" as an unknown option (only "-1" looks like a negative number to it); this pattern
+# lets a selection spec such as "--select -1,-1" or "0,-1" through as a value
+_SPEC_LIKE_NEGATIVE_NUMBER = re.compile(r"^-\d+(?:,-?\d+)*$|^-\d*\.\d+$")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "devices",
+        help="list GPUs with memory, utilisation and processes, and which ones a selection would use",
+        description=(
+            "List the GPUs of this machine (NVML), or of every node of a cluster, with memory, utilisation, "
+            "temperature, power and the processes holding them, and show which GPUs --select would use."
+        ),
+    )
+    p._negative_number_matcher = _SPEC_LIKE_NEGATIVE_NUMBER  # see the constant
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--cluster", metavar="FILE", help="a simulated cluster config (YAML)")
+    target.add_argument(
+        "--address", metavar="ADDR", help="a Ray cluster address ('auto' for the running one)"
+    )
+    p.add_argument(
+        "--select",
+        metavar="SPEC",
+        default=None,
+        help="GPUs to use: 'all', '-1' (the most idle), '-1,-1' (the two most idle) or indices like '0,2' "
+        f"(default: show what '{DEFAULT_SELECT}' would pick)",
+    )
+    p.add_argument(
+        "--min-memory-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="only GPUs with at least this share of their memory free (0..1, default 0)",
+    )
+    p.add_argument(
+        "--max-utilization",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="only GPUs at most this busy (0..1, default 1)",
+    )
+    p.add_argument("--json", action="store_true", help=f"print JSON ({SCHEMA}) instead of a table")
+    p.set_defaults(func=run)
+
+
+# ------------------------------------------------------------------------------------------------ compute
+
+
+def validate_selection_options(
+    select: str, min_free_memory_fraction: float, max_utilization_fraction: float
+) -> None:
+    """Check a selection spec and its thresholds before anything is probed.
+
+    Raises:
+        ConfigError: a fraction outside [0, 1] or a malformed spec.
+    """
+    from torchkit.nvml import parse_select_spec
+
+    for flag, value in (
+        ("--min-memory-fraction", min_free_memory_fraction),
+        ("--max-utilization", max_utilization_fraction),
+    ):
+        if not 0.0 <= value <= 1.0:  # also rejects nan
+            raise ConfigError(f"{flag} must be a fraction in [0, 1], got {value!r} (e.g. 0.2 for 20%)")
+    parse_select_spec(select)
+
+
+def host_info() -> dict[str, Any]:
+    """This machine's CPU name, logical core count and memory."""
+    import psutil
+
+    from torchkit.device import get_cpu_info
+
+    return {
+        "cpu": get_cpu_info(),
+        "cpu_count": os.cpu_count(),
+        "memory_total_bytes": int(psutil.virtual_memory().total),
+    }
+
+
+def build_node(
+    *,
+    name: str,
+    gpus: Sequence[Any],
+    host: dict[str, Any],
+    driver: dict[str, Any] | None,
+    select: str,
+    min_free_memory_fraction: float = 0.0,
+    max_utilization_fraction: float = 1.0,
+    warnings: Sequence[str] = (),
+    ray_node_id: str | None = None,
+    probe_pid: int | None = None,
+    apply_selection: bool = True,
+) -> dict[str, Any]:
+    """One node's JSON-able inventory: host, driver, devices (``GpuStats.to_dict``) and the selection.
+
+    ``gpus`` are ``torchkit.nvml.GpuStats``. A selection that cannot be met (too few eligible GPUs) is not an
+    error here: nothing is selected, every GPU is listed in ``skipped`` and the reason is a warning.
+    ``apply_selection=False`` (no NVML) leaves ``selected``/``skipped`` empty without a second warning.
+
+    Raises:
+        ConfigError: malformed spec or thresholds, or an index the node does not have.
+    """
+    from torchkit.nvml import InsufficientGpusError, select_gpus
+
+    notes = list(warnings)
+    selected: list[int] = []
+    skipped: list[dict[str, Any]] = []
+    if apply_selection:
+        try:
+            selection = select_gpus(
+                gpus,
+                select,
+                min_free_memory_fraction=min_free_memory_fraction,
+                max_utilization_fraction=max_utilization_fraction,
+            )
+        except InsufficientGpusError as exc:
+            reasons = dict(exc.skipped)
+            skipped = [
+                {
+                    "device_index": g.index,
+                    "reason": reasons.get(g.index, f"not used: selection {select!r} cannot be met"),
+                }
+                for g in sorted(gpus, key=lambda g: g.index)
+            ]
+            notes.append(str(exc))
+        else:
+            selected = list(selection.selected)
+            skipped = [{"device_index": i, "reason": reason} for i, reason in selection.skipped]
+            notes.extend(selection.warnings)
+    return {
+        "name": name,
+        "ray_node_id": ray_node_id,
+        "probe_pid": probe_pid,
+        "driver": driver,
+        "host": host,
+        "devices": [g.to_dict() for g in gpus],
+        "selected": selected,
+        "skipped": skipped,
+        "warnings": notes,
+    }
+
+
+def local_node_inventory(
+    select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
+) -> dict[str, Any]:
+    """This machine as a node dict (see ``build_node``), read through NVML.
+
+    Without NVML (no driver, no pynvml) the node has no devices and one warning saying why.
+
+    Raises:
+        ConfigError: malformed spec or thresholds, or an index this machine does not have.
+    """
+    from torchkit.nvml import NvmlUnavailableError, read_local_inventory
+
+    validate_selection_options(select, min_free_memory_fraction, max_utilization_fraction)
+    common = {
+        "name": socket.gethostname(),
+        "host": host_info(),
+        "select": select,
+        "min_free_memory_fraction": min_free_memory_fraction,
+        "max_utilization_fraction": max_utilization_fraction,
+        "probe_pid": os.getpid(),
+    }
+    try:
+        inventory = read_local_inventory()
+    except NvmlUnavailableError as exc:
+        return build_node(
+            gpus=[],
+            driver=None,
+            warnings=[f"no NVIDIA driver/NVML found, listing the host only: {exc}"],
+            apply_selection=False,
+            **common,
+        )
+    driver = {
+        "nvml_version": inventory.nvml_version,
+        "driver_version": inventory.driver_version,
+        "cuda_driver_version": inventory.cuda_driver_version,
+    }
+    return build_node(gpus=list(inventory.gpus), driver=driver, warnings=list(inventory.warnings), **common)
+
+
+# ------------------------------------------------------------------------------------------------ render
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def _power(device: dict[str, Any]) -> str:
+    draw, limit = device["power_w"], device["power_limit_w"]
+    if draw is None:
+        return "-"
+    return f"{draw:.0f}" if limit is None else f"{draw:.0f}/{limit:.0f}"
+
+
+def _processes(device: dict[str, Any]) -> str:
+    parts = []
+    for p in device["processes"]:
+        memory = "" if p["used_memory_bytes"] is None else f" {format_gib(p['used_memory_bytes'])} GiB"
+        parts.append(f"{p['pid']} {p['name'] or '?'}{memory}")
+    return ", ".join(parts) or "-"
+
+
+def _selection_line(node: dict[str, Any], select: str, explicit: bool) -> str:
+    names = {d["index"]: d["name"] for d in node["devices"]}
+    picked = ", ".join(f"GPU {i} ({names.get(i, '?')})" for i in node["selected"]) or "nothing"
+    head = f"--select {select} picks" if explicit else f"{select} would pick"
+    return f"{head}: {picked}"
+
+
+def render_nodes(nodes: Sequence[dict[str, Any]], *, select: str, explicit: bool) -> None:
+    """Tables on stdout, one per node: a host line, one row per GPU (with "picked" or why not), and a line
+    naming the GPUs the selection picks."""
+    for number, node in enumerate(nodes):
+        if number:
+            echo()
+        host = node["host"]
+        line = (
+            f"{node['name']}: {host['cpu']}, {host['cpu_count']} CPUs, "
+            f"{format_gib(host['memory_total_bytes'])} GiB memory"
+        )
+        driver = node["driver"]
+        if driver:
+            line += f"; NVIDIA driver {driver['driver_version'] or '?'}, CUDA {driver['cuda_driver_version'] or '?'}"
+        echo(line)
+        if not node["devices"]:
+            echo("no GPUs")
+            continue
+        status = {s["device_index"]: s["reason"] for s in node["skipped"]}
+        status.update({i: "picked" for i in node["selected"]})
+        rows = [
+            [
+                d["index"],
+                d["name"],
+                f"{format_gib(d['memory_used_bytes'])}/{format_gib(d['memory_total_bytes'])}",
+                _percent(d["utilization"]),
+                "-" if d["temperature_c"] is None else f"{d['temperature_c']}C",
+                _power(d),
+                _processes(d),
+                status.get(d["index"], "-"),
+            ]
+            for d in node["devices"]
+        ]
+        columns = ["idx", "name", "memory GiB", "util", "temp", "power W", "processes", "selection"]
+        print_table(None, columns, rows)
+        echo(_selection_line(node, select, explicit))
+
+
+# ------------------------------------------------------------------------------------------------ command
+
+
+def run(args: argparse.Namespace) -> int:
+    explicit = args.select is not None
+    args.select = args.select if explicit else DEFAULT_SELECT
+    validate_selection_options(args.select, args.min_memory_fraction, args.max_utilization)
+    if args.cluster or args.address:
+        from planner.cluster_devices import cluster_inventory
+
+        nodes = cluster_inventory(args)
+    else:
+        nodes = [local_node_inventory(args.select, args.min_memory_fraction, args.max_utilization)]
+    for node in nodes:
+        prefix = f"{node['name']}: " if len(nodes) > 1 else ""
+        for warning in node["warnings"]:
+            note(f"warning: {prefix}{warning}")
+    if args.json:
+        print_json({"schema": SCHEMA, "nodes": list(nodes)})
+    else:
+        render_nodes(nodes, select=args.select, explicit=explicit)
+    return 0
