@@ -185,6 +185,7 @@ def build_plan(
         "alternatives": {k: float(v) for k, v in allocation.alternatives.items()},
         "ranks": ranks,
         "nodes": nodes,
+        "launch": {"master_addr": master_addr, "master_port": master_port, "script": script},
         "excluded": all_excluded,
         "profiles": {key: profiles[key].to_json() for key in sorted(used_profiles)},
         "warnings": all_warnings,

@@ -51,6 +51,9 @@ class DeviceProfile:
     """smallest probed batch that ran out of memory; the curve is not trusted at or above it"""
     notes: tuple[str, ...] = ()
     """dropped or off-the-line points and other remarks, shown to the user as warnings"""
+    breakdown_bytes: dict[str, int] | None = None
+    """memory by category (parameters, gradients, optimizer_state, activations, ...) at the largest probe,
+    where the method gives one (the estimator does)"""
 
     @classmethod
     def from_points(
@@ -64,6 +67,7 @@ class DeviceProfile:
         oom_batch: int | None = None,
         fit: Literal["affine", "loglog"] = "affine",
         notes: Sequence[str] = (),
+        breakdown_bytes: dict[str, int] | None = None,
     ) -> DeviceProfile:
         """Fit the curves; dropped and outlying points become notes (never silently used or lost)."""
         memory = fit_memory([(int(b), float(v)) for b, v in memory_points], kind=fit)
@@ -85,6 +89,7 @@ class DeviceProfile:
             time_fit=time.fit,
             oom_batch=oom_batch,
             notes=tuple(remarks),
+            breakdown_bytes=dict(breakdown_bytes) if breakdown_bytes else None,
         )
 
     def memory_bytes(self, batch: int) -> int:
@@ -115,6 +120,7 @@ class DeviceProfile:
             "time_fit": self.time_fit.to_json(),
             "oom_batch": self.oom_batch,
             "notes": list(self.notes),
+            "breakdown_bytes": self.breakdown_bytes,
         }
 
     @classmethod
@@ -131,6 +137,11 @@ class DeviceProfile:
                 time_fit=time_fit_from_json(data["time_fit"]),
                 oom_batch=None if data.get("oom_batch") is None else int(data["oom_batch"]),
                 notes=tuple(str(n) for n in data.get("notes", ())),
+                breakdown_bytes=(
+                    {str(k): int(v) for k, v in data["breakdown_bytes"].items()}
+                    if data.get("breakdown_bytes")
+                    else None
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where} is malformed: {exc!r} (re-run batchplan profile/plan to regenerate it)") from exc

@@ -732,3 +732,35 @@ def _shortfall_message(
         f"{len(stats)} GPUs can be picked ({available}) with free memory >= {min_free_memory_fraction:.0%} and "
         f"utilisation <= {max_utilization_fraction:.0%}{reasons} (ask for fewer GPUs or relax the thresholds)"
     )
+
+
+def select_gpus_or_none(
+    stats: Sequence[GpuStats],
+    spec: str = "all",
+    *,
+    min_free_memory_fraction: float = 0.0,
+    max_utilization_fraction: float = 1.0,
+) -> GpuSelection:
+    """``select_gpus`` for one node of many: a selection the node cannot meet is not an error but an empty
+    selection, every GPU skipped with its reason, and the error's message as a warning.
+
+    Raises:
+        ConfigError: a malformed spec or thresholds, or an index the node does not have.
+    """
+    try:
+        return select_gpus(
+            stats,
+            spec,
+            min_free_memory_fraction=min_free_memory_fraction,
+            max_utilization_fraction=max_utilization_fraction,
+        )
+    except InsufficientGpusError as exc:
+        reasons = dict(exc.skipped)
+        return GpuSelection(
+            selected=(),
+            skipped=tuple(
+                (g.index, reasons.get(g.index, f"not used: selection {spec!r} cannot be met"))
+                for g in sorted(stats, key=lambda g: g.index)
+            ),
+            warnings=(str(exc),),
+        )

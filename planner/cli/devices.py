@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,11 +21,6 @@ SCHEMA = "batchplan/devices@1"
 # the selection shown when --select is not given: "which GPU would -1 pick"
 DEFAULT_SELECT = "-1"
 
-# argparse reads "-1,-1" as an unknown option (only "-1" looks like a negative number to it); this pattern
-# lets a selection spec such as "--select -1,-1" or "0,-1" through as a value
-_SPEC_LIKE_NEGATIVE_NUMBER = re.compile(r"^-\d+(?:,-?\d+)*$|^-\d*\.\d+$")
-
-
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "devices",
@@ -37,7 +30,6 @@ def add_parser(subparsers: Any) -> None:
             "temperature, power and the processes holding them, and show which GPUs --select would use."
         ),
     )
-    p._negative_number_matcher = _SPEC_LIKE_NEGATIVE_NUMBER  # see the constant
     target = p.add_mutually_exclusive_group()
     target.add_argument("--cluster", metavar="FILE", help="a simulated cluster config (YAML)")
     target.add_argument(
@@ -90,119 +82,27 @@ def validate_selection_options(
     parse_select_spec(select)
 
 
-def host_info() -> dict[str, Any]:
-    """This machine's CPU name, logical core count and memory."""
-    import psutil
-
-    from torchkit.device import get_cpu_info
-
-    return {
-        "cpu": get_cpu_info(),
-        "cpu_count": os.cpu_count(),
-        "memory_total_bytes": int(psutil.virtual_memory().total),
-    }
-
-
-def build_node(
-    *,
-    name: str,
-    gpus: Sequence[Any],
-    host: dict[str, Any],
-    driver: dict[str, Any] | None,
-    select: str,
-    min_free_memory_fraction: float = 0.0,
-    max_utilization_fraction: float = 1.0,
-    warnings: Sequence[str] = (),
-    ray_node_id: str | None = None,
-    probe_pid: int | None = None,
-    apply_selection: bool = True,
-) -> dict[str, Any]:
-    """One node's JSON-able inventory: host, driver, devices (``GpuStats.to_dict``) and the selection.
-
-    ``gpus`` are ``torchkit.nvml.GpuStats``. A selection that cannot be met (too few eligible GPUs) is not an
-    error here: nothing is selected, every GPU is listed in ``skipped`` and the reason is a warning.
-    ``apply_selection=False`` (no NVML) leaves ``selected``/``skipped`` empty without a second warning.
-
-    Raises:
-        ConfigError: malformed spec or thresholds, or an index the node does not have.
-    """
-    from torchkit.nvml import InsufficientGpusError, select_gpus
-
-    notes = list(warnings)
-    selected: list[int] = []
-    skipped: list[dict[str, Any]] = []
-    if apply_selection:
-        try:
-            selection = select_gpus(
-                gpus,
-                select,
-                min_free_memory_fraction=min_free_memory_fraction,
-                max_utilization_fraction=max_utilization_fraction,
-            )
-        except InsufficientGpusError as exc:
-            reasons = dict(exc.skipped)
-            skipped = [
-                {
-                    "device_index": g.index,
-                    "reason": reasons.get(g.index, f"not used: selection {select!r} cannot be met"),
-                }
-                for g in sorted(gpus, key=lambda g: g.index)
-            ]
-            notes.append(str(exc))
-        else:
-            selected = list(selection.selected)
-            skipped = [{"device_index": i, "reason": reason} for i, reason in selection.skipped]
-            notes.extend(selection.warnings)
-    return {
-        "name": name,
-        "ray_node_id": ray_node_id,
-        "probe_pid": probe_pid,
-        "driver": driver,
-        "host": host,
-        "devices": [g.to_dict() for g in gpus],
-        "selected": selected,
-        "skipped": skipped,
-        "warnings": notes,
-    }
-
-
 def local_node_inventory(
     select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
 ) -> dict[str, Any]:
-    """This machine as a node dict (see ``build_node``), read through NVML.
+    """This machine as a node dict (``NodeInventory.to_json``), read through NVML.
 
     Without NVML (no driver, no pynvml) the node has no devices and one warning saying why.
 
     Raises:
         ConfigError: malformed spec or thresholds, or an index this machine does not have.
     """
-    from torchkit.nvml import NvmlUnavailableError, read_local_inventory
+    from planner.probe import real_inventory
+    from torchkit.catalog import load_catalog
 
     validate_selection_options(select, min_free_memory_fraction, max_utilization_fraction)
-    common = {
-        "name": socket.gethostname(),
-        "host": host_info(),
-        "select": select,
-        "min_free_memory_fraction": min_free_memory_fraction,
-        "max_utilization_fraction": max_utilization_fraction,
-        "probe_pid": os.getpid(),
-    }
-    try:
-        inventory = read_local_inventory()
-    except NvmlUnavailableError as exc:
-        return build_node(
-            gpus=[],
-            driver=None,
-            warnings=[f"no NVIDIA driver/NVML found, listing the host only: {exc}"],
-            apply_selection=False,
-            **common,
-        )
-    driver = {
-        "nvml_version": inventory.nvml_version,
-        "driver_version": inventory.driver_version,
-        "cuda_driver_version": inventory.cuda_driver_version,
-    }
-    return build_node(gpus=list(inventory.gpus), driver=driver, warnings=list(inventory.warnings), **common)
+    inventory = real_inventory(
+        load_catalog(),
+        select=select,
+        min_free_memory_fraction=min_free_memory_fraction,
+        max_utilization_fraction=max_utilization_fraction,
+    )
+    return inventory.with_probe(ray_node_id=None, probe_pid=os.getpid()).to_json()
 
 
 # ------------------------------------------------------------------------------------------------ render

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 
 from torchkit.errors import UserError
@@ -23,6 +24,26 @@ COMMAND_MODULES: tuple[str, ...] = (
     "planner.cli.show",
     "planner.cli.catalog",
 )
+
+
+#: flags whose value may start with "-" (a GPU selection such as -1,-1): argparse would take "-1,-1" for an
+#: unknown option, so "--gpus -1,-1" is rewritten to "--gpus=-1,-1" before parsing
+_SPEC_FLAGS = ("--gpus", "--select", "--device")
+_SPEC_VALUE = re.compile(r"^-\d+(,-?\d+)*$")
+
+
+def _join_spec_values(argv: list[str]) -> list[str]:
+    joined: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token in _SPEC_FLAGS and i + 1 < len(argv) and _SPEC_VALUE.match(argv[i + 1]):
+            joined.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        joined.append(token)
+        i += 1
+    return joined
 
 
 class _ArgumentParser(argparse.ArgumentParser):
@@ -60,7 +81,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_spec_values(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s" if args.debug else "%(message)s",

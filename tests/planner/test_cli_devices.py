@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -131,6 +132,7 @@ def test_json_selection_with_thresholds_gives_reasons(four_gpus, capsys):
         "nvml_version": "12.550.54.15",
         "driver_version": "550.54.15",
         "cuda_driver_version": "12.4",
+        "torch_version": importlib.metadata.version("torch"),
     }
     assert node["selected"] == [1, 2]
     assert node["skipped"] == [

@@ -1,0 +1,65 @@
+"""``batchplan plan``: per-rank batch sizes for a cluster, the torchrun line of every node, plan.json."""
+
+from __future__ import annotations
+
+import argparse
+
+from planner.cli.options import add_cluster_options, add_job_options, job_from_args, run_planning
+from planner.cli.output import echo, note, print_json
+from planner.cli.render import env_lines, render_plan
+from torchkit.errors import ConfigError
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="plan per-rank batch sizes for a cluster",
+        description="Probe the cluster, profile each GPU type once, and allocate per-rank batches.",
+    )
+    add_cluster_options(p)
+    add_job_options(p)
+    add_output_options(p)
+    p.set_defaults(func=run)
+
+
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    g.add_argument("-o", "--output", default="plan.json", help="where to write plan.json (default ./plan.json)")
+    g.add_argument("--no-write", action="store_true", help="do not write plan.json")
+    g.add_argument("--plot", metavar="FILE.png", help="draw the plan (needs the plot extra: matplotlib)")
+    g.add_argument("--emit", choices=("table", "env"), default="table",
+                   help="env: print per-node environment lines a scheduler can source")
+
+
+def check_output_args(args: argparse.Namespace) -> None:
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise ConfigError(f"--plot {args.plot} must name a .png file")
+
+
+def emit(plan: dict, args: argparse.Namespace) -> None:
+    """Write plan.json, the picture, and print the result in the requested form."""
+    from planner.plan import write_plan
+
+    if not args.no_write:
+        path = write_plan(plan, args.output)
+        note(f"wrote {path}")
+    if args.plot:
+        from planner.cli.plot import plot_plan
+
+        note(f"wrote {plot_plan(plan, args.plot)}")
+    if args.json:
+        print_json(plan)
+    elif args.emit == "env":
+        for line in env_lines(plan):
+            echo(line)
+    else:
+        render_plan(plan)
+
+
+def run(args: argparse.Namespace) -> int:
+    job = job_from_args(args)
+    check_output_args(args)
+    outcome = run_planning(args, job)
+    emit(outcome.plan, args)
+    return 0

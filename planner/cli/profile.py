@@ -1,0 +1,135 @@
+"""``batchplan profile``: the memory and step-time curve of one model on one GPU (a catalog type, estimated;
+or a local device, measured), the batch it would get, and where its memory goes."""
+
+from __future__ import annotations
+
+import argparse
+
+from planner.cli.options import add_job_options, job_from_args
+from planner.cli.output import echo, format_gib, note, print_json, print_table
+from torchkit.errors import ConfigError
+
+SCHEMA = "batchplan/profile@1"
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="memory/time curve and batch of a model on one GPU type or device",
+        description="Profile one model on a catalog GPU type (--gpu, estimated, no GPU needed) or on a local "
+        "device (--device, measured).",
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--gpu", metavar="TYPE", help="catalog GPU type, e.g. T4 or A100-SXM4-80GB")
+    where.add_argument("--device", metavar="SPEC", help="local CUDA device: 0, cuda:1, or -1 for the most idle")
+    add_job_options(p)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the memory curve (needs matplotlib)")
+    p.add_argument("--cluster", metavar="FILE", help="cluster config whose gpu_types extend the catalog")
+    p.set_defaults(func=run)
+
+
+def _local_device(spec: str):
+    """(cuda index, total bytes, free bytes, NVML/CUDA name) of a local device; ConfigError without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"--device {spec}: no CUDA GPU is usable on this machine (use --gpu TYPE to estimate for a catalog GPU)"
+        )
+    from torchkit.device import parse_device
+
+    parsed = parse_device(spec)
+    if not parsed.startswith("cuda") and not parsed[:1].isdigit():
+        raise ConfigError(f"--device {spec} resolved to {parsed!r}, not a CUDA device (use an index like 0)")
+    index = int(parsed.split(":")[-1].split(",")[0]) if ":" in parsed else int(parsed.split(",")[0])
+    free, total = torch.cuda.mem_get_info(index)
+    return index, int(total), int(free), torch.cuda.get_device_name(index)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.profiling import make_profile
+    from torchkit.catalog import load_catalog
+
+    job = job_from_args(args)
+    if args.plot and not args.plot.lower().endswith(".png"):
+        raise ConfigError(f"--plot {args.plot} must name a .png file")
+    catalog = load_catalog()
+    if args.cluster:
+        from planner.cluster import load_cluster
+
+        catalog = load_cluster(args.cluster).catalog
+    if args.device is None and args.gpu is None:
+        raise ConfigError("say which GPU: --gpu TYPE (estimated, e.g. --gpu T4) or --device 0 (a local GPU)")
+    device_index = None
+    if args.gpu is not None:
+        if job.method == "measure":
+            raise ConfigError("--method measure needs a local GPU: use --device, or --method estimate with --gpu")
+        gpu = catalog.get(args.gpu)
+        total_bytes = free_bytes = gpu.memory_bytes
+        method = "estimate"
+    else:
+        device_index, total_bytes, free_bytes, name = _local_device(args.device)
+        gpu = catalog.resolve(name)
+        if gpu is None:
+            raise ConfigError(f"local GPU '{name}' is not in the GPU catalog (add it with a cluster config's gpu_types:)")
+        method = job.method
+    note(f"profiling {job.model} on {gpu.name} ({method})")
+    profile = make_profile(job, gpu, method=method, device_index=device_index)
+    budget = int(job.fraction * free_bytes)
+    chosen = profile.max_batch(budget, job.multiple_of)
+    result = {
+        "schema": SCHEMA,
+        "job": job.to_json(),
+        "gpu": gpu.name,
+        "device_index": device_index,
+        "total_memory_bytes": total_bytes,
+        "available_memory_bytes": free_bytes,
+        "memory_budget_bytes": budget,
+        "chosen_batch": chosen,
+        "predicted_memory_bytes": profile.memory_bytes(chosen) if chosen else None,
+        "predicted_step_time_s": profile.step_time_s(chosen) if chosen else None,
+        "throughput_samples_per_s": chosen / profile.step_time_s(chosen) if chosen else 0.0,
+        "profile": profile.to_json(),
+    }
+    if args.plot:
+        from planner.cli.plot import plot_profile
+
+        note(f"wrote {plot_profile(result['profile'], budget_bytes=budget, total_bytes=total_bytes, chosen_batch=chosen, path=args.plot)}")
+    if args.json:
+        print_json(result)
+        return 0
+    fit = profile.memory_fit.to_json()
+    echo(f"{job.model} on {gpu.name}, amp {profile.amp}, optimizer {job.optimizer}, {profile.method}d")
+    time_at = dict(profile.time_points)
+    print_table(
+        "probe points",
+        ["batch", "memory GiB", "step ms"],
+        [[b, format_gib(v, 3), f"{time_at[b] * 1000:.1f}" if b in time_at else "-"] for b, v in profile.memory_points],
+    )
+    if fit["kind"] == "affine":
+        echo(f"memory fit: {format_gib(fit['intercept_bytes'], 3)} GiB + {fit['bytes_per_sample'] / 2**20:.2f} MiB × batch")
+    else:
+        echo(f"memory fit (log-log): exponent {fit['log_slope']:.3f}")
+    echo(
+        f"step time fit: {profile.time_fit.intercept_s * 1000:.2f} ms + "
+        f"{profile.time_fit.s_per_sample * 1000:.3f} ms × batch"
+    )
+    if chosen:
+        echo(
+            f"batch {chosen}: predicted {format_gib(result['predicted_memory_bytes'], 2)} GiB of a "
+            f"{format_gib(budget, 2)} GiB budget ({job.fraction:.0%} of {format_gib(free_bytes, 2)} GiB available; "
+            f"{format_gib(total_bytes, 2)} GiB total), {result['predicted_step_time_s'] * 1000:.1f} ms/step, "
+            f"{result['throughput_samples_per_s']:.0f} samples/s"
+        )
+    else:
+        echo(f"not even {job.multiple_of} sample(s) fit the {format_gib(budget, 2)} GiB budget on {gpu.name}")
+    if profile.breakdown_bytes:
+        print_table(
+            "memory by category at the largest probe (allocated, before CUDA overheads)",
+            ["category", "GiB"],
+            [[k, format_gib(v, 3)] for k, v in profile.breakdown_bytes.items()],
+        )
+    for line in profile.notes:
+        note(f"warning: {line}")
+    return 0 if chosen else 1

@@ -1,0 +1,597 @@
+"""The planning driver: probe every node, profile each distinct GPU type once, allocate, build the plan.
+
+The same steps run over two backends: ``RayBackend`` (one ``NodeProbe`` actor per node, pinned with hard
+node affinity; a real cluster or a simulated one on 127.0.0.1) and ``LocalBackend`` (the same probe
+functions called in this process, for a cluster config; no Ray). Both give the same plan for the same
+config and job; only the run metadata under ``probing`` differs.
+
+Profiling policy: each distinct (model, input, amp, optimizer, GPU type, method) is profiled once for the
+whole cluster and cached on disk. Estimates do not depend on which node runs them, and their fake passes
+do not depend on the GPU type, so every GPU type to be estimated is sent to the same probe (it reuses its
+fake passes); a type to be measured goes to a node that has a free GPU of that type. A probe that dies or
+times out has its node excluded (with the reason) and its work re-sent to another live probe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from planner.cluster import ClusterSpec
+from planner.errors import InfeasiblePlanError
+from planner.job import JobSpec
+from planner.plan import ExcludedDevice, RankSlot, build_plan
+from planner.probe import NodeInventory, simulated_inventory
+from planner.profile import DeviceProfile, profile_key
+from planner.profile_cache import ProfileCache
+from torchkit.catalog import GpuCatalog
+
+log = logging.getLogger(__name__)
+
+#: seconds a probe may take to start and report its inventory (a Ray worker start plus NVML reads)
+DEFAULT_PROBE_TIMEOUT_S = 120.0
+#: seconds one profile may take (fake passes, or measured steps on a real GPU)
+DEFAULT_PROFILE_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Progress the CLI can draw: ``stage`` ray/probe/profile/allocate, ``status`` start/done/cached/failed."""
+
+    stage: str
+    status: str
+    item: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+EventSink = Callable[[Event], None]
+
+
+def _ignore(_: Event) -> None:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverOptions:
+    """How to probe: timeouts, strictness, the cache."""
+
+    probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S
+    profile_timeout_s: float = DEFAULT_PROFILE_TIMEOUT_S
+    require_all_nodes: bool = False
+    """a node that cannot be probed fails the plan (exit 1) instead of being left out"""
+    cache: ProfileCache | None = None
+    """profile cache; None disables it"""
+    workers_per_rank: int = 0
+    """data-loader workers each rank will run; used to warn when a node's ranks oversubscribe its cores"""
+    script: str = "train.py"
+    master_port: int = 29500
+
+
+@dataclass(kw_only=True)
+class PlanOutcome:
+    plan: dict | None
+    """the plan; None only when ``allow_infeasible`` was set and no plan exists (see ``error``)"""
+    inventories: list[NodeInventory]
+    timings_s: dict[str, float]
+    profile_calls: int
+    """profiles actually computed (cache hits excluded)"""
+    failed_nodes: dict[str, str] = field(default_factory=dict)
+    """nodes whose probe died or timed out, with the reason"""
+    error: str | None = None
+    """why no plan exists (with ``allow_infeasible``)"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileRequest:
+    key: str
+    gpu_type: str
+    method: str
+    """``estimate`` or ``measure``"""
+    node: str | None = None
+    """for ``measure``: the node whose GPU is used"""
+    device_index: int | None = None
+
+
+class ProbeFailure(Exception):
+    """A probe died, timed out or raised; ``node`` is the node it answered for."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+class Backend(Protocol):
+    def inventories(self, job: JobSpec) -> tuple[list[NodeInventory], dict[str, str]]:
+        """Inventories of the nodes that answered, and failures ``{node: reason}``."""
+
+    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
+        """Run one profile on a probe not in ``avoid``; returns the profile and the node that ran it.
+
+        Raises ProbeFailure (the probe is unusable) or a UserError (the job itself is bad)."""
+
+    def probing_metadata(self) -> dict:
+        ...
+
+
+# ---------------------------------------------------------------------------------------------------------
+# backends
+
+
+class LocalBackend:
+    """Runs the probe functions in this process for a cluster config (no Ray)."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self._cache: dict = {}
+
+    def inventories(self, job: JobSpec) -> tuple[list[NodeInventory], dict[str, str]]:
+        found = [
+            simulated_inventory(
+                node,
+                select=job.gpus,
+                min_free_memory_fraction=job.min_free_memory_fraction,
+                max_utilization_fraction=job.max_utilization_fraction,
+            ).with_probe(ray_node_id=None, probe_pid=os.getpid())
+            for node in self.cluster.nodes
+        ]
+        return found, {}
+
+    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
+        from planner.profiling import make_profile
+
+        profile = make_profile(
+            job,
+            self.cluster.catalog.get(request.gpu_type),
+            method=request.method,
+            device_index=request.device_index,
+            estimates_cache=self._cache,
+        )
+        return profile, request.node or "local"
+
+    def probing_metadata(self) -> dict:
+        return {"backend": "local", "simulated": True, "probe_processes": 1}
+
+
+class RayBackend:
+    """One NodeProbe actor per node (per raylet group for large simulated clusters), hard-pinned."""
+
+    def __init__(
+        self,
+        session,
+        catalog: GpuCatalog,
+        *,
+        cluster: ClusterSpec | None,
+        options: DriverOptions,
+        on_event: EventSink,
+        model: str = "",
+    ) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from planner.probe import PROBE_ENV_VARS, NodeProbe
+        from planner.ray_session import deal_round_robin
+
+        self._ray = ray
+        self.options = options
+        self.on_event = on_event
+        self.run_id = uuid.uuid4().hex[:8]
+        env_vars = dict(PROBE_ENV_VARS)
+        if ":" in model:  # a user factory must be importable in the probe: add this process's cwd
+            env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        remote_probe = ray.remote(NodeProbe)
+
+        # group -> (ray node, simulated node specs or None for a real node)
+        groups: dict[str, tuple[Any, list | None]] = {}
+        if cluster is not None:
+            placement = deal_round_robin([n.name for n in cluster.nodes], session.nodes)
+            for node in cluster.nodes:
+                ray_node = placement[node.name]
+                group = groups.setdefault(ray_node.node_id, (ray_node, []))
+                group[1].append(node)
+            self.simulated = True
+        else:
+            targets = session.gpu_nodes() or session.nodes
+            for ray_node in targets:
+                groups[ray_node.node_id] = (ray_node, None)
+            self.simulated = False
+        self.num_raylets = len(session.nodes)
+
+        self.actors: dict[str, Any] = {}  # group id -> actor handle
+        self.actor_names: dict[str, str] = {}
+        self.group_nodes: dict[str, list[str]] = {}  # group id -> node names it answers for
+        for group_id, (ray_node, sim_nodes) in groups.items():
+            label = sim_nodes[0].name if sim_nodes else ray_node.address
+            name = f"batchplan-probe-{label}-{self.run_id}"
+            self.actor_names[group_id] = name
+            self.actors[group_id] = remote_probe.options(
+                name=name,
+                namespace="batchplan",
+                num_cpus=0,
+                max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node.node_id, soft=False),
+                runtime_env={"env_vars": env_vars},
+            ).remote(sim_nodes, catalog)
+            self.group_nodes[group_id] = [n.name for n in sim_nodes] if sim_nodes else []
+        self.dead_groups: dict[str, str] = {}
+        self.node_group: dict[str, str] = {}
+
+    def _fail(self, group_id: str, reason: str) -> None:
+        self.dead_groups[group_id] = reason
+        actor = self.actors.get(group_id)
+        if actor is not None:
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:  # already dead
+                log.debug("probe %s already gone", group_id)
+
+    def _wait(self, refs: dict, timeout_s: float) -> tuple[dict, dict]:
+        """Wait for ``{group: ref}``; returns (results, failures) with failure reasons."""
+        ray = self._ray
+        results: dict = {}
+        failures: dict = {}
+        pending = dict(refs)
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=remaining)
+            for ref in ready:
+                group_id = next(g for g, r in pending.items() if r == ref)
+                del pending[group_id]
+                try:
+                    results[group_id] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    failures[group_id] = f"probe process died ({type(exc).__name__})"
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                    failures[group_id] = cause
+                except ray.exceptions.GetTimeoutError:
+                    failures[group_id] = "probe timed out"
+        for group_id in pending:
+            failures[group_id] = f"probe did not answer within {timeout_s:.0f} s (timed out)"
+        return results, failures
+
+    def inventories(self, job: JobSpec) -> tuple[list[NodeInventory], dict[str, str]]:
+        refs = {
+            g: a.inventory.remote(job.gpus, job.min_free_memory_fraction, job.max_utilization_fraction)
+            for g, a in self.actors.items()
+        }
+        results, failures = self._wait(refs, self.options.probe_timeout_s)
+        found: list[NodeInventory] = []
+        failed_nodes: dict[str, str] = {}
+        for group_id in self.actors:
+            if group_id in results:
+                for inventory in results[group_id]:
+                    found.append(inventory)
+                    self.node_group[inventory.name] = group_id
+            else:
+                reason = failures[group_id]
+                if not isinstance(reason, str):
+                    raise reason  # a user error raised inside the probe (bad --gpus, ...)
+                self._fail(group_id, reason)
+                for node in self.group_nodes[group_id] or [self.actor_names[group_id]]:
+                    failed_nodes[node] = reason
+        return found, failed_nodes
+
+    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
+        if request.node is not None:
+            candidates = [self.node_group[request.node]] if request.node in self.node_group else []
+        else:
+            candidates = list(dict.fromkeys(self.node_group.values()))
+        candidates = [
+            g for g in candidates if g not in self.dead_groups and not set(self.group_nodes[g] or [g]) & avoid
+        ]
+        if not candidates:
+            raise ProbeFailure(request.node or "", "no live probe left to profile on")
+        group_id = candidates[0]
+        node = request.node or (self.group_nodes[group_id][0] if self.group_nodes[group_id] else group_id)
+        self.on_event(
+            Event(stage="profile", status="start", item=request.gpu_type,
+                  detail={"node": node, "actor_name": self.actor_names[group_id], "method": request.method})
+        )
+        ref = self.actors[group_id].profile.remote(job.to_json(), request.gpu_type, request.method, request.device_index)
+        results, failures = self._wait({group_id: ref}, self.options.profile_timeout_s)
+        if group_id in results:
+            return DeviceProfile.from_json(results[group_id]["profile"]), node
+        reason = failures[group_id]
+        if not isinstance(reason, str):
+            raise reason
+        self._fail(group_id, reason)
+        raise ProbeFailure(node, reason)
+
+    def probing_metadata(self) -> dict:
+        return {
+            "backend": "ray",
+            "simulated": self.simulated,
+            "raylets": self.num_raylets,
+            "probe_processes": len(self.actors),
+            "shared_probes": any(len(nodes) > 1 for nodes in self.group_nodes.values()),
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the steps shared by both backends
+
+
+def _profile_requests(
+    job: JobSpec, inventories: Sequence[NodeInventory], catalog: GpuCatalog, fingerprint: str, torch_version: str
+) -> tuple[dict[str, ProfileRequest], dict[tuple[str, int], str], list[ExcludedDevice]]:
+    """One request per distinct GPU type among the selected devices; each device's profile key."""
+    requests: dict[str, ProfileRequest] = {}
+    device_keys: dict[tuple[str, int], str] = {}
+    excluded: list[ExcludedDevice] = []
+    for inventory in inventories:
+        for index in inventory.selection.selected:
+            gpu_type = inventory.gpu_type(index)
+            if gpu_type is None:
+                excluded.append(
+                    ExcludedDevice(
+                        node=inventory.name,
+                        device_index=index,
+                        gpu=inventory.device(index).name,
+                        reason="GPU type not in the catalog (add it under gpu_types: in a cluster config)",
+                    )
+                )
+                continue
+            measure = job.method in ("measure", "auto") and not inventory.simulated
+            method = "measure" if measure else "estimate"
+            if job.method == "measure" and inventory.simulated:
+                method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
+            gpu = catalog.get(gpu_type)
+            key = profile_key(
+                fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer,
+                gpu_type, method, job.fit, torch_version,
+            )
+            device_keys[(inventory.name, index)] = key
+            if key not in requests:
+                requests[key] = ProfileRequest(
+                    key=key,
+                    gpu_type=gpu_type,
+                    method=method,
+                    node=inventory.name if method == "measure" else None,
+                    device_index=index if method == "measure" else None,
+                )
+    return requests, device_keys, excluded
+
+
+def _fingerprint(job: JobSpec) -> tuple[str, str]:
+    """Content fingerprint of the job's model and input, and the torch version (both part of cache keys)."""
+    import torch
+
+    from planner.profiling import workload_for
+    from torchkit.workloads import workload_fingerprint
+
+    return workload_fingerprint(workload_for(job)), torch.__version__
+
+
+def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlot], workers_per_rank: int) -> list[str]:
+    warnings = []
+    for inventory in inventories:
+        ranks = sum(1 for s in slots if s.node == inventory.name)
+        cores = inventory.host.cpu_count
+        if ranks and cores and ranks * (1 + workers_per_rank) > cores:
+            warnings.append(
+                f"{inventory.name}: {ranks} ranks × (1 + {workers_per_rank} data-loader workers) = "
+                f"{ranks * (1 + workers_per_rank)} processes on {cores} cores; lower --workers"
+            )
+        for stats in inventory.devices:
+            if stats.index in inventory.selection.selected and stats.processes:
+                holders = ", ".join(f"{p.name or '?'} (pid {p.pid})" for p in stats.processes)
+                warnings.append(f"{inventory.name}: GPU {stats.index} is shared with {holders}")
+    return warnings
+
+
+def run_plan(
+    job: JobSpec,
+    backend: Backend,
+    catalog: GpuCatalog,
+    *,
+    options: DriverOptions,
+    on_event: EventSink = _ignore,
+    expected_nodes: Sequence[str] = (),
+    timings_s: dict[str, float] | None = None,
+    extra_warnings: Sequence[str] = (),
+    allow_infeasible: bool = False,
+) -> PlanOutcome:
+    """Probe, profile, allocate over ``backend``. See the module docstring for the policy.
+
+    With ``allow_infeasible`` an infeasible job returns an outcome with ``plan=None`` and ``error`` (for
+    preflight, which reports it as a failed check) instead of raising InfeasiblePlanError.
+    """
+    timings = dict(timings_s or {})
+    start = time.monotonic()
+    on_event(Event(stage="probe", status="start", item=f"{len(expected_nodes) or '?'} nodes"))
+    inventories, failed_nodes = backend.inventories(job)
+    timings["probe_s"] = time.monotonic() - start
+    on_event(Event(stage="probe", status="done", detail={"nodes": len(inventories), "failed": len(failed_nodes)}))
+    if failed_nodes and options.require_all_nodes:
+        reasons = "; ".join(f"{n}: {r}" for n, r in failed_nodes.items())
+        raise InfeasiblePlanError(f"not every node could be probed ({reasons}); drop --require-all-nodes to plan without them")
+
+    warnings = list(extra_warnings)
+    for inventory in inventories:
+        warnings.extend(inventory.warnings)
+    excluded = [ExcludedDevice(node=n, device_index=None, gpu=None, reason=r) for n, r in failed_nodes.items()]
+    for inventory in inventories:
+        for index, reason in inventory.selection.skipped:
+            excluded.append(
+                ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index), reason=reason)
+            )
+    if job.method == "measure" and any(inv.simulated for inv in inventories):
+        warnings.append("simulated GPUs cannot be measured: their profiles are estimated")
+
+    start = time.monotonic()
+    any_selected = any(inv.selection.selected for inv in inventories)
+    fingerprint, torch_version = _fingerprint(job) if any_selected else ("", "")
+    requests, device_keys, unknown = _profile_requests(job, inventories, catalog, fingerprint, torch_version)
+    excluded.extend(unknown)
+    profiles: dict[str, DeviceProfile] = {}
+    dead_nodes: set[str] = set(failed_nodes)
+    profile_calls = 0
+    for key, request in requests.items():
+        cached = options.cache.get(key) if options.cache is not None else None
+        if cached is not None:
+            profiles[key] = cached
+            on_event(Event(stage="profile", status="cached", item=request.gpu_type))
+            continue
+        while True:
+            try:
+                profile, node = backend.profile(job, request, dead_nodes)
+            except ProbeFailure as failure:
+                if not failure.node or failure.node in dead_nodes:
+                    on_event(Event(stage="profile", status="failed", item=request.gpu_type, detail={"reason": failure.reason}))
+                    break
+                dead_nodes.add(failure.node)
+                failed_nodes.setdefault(failure.node, failure.reason)
+                on_event(Event(stage="profile", status="failed", item=request.gpu_type,
+                               detail={"node": failure.node, "reason": failure.reason}))
+                if options.require_all_nodes:
+                    raise InfeasiblePlanError(
+                        f"probe of node {failure.node} failed: {failure.reason} (drop --require-all-nodes to plan without it)"
+                    ) from None
+                if request.node is not None:  # measured on that node only
+                    break
+                continue
+            profile_calls += 1
+            profiles[key] = profile
+            if options.cache is not None:
+                options.cache.put(key, profile)
+            on_event(Event(stage="profile", status="done", item=request.gpu_type, detail={"node": node}))
+            break
+    timings["profile_s"] = time.monotonic() - start
+    if options.cache is not None:
+        warnings.extend(options.cache.problems)
+
+    start = time.monotonic()
+    slots: list[RankSlot] = []
+    for inventory in inventories:
+        if inventory.name in dead_nodes:
+            excluded.extend(
+                ExcludedDevice(node=inventory.name, device_index=i, gpu=inventory.gpu_type(i),
+                               reason=f"probe failed: {failed_nodes[inventory.name]}")
+                for i in inventory.selection.selected
+            )
+            continue
+        for index in inventory.selection.selected:
+            key = device_keys.get((inventory.name, index))
+            if key is None:
+                continue  # excluded above (unknown type)
+            if key not in profiles:
+                excluded.append(ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index),
+                                               reason="its GPU type could not be profiled (see warnings)"))
+                continue
+            stats = inventory.device(index)
+            # budget = fraction × available; a fresh training process has the driver-free memory available
+            slots.append(
+                RankSlot(
+                    node=inventory.name,
+                    device_index=index,
+                    gpu=inventory.gpu_type(index) or stats.name,
+                    profile=key,
+                    memory_budget_bytes=int(job.fraction * stats.memory_free_bytes),
+                    total_memory_bytes=stats.memory_total_bytes,
+                    visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
+                )
+            )
+    for node in dead_nodes:
+        if not any(e.node == node for e in excluded):
+            excluded.append(ExcludedDevice(node=node, device_index=None, gpu=None, reason=f"probe failed: {failed_nodes.get(node)}"))
+    warnings.extend(_host_warnings(inventories, slots, options.workers_per_rank))
+    on_event(Event(stage="allocate", status="start", item=f"{len(slots)} devices"))
+    node_addresses = {inv.name: inv.host.hostname for inv in inventories if not inv.simulated}
+    try:
+        plan = build_plan(
+            job,
+            slots,
+            profiles,
+            excluded=excluded,
+            warnings=warnings,
+            node_addresses=node_addresses,
+            master_port=options.master_port,
+            script=options.script,
+        )
+    except InfeasiblePlanError as exc:
+        if not allow_infeasible:
+            raise
+        timings["allocate_s"] = time.monotonic() - start
+        return PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
+                           failed_nodes=failed_nodes, error=str(exc))
+    timings["allocate_s"] = time.monotonic() - start
+    on_event(Event(stage="allocate", status="done"))
+    plan["probing"] = {**backend.probing_metadata(), "profile_calls": profile_calls,
+                       "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+    return PlanOutcome(plan=plan, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
+                       failed_nodes=failed_nodes)
+
+
+def plan_without_ray(
+    job: JobSpec,
+    cluster: ClusterSpec,
+    *,
+    options: DriverOptions | None = None,
+    on_event: EventSink = _ignore,
+    allow_infeasible: bool = False,
+) -> PlanOutcome:
+    """Plan a cluster config in this process (no Ray): the reference the Ray path is checked against."""
+    return run_plan(
+        job,
+        LocalBackend(cluster),
+        cluster.catalog,
+        options=options or DriverOptions(),
+        on_event=on_event,
+        expected_nodes=[n.name for n in cluster.nodes],
+        allow_infeasible=allow_infeasible,
+    )
+
+
+def plan_with_ray(
+    job: JobSpec,
+    *,
+    cluster: ClusterSpec | None = None,
+    address: str | None = None,
+    catalog: GpuCatalog | None = None,
+    options: DriverOptions | None = None,
+    on_event: EventSink = _ignore,
+    raylet_cap: int | None = None,
+    allow_infeasible: bool = False,
+) -> PlanOutcome:
+    """Plan over Ray: a cluster config simulated on 127.0.0.1, a cluster at ``address``, or embedded Ray."""
+    from planner.ray_session import ray_session
+    from torchkit.catalog import load_catalog
+
+    options = options or DriverOptions()
+    catalog = cluster.catalog if cluster is not None else (catalog or load_catalog())
+    start = time.monotonic()
+    on_event(Event(stage="ray", status="start", item=address or ("simulated" if cluster else "local")))
+    with ray_session(
+        address=address if cluster is None else None,
+        num_simulated_nodes=len(cluster.nodes) if cluster is not None else 0,
+        raylet_cap=raylet_cap,
+    ) as session:
+        backend = RayBackend(session, catalog, cluster=cluster, options=options, on_event=on_event, model=job.model)
+        timings = {"ray_start_s": time.monotonic() - start}
+        on_event(Event(stage="ray", status="done", detail={"raylets": len(session.nodes)}))
+        extra = []
+        if cluster is not None and len(backend.actors) < len(cluster.nodes):
+            extra.append(
+                f"{len(cluster.nodes)} simulated nodes share {len(backend.actors)} probe processes on "
+                f"{len(session.nodes)} raylets (raylet cap; BATCHPLAN_RAYLET_CAP)"
+            )
+        return run_plan(
+            job,
+            backend,
+            catalog,
+            options=options,
+            on_event=on_event,
+            expected_nodes=[n.name for n in cluster.nodes] if cluster is not None else (),
+            timings_s=timings,
+            extra_warnings=extra,
+            allow_infeasible=allow_infeasible,
+        )

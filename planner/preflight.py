@@ -1,0 +1,170 @@
+"""Pre-flight checks a scheduler runs before submitting a job: go (all ok) or no-go with reasons.
+
+Pure functions over what the driver found (inventories, failed nodes) and the plan (or why there is none).
+Each check has a name, ok and a one-line detail; ``batchplan preflight`` turns them into exit 0 / 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.probe import NodeInventory
+
+SCHEMA = "batchplan/preflight@1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Thresholds:
+    """What counts as go."""
+
+    max_imbalance: float = 0.15
+    """largest share of a step any rank may sit idle waiting for the slowest (1 − t_i/t_step)"""
+    expect_nodes: int | None = None
+    """nodes that must answer (default: every node of a cluster config; any number on a real cluster)"""
+    expect_gpus: int | None = None
+    """ranks the plan must have at least"""
+    min_subset_gain: float = 1.10
+    """fail when dropping some GPU types would be at least this many times faster"""
+
+
+def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
+    real = [inv for inv in inventories if not inv.simulated and inv.driver]
+    if not real:
+        return Check(name="versions_consistent", ok=True, detail="simulated nodes: no driver versions to compare")
+    fields = ("driver_version", "cuda_driver_version", "torch_version", "torch_cuda_version")
+    differing = []
+    for field in fields:
+        values = {inv.name: (inv.driver or {}).get(field) for inv in real}
+        if len(set(values.values())) > 1:
+            differing.append(f"{field}: " + ", ".join(f"{n}={v}" for n, v in sorted(values.items())))
+    if differing:
+        return Check(name="versions_consistent", ok=False, detail="; ".join(differing))
+    first = real[0].driver or {}
+    return Check(
+        name="versions_consistent",
+        ok=True,
+        detail=", ".join(f"{f} {first.get(f)}" for f in fields if first.get(f)) + f" on all {len(real)} nodes",
+    )
+
+
+def run_checks(
+    *,
+    inventories: Sequence[NodeInventory],
+    failed_nodes: dict[str, str],
+    expected_node_names: Sequence[str],
+    plan: dict | None,
+    plan_error: str | None,
+    thresholds: Thresholds,
+) -> list[Check]:
+    checks: list[Check] = []
+    answered = {inv.name for inv in inventories}
+    checks.append(Check(name="cluster_reachable", ok=True, detail=f"{len(answered)} node(s) answered"))
+
+    missing = [n for n in expected_node_names if n not in answered or n in failed_nodes]
+    missing += [n for n in failed_nodes if n not in missing]
+    expected = thresholds.expect_nodes if thresholds.expect_nodes is not None else len(expected_node_names)
+    present = len(answered - set(failed_nodes))
+    ok_nodes = not missing and present >= expected
+    detail = f"{present} of {expected or present} node(s) probed"
+    if missing:
+        detail += "; missing: " + "; ".join(f"{n} ({failed_nodes.get(n, 'did not answer')})" for n in missing)
+    checks.append(Check(name="nodes_present", ok=ok_nodes, detail=detail))
+
+    selected = sum(len(inv.selection.selected) for inv in inventories)
+    total = sum(len(inv.devices) for inv in inventories)
+    want = thresholds.expect_gpus
+    checks.append(
+        Check(
+            name="gpus_present",
+            ok=selected > 0 and (want is None or selected >= want),
+            detail=f"{selected} of {total} GPU(s) selected" + (f", {want} required" if want is not None else ""),
+        )
+    )
+
+    busy = [
+        f"{inv.name} GPU {index}: {reason}"
+        for inv in inventories
+        for index, reason in inv.selection.skipped
+        if not reason.startswith("not requested")
+    ]
+    checks.append(
+        Check(
+            name="idle_thresholds",
+            ok=not busy,
+            detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy),
+        )
+    )
+    checks.append(_versions_check(inventories))
+
+    if plan is None:
+        checks.append(Check(name="plan_feasible", ok=False, detail=plan_error or "no plan"))
+        return checks
+    checks.append(
+        Check(
+            name="plan_feasible",
+            ok=True,
+            detail=f"{plan['world_size']} ranks, global batch {plan['global_batch']} "
+            f"(accumulate {plan['accumulate']})",
+        )
+    )
+    too_small = [e for e in plan["excluded"] if "minimum batch" in e["reason"]]
+    checks.append(
+        Check(
+            name="min_batch_fits",
+            ok=not too_small,
+            detail="every rank fits the minimum batch"
+            if not too_small
+            else "; ".join(f"{e['node']} GPU {e['device_index']} ({e['gpu']}): {e['reason']}" for e in too_small),
+        )
+    )
+    if plan["job"].get("global_batch") is not None:
+        checks.append(
+            Check(
+                name="global_batch_reachable",
+                ok=plan["global_batch"] == plan["job"]["global_batch"],
+                detail=f"{plan['global_batch']} = {plan['step_batch']} × {plan['accumulate']}",
+            )
+        )
+    imbalance = max((r.get("idle_fraction", 0.0) for r in plan["ranks"]), default=0.0)
+    worst = max(plan["ranks"], key=lambda r: r.get("idle_fraction", 0.0), default=None)
+    checks.append(
+        Check(
+            name="imbalance",
+            ok=imbalance <= thresholds.max_imbalance,
+            detail=f"largest idle share {imbalance:.1%}"
+            + (f" (rank {worst['rank']}, {worst['gpu']})" if worst and imbalance > 0 else "")
+            + f"; limit {thresholds.max_imbalance:.0%} (--max-imbalance)",
+        )
+    )
+    alternatives = plan.get("alternatives") or {}
+    current = plan["throughput_samples_per_s"]
+    best_name, best = max(
+        ((k, v) for k, v in alternatives.items() if k in ("best_group_subset", "best_single_group")),
+        key=lambda kv: kv[1],
+        default=(None, 0.0),
+    )
+    gain = best / current if current > 0 and best_name else 0.0
+    advice = [w for w in plan["warnings"] if w.startswith(("dropping", "using only"))]
+    checks.append(
+        Check(
+            name="slow_gpus_worth_it",
+            ok=gain < thresholds.min_subset_gain,
+            detail=(advice[0] if advice else f"{best_name} would be {gain:.2f}× faster")
+            if gain >= thresholds.min_subset_gain
+            else "every GPU type adds throughput"
+            if best_name
+            else "one GPU type: nothing to drop",
+        )
+    )
+    return checks

@@ -1,0 +1,269 @@
+"""What a node reports about itself, and ``NodeProbe``, the Ray actor that reports it.
+
+The inventory and profiling functions are plain functions: the Ray layer runs them inside one ``NodeProbe``
+actor per node, pinned with hard node affinity; ``planner.driver`` can run the very same functions
+in-process (no Ray), which is how a Ray plan is checked against a plan made without Ray.
+
+GPU visibility: a Ray actor that asks for ``num_gpus=0`` gets ``CUDA_VISIBLE_DEVICES=""`` and would see no
+GPU. The probe asks for no GPUs (it must see the busy ones too, and must not wait for GPUs other jobs hold)
+and instead turns Ray's masking off for its own process with ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``
+in its runtime environment, so it sees every GPU the node's raylet sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planner.cluster import NodeSpec
+from torchkit.catalog import GpuCatalog
+from torchkit.nvml import GpuSelection, GpuStats, select_gpus_or_none
+
+log = logging.getLogger(__name__)
+
+#: Ray must not mask GPUs for the probe; CUDA must number GPUs as NVML does (PCI order), so that an
+#: NVML index from the inventory is the CUDA index the probe measures on
+PROBE_ENV_VARS = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostInfo:
+    """The host a node's ranks share: data-loader workers compete for its cores and memory."""
+
+    hostname: str
+    cpu: str
+    """CPU model"""
+    cpu_count: int | None
+    """logical cores; None when unknown (a simulated node that does not say)"""
+    memory_total_bytes: int | None
+
+    def to_json(self) -> dict:
+        return {
+            "hostname": self.hostname,
+            "cpu": self.cpu,
+            "cpu_count": self.cpu_count,
+            "memory_total_bytes": self.memory_total_bytes,
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeInventory:
+    """One node's GPUs, which of them the job may use, and why the others are skipped."""
+
+    name: str
+    simulated: bool
+    devices: tuple[GpuStats, ...]
+    gpu_types: tuple[str | None, ...]
+    """catalog type of each device (same order as ``devices``); None for a GPU the catalog does not know"""
+    selection: GpuSelection
+    host: HostInfo
+    driver: dict | None = None
+    """NVML/driver/CUDA versions on a real node"""
+    warnings: tuple[str, ...] = ()
+    ray_node_id: str | None = None
+    probe_pid: int | None = None
+
+    def with_probe(self, *, ray_node_id: str | None, probe_pid: int | None) -> NodeInventory:
+        from dataclasses import replace
+
+        return replace(self, ray_node_id=ray_node_id, probe_pid=probe_pid)
+
+    def device(self, index: int) -> GpuStats:
+        for stats in self.devices:
+            if stats.index == index:
+                return stats
+        raise KeyError(index)
+
+    def gpu_type(self, index: int) -> str | None:
+        for stats, gpu_type in zip(self.devices, self.gpu_types, strict=True):
+            if stats.index == index:
+                return gpu_type
+        raise KeyError(index)
+
+    def to_json(self) -> dict:
+        """The node entry of ``batchplan devices --json`` (``batchplan/devices@1``)."""
+        return {
+            "name": self.name,
+            "simulated": self.simulated,
+            "ray_node_id": self.ray_node_id,
+            "probe_pid": self.probe_pid,
+            "driver": self.driver,
+            "host": self.host.to_json(),
+            "devices": [
+                {**s.to_dict(), "gpu_type": t} for s, t in zip(self.devices, self.gpu_types, strict=True)
+            ],
+            "selected": list(self.selection.selected),
+            "skipped": [{"device_index": i, "reason": r} for i, r in self.selection.skipped],
+            "warnings": [*self.warnings, *self.selection.warnings],
+        }
+
+
+def simulated_inventory(
+    node: NodeSpec, *, select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
+) -> NodeInventory:
+    """The inventory of a simulated node, from its config entry (no NVML)."""
+    devices = tuple(
+        GpuStats(
+            index=gpu.index,
+            name=gpu.spec.name,
+            uuid=f"GPU-sim-{node.name}-{gpu.index}",
+            pci_bus_id="",
+            memory_total_bytes=gpu.spec.memory_bytes,
+            memory_used_bytes=gpu.used_memory_bytes,
+            memory_free_bytes=gpu.spec.memory_bytes - gpu.used_memory_bytes,
+            utilization_fraction=gpu.utilization_fraction,
+            temperature_c=None,
+            power_w=None,
+            power_limit_w=None,
+            processes=(),
+        )
+        for gpu in node.gpus
+    )
+    selection = select_gpus_or_none(
+        devices,
+        select,
+        min_free_memory_fraction=min_free_memory_fraction,
+        max_utilization_fraction=max_utilization_fraction,
+    )
+    return NodeInventory(
+        name=node.name,
+        simulated=True,
+        devices=devices,
+        gpu_types=tuple(gpu.spec.name for gpu in node.gpus),
+        selection=selection,
+        host=HostInfo(
+            hostname=node.name, cpu="simulated", cpu_count=node.cpu_count, memory_total_bytes=node.host_memory_bytes
+        ),
+    )
+
+
+def local_host_info() -> HostInfo:
+    import psutil
+
+    from torchkit.device import get_cpu_info
+
+    return HostInfo(
+        hostname=socket.gethostname(),
+        cpu=get_cpu_info(),
+        cpu_count=os.cpu_count(),
+        memory_total_bytes=int(psutil.virtual_memory().total),
+    )
+
+
+def _package_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def real_inventory(
+    catalog: GpuCatalog,
+    *,
+    select: str = "all",
+    min_free_memory_fraction: float = 0.0,
+    max_utilization_fraction: float = 1.0,
+) -> NodeInventory:
+    """This host's GPUs over NVML (imports no torch). No NVML (no driver) is not an error: the node has no
+    GPU, with one warning that says why."""
+    from torchkit.nvml import NvmlUnavailableError, read_local_inventory
+
+    warnings: list[str] = []
+    driver = None
+    devices: tuple[GpuStats, ...] = ()
+    try:
+        nvml = read_local_inventory()
+    except NvmlUnavailableError as exc:
+        warnings.append(f"no NVIDIA driver/NVML found, listing the host only: {exc}")
+    else:
+        devices = nvml.gpus
+        warnings.extend(nvml.warnings)
+        # versions preflight compares across nodes; torch's from package metadata (importing it costs seconds)
+        driver = {
+            "nvml_version": nvml.nvml_version,
+            "driver_version": nvml.driver_version,
+            "cuda_driver_version": nvml.cuda_driver_version,
+            "torch_version": _package_version("torch"),
+        }
+    gpu_types = []
+    for stats in devices:
+        spec = catalog.resolve(stats.name)
+        if spec is None:
+            warnings.append(
+                f"GPU {stats.index} '{stats.name}' is not in the GPU catalog; add it under gpu_types: in a "
+                "cluster config to plan for it"
+            )
+        gpu_types.append(spec.name if spec else None)
+    selection = (
+        select_gpus_or_none(
+            devices,
+            select,
+            min_free_memory_fraction=min_free_memory_fraction,
+            max_utilization_fraction=max_utilization_fraction,
+        )
+        if devices
+        else GpuSelection(selected=(), skipped=())
+    )
+    return NodeInventory(
+        name=socket.gethostname(),
+        simulated=False,
+        devices=devices,
+        gpu_types=tuple(gpu_types),
+        selection=selection,
+        host=local_host_info(),
+        driver=driver,
+        warnings=tuple(warnings),
+    )
+
+
+class NodeProbe:
+    """Answers for one node (or, past the raylet cap, a group of simulated nodes) of a cluster.
+
+    The driver wraps it with ``ray.remote`` and pins each instance to its node with
+    ``NodeAffinitySchedulingStrategy(node_id, soft=False)``.
+    """
+
+    def __init__(self, simulated_nodes: Sequence[NodeSpec] | None, catalog: GpuCatalog) -> None:
+        self._simulated = {n.name: n for n in simulated_nodes} if simulated_nodes is not None else None
+        self._catalog = catalog
+        self._estimates_cache: dict = {}
+
+    def identity(self) -> dict:
+        import ray
+
+        return {"ray_node_id": ray.get_runtime_context().get_node_id(), "probe_pid": os.getpid()}
+
+    def inventory(
+        self, select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
+    ) -> list[NodeInventory]:
+        ident = self.identity()
+        thresholds = {
+            "select": select,
+            "min_free_memory_fraction": min_free_memory_fraction,
+            "max_utilization_fraction": max_utilization_fraction,
+        }
+        if self._simulated is None:
+            found = [real_inventory(self._catalog, **thresholds)]
+        else:
+            found = [simulated_inventory(node, **thresholds) for node in self._simulated.values()]
+        return [inv.with_probe(**ident) for inv in found]
+
+    def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None) -> dict:
+        """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity."""
+        from planner.job import JobSpec
+        from planner.profiling import make_profile
+
+        job = JobSpec.from_json(job_json)
+        profile = make_profile(
+            job,
+            self._catalog.get(gpu_type),
+            method=method,
+            device_index=device_index,
+            estimates_cache=self._estimates_cache,
+        )
+        return {"profile": profile.to_json(), **self.identity()}
