@@ -107,8 +107,10 @@ class ProbeFailure(Exception):
 
 
 class Backend(Protocol):
-    def inventories(self, job: JobSpec) -> tuple[list[NodeInventory], dict[str, str]]:
-        """Inventories of the nodes that answered, and failures ``{node: reason}``."""
+    def inventories(
+        self, select: str, min_free_memory_fraction: float, max_utilization_fraction: float
+    ) -> tuple[list[NodeInventory], dict[str, str]]:
+        """Inventories of the nodes that answered (with ``select`` applied), and failures ``{node: reason}``."""
 
     def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
         """Run one profile on a probe not in ``avoid``; returns the profile and the node that ran it.
@@ -130,13 +132,15 @@ class LocalBackend:
         self.cluster = cluster
         self._cache: dict = {}
 
-    def inventories(self, job: JobSpec) -> tuple[list[NodeInventory], dict[str, str]]:
+    def inventories(
+        self, select: str, min_free_memory_fraction: float, max_utilization_fraction: float
+    ) -> tuple[list[NodeInventory], dict[str, str]]:
         found = [
             simulated_inventory(
                 node,
-                select=job.gpus,
-                min_free_memory_fraction=job.min_free_memory_fraction,
-                max_utilization_fraction=job.max_utilization_fraction,
+                select=select,
+                min_free_memory_fraction=min_free_memory_fraction,
+                max_utilization_fraction=max_utilization_fraction,
             ).with_probe(ray_node_id=None, probe_pid=os.getpid())
             for node in self.cluster.nodes
         ]
@@ -258,9 +262,11 @@ class RayBackend:
             failures[group_id] = f"probe did not answer within {timeout_s:.0f} s (timed out)"
         return results, failures
 
-    def inventories(self, job: JobSpec) -> tuple[list[NodeInventory], dict[str, str]]:
+    def inventories(
+        self, select: str, min_free_memory_fraction: float, max_utilization_fraction: float
+    ) -> tuple[list[NodeInventory], dict[str, str]]:
         refs = {
-            g: a.inventory.remote(job.gpus, job.min_free_memory_fraction, job.max_utilization_fraction)
+            g: a.inventory.remote(select, min_free_memory_fraction, max_utilization_fraction)
             for g, a in self.actors.items()
         }
         results, failures = self._wait(refs, self.options.probe_timeout_s)
@@ -408,7 +414,9 @@ def run_plan(
     timings = dict(timings_s or {})
     start = time.monotonic()
     on_event(Event(stage="probe", status="start", item=f"{len(expected_nodes) or '?'} nodes"))
-    inventories, failed_nodes = backend.inventories(job)
+    inventories, failed_nodes = backend.inventories(
+        job.gpus, job.min_free_memory_fraction, job.max_utilization_fraction
+    )
     timings["probe_s"] = time.monotonic() - start
     on_event(Event(stage="probe", status="done", detail={"nodes": len(inventories), "failed": len(failed_nodes)}))
     if failed_nodes and options.require_all_nodes:
