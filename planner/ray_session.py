@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,21 @@ DEFAULT_RAYLET_CAP = 8
 #: object store per simulated raylet: probes exchange kilobytes, so the 150 MiB Cluster default is plenty
 SIMULATED_OBJECT_STORE_BYTES = 80 * 2**20
 LOOPBACK = "127.0.0.1"
+
+
+def _keep_ray_on_loopback() -> None:
+    """Make a Ray cluster started by this process bind and advertise 127.0.0.1 only.
+
+    Ray replaces 127.0.0.1 with the machine's own address unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    which it reads once, when ``ray`` is first imported (``ray._private.ray_constants.ENABLE_RAY_CLUSTER``).
+    The variable is set before that import and inherited by the raylets and workers this process starts; if
+    ``ray`` was imported earlier, the constant it derived is corrected the same way. Only for clusters this
+    process starts: a driver joining a remote cluster must advertise its real address.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and getattr(constants, "ENABLE_RAY_CLUSTER", False):
+        constants.ENABLE_RAY_CLUSTER = False
 
 
 def raylet_cap_from_env() -> int:
@@ -100,14 +116,14 @@ def ray_session(
     Raises:
         ClusterUnreachableError: ``address`` cannot be reached.
     """
+    if address is None:
+        _keep_ray_on_loopback()
     import ray
 
     if ray.is_initialized():
         yield RaySession(address="existing", started_here=False, nodes=_alive_nodes())
         return
 
-    # Ray rewrites 127.0.0.1 to the machine's own address unless told not to (DESIGN.md, Testing)
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     if address is not None:
         try:
             ray.init(address=address, **_init_kwargs())

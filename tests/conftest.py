@@ -6,6 +6,9 @@ import os
 
 import pytest
 
+# Ray reads this once, at its first import: every raylet a test starts must stay on 127.0.0.1 (DESIGN.md)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 
 @pytest.fixture(autouse=True)
 def _restore_environment():
