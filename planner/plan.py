@@ -170,6 +170,13 @@ def build_plan(
     for key in sorted(used_profiles):
         all_warnings.extend(n for n in profiles[key].notes if n not in all_warnings)
     all_warnings.extend(allocation.advice)
+    from planner.profile import MAX_PLANNED_BATCH
+
+    if any(cap >= MAX_PLANNED_BATCH for cap in caps):
+        all_warnings.append(
+            f"some caps reach {MAX_PLANNED_BATCH}, the largest per-rank batch batchplan plans: the model is tiny "
+            "for these GPUs, and the plan is limited by that bound rather than by memory"
+        )
     plan = {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
 # Ray reads this once, at its first import: every raylet a test starts must stay on 127.0.0.1 (DESIGN.md)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+# where fault-injection tests mark the Ray nodes whose probe should hang (tests/planner/tiny_models.py); set
+# before the test cluster starts so that its raylets, and the probes they start, inherit it
+FAULT_DIR = os.path.join(tempfile.gettempdir(), f"batchplan-test-faults-{os.getpid()}")
+os.environ["BATCHPLAN_TEST_FAULT_DIR"] = FAULT_DIR
 
 
 @pytest.fixture(autouse=True)
@@ -40,8 +46,10 @@ def ray_cluster():
         cluster.add_node(wait=False, **common)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False, logging_level="ERROR")
+    os.makedirs(FAULT_DIR, exist_ok=True)
     try:
         yield cluster
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(FAULT_DIR, ignore_errors=True)

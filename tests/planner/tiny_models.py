@@ -1,0 +1,47 @@
+"""Small user workloads (``--model tests.planner.tiny_models:mlp --input-shape 64``) that keep planner tests
+fast, and one that hangs on purpose for the probe-timeout tests.
+
+Probe actors import these by module path: tests run from the repository root, whose directory the Ray
+driver adds to the probes' PYTHONPATH for user factories.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from torch import nn
+
+#: a probe building ``hang_where_marked`` on a Ray node whose id is a file name in this directory sleeps
+FAULT_DIR_ENV = "BATCHPLAN_TEST_FAULT_DIR"
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def convnet() -> nn.Module:
+    """A small CNN for ``--input-shape 3,32,32``: activations dominate, so caps differ by GPU memory."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10),
+    )
+
+
+def hang_where_marked() -> nn.Module:
+    """``convnet()``, except inside a Ray probe on a node marked in ``$BATCHPLAN_TEST_FAULT_DIR``: hangs."""
+    fault_dir = os.environ.get(FAULT_DIR_ENV)
+    if fault_dir:
+        try:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except Exception:
+            node_id = None
+        if node_id and os.path.exists(os.path.join(fault_dir, node_id)):
+            time.sleep(3600)
+    return convnet()
