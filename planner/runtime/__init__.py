@@ -19,6 +19,8 @@ _EXPORTS: dict[str, str] = {
     "PlannedBatchSampler": "planner.runtime.sampler",
     "RankPlan": "planner.runtime.rank_plan",
     "load_rank_plan": "planner.runtime.rank_plan",
+    "autobatch_ddp": "planner.runtime.autobatch_ddp",
+    "DdpAutobatch": "planner.runtime.autobatch_ddp",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,7 +9,6 @@ then checks one claim against a single-process reference computed here.
 from __future__ import annotations
 
 import os
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from planner.runtime.sampler import PlannedBatchSampler
 from planner.runtime.weights import loss_weight, sum_loss_scale
+from tests.net import free_port
 
 BATCHES = (5, 3, 8)
 WORLD_SIZE = len(BATCHES)
@@ -110,10 +110,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +118,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     import torch.multiprocessing as mp
 
     out_dir = tmp_path_factory.mktemp("ddp")
-    mp.start_processes(_worker, args=(_free_port(), str(out_dir)), nprocs=WORLD_SIZE, start_method="spawn")
+    mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE, start_method="spawn")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
 

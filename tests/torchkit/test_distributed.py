@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.net import free_port
 from torchkit.distributed import torch_distributed_zero_first
 
 WORLD_SIZE = 3
@@ -72,16 +72,12 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 # ------------------------------------------------------------------------------------------------ tests
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory) -> dict[int, dict]:
     out_dir = tmp_path_factory.mktemp("zero_first")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
     procs = [
         subprocess.Popen(

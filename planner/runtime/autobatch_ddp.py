@@ -1,0 +1,184 @@
+"""Heterogeneous AutoBatch inside a running DDP job (no Ray): every rank ends up with its own batch and loss
+weight, from one plan that all ranks compute identically.
+
+Steps, inside an initialised process group:
+1. every rank says who it is: node, local rank, GPU type, memory available (``all_gather_object``);
+2. under ``torch_distributed_zero_first(local_rank)`` the first rank of each node profiles each GPU type
+   on its node (or finds the profile in the node's profile cache) while the others wait; then the others
+   read the cached profile (they profile only if the cache is unusable);
+3. every rank's profiles are gathered to all ranks;
+4. every rank runs the same deterministic allocation (``planner.plan.build_plan``) on the same data with rank
+   0's timestamp, so all ranks hold the byte-identical plan, and takes its own entry.
+
+Works with gloo on CPU (pass ``gpu=`` to simulate a GPU type per rank: the profile is then estimated for
+that catalog type) and with NCCL on GPUs (the GPU type comes from the device's name; ``method="auto"``
+measures it).
+
+Known limitations: every rank must fit the minimum batch (a DDP job cannot leave a rank out once started:
+relaunch without it); ranks must be numbered node by node, as torchrun does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import InfeasiblePlanError
+from planner.job import JobSpec
+from planner.plan import RankSlot, build_plan
+from planner.profile import DeviceProfile, profile_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DdpAutobatch:
+    """What ``autobatch_ddp`` gives each rank."""
+
+    rank_plan: Any
+    """this rank's ``planner.runtime.RankPlan`` (batch, loss weight, ...)"""
+    plan: dict
+    """the whole plan (identical on every rank); ``planner.plan.write_plan`` can save it"""
+    profiled_here: tuple[str, ...]
+    """GPU types this rank profiled itself (not from the cache)"""
+
+
+def _node_name(env: Mapping[str, str]) -> str:
+    """This rank's node: the host name, with torchrun's GROUP_RANK (several 'nodes' may share a host)."""
+    group = env.get("GROUP_RANK")
+    host = socket.gethostname()
+    return f"{host}-g{group}" if group is not None else host
+
+
+def _local_device_info(device_index: int, gpu: str | None, catalog) -> tuple[str, int, int, str]:
+    """(GPU type, total bytes, available bytes, visible id) of this rank's device."""
+    if gpu is not None:
+        spec = catalog.get(gpu)
+        return spec.name, spec.memory_bytes, spec.memory_bytes, str(device_index)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InfeasiblePlanError(
+            "autobatch_ddp: no CUDA device on this rank and no gpu= given (pass gpu='T4' etc. to simulate one)"
+        )
+    name = torch.cuda.get_device_name(device_index)
+    spec = catalog.resolve(name)
+    if spec is None:
+        raise InfeasiblePlanError(f"GPU '{name}' is not in the GPU catalog (add it with a cluster config's gpu_types:)")
+    free, total = torch.cuda.mem_get_info(device_index)
+    # available to this process = driver-free + what it already holds (DESIGN.md, Profiles)
+    available = int(free) + int(torch.cuda.memory_reserved(device_index))
+    return spec.name, int(total), available, str(device_index)
+
+
+def autobatch_ddp(
+    job: JobSpec,
+    *,
+    gpu: str | None = None,
+    device_index: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    catalog=None,
+    env: Mapping[str, str] | None = None,
+) -> DdpAutobatch:
+    """Plan this job's per-rank batches from inside the running process group and return this rank's share.
+
+    Args:
+        job: what to plan (model, input, amp, optimizer, fraction, mode, global batch, ...).
+        gpu: simulate this catalog GPU type for this rank (CPU/gloo tests); default: this rank's CUDA device.
+        device_index: CUDA device of this rank (default ``LOCAL_RANK``).
+        cache_dir: the node's profile cache (default ``~/.cache/batchplan/profiles``).
+        env: where RANK/LOCAL_RANK/GROUP_RANK come from (default ``os.environ``).
+
+    Raises:
+        InfeasiblePlanError: a rank cannot fit the minimum batch, or the global batch is unreachable.
+    """
+    import torch.distributed as dist
+
+    from planner.profile_cache import ProfileCache
+    from planner.profiling import make_profile, workload_for
+    from planner.runtime.rank_plan import load_rank_plan
+    from torchkit.catalog import load_catalog
+    from torchkit.distributed import torch_distributed_zero_first
+    from torchkit.workloads import workload_fingerprint
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise InfeasiblePlanError("autobatch_ddp needs an initialised process group (call it inside torchrun)")
+    environ = os.environ if env is None else env
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank = int(environ.get("LOCAL_RANK", 0))
+    device_index = local_rank if device_index is None else device_index
+    catalog = catalog or load_catalog()
+    cache = ProfileCache(cache_dir)
+
+    gpu_type, total_bytes, available_bytes, visible_id = _local_device_info(device_index, gpu, catalog)
+    node = _node_name(environ)
+    me = {"rank": rank, "node": node, "local_rank": local_rank, "device_index": device_index, "gpu": gpu_type,
+          "total": total_bytes, "available": available_bytes, "visible_id": visible_id}
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, me)
+
+    import torch
+
+    fingerprint = workload_fingerprint(workload_for(job))
+    method = "estimate" if gpu is not None else job.method
+
+    def key_for(gpu_name: str) -> str:
+        spec = catalog.get(gpu_name)
+        return profile_key(fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(spec),
+                           job.optimizer, gpu_name, method, job.fit, torch.__version__)
+
+    node_types = sorted({p["gpu"] for p in everyone if p["node"] == node})
+    profiles: dict[str, DeviceProfile] = {}
+    profiled_here: list[str] = []
+    with torch_distributed_zero_first(local_rank):
+        for gpu_name in node_types:
+            key = key_for(gpu_name)
+            cached = cache.get(key)
+            if cached is None:
+                if local_rank != 0:
+                    log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", rank, gpu_name)
+                local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
+                cached = make_profile(job, catalog.get(gpu_name), method=method,
+                                      device_index=None if gpu is not None else local_index)
+                cache.put(key, cached)
+                profiled_here.append(gpu_name)
+            profiles[key] = cached
+
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, {k: p.to_json() for k, p in profiles.items()})
+    all_profiles = {k: DeviceProfile.from_json(v) for entry in gathered for k, v in entry.items()}
+
+    slots = [
+        RankSlot(
+            node=p["node"],
+            device_index=p["device_index"],
+            gpu=p["gpu"],
+            profile=key_for(p["gpu"]),
+            memory_budget_bytes=int(job.fraction * p["available"]),
+            total_memory_bytes=p["total"],
+            visible_id=p["visible_id"],
+        )
+        for p in sorted(everyone, key=lambda p: p["rank"])
+    ]
+    plan = build_plan(job, slots, all_profiles)
+    if plan["excluded"]:
+        reasons = "; ".join(f"{e['node']} GPU {e['device_index']} ({e['gpu']}): {e['reason']}" for e in plan["excluded"])
+        raise InfeasiblePlanError(f"every rank of a running job must take part, but some cannot: {reasons} "
+                                  "(lower --min-batch/--multiple-of, or relaunch without those GPUs)")
+    # one timestamp for all ranks: the plans are then identical byte for byte
+    stamp: list[Any] = [plan["created"]]
+    dist.broadcast_object_list(stamp, src=0)
+    plan["created"] = stamp[0]
+    plan["probing"] = {"backend": "autobatch_ddp", "simulated": gpu is not None}
+    for entry in plan["ranks"]:
+        if (entry["node"], entry["local_rank"]) != (slots[entry["rank"]].node, everyone[entry["rank"]]["local_rank"]):
+            raise InfeasiblePlanError(
+                "ranks are not numbered node by node (as torchrun does): the plan's rank order would not match "
+                "the process group's"
+            )
+    rank_plan = load_rank_plan(plan, rank=rank, env={"WORLD_SIZE": str(world_size)})
+    return DdpAutobatch(rank_plan=rank_plan, plan=plan, profiled_here=tuple(profiled_here))
