@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.net import free_port
 from torchkit.distributed import torch_distributed_zero_first
 
 WORLD_SIZE = 3
@@ -76,6 +75,9 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory) -> dict[int, dict]:
+    # imported here: this file also runs as a worker script, without tests/ on sys.path
+    from tests.net import free_port
+
     out_dir = tmp_path_factory.mktemp("zero_first")
     port = free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
