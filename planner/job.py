@@ -105,11 +105,9 @@ class JobSpec:
                 raise bad("global_batch", gb, "use a positive integer, or leave it out to maximise throughput")
             if gb % self.multiple_of:
                 lower = gb // self.multiple_of * self.multiple_of
+                sizes = f"{lower} or {lower + self.multiple_of}" if lower else f"{self.multiple_of}"
                 raise bad(
-                    "global_batch",
-                    gb,
-                    f"it must be a multiple of --multiple-of {self.multiple_of}: try "
-                    f"{max(lower, self.multiple_of)} or {lower + self.multiple_of}",
+                    "global_batch", gb, f"it must be a multiple of --multiple-of {self.multiple_of}: try {sizes}"
                 )
         if not isinstance(self.gpus, str) or not self.gpus.strip():
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
@@ -139,6 +137,8 @@ class JobSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"job has unknown fields {unknown} (known: {sorted(known)})")
+        if "model" not in data:
+            raise ConfigError("job lacks the field 'model' (regenerate the plan with batchplan plan)")
         values = dict(data)
         if values.get("input_shape") is not None:
             values["input_shape"] = tuple(values["input_shape"])

@@ -83,6 +83,10 @@ def build_plan(
     Raises:
         InfeasiblePlanError: no device fits the minimum batch, or the global batch is unreachable.
     """
+    # torchrun's static rendezvous numbers ranks node by node: keep each node's devices together, nodes in
+    # the order they first appear
+    first_seen = {node: i for i, node in reversed(list(enumerate(s.node for s in slots)))}
+    slots = sorted(slots, key=lambda s: first_seen[s.node])
     if not slots:
         from planner.errors import InfeasiblePlanError
 
@@ -228,6 +232,10 @@ def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp makes the file 0600; a plan is shared with the scheduler and the nodes: the usual 0666 & ~umask
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as handle:
             json.dump(plan, handle, indent=2)
             handle.write("\n")

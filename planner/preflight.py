@@ -13,6 +13,9 @@ from planner.probe import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
 
+#: reasons ``torchkit.nvml.select_gpus`` gives for skipping a GPU that is idle enough, only not picked
+_NOT_A_THRESHOLD_BREACH = ("not requested", "less idle than the GPUs picked", "not used: selection")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Check:
@@ -83,12 +86,14 @@ def run_checks(
 
     selected = sum(len(inv.selection.selected) for inv in inventories)
     total = sum(len(inv.devices) for inv in inventories)
+    ranks = plan["world_size"] if plan is not None else 0
     want = thresholds.expect_gpus
     checks.append(
         Check(
             name="gpus_present",
-            ok=selected > 0 and (want is None or selected >= want),
-            detail=f"{selected} of {total} GPU(s) selected" + (f", {want} required" if want is not None else ""),
+            ok=selected > 0 and (want is None or ranks >= want),
+            detail=f"{selected} of {total} GPU(s) selected, {ranks} planned as ranks"
+            + (f", {want} required" if want is not None else ""),
         )
     )
 
@@ -96,7 +101,7 @@ def run_checks(
         f"{inv.name} GPU {index}: {reason}"
         for inv in inventories
         for index, reason in inv.selection.skipped
-        if not reason.startswith("not requested")
+        if not reason.startswith(_NOT_A_THRESHOLD_BREACH)
     ]
     checks.append(
         Check(
