@@ -2,7 +2,7 @@
 
 The GPU edge around the pure decision in ``torchkit.batch_choice``:
 - ``run_probes`` runs a ``measure(batch) -> peak_bytes`` callable over the probe list and stops at the first
-  out-of-memory error; ``is_out_of_memory`` recognises one by type and by the known CUDA/cuBLAS/cuDNN texts;
+  out-of-memory error; ``torchkit.profiling.is_out_of_memory_error`` recognises one by type and by the known CUDA/cuBLAS/cuDNN texts;
 - ``autobatch`` / ``check_train_batch_size`` keep the seed's signatures, messages (prefix ``"AutoBatch: "``)
   and guard rails: CPU/MPS and ``cudnn.benchmark`` fall back to ``batch_size`` with the seed's warning, setup
   errors give the seed's "error detected" fallback, nothing usable raises its RuntimeError, the cache is
@@ -47,6 +47,7 @@ from torchkit.batch_choice import (
 )
 from torchkit.catalog import GIB
 from torchkit.errors import WorkloadError
+from torchkit.profiling import is_out_of_memory_error
 
 if TYPE_CHECKING:
     import torch
@@ -55,42 +56,9 @@ log = logging.getLogger(__name__)
 
 OptimizerName = Literal["sgd", "adamw"]
 
-# Texts of out-of-memory errors that are not (always) raised as torch.OutOfMemoryError: cuBLAS/cuDNN
-# failing to allocate their workspace, the CUDA runtime's own error, other accelerators. Lightning and
-# Accelerate also count CUDNN_STATUS_NOT_SUPPORTED (cuDNN reports it when it cannot get its workspace at large
-# batches; reference peers.md §1.1, §1.2). "CUDA error: an illegal memory access" is not an OOM.
-OOM_MESSAGES: tuple[str, ...] = (
-    "CUDA out of memory",
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE",
-    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
-    "HIP out of memory",
-    "XPU out of memory",
-    "NPU out of memory",
-)
-
-
 # --------------------------------------------------------------------------------------------------------
 # Probing loop (pure Python around a measure callable)
 # --------------------------------------------------------------------------------------------------------
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for an out-of-memory error: ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``) or an
-    error whose text is one of ``OOM_MESSAGES`` (cuBLAS/cuDNN workspace failures, other accelerators)."""
-    import torch
-
-    oom_types = tuple(
-        t
-        for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
-        if t
-    )
-    if oom_types and isinstance(exc, oom_types):
-        return True
-    text = str(exc)
-    return any(message in text for message in OOM_MESSAGES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +96,7 @@ def run_probes(
         try:
             peak = int(measure(batch))
         except Exception as exc:  # a probe may fail in any way; each failure is reported below
-            oom = is_out_of_memory(exc)
+            oom = is_out_of_memory_error(exc)
             first_line = (str(exc).strip().splitlines() or [""])[0]
             error = f"{type(exc).__name__}: {first_line}"
         if cleanup is not None:
@@ -373,7 +341,7 @@ def autobatch(
                 _envelope_for(probe_model, imgsz, max_num_obj),
             )
         except Exception as exc:  # seed §1.2 step 9: the probes cannot be set up
-            if is_out_of_memory(exc):  # not even the model's copy fits: 16 would not either
+            if is_out_of_memory_error(exc):  # not even the model's copy fits: 16 would not either
                 raise RuntimeError(
                     f"{PREFIX}copying the model for probing ran out of memory on {label}: free GPU memory "
                     "or set batch explicitly"
@@ -444,3 +412,70 @@ def check_train_batch_size(
             make_batch=make_batch,
             multiple_of=multiple_of,
         )
+
+
+# --------------------------------------------------------------------------------------------------------
+# The same answer without the GPU
+# --------------------------------------------------------------------------------------------------------
+
+
+def estimate_batch(
+    workload: Any,
+    gpu: Any = "T4",
+    fraction: float = DEFAULT_FRACTION,
+    *,
+    amp: str | None = None,
+    optimizer: OptimizerName = "sgd",
+    imgsz: int | None = None,
+    available_bytes: int | None = None,
+    dataset_size: int = 0,
+    multiple_of: int = 1,
+    max_batch: int = 1024,
+) -> int:
+    """AutoBatch's answer for a GPU you do not have: the largest batch whose *estimated* training-step memory
+    fits ``fraction`` of the GPU's available memory, from fake-tensor passes (``torchkit.estimate``).
+
+    Args:
+        workload: a ``torchkit.workloads.Workload`` or a workload name (``resnet50``, ``pkg.mod:factory``).
+        gpu: a catalog type name or NVML alias (``T4``, ``NVIDIA A100-SXM4-80GB``) or a ``GpuSpec``.
+        fraction: share of the available memory to fill, in (0, 1] (Ultralytics' default 0.60).
+        amp: ``fp16``, ``bf16`` or ``off``; default bf16 where the GPU supports it, else fp16.
+        available_bytes: memory free for the job (default: the GPU's total, an idle card).
+        max_batch: upper clamp, the seed's 1024.
+
+    Returns:
+        The batch; the same decision rule as ``autobatch`` (``torchkit.batch_choice.choose_batch``, affine
+        fit) applied to estimated instead of measured probes.
+
+    Raises:
+        ConfigError: unknown GPU type, bf16 on a GPU without it, bad fraction.
+        WorkloadError: the workload cannot be built or run.
+        RuntimeError: not even the smallest probe fits.
+    """
+    from torchkit.catalog import GpuSpec, load_catalog
+    from torchkit.estimate import estimate_curves
+    from torchkit.workloads import get_workload
+
+    spec = gpu if isinstance(gpu, GpuSpec) else load_catalog().get(str(gpu))
+    if isinstance(workload, str):
+        workload = get_workload(workload, imgsz=imgsz)
+    amp = amp or ("bf16" if spec.supports_bf16 else "fp16")
+    curves = estimate_curves(workload, spec, amp=amp, optimizer=optimizer)
+    batches = [b for b, _ in curves.memory_points]
+    choice = choose_batch(
+        batches,
+        [v for _, v in curves.memory_points],
+        total_bytes=spec.memory_bytes,
+        available_bytes=spec.memory_bytes if available_bytes is None else available_bytes,
+        fraction=fraction,
+        fit="affine",
+        dataset_size=dataset_size,
+        multiple_of=multiple_of,
+        max_batch=max_batch,
+    )
+    log.info(
+        "%sestimated batch-size %d for %s on %s (%s, %s): %.2fG predicted of %.2fG",
+        PREFIX, choice.batch, workload.name, spec.name, amp, optimizer,
+        choice.predicted_bytes / GIB, spec.memory_bytes / GIB,
+    )
+    return choice.batch

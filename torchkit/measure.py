@@ -66,9 +66,9 @@ def measure_curve(
     """
     import torch
 
-    from torchkit.autobatch import is_out_of_memory
     from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
     from torchkit.estimate.step import make_optimizer, run_training_iterations
+    from torchkit.profiling import is_out_of_memory_error
 
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -102,7 +102,7 @@ def measure_curve(
                     torch.cuda.synchronize(device)
                     samples.append(time.perf_counter() - start)
             except Exception as exc:
-                if not is_out_of_memory(exc):
+                if not is_out_of_memory_error(exc):
                     raise
                 oom_batch = batch
                 log.info("batch %d ran out of memory on %s: stopping the probes", batch, device)

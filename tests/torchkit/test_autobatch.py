@@ -17,7 +17,6 @@ from torchkit.autobatch import (
     check_train_batch_size,
     image_batch_factory,
     input_channels,
-    is_out_of_memory,
     loss_envelope_bytes,
     probe_step,
     run_probes,
@@ -25,6 +24,7 @@ from torchkit.autobatch import (
 from torchkit.batch_choice import PROBES_LARGE_GPU, choose_batch
 from torchkit.catalog import GIB
 from torchkit.errors import WorkloadError
+from torchkit.profiling import is_out_of_memory_error
 
 # ----------------------------------------------------------------------------------------------------------
 # out-of-memory recognition and the probing loop
@@ -47,7 +47,7 @@ from torchkit.errors import WorkloadError
     ],
 )
 def test_is_out_of_memory_recognises_types_and_known_texts(error):
-    assert is_out_of_memory(error)
+    assert is_out_of_memory_error(error)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_is_out_of_memory_recognises_types_and_known_texts(error):
     ],
 )
 def test_is_out_of_memory_rejects_other_errors(error):
-    assert not is_out_of_memory(error)
+    assert not is_out_of_memory_error(error)
 
 
 def synthetic_measure(intercept_bytes, bytes_per_sample, limit_bytes, calls):
@@ -266,3 +266,44 @@ def test_autobatch_with_cudnn_benchmark_falls_back_with_the_seeds_warning(caplog
     assert (
         "AutoBatch: Requires torch.backends.cudnn.benchmark=False, using default batch-size 12" in caplog.text
     )
+
+
+# ---------------------------------------------------------------------------------------- estimate_batch
+
+
+@pytest.fixture(scope="module")
+def convnet_workload():
+    from torchkit.workloads import get_workload
+
+    return get_workload("tests.planner.tiny_models:convnet", input_shape=(3, 32, 32))
+
+
+def test_estimate_batch_agrees_with_the_planner_cap_for_the_same_budget(convnet_workload):
+    from planner.job import JobSpec
+    from planner.profiling import make_profile
+    from torchkit.autobatch import estimate_batch
+    from torchkit.catalog import load_catalog
+
+    t4 = load_catalog().get("T4")
+    batch = estimate_batch(convnet_workload, "Tesla T4", 0.6, max_batch=10**6)
+    profile = make_profile(
+        JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32)), t4, method="estimate"
+    )
+    assert batch == profile.max_batch(int(0.6 * t4.memory_bytes))
+    assert 100 < batch < 10**6
+    assert profile.memory_bytes(batch) <= 0.6 * t4.memory_bytes < profile.memory_bytes(batch + 1)
+
+
+def test_estimate_batch_keeps_the_seed_clamp_and_the_dataset_clamp(convnet_workload):
+    from torchkit.autobatch import estimate_batch
+
+    assert estimate_batch(convnet_workload, "A100-SXM4-80GB") == 1024
+    assert estimate_batch(convnet_workload, "T4", dataset_size=37) == 37
+
+
+def test_estimate_batch_names_an_unknown_gpu_and_the_fix(convnet_workload):
+    from torchkit.autobatch import estimate_batch
+    from torchkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="A100-80.*not in the catalog"):
+        estimate_batch(convnet_workload, "A100-80")
