@@ -190,15 +190,16 @@ def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
             yield from _tensors_in(item)
 
 
-def _to_device(value: Any, device: torch.device) -> Any:
+def to_device(value: Any, device: torch.device) -> Any:
+    """``value`` (a tensor, or dicts/tuples/lists of them) moved to ``device``; other values as they are."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return value.to(device, non_blocking=True)
     if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
+        return {k: to_device(v, device) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(v, device) for v in value)
+        return type(value)(to_device(v, device) for v in value)
     return value
 
 
@@ -239,12 +240,12 @@ def _gpu_measure(model, device, accelerator, make_batch, optimizer_name, envelop
     def measure(batch: int) -> int:
         nonlocal warmed
         if not warmed:  # allocates optimizer state and library workspaces, as every later step holds them
-            probe_step(model, optimizer, _to_device(make_batch(batch), device))
+            probe_step(model, optimizer, to_device(make_batch(batch), device))
             warmed = True
         cleanup()
         if has_peak:
             accelerator.reset_peak_memory_stats(device)
-        probe_step(model, optimizer, _to_device(make_batch(batch), device))
+        probe_step(model, optimizer, to_device(make_batch(batch), device))
         accelerator.synchronize(device)
         peak = accelerator.max_memory_reserved(device) if has_peak else accelerator.memory_reserved(device)
         return int(peak) + envelope(batch)

@@ -66,6 +66,7 @@ def measure_curve(
     """
     import torch
 
+    from torchkit.autobatch import to_device
     from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
     from torchkit.estimate.step import make_optimizer, run_training_iterations
     from torchkit.profiling import is_out_of_memory_error
@@ -83,8 +84,8 @@ def measure_curve(
     try:
         for batch in _probe_batches(start_batches):
             inputs, targets = workload.make_batch(batch)
-            inputs = _to(inputs, device)
-            targets = _to(targets, device)
+            inputs = to_device(inputs, device)
+            targets = to_device(targets, device)
             try:
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
@@ -127,14 +128,3 @@ def measure_curve(
         memory_points=tuple(memory), time_points=tuple(times), oom_batch=oom_batch, allocated_points=tuple(allocated)
     )
 
-
-def _to(value, device):
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to(v, device) for v in value)
-    return value
