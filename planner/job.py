@@ -6,6 +6,7 @@ layer trusts it. ``job`` in plan.json is its ``to_json()``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -23,6 +24,9 @@ OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 MODES: tuple[str, ...] = ("balanced", "max", "uniform")
 METHODS: tuple[str, ...] = ("auto", "measure", "estimate")
 FIT_KINDS: tuple[str, ...] = ("affine", "loglog")
+
+#: CLI flags whose names differ from their JobSpec field (errors name the flag the user typed)
+_FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utilization_fraction": "max-utilization"}
 
 #: Ultralytics' default share of available memory AutoBatch aims for (autobatch.py, fraction=0.60)
 DEFAULT_FRACTION = 0.60
@@ -67,7 +71,8 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, fix: str) -> ConfigError:
-            return ConfigError(f"--{field.replace('_', '-')} {value!r} is invalid ({fix})")
+            flag = _FLAG_OF_FIELD.get(field, field.replace("_", "-"))
+            return ConfigError(f"--{flag} {value!r} is invalid ({fix})")
 
         if not isinstance(self.model, str) or not self.model.strip():
             raise bad("model", self.model, "give a built-in workload name or package.module:factory")
@@ -146,11 +151,10 @@ class JobSpec:
 
 
 def parse_input_shape(text: str) -> tuple[int, ...]:
-    """``"3,224,224"`` → ``(3, 224, 224)``; a clear error for anything else."""
-    try:
-        shape = tuple(int(part) for part in text.replace("x", ",").split(",") if part.strip())
-    except ValueError:
-        shape = ()
-    if not shape or any(d <= 0 for d in shape):
+    """``"3,224,224"`` (or ``3x224x224``) → ``(3, 224, 224)``; a clear error for anything else, empty parts
+    included."""
+    parts = [part.strip() for part in re.split(r"[,x]", text)]
+    shape = tuple(int(part) for part in parts if part.isdigit())
+    if not parts or len(shape) != len(parts) or any(d <= 0 for d in shape):
         raise ConfigError(f"--input-shape {text!r} is invalid (use positive integers like 3,224,224)")
     return shape

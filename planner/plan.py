@@ -229,8 +229,11 @@ def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write ``plan`` as JSON to ``path`` atomically (temporary file in the same directory, then rename)."""
     validate_plan(plan, where="plan to write")
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
     try:
         # mkstemp makes the file 0600; a plan is shared with the scheduler and the nodes: the usual 0666 & ~umask
         umask = os.umask(0)
@@ -240,8 +243,10 @@ def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
             json.dump(plan, handle, indent=2)
             handle.write("\n")
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
         raise
     return target
 

@@ -44,6 +44,32 @@ def _keep_ray_on_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
+#: seconds to wait for a TCP connection to a cluster address before calling it unreachable (Ray itself retries
+#: for many minutes)
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast, with the address, when ``host:port`` (or ``ray://host:port``) accepts no TCP connection.
+
+    ``auto`` and addresses without a port are left to Ray.
+    """
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port_text = target.rpartition(":")
+    if not host or not port_text.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port_text)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ClusterUnreachableError(
+            f"cannot reach the Ray cluster at {address!r}: {exc} "
+            "(check the address and port, that `ray status` works there, and the firewall)"
+        ) from exc
+
+
 def raylet_cap_from_env() -> int:
     text = os.environ.get("BATCHPLAN_RAYLET_CAP", str(DEFAULT_RAYLET_CAP))
     try:
@@ -125,6 +151,7 @@ def ray_session(
         return
 
     if address is not None:
+        _check_reachable(address)
         try:
             ray.init(address=address, **_init_kwargs())
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError by version

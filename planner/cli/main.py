@@ -2,7 +2,7 @@
 
 stdout carries the result (a table, or exact JSON with ``--json``); stderr carries logs and progress. A user
 error is one line ``error: <what> (<how to fix>)`` and exit code 2 (1 for an infeasible plan or a failed
-preflight); ``--debug`` shows the traceback instead.
+preflight); ``--debug`` shows the traceback too, with the same exit code.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import importlib
 import logging
 import re
 import sys
+import traceback
 
 from torchkit.errors import UserError
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except UserError as exc:
         if args.debug:
-            raise
+            traceback.print_exc()
         sys.stderr.write(f"error: {exc}\n")
         return exc.exit_code
     except KeyboardInterrupt:

@@ -33,8 +33,27 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 
 
 def check_output_args(args: argparse.Namespace) -> None:
+    """Fail on an unusable output path before any planning work."""
     if args.plot and not args.plot.lower().endswith(".png"):
-        raise ConfigError(f"--plot {args.plot} must name a .png file")
+        raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot plan.png)")
+    targets = [("--plot", args.plot)] + ([] if args.no_write else [("-o", args.output)])
+    for flag, value in targets:
+        if value:
+            check_writable(flag, value)
+
+
+def check_writable(flag: str, value: str) -> None:
+    """``value`` can become a file: not a directory, and no parent of it is a file."""
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {value} is a directory (name a file, e.g. {path / 'plan.json'})")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag} {value}: {parent} is a file, not a directory (choose another path)")
+            break
 
 
 def emit(plan: dict, args: argparse.Namespace) -> None:

@@ -22,10 +22,14 @@ def _pyplot():
 
 def _save(fig, path: str) -> Path:
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    tmp.replace(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        tmp.replace(target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write the picture to {target}: {exc.strerror or exc} (choose another --plot path)") from exc
     return target
 
 

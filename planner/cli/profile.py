@@ -52,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from torchkit.catalog import load_catalog
 
     job = job_from_args(args)
-    if args.plot and not args.plot.lower().endswith(".png"):
-        raise ConfigError(f"--plot {args.plot} must name a .png file")
+    if args.plot:
+        from planner.cli.plan import check_writable
+
+        if not args.plot.lower().endswith(".png"):
+            raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
+        check_writable("--plot", args.plot)
     catalog = load_catalog()
     if args.cluster:
         from planner.cluster import load_cluster
@@ -98,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         note(f"wrote {plot_profile(result['profile'], budget_bytes=budget, total_bytes=total_bytes, chosen_batch=chosen, path=args.plot)}")
     if args.json:
         print_json(result)
-        return 0
+        return 0 if chosen else 1
     fit = profile.memory_fit.to_json()
     echo(f"{job.model} on {gpu.name}, amp {profile.amp}, optimizer {job.optimizer}, {profile.method}d")
     time_at = dict(profile.time_points)
