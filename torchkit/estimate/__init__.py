@@ -1,0 +1,58 @@
+"""The fake-tensor estimator of a training step: memory (peak and breakdown), FLOPs and bytes per operator,
+device memory and step time on any catalog GPU, and the curves over batch size. No GPU needed.
+
+Importing this package does not import torch; the functions that run fake passes import it when called.
+
+Typical use::
+
+    from torchkit.workloads import get_workload
+    from torchkit.estimate import estimate_curves
+    curves = estimate_curves(get_workload("resnet50"), gpu_spec, amp="fp16", optimizer="sgd")
+
+Modules: ``estimator`` (public functions), ``memory_tracker`` (dispatch-mode tracker), ``op_costs``
+(FLOPs/bytes per op), ``overhead`` (kernel workspace and CUDA overhead models), ``roofline`` (step time),
+``step`` (the training step simulated and measured), ``cpu_truth`` (real CPU peak from the profiler).
+"""
+
+from __future__ import annotations
+
+from torchkit.estimate.estimator import (
+    DEFAULT_PROBE_BATCHES,
+    ESTIMATOR_MIN_TORCH,
+    EstimatedCurves,
+    StepEstimate,
+    check_estimator_torch,
+    cpu_peak_bytes,
+    cuda_device_bytes,
+    curves_from_estimates,
+    estimate_curves,
+    estimate_step,
+    estimate_steps,
+    step_time_s,
+)
+from torchkit.estimate.op_costs import KernelCost, OpCost
+from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD, CudaOverhead
+from torchkit.estimate.step import AMP_MODES, OPTIMIZERS, AmpMode, OptimizerName
+
+__all__ = [
+    "AMP_MODES",
+    "DEFAULT_CUDA_OVERHEAD",
+    "DEFAULT_PROBE_BATCHES",
+    "ESTIMATOR_MIN_TORCH",
+    "OPTIMIZERS",
+    "AmpMode",
+    "CudaOverhead",
+    "EstimatedCurves",
+    "KernelCost",
+    "OpCost",
+    "OptimizerName",
+    "StepEstimate",
+    "check_estimator_torch",
+    "cpu_peak_bytes",
+    "cuda_device_bytes",
+    "curves_from_estimates",
+    "estimate_curves",
+    "estimate_step",
+    "estimate_steps",
+    "step_time_s",
+]

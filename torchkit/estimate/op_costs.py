@@ -1,0 +1,167 @@
+"""FLOPs and bytes moved per operator of a training step, recorded on fake tensors.
+
+FLOPs come from PyTorch's own formulas (``torch.utils.flop_counter.flop_registry``: matmul, convolution,
+attention and their backwards) plus the CPU flash-attention operators the registry lacks; every other
+operator counts 0 FLOPs, as ``FlopCounterMode`` does (elementwise work is bandwidth-bound and the roofline
+charges it through its bytes). Bytes moved are those of ``torch.utils._runtime_estimation``: every tensor
+an operator reads plus every tensor it writes (a broadcast dimension counts once), so an in-place op is
+charged read + write. View and metadata-only operators (``view``, ``t``, ``expand``, ``detach``, ...) and
+bare allocations (``empty*``) are not kernels and are skipped.
+
+Known limitations: causal attention is charged half the FLOPs of full attention (flash kernels skip the
+masked half; torch's formula does not); fused optimizers and compiled graphs would move fewer bytes
+than the eager operators recorded here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ComputeClass = Literal["fp32", "fp16", "bf16"]
+OpKind = Literal["conv", "matmul", "attention", "other"]
+
+_ATTENTION_NAMES = ("attention", "sdpa")
+_CONV_NAMES = frozenset({"convolution", "convolution_backward", "_convolution"})
+_SKIPPED_NAMES = frozenset(
+    {
+        "empty",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "empty_like",  # allocation only
+        "_local_scalar_dense",
+        "lift_fresh",
+        "detach",
+        "alias",
+    }  # no kernel
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelCost:
+    """One operator call: what the roofline prices."""
+
+    name: str
+    """aten overload, e.g. ``convolution.default``"""
+    flops: int
+    """floating-point operations (0 where torch has no formula)"""
+    bytes_moved: int
+    """bytes read + written"""
+    compute: ComputeClass
+    """dtype the math runs in (first floating input), picks the peak FLOP/s"""
+    kind: OpKind
+    """conv / matmul / attention / other (conv may run on TF32 tensor cores; see roofline)"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpCost:
+    """Per-operator totals over one training step."""
+
+    name: str
+    count: int
+    flops: int
+    bytes_moved: int
+
+
+@functools.lru_cache(maxsize=4096)
+def _classify(func: Any) -> str | None:
+    """``None`` for ops that launch no kernel (views, bare allocations), else the packet name."""
+    name = func._overloadpacket.__name__
+    if name in _SKIPPED_NAMES:
+        return None
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
+        return None  # a view: metadata only
+    return name
+
+
+def _tensor_bytes(t: Any) -> int:
+    numel = 1
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        if stride != 0:
+            numel *= int(size)
+    return numel * t.element_size()
+
+
+def _cpu_flash_attention_flops(func: Any, args: tuple, kwargs: dict) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    if not func._overloadpacket.__name__.endswith("_backward"):
+        q, k, v = args[:3]
+        causal = bool(args[4] if len(args) > 4 else kwargs.get("is_causal", False))
+        flops = sdpa_flop_count(q.shape, k.shape, v.shape)
+    else:
+        grad_out, q, k, v = args[:4]
+        causal = bool(args[7] if len(args) > 7 else kwargs.get("is_causal", False))
+        flops = sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
+    return flops // 2 if causal else flops
+
+
+_EXTRA_FLOPS = {
+    "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_attention_flops,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_attention_flops,
+}
+
+
+def kernel_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> KernelCost | None:
+    """The cost of one operator call, or None if it launches no kernel (views, allocations)."""
+    packet_name = _classify(func)
+    if packet_name is None:
+        return None
+    import torch
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.flop_counter import flop_registry
+
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    moved = sum(_tensor_bytes(t) for t in inputs) + sum(_tensor_bytes(t) for t in outputs)
+    flops = 0
+    packet = func._overloadpacket
+    if packet_name in _EXTRA_FLOPS:
+        flops = _EXTRA_FLOPS[packet_name](func, args, kwargs)
+    elif packet in flop_registry:
+        flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+    compute: ComputeClass = "fp32"
+    for t in inputs:
+        if t.is_floating_point():
+            compute = "fp16" if t.dtype == torch.float16 else "bf16" if t.dtype == torch.bfloat16 else "fp32"
+            break
+    name = str(func.__name__)
+    if packet_name in _CONV_NAMES:
+        kind: OpKind = "conv"
+    elif any(s in name for s in _ATTENTION_NAMES):
+        kind = "attention"
+    elif flops:
+        kind = "matmul"
+    else:
+        kind = "other"
+    return KernelCost(name=name, flops=flops, bytes_moved=moved, compute=compute, kind=kind)
+
+
+class OpCostRecorder:
+    """Collects ``KernelCost`` of every op while ``enabled`` (the estimator enables it for one iteration)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.kernels: list[KernelCost] = []
+
+    def __call__(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if self.enabled:
+            cost = kernel_cost(func, args, kwargs, out)
+            if cost is not None:
+                self.kernels.append(cost)
+
+
+def aggregate(kernels: tuple[KernelCost, ...] | list[KernelCost]) -> tuple[OpCost, ...]:
+    """Per-operator totals, largest FLOPs first, then largest bytes."""
+    count: dict[str, int] = defaultdict(int)
+    flops: dict[str, int] = defaultdict(int)
+    moved: dict[str, int] = defaultdict(int)
+    for k in kernels:
+        count[k.name] += 1
+        flops[k.name] += k.flops
+        moved[k.name] += k.bytes_moved
+    rows = [OpCost(name=n, count=count[n], flops=flops[n], bytes_moved=moved[n]) for n in count]
+    return tuple(sorted(rows, key=lambda r: (-r.flops, -r.bytes_moved, r.name)))

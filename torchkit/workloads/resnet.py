@@ -1,0 +1,111 @@
+"""ResNet-18 and ResNet-50 in plain torch (no torchvision), layer for layer as torchvision's ``resnet18`` /
+``resnet50`` (v1.5: stride on the 3x3 convolution of a bottleneck), with the standard image-classification
+training step: 1000-class logits, cross-entropy on integer labels.
+
+Parameter counts match torchvision: ResNet-18 11,689,512; ResNet-50 25,557,032 (checked in the tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+NUM_CLASSES = 1000
+"""ImageNet-1k head, as torchvision's default"""
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = _downsample(in_channels, channels * self.expansion, stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, in_channels: int, channels: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.conv3 = nn.Conv2d(channels, channels * self.expansion, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(channels * self.expansion)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = _downsample(in_channels, channels * self.expansion, stride)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+def _downsample(in_channels: int, out_channels: int, stride: int) -> nn.Module | None:
+    if stride == 1 and in_channels == out_channels:
+        return None
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels)
+    )
+
+
+class ResNet(nn.Module):
+    def __init__(self, block: type[BasicBlock] | type[Bottleneck], layers: tuple[int, int, int, int]) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        stages = []
+        in_channels = 64
+        for i, (channels, num_blocks) in enumerate(zip((64, 128, 256, 512), layers, strict=True)):
+            blocks = []
+            for j in range(num_blocks):
+                stride = 2 if (i > 0 and j == 0) else 1
+                blocks.append(block(in_channels, channels, stride))
+                in_channels = channels * block.expansion
+            stages.append(nn.Sequential(*blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(in_channels, NUM_CLASSES)
+        for m in self.modules():  # torchvision's initialisation
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet18() -> ResNet:
+    return ResNet(BasicBlock, (2, 2, 2, 2))
+
+
+def resnet50() -> ResNet:
+    return ResNet(Bottleneck, (3, 4, 6, 3))
+
+
+def make_image_classification_batch(batch: int, imgsz: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random images ``[B, 3, imgsz, imgsz]`` and labels ``[B]``; works under FakeTensorMode."""
+    return torch.randn(batch, 3, imgsz, imgsz), torch.randint(0, NUM_CLASSES, (batch,))
+
+
+def classification_loss(output: Any, targets: Any) -> torch.Tensor:
+    return nn.functional.cross_entropy(output, targets)
