@@ -111,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=args.address)
     else:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep a local Ray on 127.0.0.1
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=max(plan["world_size"], 2))
+        # address="local": a fresh Ray of our own, even when another one runs on this machine
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                 num_cpus=max(plan["world_size"], 2))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan, "match": args.match, "steps": args.steps,

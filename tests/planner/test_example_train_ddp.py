@@ -72,21 +72,25 @@ def test_example_trains_three_ranks_with_the_planned_batches_and_weights(tmp_pat
     plan = write_plan(tmp_path / "plan.json", (5, 3, 8), accumulate=2)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), str(EXAMPLE), "--plan", str(plan), "--steps", "3",
+        "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
+        str(EXAMPLE), "--plan", str(plan), "--steps", "3",
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env(), cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    # each rank's stdout in its own file (torchrun --redirects): lines of three processes sharing one pipe
+    # can interleave
+    stdout = "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("stdout.log")))
+    assert result.returncode == 0, result.stdout + result.stderr + stdout
 
     headers = {
         int(m["rank"]): (int(m["batch"]), float(m["weight"]), m["device"])
         for m in re.finditer(r"^rank (?P<rank>\d+)/3 .*device (?P<device>\S+): batch (?P<batch>\d+) "
                              r"weight (?P<weight>[\d.]+) step_batch 16 global_batch 32 accumulate 2$",
-                             result.stdout, re.MULTILINE)
+                             stdout, re.MULTILINE)
     }
     assert headers == {0: (5, 0.9375, "cpu"), 1: (3, 0.5625, "cpu"), 2: (8, 1.5, "cpu")}
 
     steps = re.findall(r"^rank (\d) step (\d)/3: batch (\d+) loss ([\d.]+) global_loss ([\d.]+)$",
-                       result.stdout, re.MULTILINE)
+                       stdout, re.MULTILINE)
     assert sorted((int(r), int(s), int(b)) for r, s, b, _, _ in steps) == [
         (r, s, b) for r, b in enumerate((5, 3, 8)) for s in (1, 2, 3)
     ]
@@ -94,7 +98,7 @@ def test_example_trains_three_ranks_with_the_planned_batches_and_weights(tmp_pat
     for step in ("1", "2", "3"):
         assert len({g for _, s, _, _, g in steps if s == step}) == 1
     for rank, batch in enumerate((5, 3, 8)):
-        assert f"rank {rank} done: 3 steps, {3 * batch * 2} samples" in result.stdout
+        assert f"rank {rank} done: 3 steps, {3 * batch * 2} samples" in stdout
 
 
 def test_example_with_a_launch_that_does_not_match_the_plan_fails_fast_with_the_fix(tmp_path):

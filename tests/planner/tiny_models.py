@@ -39,7 +39,9 @@ def hang_where_marked() -> nn.Module:
         try:
             import ray
 
-            node_id = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+            context = ray.get_runtime_context() if ray.is_initialized() else None
+            # only inside a probe actor: the driver builds the model too (for the cache key), on a marked node
+            node_id = context.get_node_id() if context is not None and context.get_actor_id() else None
         except Exception:
             node_id = None
         if node_id and os.path.exists(os.path.join(fault_dir, node_id)):
