@@ -51,6 +51,9 @@ class DeviceProfile:
     """smallest probed batch that ran out of memory; the curve is not trusted at or above it"""
     notes: tuple[str, ...] = ()
     """dropped or off-the-line points and other remarks, shown to the user as warnings"""
+    min_memory_bytes: int = 0
+    """no batch needs less than this: the optimizer step's peak, which does not shrink with the batch (an
+    affine fit through larger probes can fall below it at small batches)"""
     breakdown_bytes: dict[str, int] | None = None
     """memory by category (parameters, gradients, optimizer_state, activations, ...) at the largest probe,
     where the method gives one (the estimator does)"""
@@ -68,6 +71,7 @@ class DeviceProfile:
         fit: Literal["affine", "loglog"] = "affine",
         notes: Sequence[str] = (),
         breakdown_bytes: dict[str, int] | None = None,
+        min_memory_bytes: int = 0,
     ) -> DeviceProfile:
         """Fit the curves; dropped and outlying points become notes (never silently used or lost)."""
         memory = fit_memory([(int(b), float(v)) for b, v in memory_points], kind=fit)
@@ -90,11 +94,12 @@ class DeviceProfile:
             oom_batch=oom_batch,
             notes=tuple(remarks),
             breakdown_bytes=dict(breakdown_bytes) if breakdown_bytes else None,
+            min_memory_bytes=int(min_memory_bytes),
         )
 
     def memory_bytes(self, batch: int) -> int:
-        """Predicted device bytes of a training step at ``batch``."""
-        return int(round(self.memory_fit.predict_bytes(batch)))
+        """Predicted device bytes of a training step at ``batch``: the fit, but never below the floor."""
+        return max(int(round(self.memory_fit.predict_bytes(batch))), self.min_memory_bytes)
 
     def step_time_s(self, batch: int) -> float:
         """Predicted seconds of one training step at ``batch``."""
@@ -106,6 +111,8 @@ class DeviceProfile:
         Never at or above ``oom_batch`` (a probe that ran out of memory beats any fit), never above
         ``MAX_PLANNED_BATCH``; 0 when not even ``multiple_of`` samples fit.
         """
+        if self.min_memory_bytes > budget_bytes:
+            return 0
         upper = MAX_PLANNED_BATCH if self.oom_batch is None else min(MAX_PLANNED_BATCH, self.oom_batch - 1)
         return max_batch_within(self.memory_fit, budget_bytes, multiple_of=multiple_of, upper=upper)
 
@@ -120,6 +127,7 @@ class DeviceProfile:
             "time_fit": self.time_fit.to_json(),
             "oom_batch": self.oom_batch,
             "notes": list(self.notes),
+            "min_memory_bytes": self.min_memory_bytes,
             "breakdown_bytes": self.breakdown_bytes,
         }
 
@@ -137,6 +145,7 @@ class DeviceProfile:
                 time_fit=time_fit_from_json(data["time_fit"]),
                 oom_batch=None if data.get("oom_batch") is None else int(data["oom_batch"]),
                 notes=tuple(str(n) for n in data.get("notes", ())),
+                min_memory_bytes=int(data.get("min_memory_bytes", 0)),
                 breakdown_bytes=(
                     {str(k): int(v) for k, v in data["breakdown_bytes"].items()}
                     if data.get("breakdown_bytes")

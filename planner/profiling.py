@@ -90,6 +90,7 @@ def make_profile(
             fit=job.fit,
             notes=notes,
             breakdown_bytes=curves.breakdown_bytes,
+            min_memory_bytes=curves.floor_device_bytes,
         )
     if resolved == "measure":
         import torch

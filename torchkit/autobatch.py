@@ -474,6 +474,14 @@ def estimate_batch(
         multiple_of=multiple_of,
         max_batch=max_batch,
     )
+    budget = fraction * (spec.memory_bytes if available_bytes is None else available_bytes)
+    if curves.floor_device_bytes > budget:
+        # the optimizer step alone (weights, gradients, state) does not fit, whatever the batch
+        raise RuntimeError(
+            f"{PREFIX}no batch fits {workload.name} on {spec.name}: a training step needs at least "
+            f"{curves.floor_device_bytes / GIB:.2f}G, the budget is {budget / GIB:.2f}G "
+            "(use a larger GPU, a smaller model, or a higher fraction)"
+        )
     log.info(
         "%sestimated batch-size %d for %s on %s (%s, %s): %.2fG predicted of %.2fG",
         PREFIX, choice.batch, workload.name, spec.name, amp, optimizer,

@@ -208,7 +208,7 @@ def test_json_round_trip_of_a_loglog_profile_with_notes_from_dropped_points():
 def test_to_json_has_the_documented_shape():
     data = make_profile().to_json()
     assert set(data) == {"gpu", "method", "amp", "memory_points", "memory_fit", "time_points", "time_fit",
-                         "oom_batch", "notes", "breakdown_bytes"}
+                         "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes"}
     assert data["memory_points"][0] == [1, 2 * GIB + 64 * MIB]
     assert data["memory_fit"]["kind"] == "affine"
     assert set(data["time_fit"]) == {"kind", "intercept_s", "s_per_sample"}
@@ -216,10 +216,26 @@ def test_to_json_has_the_documented_shape():
 
 def test_from_json_defaults_the_optional_fields():
     data = make_profile().to_json()
-    for key in ("amp", "oom_batch", "notes", "breakdown_bytes"):
+    for key in ("amp", "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes"):
         del data[key]
     profile = DeviceProfile.from_json(data)
-    assert (profile.amp, profile.oom_batch, profile.notes, profile.breakdown_bytes) == ("off", None, (), None)
+    assert (profile.amp, profile.oom_batch, profile.notes, profile.min_memory_bytes, profile.breakdown_bytes) == (
+        "off", None, (), 0, None
+    )
+
+
+def test_memory_never_falls_below_the_floor_and_a_floor_over_budget_fits_nothing():
+    profile = DeviceProfile.from_points(
+        gpu="T4", method="estimate", amp="fp16",
+        memory_points=[(32, 4 * GIB), (128, 10 * GIB)], time_points=[(32, 0.1), (128, 0.3)],
+        min_memory_bytes=3 * GIB,
+    )
+    # the line through the probes gives 2 GiB at batch 0: the floor holds instead
+    assert profile.memory_bytes(1) == 3 * GIB
+    assert profile.memory_bytes(128) == 10 * GIB
+    assert profile.max_batch(3 * GIB - 1) == 0
+    assert profile.max_batch(4 * GIB) == 32
+    assert DeviceProfile.from_json(profile.to_json()).min_memory_bytes == 3 * GIB
 
 
 def _without(key):
