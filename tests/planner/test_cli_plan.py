@@ -26,7 +26,7 @@ from tests.planner.cli_helpers import (
 )
 
 README_COMMAND = [
-    "batchplan", "plan", "--cluster", "cluster_configs/demo-mixed.yaml", "--model", "resnet50", "--global-batch", "512",
+    "batchplan", "plan", "--cluster", "cluster_configs/demo-mixed.yaml", "--model", "resnet50", "--global-batch", "768",
 ]
 
 
@@ -51,7 +51,7 @@ def test_readme_shows_the_main_command() -> None:
 @pytest.mark.slow
 @pytest.mark.ray
 def test_readme_main_command_plans_the_demo_cluster_through_ray(tmp_path: Path) -> None:
-    """`batchplan plan --cluster cluster_configs/demo-mixed.yaml --model resnet50 --global-batch 512`, run by
+    """`batchplan plan --cluster cluster_configs/demo-mixed.yaml --model resnet50 --global-batch 768`, run by
     the console script in a fresh directory: a real local Ray cluster, one probe per simulated node."""
     argv = readme_batchplan_command()[1:]
     config_at = argv.index("--cluster") + 1
@@ -62,9 +62,12 @@ def test_readme_main_command_plans_the_demo_cluster_through_ray(tmp_path: Path) 
 
     plan = check_plan(json.loads((tmp_path / "plan.json").read_text()))
     assert plan["probing"]["backend"] == "ray" and plan["probing"]["simulated"] is True
-    assert plan["job"]["model"] == "resnet50" and plan["job"]["global_batch"] == 512
+    assert plan["job"]["model"] == "resnet50" and plan["job"]["global_batch"] == 768
     assert plan["world_size"] == 6
-    assert plan["global_batch"] == 512 == plan["step_batch"] * plan["accumulate"]
+    assert plan["global_batch"] == 768 == plan["step_batch"] * plan["accumulate"]
+    # the issue's demo figures: balanced beats plain DDP by >= 1.5x, balance efficiency >= 0.95
+    assert plan["alternatives"]["balanced"] >= 1.5 * plan["alternatives"]["uniform"]
+    assert plan["balance_efficiency"] >= 0.95
     assert [n["name"] for n in plan["nodes"]] == ["node-a100", "node-v100", "node-t4"]
     assert [r["gpu"] for r in plan["ranks"]] == ["A100-SXM4-80GB"] * 2 + ["V100-SXM2-16GB"] * 2 + ["T4"] * 2
     a100, v100, t4 = (plan["ranks"][i]["batch"] for i in (0, 2, 4))
@@ -74,7 +77,7 @@ def test_readme_main_command_plans_the_demo_cluster_through_ray(tmp_path: Path) 
     # stdout: the table, then the torchrun line of every node
     out = result.stdout
     assert "6 ranks on 3 node(s)" in out
-    assert "global batch 512" in out
+    assert "global batch 768" in out
     torchrun = [line for line in out.splitlines() if "torchrun " in line]
     assert len(torchrun) == 3, describe(result)
     for node_rank, (line, node) in enumerate(zip(torchrun, plan["nodes"], strict=True)):
