@@ -35,14 +35,15 @@ F(T) = Σ u_i(T) only changes at the times where some rank steps up.
 Ranks whose time does not depend on the batch (t1 = 0) keep every sample they can hold at the optimal
 step time (those samples are free); the other ranks are lowered as evenly in time as integers allow.
 
-Advice (``Allocation.advice``/``alternatives``): the three modes, up to four larger accumulations, the
-fastest groups (dropping the slowest one by one, by cap / t(cap) per rank) and each group alone, all at
-the same global batch when one is given; the options are solved to 1% (the advice speaks from 5%).
+Advice (``Allocation.advice``/``alternatives``, in ``planner.allocate_advice``): the three modes, up to
+four larger accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank)
+and each group alone, all at the same global batch when one is given; the options are solved to 1% (the
+advice speaks from 5%).
 
 Known limitations: the step time model has no communication term (all-reduce time is the same for every
 split, so it shifts every option alike); accumulation micro-steps are assumed to cost one step each; the
 smallest accumulate is not always the fastest (the advice names a faster one when it finds it); more than
-``_MAX_ADVICE_GROUPS`` groups get no group advice (a line says so).
+``planner.allocate_advice._MAX_ADVICE_GROUPS`` (32) groups get no group advice (a line says so).
 """
 
 from __future__ import annotations
@@ -67,17 +68,11 @@ MODES: tuple[str, ...] = ("balanced", "max", "uniform")
 ADVICE_MIN_SPEEDUP = 1.05
 # Throughput mode (see _best_throughput_time): the largest number of candidate step times enumerated
 # exactly at once (2^15 sort in ~3 ms), the tolerance at which branch and bound stops (result ≥ optimum /
-# (1 + tolerance)): 0.1% for the plan, 1% for the options the advice compares (it speaks only above 5%),
-# and a cap on the interval halvings (each costs O(distinct profiles)).
+# (1 + tolerance)): 0.1% for the plan (1% for the options the advice compares, ``_ADVICE_TOLERANCE`` in
+# planner.allocate_advice), and a cap on the interval halvings (each costs O(distinct profiles)).
 _EXACT_CANDIDATE_LIMIT = 2**15
 _THROUGHPUT_TOLERANCE = 1e-3
-_ADVICE_TOLERANCE = 1e-2
 _MAX_EVALUATIONS = 2000
-# With a global batch, the advice also tries this many larger accumulations than the plan's smallest one.
-_ACCUMULATE_LOOKAHEAD = 4
-# Group advice (drop the slowest groups, keep one) costs two solves per group: at most this many groups.
-# Default groups are identical (cap, t0, t1); with more of them than this, identical (t0, t1).
-_MAX_ADVICE_GROUPS = 32
 # Global batches above this are refused: divisor search enumerates up to sqrt(B / multiple_of).
 _MAX_GLOBAL_BATCH = 10**12
 
@@ -397,136 +392,6 @@ def _valid_accumulates(rows: _Rows, mode: str, k: int, global_batch: int) -> lis
     return _accumulates(global_batch, *_step_bounds(rows, mode, k))
 
 
-@dataclass(frozen=True)
-class _Option:
-    """One option compared by the advice."""
-
-    throughput: float  # samples/s (global batch / time per global batch when B is given)
-    global_time_s: float  # accumulate · step time
-    batches: np.ndarray  # per rank of the option's rows, samples
-    accumulate: int
-
-
-def _option(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            accumulate: int | None = None) -> _Option | None:
-    try:
-        units, accumulate = _split(rows, mode, k, global_batch, "", _ADVICE_TOLERANCE, accumulate)
-    except InfeasiblePlanError:
-        return None
-    b = units * k
-    step_time = float(np.max(t0[rows.ranks] + t1[rows.ranks] * b))
-    return _Option(float(b.sum()) / step_time, accumulate * step_time, b, accumulate)
-
-
-def _rank_list(idx: np.ndarray) -> str:
-    """"rank 5", "ranks 4-5", "ranks 0-3, 8-11, … (40 ranks in all)"."""
-    breaks = np.nonzero(np.diff(idx) != 1)[0]
-    starts = np.concatenate(([idx[0]], idx[breaks + 1]))
-    ends = np.concatenate((idx[breaks], [idx[-1]]))
-    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in zip(starts[:4], ends[:4], strict=True)]
-    more = f", … ({len(idx)} ranks in all)" if len(starts) > 4 else ""
-    return ("rank " if len(idx) == 1 else "ranks ") + ", ".join(parts) + more
-
-
-def _describe(ranks: np.ndarray, gid: np.ndarray, chosen: np.ndarray, names: np.ndarray | None) -> str:
-    """The ranks of the chosen groups, by group name when the caller labelled the groups."""
-    members = np.isin(gid, chosen)
-    idx = ranks[members]
-    if names is None:
-        return _rank_list(idx)
-    counts = np.bincount(gid[members], minlength=len(names))
-    kinds = " and ".join(f"{counts[g]} {names[g]}" for g in chosen)
-    return f"the {kinds} rank{'s' if len(idx) > 1 else ''} ({_rank_list(idx)})"
-
-
-def _rate(samples_per_s: float) -> str:
-    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"
-
-
-def _versus(new: _Option, cur: _Option, global_batch: int | None) -> str:
-    if global_batch is None:
-        return f"{_rate(new.throughput)} vs {_rate(cur.throughput)} samples/s"
-    return f"{new.global_time_s:.4g} s vs {cur.global_time_s:.4g} s per global batch of {global_batch}"
-
-
-def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            labels: np.ndarray | None, current: _Option) -> tuple[dict[str, float], list[str]]:
-    """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
-    options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
-    alternatives = {m: o.throughput for m, o in options.items() if o is not None}
-    advice: list[str] = []
-    best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
-    gain = options[best_mode].throughput / current.throughput
-    if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
-        advice.append(f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
-                      f"({_versus(options[best_mode], current, global_batch)})")
-    elif mode != "uniform" and options["uniform"] is not None:
-        over = current.throughput / options["uniform"].throughput
-        if over >= ADVICE_MIN_SPEEDUP:
-            advice.append(f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
-                          f"{int(options['uniform'].batches[0])}): {_versus(current, options['uniform'], global_batch)}")
-
-    if global_batch is not None and mode != "uniform":
-        # The smallest accumulate is the plan's rule, but fewer, bigger steps are not always faster: when
-        # the fast ranks are full, a larger accumulate can balance better. Look a few steps further.
-        tried = [_option(rows, t0, t1, k, mode, global_batch, a)
-                 for a in _valid_accumulates(rows, mode, k, global_batch)[1:1 + _ACCUMULATE_LOOKAHEAD]]
-        better = max((o for o in tried if o is not None), key=lambda o: o.throughput, default=None)
-        if better is not None and better.throughput / current.throughput >= ADVICE_MIN_SPEEDUP:
-            alternatives["best_accumulate"] = better.throughput
-            step = global_batch // better.accumulate
-            advice.append(f"accumulate {better.accumulate} (steps of {step}) would be "
-                          f"{better.throughput / current.throughput:.2f}× faster than accumulate "
-                          f"{current.accumulate} ({_versus(better, current, global_batch)})")
-
-    ranks = rows.ranks
-    if labels is None:
-        gid, names = rows.row, None
-        if len(rows.t0) > _MAX_ADVICE_GROUPS:
-            # Caps differ with each GPU's free memory; the time profile is what a GPU type shares.
-            profile = np.stack((t0[ranks], t1[ranks]), axis=1)
-            gid = np.unique(profile, axis=0, return_inverse=True)[1].reshape(-1)
-    else:
-        names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
-    num_groups = int(gid.max()) + 1
-    if num_groups > _MAX_ADVICE_GROUPS:
-        advice.append(f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
-                      f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them")
-        return alternatives, advice
-    if num_groups < 2:
-        return alternatives, advice
-    # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
-    cap_b = rows.cap[rows.row] * k
-    rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
-    speed = np.bincount(gid, weights=rate) / np.bincount(gid)
-    first = np.unique(gid, return_index=True)[1]
-    order = np.lexsort((first, -speed))
-
-    def subset_option(groups_kept: np.ndarray) -> _Option | None:
-        return _option(rows.subset(np.isin(gid, groups_kept)), t0, t1, k, mode, global_batch)
-
-    prefixes = [(order[:j], subset_option(order[:j])) for j in range(1, num_groups)]
-    singles = [(np.array([g]), subset_option(np.array([g]))) for g in range(num_groups)]
-    best_prefix = max(((g, o) for g, o in prefixes if o is not None), key=lambda p: p[1].throughput, default=None)
-    best_single = max(((g, o) for g, o in singles if o is not None), key=lambda p: p[1].throughput, default=None)
-    said_prefix = None
-    if best_prefix is not None:
-        alternatives["best_group_subset"] = best_prefix[1].throughput
-        gain = best_prefix[1].throughput / current.throughput
-        if gain >= ADVICE_MIN_SPEEDUP:
-            dropped = order[len(best_prefix[0]):]
-            advice.append(f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
-                          f"({_versus(best_prefix[1], current, global_batch)})")
-            said_prefix = set(best_prefix[0].tolist())
-    if best_single is not None:
-        alternatives["best_single_group"] = best_single[1].throughput
-        gain = best_single[1].throughput / current.throughput
-        if gain >= ADVICE_MIN_SPEEDUP and said_prefix != set(best_single[0].tolist()):
-            advice.append(f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
-                          f"faster ({_versus(best_single[1], current, global_batch)})")
-    return alternatives, advice
-
-
 def _as_1d(name: str, values: ArrayLike, n: int | None) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1 or (n is not None and len(arr) != n):
@@ -573,7 +438,7 @@ def allocate(
         multiple_of: every batch is a multiple of this.
         min_batch: smallest batch a rank may take (rounded up to ``multiple_of``); smaller caps are excluded.
         groups: per rank, a label of its GPU type/profile for the advice; default: identical (cap, t0, t1),
-            or identical (t0, t1) when that makes more than ``_MAX_ADVICE_GROUPS`` groups.
+            or identical (t0, t1) when that makes more than ``planner.allocate_advice._MAX_ADVICE_GROUPS`` (32) groups.
 
     Raises:
         ConfigError: malformed input (lengths, negative values, unknown mode).
@@ -606,6 +471,9 @@ def allocate(
         if global_batch > _MAX_GLOBAL_BATCH:
             raise ConfigError(f"global_batch {global_batch} is above {_MAX_GLOBAL_BATCH}; use a smaller one")
     labels = None if groups is None else _as_1d("groups", groups, n)
+
+    # here, not at the top: the advice builds on this module's solver (_Rows, _split)
+    from planner.allocate_advice import _advise, _Option
 
     lo = -(-min_batch // k)  # minimum units per rank
     cap_u = cap // k

@@ -34,17 +34,19 @@ from typing import Any
 from torchkit.catalog import (
     GPU_SPEC_OPTIONAL_KEYS,
     GPU_SPEC_REQUIRED_KEYS,
-    ConfigLocation,
     GpuCatalog,
     GpuSpec,
     cluster_configs_dir,
+    load_catalog,
+    parse_gpu_spec,
+)
+from torchkit.configio import (
+    ConfigLocation,
     expect_int,
     expect_list,
     expect_mapping,
     expect_number,
     expect_str,
-    load_catalog,
-    parse_gpu_spec,
     read_yaml_file,
 )
 from torchkit.errors import ConfigError

@@ -13,7 +13,7 @@ from planner.probe import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
 
-#: reasons ``torchkit.nvml.select_gpus`` gives for skipping a GPU that is idle enough, only not picked
+#: reasons ``torchkit.gpu_select.select_gpus`` gives for skipping a GPU that is idle enough, only not picked
 _NOT_A_THRESHOLD_BREACH = ("not requested", "less idle than the GPUs picked", "not used: selection")
 
 

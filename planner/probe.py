@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from planner.cluster import NodeSpec
 from torchkit.catalog import GpuCatalog
-from torchkit.nvml import GpuSelection, GpuStats, select_gpus_or_none
+from torchkit.gpu_select import GpuSelection, select_gpus_or_none
+from torchkit.nvml import GpuStats
 
 log = logging.getLogger(__name__)
 

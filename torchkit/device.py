@@ -33,7 +33,8 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 from torchkit.errors import ConfigError
-from torchkit.nvml import GpuStats, NvmlUnavailableError, rank_idle_gpus, read_local_inventory
+from torchkit.gpu_select import rank_idle_gpus
+from torchkit.nvml import GpuStats, NvmlUnavailableError, read_local_inventory
 
 if TYPE_CHECKING:
     import torch

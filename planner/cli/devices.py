@@ -71,7 +71,7 @@ def validate_selection_options(
     Raises:
         ConfigError: a fraction outside [0, 1] or a malformed spec.
     """
-    from torchkit.nvml import parse_select_spec
+    from torchkit.gpu_select import parse_select_spec
 
     for flag, value in (
         ("--min-memory-fraction", min_free_memory_fraction),

@@ -6,7 +6,8 @@ from planner.cluster import NodeSpec, SimulatedGpu
 from planner.preflight import Check, Thresholds, run_checks
 from planner.probe import HostInfo, NodeInventory, simulated_inventory
 from torchkit.catalog import load_catalog
-from torchkit.nvml import GpuSelection, GpuStats
+from torchkit.gpu_select import GpuSelection
+from torchkit.nvml import GpuStats
 
 GIB = 2**30
 CATALOG = load_catalog()
