@@ -8,8 +8,7 @@ neither torch, CUDA nor NVML, so ``planner`` can use torchkit's pure-numpy parts
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from torchkit.lazy import lazy_exports
 
 # public name -> submodule that defines it
 _EXPORTS: dict[str, str] = {
@@ -74,14 +73,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'torchkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # cache: the next access skips __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from planner.runtime.weights import loss_weights
+from tests.net import free_port
+from tests.plans import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -22,44 +22,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
 
 def write_plan(path: Path, batches: tuple[int, ...], accumulate: int = 1) -> Path:
     """A minimal valid plan.json: one node, one rank per device, fields per DESIGN.md."""
-    weights = loss_weights(batches)
-    ranks = [
-        {
-            "rank": r, "node": "node-a", "node_rank": 0, "local_rank": r, "device_index": r, "gpu": "T4",
-            "profile": "p0", "batch": b, "max_batch": 64, "loss_weight": weights[r],
-            "predicted_memory_bytes": 1_000_000, "memory_budget_bytes": 2_000_000,
-            "total_memory_bytes": 4_000_000, "predicted_step_time_s": 0.1,
-        }
-        for r, b in enumerate(batches)
-    ]
-    nproc = len(batches)
-    plan = {
-        "schema": "batchplan/plan@1", "created": "2025-01-01T00:00:00+00:00", "job": {"model": "mlp"},
-        "world_size": nproc, "global_batch": sum(batches) * accumulate, "accumulate": accumulate,
-        "step_batch": sum(batches), "predicted_step_time_s": 0.1, "throughput_samples_per_s": 160.0,
-        "balance_efficiency": 1.0, "mode": "balanced", "ranks": ranks,
-        "nodes": [{
-            "name": "node-a", "node_rank": 0, "cuda_visible_devices": ",".join(map(str, range(nproc))),
-            "nproc_per_node": nproc, "torchrun": f"torchrun --nnodes 1 --node-rank 0 --nproc-per-node {nproc}",
-        }],
-        "excluded": [],
-        "profiles": {"p0": {
-            "gpu": "T4", "method": "estimate", "amp": "off",
-            "memory_points": [[1, 1_000_000], [8, 1_700_000]],
-            "memory_fit": {"kind": "affine", "intercept_bytes": 900_000.0, "bytes_per_sample": 100_000.0},
-            "time_points": [[1, 0.02], [8, 0.09]],
-            "time_fit": {"kind": "affine", "intercept_s": 0.01, "s_per_sample": 0.01},
-        }},
-        "warnings": [],
-    }
-    path.write_text(json.dumps(plan, indent=2))
+    path.write_text(json.dumps(make_plan(batches, nodes=(("node-a", len(batches)),), accumulate=accumulate)))
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def child_env(**extra: str) -> dict[str, str]:

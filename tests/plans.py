@@ -1,0 +1,40 @@
+"""A minimal valid plan.json for tests of the in-job runtime (no planning needed)."""
+
+from __future__ import annotations
+
+from planner.runtime.weights import loss_weights
+
+
+def make_plan(batches=(5, 3, 8), nodes=(("node-a", 3),), accumulate=1, gpus=None) -> dict:
+    """A minimal plan that ``planner.plan.validate_plan`` accepts: ranks numbered node by node."""
+    weights = loss_weights(batches)
+    gpus = gpus or ["T4"] * len(batches)
+    ranks, node_entries, rank = [], [], 0
+    for node_rank, (name, nproc) in enumerate(nodes):
+        for local_rank in range(nproc):
+            ranks.append({
+                "rank": rank, "node": name, "node_rank": node_rank, "local_rank": local_rank,
+                "device_index": local_rank, "gpu": gpus[rank], "profile": "p0", "batch": batches[rank],
+                "max_batch": 64, "loss_weight": weights[rank], "predicted_memory_bytes": 1_000_000,
+                "memory_budget_bytes": 2_000_000, "total_memory_bytes": 4_000_000, "predicted_step_time_s": 0.1,
+            })
+            rank += 1
+        node_entries.append({
+            "name": name, "node_rank": node_rank, "cuda_visible_devices": ",".join(map(str, range(nproc))),
+            "nproc_per_node": nproc, "torchrun": f"torchrun --node-rank {node_rank} --nproc-per-node {nproc}",
+        })
+    step_batch = sum(batches)
+    return {
+        "schema": "batchplan/plan@1", "created": "2025-01-01T00:00:00+00:00", "job": {"model": "mlp"},
+        "world_size": len(batches), "global_batch": step_batch * accumulate, "accumulate": accumulate,
+        "step_batch": step_batch, "predicted_step_time_s": 0.1, "throughput_samples_per_s": 160.0,
+        "balance_efficiency": 1.0, "mode": "balanced", "ranks": ranks, "nodes": node_entries, "excluded": [],
+        "profiles": {"p0": {
+            "gpu": "T4", "method": "estimate", "amp": "off",
+            "memory_points": [[1, 1_000_000], [8, 1_700_000]],
+            "memory_fit": {"kind": "affine", "intercept_bytes": 900_000.0, "bytes_per_sample": 100_000.0},
+            "time_points": [[1, 0.02], [8, 0.09]],
+            "time_fit": {"kind": "affine", "intercept_s": 0.01, "s_per_sample": 0.01},
+        }},
+        "warnings": [],
+    }
