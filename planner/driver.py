@@ -224,6 +224,8 @@ class RayBackend:
             self.group_nodes[group_id] = [n.name for n in sim_nodes] if sim_nodes else []
         self.dead_groups: dict[str, str] = {}
         self.node_group: dict[str, str] = {}
+        # simulated nodes are reported in config order, however they were dealt onto raylets
+        self._config_order = {n.name: i for i, n in enumerate(cluster.nodes)} if cluster is not None else {}
 
     def _fail(self, group_id: str, reason: str) -> None:
         self.dead_groups[group_id] = reason
@@ -284,6 +286,7 @@ class RayBackend:
                 self._fail(group_id, reason)
                 for node in self.group_nodes[group_id] or [self.actor_names[group_id]]:
                     failed_nodes[node] = reason
+        found.sort(key=lambda inventory: self._config_order.get(inventory.name, len(self._config_order)))
         return found, failed_nodes
 
     def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:

@@ -144,3 +144,22 @@ def test_hung_probe_with_require_all_nodes_fails_with_exit_code_1(hang_marker, t
     with pytest.raises(InfeasiblePlanError, match="n-a100.*timed out") as info:
         plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=15, require_all_nodes=True))
     assert info.value.exit_code == 1
+
+
+def test_more_simulated_nodes_than_raylets_share_probes_and_plan_the_same(ray_cluster, tmp_path):
+    five = {
+        "name": "five",
+        "nodes": [{"name": f"n{i}", "gpus": [{"type": ("T4", "A10", "L4")[i % 3], "count": 1}]} for i in range(5)],
+    }
+    cluster = _config(tmp_path, five)
+    with_ray = plan_with_ray(JOB, cluster=cluster, options=DriverOptions())
+    plan = with_ray.plan
+    assert plan["probing"]["probe_processes"] == 3 and plan["probing"]["shared_probes"] is True
+    shared = [w for w in plan["warnings"] if "share 3 probe processes" in w]
+    assert shared == ["5 simulated nodes share 3 probe processes on 3 raylets (raylet cap; BATCHPLAN_RAYLET_CAP)"]
+    # nodes keep the config's order, whichever raylet answered for them
+    assert [n["name"] for n in plan["nodes"]] == ["n0", "n1", "n2", "n3", "n4"]
+    assert len({inv.probe_pid for inv in with_ray.inventories}) == 3
+    without = plan_without_ray(JOB, cluster).plan
+    plan["warnings"] = [w for w in plan["warnings"] if w not in shared]
+    assert _comparable(plan) == _comparable(without)
