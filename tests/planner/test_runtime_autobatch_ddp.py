@@ -40,6 +40,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "batch": result.rank_plan.batch,
             "loss_weight": result.rank_plan.loss_weight,
         }))
+        # every rank done before any tears gloo down: a rank leaving early can abort a peer mid-collective
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
