@@ -84,6 +84,8 @@ class PlanOutcome:
     """nodes whose probe died or timed out, with the reason"""
     error: str | None = None
     """why no plan exists (with ``allow_infeasible``)"""
+    expected_nodes: tuple[str, ...] = ()
+    """the nodes a cluster config names (empty for a real cluster, whose nodes are whatever answers)"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -533,13 +535,13 @@ def run_plan(
             raise
         timings["allocate_s"] = time.monotonic() - start
         return PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
-                           failed_nodes=failed_nodes, error=str(exc))
+                           failed_nodes=failed_nodes, error=str(exc), expected_nodes=tuple(expected_nodes))
     timings["allocate_s"] = time.monotonic() - start
     on_event(Event(stage="allocate", status="done"))
     plan["probing"] = {**backend.probing_metadata(), "profile_calls": profile_calls,
                        "timings_s": {k: round(v, 3) for k, v in timings.items()}}
     return PlanOutcome(plan=plan, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
-                       failed_nodes=failed_nodes)
+                       failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
 
 
 def plan_without_ray(

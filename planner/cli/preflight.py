@@ -54,15 +54,10 @@ def run(args: argparse.Namespace) -> int:
         checks = [Check(name="nodes_present", ok=False, detail=str(exc))]
         plan = None
     else:
-        expected = []
-        if args.cluster:
-            from planner.cluster import load_cluster
-
-            expected = [n.name for n in load_cluster(args.cluster).nodes]
         checks = run_checks(
             inventories=outcome.inventories,
             failed_nodes=outcome.failed_nodes,
-            expected_node_names=expected,
+            expected_node_names=outcome.expected_nodes,
             plan=outcome.plan,
             plan_error=outcome.error,
             thresholds=thresholds,
