@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-MIB = 2**20
+from torchkit.units import MIB
+
 RESULTS = Path(__file__).resolve().parent / "results" / "estimator.json"
 
 # (workload, size kwargs, batches, optimizer, amp): reference input sizes, batches a CPU step can run in

@@ -30,8 +30,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from torchkit.batch_choice import DEFAULT_FRACTION, choose_batch
-from torchkit.catalog import GIB, load_catalog
+from torchkit.catalog import load_catalog
 from torchkit.fit import fit_memory
+from torchkit.units import GIB
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fit.json"
 METHODS: dict[str, str] = {

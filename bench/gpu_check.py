@@ -19,8 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from torchkit.units import GIB
+
 REPO = Path(__file__).resolve().parents[1]
-GIB = 2**30
 
 
 def main() -> int:

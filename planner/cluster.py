@@ -50,8 +50,7 @@ from torchkit.configio import (
     read_yaml_file,
 )
 from torchkit.errors import ConfigError
-
-GIB = 2**30
+from torchkit.units import GIB
 
 MAX_GPUS_PER_NODE = 256
 """sanity bound: the largest real single-host systems have 16 GPUs; a count beyond this is a typo"""

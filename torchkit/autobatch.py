@@ -45,9 +45,9 @@ from torchkit.batch_choice import (
     choose_batch,
     probe_list,
 )
-from torchkit.catalog import GIB
 from torchkit.errors import WorkloadError
 from torchkit.profiling import is_out_of_memory_error
+from torchkit.units import GIB
 
 if TYPE_CHECKING:
     import torch

@@ -31,7 +31,6 @@ from typing import Literal
 
 import numpy as np
 
-from torchkit.catalog import GIB
 from torchkit.fit import (
     AffineMemoryFit,
     DroppedPoint,
@@ -40,6 +39,7 @@ from torchkit.fit import (
     fit_memory,
     max_batch_within,
 )
+from torchkit.units import GIB
 
 PREFIX = "AutoBatch: "
 #: fraction of available memory the batch may use (seed: ``batch=-1`` -> 0.60)

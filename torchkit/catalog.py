@@ -29,8 +29,7 @@ from torchkit.configio import (
     read_yaml_file,
 )
 from torchkit.errors import ConfigError
-
-GIB = 2**30
+from torchkit.units import MIB
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +76,6 @@ class GpuSpec:
 # GPU entries and the catalog
 # --------------------------------------------------------------------------------------------------------
 
-MIB = 2**20
 
 # keys of a catalog entry (gpus.yaml) -> hint shown when the key is missing
 GPU_SPEC_REQUIRED_KEYS: dict[str, str] = {

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from torchkit.errors import ConfigError
-from torchkit.nvml import GIB, GpuStats
+from torchkit.nvml import GpuStats
+from torchkit.units import GIB
 
 # a relative tolerance for fraction comparisons: 80% utilisation leaves 20% free, and 1 - 0.8 < 0.2 in floats
 _EPS = 1e-9

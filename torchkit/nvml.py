@@ -29,8 +29,6 @@ from typing import Any
 
 LOGGER = logging.getLogger(__name__)
 
-GIB = 2**30
-MIB = 2**20
 
 
 class NvmlUnavailableError(RuntimeError):

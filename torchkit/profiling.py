@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchkit.catalog import GIB
+from torchkit.units import GIB
 
 LOGGER = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-GIB = 2**30
+from torchkit.units import GIB
 
 
 def format_gib(num_bytes: int | float | None, digits: int = 1) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from planner.cli.options import add_cluster_options, add_job_options, job_from_args, run_planning
-from planner.cli.output import echo, note, print_json
-from planner.cli.render import env_lines, render_plan
+from planner.cli.output import note
+from planner.cli.render import print_plan
 from torchkit.errors import ConfigError
 
 
@@ -67,13 +67,7 @@ def emit(plan: dict, args: argparse.Namespace) -> None:
         from planner.cli.plot import plot_plan
 
         note(f"wrote {plot_plan(plan, args.plot)}")
-    if args.json:
-        print_json(plan)
-    elif args.emit == "env":
-        for line in env_lines(plan):
-            echo(line)
-    else:
-        render_plan(plan)
+    print_plan(plan, as_json=args.json, emit=args.emit)
 
 
 def run(args: argparse.Namespace) -> int:

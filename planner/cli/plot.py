@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from torchkit.errors import ConfigError
-
-GIB = 2**30
+from torchkit.units import GIB
 
 
 def _pyplot():

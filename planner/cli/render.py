@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from planner.cli.output import echo, format_gib, print_table
+from planner.cli.output import echo, format_gib, print_json, print_table
 
 
 def render_plan(plan: dict) -> None:
@@ -73,3 +73,14 @@ def env_lines(plan: dict) -> list[str]:
             ]
         )
     return lines
+
+
+def print_plan(plan: dict, *, as_json: bool, emit: str) -> None:
+    """A plan on stdout in the form asked for: exact JSON, per-node environment lines, or the table."""
+    if as_json:
+        print_json(plan)
+    elif emit == "env":
+        for line in env_lines(plan):
+            echo(line)
+    else:
+        render_plan(plan)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.output import echo, print_json
-from planner.cli.render import env_lines, render_plan
+from planner.cli.render import print_plan
 
 
 def add_parser(subparsers) -> None:
@@ -19,12 +18,5 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from planner.plan import read_plan
 
-    plan = read_plan(args.plan)
-    if args.json:
-        print_json(plan)
-    elif args.emit == "env":
-        for line in env_lines(plan):
-            echo(line)
-    else:
-        render_plan(plan)
+    print_plan(read_plan(args.plan), as_json=args.json, emit=args.emit)
     return 0

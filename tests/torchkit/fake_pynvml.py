@@ -18,7 +18,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-GIB = 2**30
+from torchkit.units import GIB
 
 NVML_TEMPERATURE_GPU = 0
 nvmlMemory_v2 = 0x02000028  # pynvml's value: sizeof(c_nvmlMemory_v2_t) | (2 << 24)

@@ -22,9 +22,9 @@ from torchkit.autobatch import (
     run_probes,
 )
 from torchkit.batch_choice import PROBES_LARGE_GPU, choose_batch
-from torchkit.catalog import GIB
 from torchkit.errors import WorkloadError
 from torchkit.profiling import is_out_of_memory_error
+from torchkit.units import GIB
 
 # ----------------------------------------------------------------------------------------------------------
 # out-of-memory recognition and the probing loop

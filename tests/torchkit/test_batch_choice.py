@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from torchkit.batch_choice import choose_batch, probe_list
-from torchkit.catalog import GIB
+from torchkit.units import GIB
 
 PROBES = [1, 2, 4, 8, 16]
 PROBES_LARGE = [1, 2, 4, 8, 16, 32, 64]

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 import torchkit.profiling as profiling
-from torchkit.catalog import GIB
 from torchkit.profiling import cuda_memory_usage, is_out_of_memory_error, profile_ops, time_sync
+from torchkit.units import GIB
 
 CPU = torch.device("cpu")
 

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkit.catalog import GpuSpec
-
-MIB = 2**20
+from torchkit.units import MIB
 
 # --- CPU kernel workspace ------------------------------------------------------------------------------
 CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD = 4
