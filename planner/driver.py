@@ -27,7 +27,7 @@ from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan import ExcludedDevice, RankSlot, build_plan
 from planner.probe import NodeInventory, simulated_inventory
-from planner.profile import DeviceProfile, profile_key
+from planner.profile import DeviceProfile, key_of_inputs, profile_key_inputs
 from planner.profile_cache import ProfileCache
 from torchkit.catalog import GpuCatalog
 
@@ -70,6 +70,8 @@ class DriverOptions:
     """data-loader workers each rank will run; used to warn when a node's ranks oversubscribe its cores"""
     script: str = "train.py"
     master_port: int = 29500
+    plan_path: str = "plan.json"
+    """the plan file the launch lines name (``--plan``): where the plan is written"""
 
 
 @dataclass(kw_only=True)
@@ -91,6 +93,8 @@ class PlanOutcome:
 @dataclass(frozen=True, kw_only=True)
 class ProfileRequest:
     key: str
+    key_inputs: dict[str, str]
+    """what the key is made of (``planner.profile.profile_key_inputs``), recorded in the cache entry"""
     gpu_type: str
     method: str
     """``estimate`` or ``measure``"""
@@ -188,8 +192,9 @@ class RayBackend:
         self.on_event = on_event
         self.run_id = uuid.uuid4().hex[:8]
         env_vars = dict(PROBE_ENV_VARS)
-        if ":" in model:  # a user factory must be importable in the probe: add this process's cwd
-            env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        # a user factory must be importable in the probe: it appends this process's cwd to its sys.path (not
+        # PYTHONPATH, which comes before the standard library: a json.py there would replace the real one)
+        user_dirs = (os.getcwd(),) if ":" in model else ()
         remote_probe = ray.remote(NodeProbe)
 
         # group -> (ray node, simulated node specs or None for a real node)
@@ -222,7 +227,7 @@ class RayBackend:
                 max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node.node_id, soft=False),
                 runtime_env={"env_vars": env_vars},
-            ).remote(sim_nodes, catalog)
+            ).remote(sim_nodes, catalog, user_dirs)
             self.group_nodes[group_id] = [n.name for n in sim_nodes] if sim_nodes else []
         self.dead_groups: dict[str, str] = {}
         self.node_group: dict[str, str] = {}
@@ -356,14 +361,17 @@ def _profile_requests(
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
             gpu = catalog.get(gpu_type)
-            key = profile_key(
-                fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer,
-                gpu_type, method, job.fit, torch_version,
+            inputs = profile_key_inputs(
+                fingerprint=fingerprint, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len,
+                amp=job.amp_for(gpu), optimizer=job.optimizer, gpu=gpu_type, method=method, fit=job.fit,
+                torch_version=torch_version,
             )
+            key = key_of_inputs(inputs)
             device_keys[(inventory.name, index)] = key
             if key not in requests:
                 requests[key] = ProfileRequest(
                     key=key,
+                    key_inputs=inputs,
                     gpu_type=gpu_type,
                     method=method,
                     node=inventory.name if method == "measure" else None,
@@ -475,7 +483,7 @@ def run_plan(
             profile_calls += 1
             profiles[key] = profile
             if options.cache is not None:
-                options.cache.put(key, profile)
+                options.cache.put(key, profile, inputs=request.key_inputs)
             on_event(Event(stage="profile", status="done", item=request.gpu_type, detail={"node": node}))
             break
     timings["profile_s"] = time.monotonic() - start
@@ -529,6 +537,7 @@ def run_plan(
             node_addresses=node_addresses,
             master_port=options.master_port,
             script=options.script,
+            plan_path=options.plan_path,
         )
     except InfeasiblePlanError as exc:
         if not allow_infeasible:

@@ -83,7 +83,7 @@ def loads_strict(raw: bytes | str, *, source: str, fix: str, max_depth: int = MA
             text, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_unique_keys
         )
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source} is not UTF-8 text: {exc.reason} ({fix})") from None
+        raise ConfigError(f"{source} is not valid JSON: not UTF-8 text ({exc}) ({fix})") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{source} is not valid JSON: {exc} ({fix})") from None
     except _StrictnessError as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,11 +20,14 @@ from typing import Any
 
 from planner.allocate import allocate
 from planner.job import JobSpec
+from planner.jsonio import read_json_file
+from planner.plan_launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH, DEFAULT_SCRIPT, NodeLaunch
+from planner.plan_validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
 from planner.profile import DeviceProfile
 from torchkit.errors import ConfigError
 
-SCHEMA = "batchplan/plan@1"
-DEFAULT_MASTER_PORT = 29500
+__all__ = ["SCHEMA", "DEFAULT_MASTER_PORT", "ExcludedDevice", "RankSlot", "build_plan", "read_plan", "validate_plan",
+           "write_plan"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +70,8 @@ def build_plan(
     warnings: Sequence[str] = (),
     node_addresses: Mapping[str, str] | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
-    script: str = "train.py",
+    script: str = DEFAULT_SCRIPT,
+    plan_path: str = DEFAULT_PLAN_PATH,
     extra: Mapping[str, Any] | None = None,
 ) -> dict:
     """Allocate per-rank batches over ``slots`` and assemble the plan.json document.
@@ -78,6 +81,7 @@ def build_plan(
         profiles: every profile a slot names.
         excluded: devices already left out upstream (busy, probe failed), with reasons.
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
+        script, plan_path: the training script and the plan file the launch lines name (``--plan``).
         extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
 
     Raises:
@@ -150,22 +154,25 @@ def build_plan(
     for node_rank, name in enumerate(node_order):
         node_ranks = [r for r in ranks if r["node"] == name]
         visible = [slots[included[r["rank"]]].visible_id or str(r["device_index"]) for r in node_ranks]
+        launch = NodeLaunch(
+            nnodes=len(node_order),
+            node_rank=node_rank,
+            nproc_per_node=len(node_ranks),
+            master_addr=master_addr,
+            master_port=master_port,
+            cuda_visible_devices=",".join(visible),
+            script=script,
+            plan_path=plan_path,
+        )
         nodes.append(
             {
                 "name": name,
                 "node_rank": node_rank,
                 "address": addresses.get(name, name),
-                "cuda_visible_devices": ",".join(visible),
-                "nproc_per_node": len(node_ranks),
-                "torchrun": torchrun_command(
-                    nnodes=len(node_order),
-                    node_rank=node_rank,
-                    nproc_per_node=len(node_ranks),
-                    master_addr=master_addr,
-                    master_port=master_port,
-                    cuda_visible_devices=",".join(visible),
-                    script=script,
-                ),
+                "cuda_visible_devices": launch.cuda_visible_devices,
+                "nproc_per_node": launch.nproc_per_node,
+                "torchrun": launch.torchrun_line(),
+                "env": launch.env(),
             }
         )
 
@@ -196,33 +203,13 @@ def build_plan(
         "alternatives": {k: float(v) for k, v in allocation.alternatives.items()},
         "ranks": ranks,
         "nodes": nodes,
-        "launch": {"master_addr": master_addr, "master_port": master_port, "script": script},
+        "launch": {"master_addr": master_addr, "master_port": master_port, "script": script, "plan_path": plan_path},
         "excluded": all_excluded,
         "profiles": {key: profiles[key].to_json() for key in sorted(used_profiles)},
         "warnings": all_warnings,
     }
     plan.update(extra or {})
     return plan
-
-
-def torchrun_command(
-    *,
-    nnodes: int,
-    node_rank: int,
-    nproc_per_node: int,
-    master_addr: str,
-    master_port: int,
-    cuda_visible_devices: str,
-    script: str,
-) -> str:
-    """The line to run on one node. Static rendezvous (``--node-rank`` with a master address) keeps the
-    plan's rank numbering: global rank = ranks of the nodes before + local rank."""
-    return (
-        f"CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={cuda_visible_devices} "
-        f"torchrun --nnodes {nnodes} --node-rank {node_rank} --nproc-per-node {nproc_per_node} "
-        f"--master-addr {shlex.quote(master_addr)} --master-port {master_port} "
-        f"{script} --plan plan.json"
-    )
 
 
 def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
@@ -252,104 +239,15 @@ def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
 
 
 def read_plan(path: str | os.PathLike) -> dict:
-    """Read and validate a plan.json.
+    """Read and validate a plan.json (size and nesting limits first, then ``validate_plan``).
 
     Raises:
-        ConfigError: missing file, not JSON, wrong schema, missing or mistyped fields.
+        ConfigError: missing file, too large or deep, not strict JSON, or breaking a rule of the plan.
     """
     source = Path(path)
     if not source.is_file():
         raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
-    try:
-        plan = json.loads(source.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source} is not valid JSON: {exc} (regenerate it with batchplan plan -o {source})") from exc
+    plan = read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES,
+                          fix=f"regenerate it with batchplan plan -o {source}")
     validate_plan(plan, where=str(source))
     return plan
-
-
-_TOP_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "schema": str,
-    "created": str,
-    "job": dict,
-    "world_size": int,
-    "global_batch": int,
-    "accumulate": int,
-    "step_batch": int,
-    "predicted_step_time_s": (int, float),
-    "throughput_samples_per_s": (int, float),
-    "balance_efficiency": (int, float),
-    "mode": str,
-    "ranks": list,
-    "nodes": list,
-    "excluded": list,
-    "profiles": dict,
-    "warnings": list,
-}
-_RANK_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "rank": int,
-    "node": str,
-    "node_rank": int,
-    "local_rank": int,
-    "device_index": int,
-    "gpu": str,
-    "profile": str,
-    "batch": int,
-    "max_batch": int,
-    "loss_weight": (int, float),
-    "predicted_memory_bytes": int,
-    "memory_budget_bytes": int,
-    "total_memory_bytes": int,
-    "predicted_step_time_s": (int, float),
-}
-_NODE_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "name": str,
-    "node_rank": int,
-    "cuda_visible_devices": str,
-    "nproc_per_node": int,
-    "torchrun": str,
-}
-
-
-def _check_fields(obj: Any, fields: Mapping[str, type | tuple[type, ...]], where: str) -> None:
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{where} must be an object, got {type(obj).__name__}")
-    for name, kind in fields.items():
-        if name not in obj:
-            raise ConfigError(f"{where} lacks the field '{name}' (regenerate the plan with batchplan plan)")
-        value = obj[name]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            expected = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-            raise ConfigError(f"{where}.{name} must be {expected}, got {value!r}")
-
-
-def validate_plan(plan: Any, where: str = "plan") -> None:
-    """Check the schema and the fields a scheduler and the runtime read, and their consistency."""
-    if not isinstance(plan, dict):
-        raise ConfigError(f"{where} must be a JSON object, got {type(plan).__name__}")
-    if plan.get("schema") != SCHEMA:
-        raise ConfigError(
-            f"{where} has schema {plan.get('schema')!r}, expected {SCHEMA!r} (is it a batchplan plan?)"
-        )
-    _check_fields(plan, _TOP_FIELDS, where)
-    for i, rank in enumerate(plan["ranks"]):
-        _check_fields(rank, _RANK_FIELDS, f"{where}: ranks[{i}]")
-        if rank["rank"] != i:
-            raise ConfigError(f"{where}: ranks[{i}].rank is {rank['rank']}, expected {i} (ranks must be in order)")
-        if rank["profile"] not in plan["profiles"]:
-            raise ConfigError(f"{where}: ranks[{i}].profile {rank['profile']!r} is not a key of profiles")
-        if rank["batch"] < 1:
-            raise ConfigError(f"{where}: ranks[{i}].batch must be >= 1, got {rank['batch']}")
-    for i, node in enumerate(plan["nodes"]):
-        _check_fields(node, _NODE_FIELDS, f"{where}: nodes[{i}]")
-    if plan["world_size"] != len(plan["ranks"]):
-        raise ConfigError(f"{where}: world_size {plan['world_size']} != number of ranks {len(plan['ranks'])}")
-    step = sum(r["batch"] for r in plan["ranks"])
-    if step != plan["step_batch"]:
-        raise ConfigError(f"{where}: step_batch {plan['step_batch']} != sum of rank batches {step}")
-    if plan["global_batch"] != plan["step_batch"] * plan["accumulate"]:
-        raise ConfigError(f"{where}: global_batch != step_batch × accumulate")
-    if sum(n["nproc_per_node"] for n in plan["nodes"]) != plan["world_size"]:
-        raise ConfigError(f"{where}: nodes' nproc_per_node do not add up to world_size")
-    for key, profile in plan["profiles"].items():
-        DeviceProfile.from_json(profile, where=f"{where}: profiles[{key!r}]")

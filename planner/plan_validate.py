@@ -86,10 +86,12 @@ def validate_plan(plan: Any, where: str = "plan") -> None:
         raise ConfigError(f"{where}.world_size {plan['world_size']} is not in 1..{MAX_PLAN_RANKS}")
     if plan["world_size"] != len(ranks):
         raise ConfigError(f"{where}: world_size {plan['world_size']} != number of ranks {len(ranks)}")
-    _check_totals(plan, where)
     profiles = {key: checked_profile(value, f"{where}.profiles[{key!r}]") for key, value in plan["profiles"].items()}
     for i, rank in enumerate(ranks):
-        _check_rank(rank, i, plan, profiles, where)
+        _check_rank_fields(rank, i, profiles, where)
+    _check_totals(plan, where)
+    for i, rank in enumerate(ranks):
+        _check_loss_weight(rank, i, plan, where)
     _check_nodes(plan, where)
     for i, entry in enumerate(plan["excluded"]):
         check_fields(entry, EXCLUDED_FIELDS, f"{where}.excluded[{i}]")
@@ -124,16 +126,16 @@ def _check_totals(plan: dict, where: str) -> None:
         raise ConfigError(f"{where}: step_batch {plan['step_batch']} != sum of rank batches {step}")
     if plan["global_batch"] != plan["step_batch"] * plan["accumulate"]:
         raise ConfigError(
-            f"{where}: global_batch {plan['global_batch']} != step_batch {plan['step_batch']} × accumulate "
-            f"{plan['accumulate']}"
+            f"{where}: global_batch != step_batch × accumulate ({plan['global_batch']} != {plan['step_batch']} × "
+            f"{plan['accumulate']})"
         )
 
 
-def _check_rank(rank: Any, i: int, plan: dict, profiles: Mapping[str, Any], where: str) -> None:
+def _check_rank_fields(rank: Any, i: int, profiles: Mapping[str, Any], where: str) -> None:
     at = f"{where}: ranks[{i}]"
     check_fields(rank, RANK_FIELDS, at)
     if rank["rank"] != i:
-        raise ConfigError(f"{at}.rank is {rank['rank']}, expected {i} (ranks must be numbered 0..W-1 in order)")
+        raise ConfigError(f"{at}.rank is {rank['rank']}, expected {i} (ranks must be in order)")
     check_node_name(rank["node"], f"{at}.node")
     check_text(rank["gpu"], f"{at}.gpu")
     if rank["profile"] not in profiles:
@@ -149,6 +151,10 @@ def _check_rank(rank: Any, i: int, plan: dict, profiles: Mapping[str, Any], wher
     idle = rank.get("idle_fraction", 0.0)
     if isinstance(idle, bool) or not isinstance(idle, _NUMBER) or not 0 <= idle <= 1:
         raise ConfigError(f"{at}.idle_fraction must be a share in [0, 1], got {idle!r}")
+
+
+def _check_loss_weight(rank: dict, i: int, plan: dict, where: str) -> None:
+    at = f"{where}: ranks[{i}]"
     wanted = expected_loss_weight(rank["batch"], plan["world_size"], plan["step_batch"])
     if not math.isclose(float(rank["loss_weight"]), wanted, rel_tol=WEIGHT_REL_TOLERANCE):
         raise ConfigError(
@@ -174,6 +180,8 @@ def _check_nodes(plan: dict, where: str) -> None:
         if node["node_rank"] != j:
             raise ConfigError(f"{at}.node_rank is {node['node_rank']}, expected {j} (nodes in node-rank order)")
         check_host(node.get("address", node["name"]), f"{at}.address")
+    if sum(n["nproc_per_node"] for n in nodes) != plan["world_size"]:
+        raise ConfigError(f"{where}: nodes' nproc_per_node do not add up to world_size {plan['world_size']}")
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}.nodes names a node twice ({', '.join(names)})")
     position = {name: j for j, name in enumerate(names)}

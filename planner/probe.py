@@ -229,7 +229,14 @@ class NodeProbe:
     ``NodeAffinitySchedulingStrategy(node_id, soft=False)``.
     """
 
-    def __init__(self, simulated_nodes: Sequence[NodeSpec] | None, catalog: GpuCatalog) -> None:
+    def __init__(
+        self, simulated_nodes: Sequence[NodeSpec] | None, catalog: GpuCatalog, user_dirs: Sequence[str] = ()
+    ) -> None:
+        import sys
+
+        # where the driver found the user's factory: searched after everything else, never before the
+        # standard library
+        sys.path.extend(d for d in user_dirs if d not in sys.path)
         self._simulated = {n.name: n for n in simulated_nodes} if simulated_nodes is not None else None
         self._catalog = catalog
         self._estimates_cache: dict = {}

@@ -156,6 +156,26 @@ class DeviceProfile:
             raise ConfigError(f"{where} is malformed: {exc!r} (re-run batchplan profile/plan to regenerate it)") from exc
 
 
+#: what a profile key is made of, in the order ``profile_key`` hashes it; a cache entry records these, so its
+#: key can be recomputed from the job and GPU it claims to describe
+KEY_FIELDS = ("fingerprint", "imgsz", "input_shape", "seq_len", "amp", "optimizer", "gpu", "method", "fit",
+              "torch_version")
+
+
+def profile_key_inputs(
+    *, fingerprint: str, imgsz: object, input_shape: object, seq_len: object, amp: str, optimizer: str, gpu: str,
+    method: str, fit: str, torch_version: str,
+) -> dict[str, str]:
+    """The named parts of a profile key, as the strings ``profile_key`` hashes."""
+    values = (fingerprint, imgsz, input_shape, seq_len, amp, optimizer, gpu, method, fit, torch_version)
+    return {name: str(value) for name, value in zip(KEY_FIELDS, values, strict=True)}
+
+
+def key_of_inputs(inputs: dict[str, str]) -> str:
+    """``profile_key`` of the parts ``profile_key_inputs`` named (KeyError if one is missing)."""
+    return profile_key(*(inputs[name] for name in KEY_FIELDS))
+
+
 def profile_key(*parts: object) -> str:
     """Stable short content key of everything that determines a profile (workload fingerprint, input, amp,
     optimizer, GPU type, method, torch version): the same inputs always give the same key."""

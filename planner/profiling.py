@@ -23,7 +23,8 @@ def workload_for(job: JobSpec):
     """The torchkit workload the job names (built-in or ``package.module:factory``).
 
     A factory module is looked up on ``sys.path`` and, as ``uvicorn app:app`` does, in the current
-    directory (the console script's ``sys.path`` does not include it).
+    directory (the console script's ``sys.path`` does not include it). The directory is appended, not
+    prepended: a ``json.py`` lying there must not replace the standard library's.
     """
     import os
     import sys
@@ -31,7 +32,7 @@ def workload_for(job: JobSpec):
     from torchkit.workloads import get_workload
 
     if ":" in job.model and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
 
     return get_workload(job.model, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len)
 

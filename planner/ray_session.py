@@ -153,7 +153,8 @@ def ray_session(
     if address is not None:
         _check_reachable(address)
         try:
-            ray.init(address=address, **_init_kwargs())
+            with _keeping_sigterm_handler():
+                ray.init(address=address, **_init_kwargs())
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError by version
             raise ClusterUnreachableError(
                 f"cannot reach the Ray cluster at {address!r}: {exc} "
@@ -168,6 +169,10 @@ def ray_session(
     cap = raylet_cap or raylet_cap_from_env()
     num_raylets = max(1, min(num_simulated_nodes, cap))
     cluster = None
+    from planner.ray_watchdog import ray_watchdog
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(ray_watchdog())  # stops what is started below if this process dies without stopping it
     try:
         if num_simulated_nodes > 0:
             from ray.cluster_utils import Cluster
@@ -187,15 +192,17 @@ def ray_session(
             for _ in range(num_raylets - 1):
                 cluster.add_node(wait=False, **common)
             cluster.wait_for_nodes()
-            ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+            with _keeping_sigterm_handler():
+                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
         else:
             log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-            ray.init(
-                _node_ip_address=LOOPBACK,
-                include_dashboard=False,
-                object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
-                **_init_kwargs(),
-            )
+            with _keeping_sigterm_handler():
+                ray.init(
+                    _node_ip_address=LOOPBACK,
+                    include_dashboard=False,
+                    object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                    **_init_kwargs(),
+                )
         yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
     finally:
         with contextlib.suppress(Exception):
@@ -203,6 +210,24 @@ def ray_session(
         if cluster is not None:
             with contextlib.suppress(Exception):
                 cluster.shutdown()
+        stack.close()
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """Keep this process's SIGTERM handler across ``ray.init``, which replaces it (with ``sys.exit(15)``, and
+    its core worker with a C++ handler that dumps a stack and aborts). The CLI's handler turns SIGTERM into a
+    clean teardown like Ctrl-C (``planner.cli.signals``)."""
+    import signal
+    import threading
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main else None
+    try:
+        yield
+    finally:
+        if in_main and callable(previous):
+            signal.signal(signal.SIGTERM, previous)
 
 
 def deal_round_robin(names: Sequence[str], nodes: Sequence[RayNode]) -> dict[str, RayNode]:

@@ -180,9 +180,11 @@ def run(args: argparse.Namespace) -> int:
     args.select = args.select if explicit else DEFAULT_SELECT
     validate_selection_options(args.select, args.min_memory_fraction, args.max_utilization)
     if args.cluster or args.address:
+        from planner.cli.stdout_guard import stdout_to_stderr
         from planner.cluster_devices import cluster_inventory
 
-        nodes = cluster_inventory(args)
+        with stdout_to_stderr():  # Ray's "(raylet) ..." lines must not precede the result
+            nodes = cluster_inventory(args)
     else:
         nodes = [local_node_inventory(args.select, args.min_memory_fraction, args.max_utilization)]
     for node in nodes:

@@ -97,26 +97,40 @@ def check_cluster_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--workers {args.workers} is invalid (use 0 or more)")
     if not 1 <= args.master_port <= 65535:
         raise ConfigError(f"--master-port {args.master_port} is invalid (use 1-65535)")
+    from planner.plan_launch import check_path_word
+
+    check_path_word(args.script, "--script")
+    if getattr(args, "output", None):
+        check_path_word(args.output, "-o")
 
 
 def driver_options(args: argparse.Namespace):
     from planner.driver import DriverOptions
+    from planner.plan_launch import DEFAULT_PLAN_PATH
     from planner.profile_cache import ProfileCache
 
+    cache = None
+    if not args.no_cache:
+        cache = ProfileCache(args.cache_dir)
+        cache.check_directory("--cache-dir" if args.cache_dir else "the profile cache directory")
     return DriverOptions(
         probe_timeout_s=args.probe_timeout,
         profile_timeout_s=args.profile_timeout,
         require_all_nodes=args.require_all_nodes,
-        cache=None if args.no_cache else ProfileCache(args.cache_dir),
+        cache=cache,
         workers_per_rank=args.workers,
         script=args.script,
         master_port=args.master_port,
+        # the launch lines name the file the plan is written to (-o), as the user spelt it
+        plan_path=getattr(args, "output", None) or DEFAULT_PLAN_PATH,
     )
 
 
 def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bool = False):
     """Plan for the cluster the flags name, with progress on stderr. Returns the driver's PlanOutcome."""
     from planner.cli.progress import progress_sink
+    from planner.cli.stdout_guard import stdout_to_stderr
+    from planner.cli.user_code import announce_user_code
     from planner.driver import plan_with_ray, plan_without_ray
 
     check_cluster_args(args)
@@ -126,7 +140,9 @@ def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bo
         from planner.cluster import load_cluster
 
         cluster = load_cluster(args.cluster)
-    with progress_sink() as on_event:
+    announce_user_code(job)
+    # stdout carries only the result, printed after this: Ray's "(raylet) ..." lines go to stderr
+    with stdout_to_stderr(), progress_sink() as on_event:
         if cluster is not None and args.no_ray:
             return plan_without_ray(job, cluster, options=options, on_event=on_event, allow_infeasible=allow_infeasible)
         return plan_with_ray(

@@ -53,34 +53,15 @@ def render_plan(plan: dict) -> None:
             echo(f"  - {w}")
 
 
-def env_lines(plan: dict) -> list[str]:
-    """Per node, shell lines a scheduler can source (``--emit env``)."""
-    launch = plan.get("launch") or {}
-    master = launch.get("master_addr") or (plan["nodes"][0]["name"] if plan["nodes"] else "")
-    port = launch.get("master_port", 29500)
-    lines = []
-    for node in plan["nodes"]:
-        lines.append(f"# node {node['name']}")
-        lines.extend(
-            [
-                "CUDA_DEVICE_ORDER=PCI_BUS_ID",
-                f"CUDA_VISIBLE_DEVICES={node['cuda_visible_devices']}",
-                f"NNODES={len(plan['nodes'])}",
-                f"NODE_RANK={node['node_rank']}",
-                f"NPROC_PER_NODE={node['nproc_per_node']}",
-                f"MASTER_ADDR={master}",
-                f"MASTER_PORT={port}",
-            ]
-        )
-    return lines
-
-
-def print_plan(plan: dict, *, as_json: bool, emit: str) -> None:
-    """A plan on stdout in the form asked for: exact JSON, per-node environment lines, or the table."""
+def print_plan(plan: dict, *, as_json: bool, emit: str, node: str | None = None, node_rank: int | None = None) -> None:
+    """A plan on stdout in the form asked for: exact JSON, one node's environment (``--emit env``, the node
+    chosen by name or node rank; see ``planner.cli.emit_env``), or the table."""
     if as_json:
         print_json(plan)
     elif emit == "env":
-        for line in env_lines(plan):
+        from planner.cli.emit_env import env_lines, selected_node_rank
+
+        for line in env_lines(plan, selected_node_rank(plan, node, node_rank)):
             echo(line)
     else:
         render_plan(plan)

@@ -30,7 +30,7 @@ from typing import Any
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan import RankSlot, build_plan
-from planner.profile import DeviceProfile, profile_key
+from planner.profile import DeviceProfile, key_of_inputs, profile_key_inputs
 
 log = logging.getLogger(__name__)
 
@@ -126,17 +126,21 @@ def autobatch_ddp(
     fingerprint = workload_fingerprint(workload_for(job))
     method = "estimate" if gpu is not None else job.method
 
-    def key_for(gpu_name: str) -> str:
+    def inputs_for(gpu_name: str) -> dict[str, str]:
         spec = catalog.get(gpu_name)
-        return profile_key(fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(spec),
-                           job.optimizer, gpu_name, method, job.fit, torch.__version__)
+        return profile_key_inputs(
+            fingerprint=fingerprint, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len,
+            amp=job.amp_for(spec), optimizer=job.optimizer, gpu=gpu_name, method=method, fit=job.fit,
+            torch_version=torch.__version__,
+        )
 
     node_types = sorted({p["gpu"] for p in everyone if p["node"] == node})
     profiles: dict[str, DeviceProfile] = {}
     profiled_here: list[str] = []
     with torch_distributed_zero_first(local_rank):
         for gpu_name in node_types:
-            key = key_for(gpu_name)
+            inputs = inputs_for(gpu_name)
+            key = key_of_inputs(inputs)
             cached = cache.get(key)
             if cached is None:
                 if local_rank != 0:
@@ -144,7 +148,7 @@ def autobatch_ddp(
                 local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
                 cached = make_profile(job, catalog.get(gpu_name), method=method,
                                       device_index=None if gpu is not None else local_index)
-                cache.put(key, cached)
+                cache.put(key, cached, inputs=inputs)
                 profiled_here.append(gpu_name)
             profiles[key] = cached
 
@@ -157,7 +161,7 @@ def autobatch_ddp(
             node=p["node"],
             device_index=p["device_index"],
             gpu=p["gpu"],
-            profile=key_for(p["gpu"]),
+            profile=key_of_inputs(inputs_for(p["gpu"])),
             memory_budget_bytes=int(job.fraction * p["available"]),
             total_memory_bytes=p["total"],
             visible_id=p["visible_id"],

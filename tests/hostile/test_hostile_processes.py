@@ -89,14 +89,15 @@ MODEL = ("--model", "usermod:hang_once", "--input-shape", "3,32,32")
 class Run:
     """A ``batchplan`` subprocess with its own Ray temp dir, its working directory and its marks."""
 
-    def __init__(self, tmp_path: Path, *args: str, hang: bool) -> None:
+    def __init__(self, tmp_path: Path, *args: str, hang: bool, shadow_json: bool) -> None:
         self.cwd = tmp_path / "work"
         self.marks = tmp_path / "marks"
         self.cwd.mkdir()
         self.marks.mkdir()
         (self.cwd / "three.yaml").write_text(THREE_NODES)
         (self.cwd / "usermod.py").write_text(USER_MODULE)
-        (self.cwd / "json.py").write_text(SHADOW_JSON)
+        if shadow_json:
+            (self.cwd / "json.py").write_text(SHADOW_JSON)
         # Ray puts unix sockets under its temp dir: keep the path short (107-byte limit)
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="bph-", dir="/tmp"))
         env = {"RAY_TMPDIR": str(self.ray_tmp), "HOSTILE_MARKS": str(self.marks)}
@@ -169,8 +170,8 @@ def runs(tmp_path) -> Iterator[list[Run]]:
         run.cleanup()
 
 
-def _start(runs: list[Run], tmp_path: Path, *args: str, hang: bool = True) -> Run:
-    run = Run(tmp_path, *args, hang=hang)
+def _start(runs: list[Run], tmp_path: Path, *args: str, hang: bool = True, shadow_json: bool = False) -> Run:
+    run = Run(tmp_path, *args, hang=hang, shadow_json=shadow_json)
     runs.append(run)
     return run
 
@@ -231,7 +232,7 @@ def test_a_killed_driver_leaves_no_ray_process_behind(runs, tmp_path) -> None:
 def test_user_code_is_searched_after_the_standard_library_and_announced(runs, tmp_path, command) -> None:
     extra = ("--no-write",) if command == "plan" else ()
     run = _start(runs, tmp_path, command, "--cluster", "three.yaml", *MODEL, "--no-cache", "--json", *extra,
-                 hang=False)
+                 hang=False, shadow_json=True)
     result = run.finish()
     assert_ok(result, 0 if command == "plan" else result.returncode)
     doc = parse_json_stdout(result)
