@@ -235,8 +235,12 @@ class NodeProbe:
         import sys
 
         # where the driver found the user's factory: searched after everything else, never before the
-        # standard library
-        sys.path.extend(d for d in user_dirs if d not in sys.path)
+        # standard library. Ray itself puts the driver's working directory first on every worker's path
+        # (job_config py_driver_sys_path); move it to the end, where a json.py lying there replaces nothing
+        for directory in user_dirs:
+            while directory in sys.path:
+                sys.path.remove(directory)
+            sys.path.append(directory)
         self._simulated = {n.name: n for n in simulated_nodes} if simulated_nodes is not None else None
         self._catalog = catalog
         self._estimates_cache: dict = {}

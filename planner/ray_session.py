@@ -173,6 +173,7 @@ def ray_session(
 
     stack = contextlib.ExitStack()
     stack.enter_context(ray_watchdog())  # stops what is started below if this process dies without stopping it
+    sigterm = _sigterm_handler()
     try:
         if num_simulated_nodes > 0:
             from ray.cluster_utils import Cluster
@@ -192,17 +193,16 @@ def ray_session(
             for _ in range(num_raylets - 1):
                 cluster.add_node(wait=False, **common)
             cluster.wait_for_nodes()
-            with _keeping_sigterm_handler():
-                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+            ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
         else:
             log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-            with _keeping_sigterm_handler():
-                ray.init(
-                    _node_ip_address=LOOPBACK,
-                    include_dashboard=False,
-                    object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
-                    **_init_kwargs(),
-                )
+            ray.init(
+                _node_ip_address=LOOPBACK,
+                include_dashboard=False,
+                object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                **_init_kwargs(),
+            )
+        _restore_sigterm_handler(sigterm)  # Ray's in-process cluster nodes and ray.init replaced it
         yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
     finally:
         with contextlib.suppress(Exception):
@@ -211,23 +211,36 @@ def ray_session(
             with contextlib.suppress(Exception):
                 cluster.shutdown()
         stack.close()
+        _restore_sigterm_handler(sigterm)
+
+
+def _sigterm_handler():
+    """This process's SIGTERM handler, to put back after starting Ray (None off the main thread)."""
+    import signal
+    import threading
+
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm_handler(handler) -> None:
+    """Put back a SIGTERM handler this process had before starting Ray. ``ray.init`` replaces it (with
+    ``sys.exit(15)``, and its core worker with a C++ handler that dumps a stack and aborts), and so does each
+    in-process ``ray.cluster_utils`` node (drain 30 s, then ``sys.exit(1)``). The CLI's handler turns SIGTERM
+    into a clean teardown like Ctrl-C (``planner.cli.signals``)."""
+    import signal
+
+    if callable(handler):
+        signal.signal(signal.SIGTERM, handler)
 
 
 @contextlib.contextmanager
 def _keeping_sigterm_handler() -> Iterator[None]:
-    """Keep this process's SIGTERM handler across ``ray.init``, which replaces it (with ``sys.exit(15)``, and
-    its core worker with a C++ handler that dumps a stack and aborts). The CLI's handler turns SIGTERM into a
-    clean teardown like Ctrl-C (``planner.cli.signals``)."""
-    import signal
-    import threading
-
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main else None
+    """Keep this process's SIGTERM handler across ``ray.init`` (see ``_restore_sigterm_handler``)."""
+    handler = _sigterm_handler()
     try:
         yield
     finally:
-        if in_main and callable(previous):
-            signal.signal(signal.SIGTERM, previous)
+        _restore_sigterm_handler(handler)
 
 
 def deal_round_robin(names: Sequence[str], nodes: Sequence[RayNode]) -> dict[str, RayNode]:
