@@ -23,9 +23,15 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+#: the signal that ended the run; kept apart from the exception because Ray, when the signal arrives inside
+#: one of its blocking calls, re-raises it as a plain KeyboardInterrupt
+_received: list[int] = []
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     # one teardown at a time: a second SIGTERM while stopping must not abort the teardown half-way
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _received.append(signum)
     raise Terminated(signum)
 
 
@@ -37,6 +43,6 @@ def handle_sigterm_like_sigint() -> None:
 
 def exit_code_and_line(exc: KeyboardInterrupt) -> tuple[int, str]:
     """What ``main`` prints and returns for an interrupt: Ctrl-C or a Terminated signal."""
-    signum = getattr(exc, "signum", signal.SIGINT)
+    signum = getattr(exc, "signum", None) or (_received[0] if _received else signal.SIGINT)
     what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     return 128 + signum, f"error: {what}; everything this run started was stopped (run it again to plan)"
