@@ -25,11 +25,11 @@ from typing import Any, Protocol
 from planner.cluster import ClusterSpec
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
-from planner.plan import ExcludedDevice, RankSlot, build_plan
-from planner.probe import NodeInventory, simulated_inventory
-from planner.profile import DeviceProfile, profile_key
-from planner.profile_cache import ProfileCache
-from torchkit.catalog import GpuCatalog
+from planner.plan.build import ExcludedDevice, RankSlot, build_plan
+from planner.probing.probe import NodeInventory, simulated_inventory
+from planner.profiles.cache import ProfileCache
+from planner.profiles.profile import DeviceProfile, profile_key
+from torchkit.hardware.catalog import GpuCatalog
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class LocalBackend:
         return found, {}
 
     def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
-        from planner.profiling import make_profile
+        from planner.probing.make_profile import make_profile
 
         profile = make_profile(
             job,
@@ -180,8 +180,8 @@ class RayBackend:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from planner.probe import PROBE_ENV_VARS, NodeProbe
-        from planner.ray_session import deal_round_robin
+        from planner.probing.probe import PROBE_ENV_VARS, NodeProbe
+        from planner.probing.session import deal_round_robin
 
         self._ray = ray
         self.options = options
@@ -376,7 +376,7 @@ def _fingerprint(job: JobSpec) -> tuple[str, str]:
     """Content fingerprint of the job's model and input, and the torch version (both part of cache keys)."""
     import torch
 
-    from planner.profiling import workload_for
+    from planner.probing.make_profile import workload_for
     from torchkit.workloads import workload_fingerprint
 
     return workload_fingerprint(workload_for(job)), torch.__version__
@@ -576,8 +576,8 @@ def plan_with_ray(
     allow_infeasible: bool = False,
 ) -> PlanOutcome:
     """Plan over Ray: a cluster config simulated on 127.0.0.1, a cluster at ``address``, or embedded Ray."""
-    from planner.ray_session import ray_session
-    from torchkit.catalog import load_catalog
+    from planner.probing.session import ray_session
+    from torchkit.hardware.catalog import load_catalog
 
     options = options or DriverOptions()
     catalog = cluster.catalog if cluster is not None else (catalog or load_catalog())

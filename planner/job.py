@@ -10,8 +10,8 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from torchkit.catalog import GpuSpec
 from torchkit.errors import ConfigError
+from torchkit.hardware.catalog import GpuSpec
 
 AmpChoice = Literal["auto", "fp16", "bf16", "off"]
 OptimizerName = Literal["sgd", "adamw"]

@@ -44,9 +44,9 @@ def test_every_public_torchkit_name_resolves_without_initialising_cuda_or_nvml()
 def test_the_planner_core_imports_neither_torch_ray_nor_pynvml():
     _run(
         "import sys\n"
-        "import planner, planner.job, planner.profile, planner.allocate, planner.allocate_advice, planner.plan\n"
+        "import planner, planner.job, planner.profiles.profile, planner.allocate.solver, planner.allocate.advice, planner.plan.build\n"
         "import planner.cluster\n"
-        "import planner.preflight, planner.profile_cache, planner.errors, planner.runtime\n"
+        "import planner.preflight, planner.profiles.cache, planner.errors, planner.runtime\n"
         "heavy = [m for m in ('torch', 'ray', 'pynvml') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

@@ -2,7 +2,7 @@
 
 Options (``Allocation.alternatives``): the three modes, up to ``_ACCUMULATE_LOOKAHEAD`` larger
 accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
-group alone, all at the same global batch when one is given; each is solved with ``planner.allocate``'s
+group alone, all at the same global batch when one is given; each is solved with ``planner.allocate.solver``'s
 solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%).
 
 Pure numpy: no torch, no Ray.
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.allocate import ADVICE_MIN_SPEEDUP, MODES, _Rows, _split, _valid_accumulates
+from planner.allocate.solver import ADVICE_MIN_SPEEDUP, MODES, _Rows, _split, _valid_accumulates
 from planner.errors import InfeasiblePlanError
 
 # Branch and bound stops within 1% of the optimum for the options the advice compares (it speaks only
-# above 5%); the plan itself is solved to 0.1% (``planner.allocate._THROUGHPUT_TOLERANCE``).
+# above 5%); the plan itself is solved to 0.1% (``planner.allocate.solver._THROUGHPUT_TOLERANCE``).
 _ADVICE_TOLERANCE = 1e-2
 # With a global batch, the advice also tries this many larger accumulations than the plan's smallest one.
 _ACCUMULATE_LOOKAHEAD = 4

@@ -35,7 +35,7 @@ F(T) = Σ u_i(T) only changes at the times where some rank steps up.
 Ranks whose time does not depend on the batch (t1 = 0) keep every sample they can hold at the optimal
 step time (those samples are free); the other ranks are lowered as evenly in time as integers allow.
 
-Advice (``Allocation.advice``/``alternatives``, in ``planner.allocate_advice``): the three modes, up to
+Advice (``Allocation.advice``/``alternatives``, in ``planner.allocate.advice``): the three modes, up to
 four larger accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank)
 and each group alone, all at the same global batch when one is given; the options are solved to 1% (the
 advice speaks from 5%).
@@ -43,7 +43,7 @@ advice speaks from 5%).
 Known limitations: the step time model has no communication term (all-reduce time is the same for every
 split, so it shifts every option alike); accumulation micro-steps are assumed to cost one step each; the
 smallest accumulate is not always the fastest (the advice names a faster one when it finds it); more than
-``planner.allocate_advice._MAX_ADVICE_GROUPS`` (32) groups get no group advice (a line says so).
+``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups get no group advice (a line says so).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ ADVICE_MIN_SPEEDUP = 1.05
 # Throughput mode (see _best_throughput_time): the largest number of candidate step times enumerated
 # exactly at once (2^15 sort in ~3 ms), the tolerance at which branch and bound stops (result ≥ optimum /
 # (1 + tolerance)): 0.1% for the plan (1% for the options the advice compares, ``_ADVICE_TOLERANCE`` in
-# planner.allocate_advice), and a cap on the interval halvings (each costs O(distinct profiles)).
+# planner.allocate.advice), and a cap on the interval halvings (each costs O(distinct profiles)).
 _EXACT_CANDIDATE_LIMIT = 2**15
 _THROUGHPUT_TOLERANCE = 1e-3
 _MAX_EVALUATIONS = 2000
@@ -438,7 +438,7 @@ def allocate(
         multiple_of: every batch is a multiple of this.
         min_batch: smallest batch a rank may take (rounded up to ``multiple_of``); smaller caps are excluded.
         groups: per rank, a label of its GPU type/profile for the advice; default: identical (cap, t0, t1),
-            or identical (t0, t1) when that makes more than ``planner.allocate_advice._MAX_ADVICE_GROUPS`` (32) groups.
+            or identical (t0, t1) when that makes more than ``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups.
 
     Raises:
         ConfigError: malformed input (lengths, negative values, unknown mode).
@@ -473,7 +473,7 @@ def allocate(
     labels = None if groups is None else _as_1d("groups", groups, n)
 
     # here, not at the top: the advice builds on this module's solver (_Rows, _split)
-    from planner.allocate_advice import _advise, _Option
+    from planner.allocate.advice import _advise, _Option
 
     lo = -(-min_batch // k)  # minimum units per rank
     cap_u = cap // k

@@ -101,7 +101,7 @@ def check_cluster_args(args: argparse.Namespace) -> None:
 
 def driver_options(args: argparse.Namespace):
     from planner.driver import DriverOptions
-    from planner.profile_cache import ProfileCache
+    from planner.profiles.cache import ProfileCache
 
     return DriverOptions(
         probe_timeout_s=args.probe_timeout,

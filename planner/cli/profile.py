@@ -37,7 +37,7 @@ def _local_device(spec: str):
         raise ConfigError(
             f"--device {spec}: no CUDA GPU is usable on this machine (use --gpu TYPE to estimate for a catalog GPU)"
         )
-    from torchkit.device import parse_device
+    from torchkit.seed_api.device import parse_device
 
     parsed = parse_device(spec)
     if not parsed.startswith("cuda") and not parsed[:1].isdigit():
@@ -48,8 +48,8 @@ def _local_device(spec: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.profiling import make_profile
-    from torchkit.catalog import load_catalog
+    from planner.probing.make_profile import make_profile
+    from torchkit.hardware.catalog import load_catalog
 
     job = job_from_args(args)
     if args.plot:

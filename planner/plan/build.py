@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from planner.allocate import allocate
+from planner.allocate.solver import allocate
 from planner.job import JobSpec
-from planner.profile import DeviceProfile
+from planner.profiles.profile import DeviceProfile
 from torchkit.errors import ConfigError
 
 SCHEMA = "batchplan/plan@1"
@@ -174,7 +174,7 @@ def build_plan(
     for key in sorted(used_profiles):
         all_warnings.extend(n for n in profiles[key].notes if n not in all_warnings)
     all_warnings.extend(allocation.advice)
-    from planner.profile import MAX_PLANNED_BATCH
+    from planner.profiles.profile import MAX_PLANNED_BATCH
 
     if any(cap >= MAX_PLANNED_BATCH for cap in caps):
         all_warnings.append(

@@ -12,8 +12,8 @@ from planner.driver import DEFAULT_PROBE_TIMEOUT_S, DriverOptions, RayBackend
 
 
 def cluster_inventory(args: argparse.Namespace) -> list[dict]:
-    from planner.ray_session import ray_session
-    from torchkit.catalog import load_catalog
+    from planner.probing.session import ray_session
+    from torchkit.hardware.catalog import load_catalog
 
     cluster = None
     if args.cluster:

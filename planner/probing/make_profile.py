@@ -12,9 +12,9 @@ import logging
 from typing import Any
 
 from planner.job import JobSpec
-from planner.profile import DeviceProfile
-from torchkit.catalog import GpuSpec
+from planner.profiles.profile import DeviceProfile
 from torchkit.errors import ConfigError
+from torchkit.hardware.catalog import GpuSpec
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def make_profile(
                 f"--method measure needs a CUDA GPU of type {gpu.name} (device {device_index}) on the probing "
                 "node, and none is usable here (use --method estimate or auto)"
             )
-        from torchkit.measure import measure_curve
+        from torchkit.step.measure import measure_curve
 
         curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer)
         return DeviceProfile.from_points(

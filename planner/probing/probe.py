@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planner.cluster import NodeSpec
-from torchkit.catalog import GpuCatalog
-from torchkit.gpu_select import GpuSelection, select_gpus_or_none
-from torchkit.nvml import GpuStats
+from torchkit.hardware.catalog import GpuCatalog
+from torchkit.hardware.gpu_select import GpuSelection, select_gpus_or_none
+from torchkit.hardware.nvml import GpuStats
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def simulated_inventory(
 def local_host_info() -> HostInfo:
     import psutil
 
-    from torchkit.device import get_cpu_info
+    from torchkit.seed_api.device import get_cpu_info
 
     return HostInfo(
         hostname=socket.gethostname(),
@@ -172,7 +172,7 @@ def real_inventory(
 ) -> NodeInventory:
     """This host's GPUs over NVML (imports no torch). No NVML (no driver) is not an error: the node has no
     GPU, with one warning that says why."""
-    from torchkit.nvml import NvmlUnavailableError, read_local_inventory
+    from torchkit.hardware.nvml import NvmlUnavailableError, read_local_inventory
 
     warnings: list[str] = []
     driver = None
@@ -257,7 +257,7 @@ class NodeProbe:
     def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None) -> dict:
         """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity."""
         from planner.job import JobSpec
-        from planner.profiling import make_profile
+        from planner.probing.make_profile import make_profile
 
         job = JobSpec.from_json(job_json)
         profile = make_profile(

@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from planner.profile import DeviceProfile
+from planner.profiles.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 A profile holds the points it was made from (measured or estimated), the fitted curves, and the range in
 which the memory curve is trusted: at or below the first batch that ran out of memory. Pure numpy; the
-fits are ``torchkit.fit``'s (one home for them).
+fits are ``torchkit.step.fit``'s (one home for them).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from torchkit.errors import ConfigError
-from torchkit.fit import (
+from torchkit.step.fit import (
     AffineTimeFit,
     MemoryFit,
     fit_memory,

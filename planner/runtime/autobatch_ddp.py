@@ -7,7 +7,7 @@ Steps, inside an initialised process group:
    on its node (or finds the profile in the node's profile cache) while the others wait; then the others
    read the cached profile (they profile only if the cache is unusable);
 3. every rank's profiles are gathered to all ranks;
-4. every rank runs the same deterministic allocation (``planner.plan.build_plan``) on the same data with rank
+4. every rank runs the same deterministic allocation (``planner.plan.build.build_plan``) on the same data with rank
    0's timestamp, so all ranks hold the byte-identical plan, and takes its own entry.
 
 Works with gloo on CPU (pass ``gpu=`` to simulate a GPU type per rank: the profile is then estimated for
@@ -29,8 +29,8 @@ from typing import Any
 
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
-from planner.plan import RankSlot, build_plan
-from planner.profile import DeviceProfile, profile_key
+from planner.plan.build import RankSlot, build_plan
+from planner.profiles.profile import DeviceProfile, profile_key
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class DdpAutobatch:
     rank_plan: Any
     """this rank's ``planner.runtime.RankPlan`` (batch, loss weight, ...)"""
     plan: dict
-    """the whole plan (identical on every rank); ``planner.plan.write_plan`` can save it"""
+    """the whole plan (identical on every rank); ``planner.plan.build.write_plan`` can save it"""
     profiled_here: tuple[str, ...]
     """GPU types this rank profiled itself (not from the cache)"""
 
@@ -98,11 +98,11 @@ def autobatch_ddp(
     """
     import torch.distributed as dist
 
-    from planner.profile_cache import ProfileCache
-    from planner.profiling import make_profile, workload_for
+    from planner.probing.make_profile import make_profile, workload_for
+    from planner.profiles.cache import ProfileCache
     from planner.runtime.rank_plan import load_rank_plan
-    from torchkit.catalog import load_catalog
-    from torchkit.distributed import torch_distributed_zero_first
+    from torchkit.hardware.catalog import load_catalog
+    from torchkit.seed_api.distributed import torch_distributed_zero_first
     from torchkit.workloads import workload_fingerprint
 
     if not dist.is_available() or not dist.is_initialized():

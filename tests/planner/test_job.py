@@ -19,8 +19,8 @@ from planner.job import (
     JobSpec,
     parse_input_shape,
 )
-from torchkit.catalog import load_catalog
 from torchkit.errors import ConfigError, UserError
+from torchkit.hardware.catalog import load_catalog
 
 # the CLI flag of each field whose flag is not simply its name with dashes
 _FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utilization_fraction": "max-utilization"}

@@ -2,7 +2,7 @@
 
 Pure Python + PyYAML (no torch). Used by the estimator (roofline step time, device memory) and by the
 planner (cluster configs name catalog types; real nodes map NVML names to catalog entries via aliases).
-The file is read with the strict YAML helpers of ``torchkit.configio``.
+The file is read with the strict YAML helpers of ``torchkit.hardware.configio``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from torchkit.configio import (
+from torchkit.errors import ConfigError
+from torchkit.hardware.configio import (
     ConfigLocation,
     describe_value,
     expect_int,
@@ -28,7 +29,6 @@ from torchkit.configio import (
     expect_str,
     read_yaml_file,
 )
-from torchkit.errors import ConfigError
 from torchkit.units import MIB
 
 

@@ -1,6 +1,6 @@
 """Strict YAML reading for batchplan's config files (the GPU catalog, cluster configs).
 
-The helpers (``ConfigLocation``, ``read_yaml_file``, ``expect_*``) that ``torchkit.catalog`` and
+The helpers (``ConfigLocation``, ``read_yaml_file``, ``expect_*``) that ``torchkit.hardware.catalog`` and
 ``planner.cluster`` share: duplicate and unknown keys are errors, and every error names the file, the path
 inside it (``nodes[1].gpus[0].type``) and the fix.
 

@@ -1,8 +1,8 @@
 """The choice of idle GPUs from their stats: pure and cheap (no NVML, no torch).
 
-A pure layer on ``torchkit.nvml.GpuStats`` that the planner reuses for simulated nodes: ``select_gpus``
+A pure layer on ``torchkit.hardware.nvml.GpuStats`` that the planner reuses for simulated nodes: ``select_gpus``
 (thresholds, ``all`` / ``-1,-1`` / ``0,2`` specs, a reason for every GPU left out) and ``rank_idle_gpus``
-(the seed's idle order, used by ``GPUInfo.select_idle_gpu`` and ``torchkit.device``).
+(the seed's idle order, used by ``GPUInfo.select_idle_gpu`` and ``torchkit.seed_api.device``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from torchkit.errors import ConfigError
-from torchkit.nvml import GpuStats
+from torchkit.hardware.nvml import GpuStats
 from torchkit.units import GIB
 
 # a relative tolerance for fraction comparisons: 80% utilisation leaves 20% free, and 1 - 0.8 < 0.2 in floats

@@ -3,7 +3,7 @@
 The NVML edge: ``read_local_inventory``/``read_local_gpu_stats`` (typed ``GpuStats``) and the seed's
 ``GPUInfo`` class (Ultralytics ``autodevice.py``: ``gpu_stats`` dicts, ``print_status``,
 ``select_idle_gpu``). The pure choice of GPUs from their stats (``select_gpus``, ``rank_idle_gpus``) is
-in ``torchkit.gpu_select``.
+in ``torchkit.hardware.gpu_select``.
 
 ``pynvml`` (package ``nvidia-ml-py``) is imported inside the functions that talk to NVML, so importing this
 module neither loads nor initialises NVML, and ``planner`` can use ``GpuStats`` and the pure layer without
@@ -59,7 +59,7 @@ class GpuStats:
     """One GPU's identity and current load. Built from NVML on real nodes, from the config on simulated ones."""
 
     index: int
-    """NVML index (PCI bus order; not necessarily torch's index, see ``torchkit.device.parse_device``)"""
+    """NVML index (PCI bus order; not necessarily torch's index, see ``torchkit.seed_api.device.parse_device``)"""
     name: str
     """product name as NVML reports it, e.g. ``NVIDIA A100-SXM4-80GB``"""
     uuid: str = ""
@@ -412,8 +412,8 @@ class GPUInfo:
         Raises:
             ConfigError: a fraction outside [0, 1].
         """
-        # here, not at the top: torchkit.gpu_select imports GpuStats from this module
-        from torchkit.gpu_select import _check_fraction, rank_idle_gpus
+        # here, not at the top: torchkit.hardware.gpu_select imports GpuStats from this module
+        from torchkit.hardware.gpu_select import _check_fraction, rank_idle_gpus
 
         _check_fraction("min_memory_fraction", min_memory_fraction)
         _check_fraction("min_util_fraction", min_util_fraction)

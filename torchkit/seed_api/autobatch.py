@@ -1,8 +1,8 @@
 """AutoBatch: the largest training batch that fits a fraction of one GPU's memory (Ultralytics' seed, re-done).
 
-The GPU edge around the pure decision in ``torchkit.batch_choice``:
+The GPU edge around the pure decision in ``torchkit.seed_api.batch_choice``:
 - ``run_probes`` runs a ``measure(batch) -> peak_bytes`` callable over the probe list and stops at the first
-  out-of-memory error; ``torchkit.profiling.is_out_of_memory_error`` recognises one by type and by the known CUDA/cuBLAS/cuDNN texts;
+  out-of-memory error; ``torchkit.seed_api.profiling.is_out_of_memory_error`` recognises one by type and by the known CUDA/cuBLAS/cuDNN texts;
 - ``autobatch`` / ``check_train_batch_size`` keep the seed's signatures, messages (prefix ``"AutoBatch: "``)
   and guard rails: CPU/MPS and ``cudnn.benchmark`` fall back to ``batch_size`` with the seed's warning, setup
   errors give the seed's "error detected" fallback, nothing usable raises its RuntimeError, the cache is
@@ -36,7 +36,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from torchkit.batch_choice import (
+from torchkit.errors import WorkloadError
+from torchkit.seed_api.batch_choice import (
     DEFAULT_BATCH,
     DEFAULT_FRACTION,
     PREFIX,
@@ -45,8 +46,7 @@ from torchkit.batch_choice import (
     choose_batch,
     probe_list,
 )
-from torchkit.errors import WorkloadError
-from torchkit.profiling import is_out_of_memory_error
+from torchkit.seed_api.profiling import is_out_of_memory_error
 from torchkit.units import GIB
 
 if TYPE_CHECKING:
@@ -299,7 +299,7 @@ def autobatch(
     """
     import torch
 
-    from torchkit.device import get_torch_device_backend
+    from torchkit.seed_api.device import get_torch_device_backend
 
     log.info(
         f"{PREFIX}Computing optimal batch size for imgsz={imgsz} at {fraction * 100}% GPU memory utilization."
@@ -395,7 +395,7 @@ def check_train_batch_size(
     ``amp`` is a bool (fp16 autocast) or a dtype (``torch.bfloat16``), as the trainer passes it. The
     keyword-only options are ``autobatch``'s.
     """
-    from torchkit.precision import autocast
+    from torchkit.seed_api.precision import autocast
 
     fraction = batch if 0.0 < batch < 1.0 else DEFAULT_FRACTION
     device = _model_device(model)
@@ -445,7 +445,7 @@ def estimate_batch(
         max_batch: upper clamp, the seed's 1024.
 
     Returns:
-        The batch; the same decision rule as ``autobatch`` (``torchkit.batch_choice.choose_batch``, affine
+        The batch; the same decision rule as ``autobatch`` (``torchkit.seed_api.batch_choice.choose_batch``, affine
         fit) applied to estimated instead of measured probes.
 
     Raises:
@@ -453,8 +453,8 @@ def estimate_batch(
         WorkloadError: the workload cannot be built or run.
         RuntimeError: not even the smallest probe fits.
     """
-    from torchkit.catalog import GpuSpec, load_catalog
     from torchkit.estimate import estimate_curves
+    from torchkit.hardware.catalog import GpuSpec, load_catalog
     from torchkit.workloads import get_workload
 
     spec = gpu if isinstance(gpu, GpuSpec) else load_catalog().get(str(gpu))

@@ -1,13 +1,13 @@
 """AutoBatch's decision: probe points ``(batch, peak bytes or None)`` -> the batch to train with.
 
-Pure numpy (no torch): used by ``torchkit.autobatch`` on measured points, and usable with points from the
+Pure numpy (no torch): used by ``torchkit.seed_api.autobatch`` on measured points, and usable with points from the
 fake-tensor estimator. ``choose_batch`` has four rules:
-- ``affine`` (default) and ``loglog``: ours, on a ``torchkit.fit`` curve;
+- ``affine`` (default) and ``loglog``: ours, on a ``torchkit.step.fit`` curve;
 - ``seed-linear`` (ultralytics 8.4.190) and ``seed-loglog`` (8.3.51): the seed's own rules, quirks included
   (reference §1.2, §1.5), kept for comparison (``bench/bench_fit.py``).
 
 Where ours differs from the seed, and why (reference §1.4, §5):
-- memory is fitted in bytes with ``torchkit.fit``: points that do not grow are dropped with their reason
+- memory is fitted in bytes with ``torchkit.step.fit``: points that do not grow are dropped with their reason
   (compared with the last kept point, not the previous raw probe); a single point gives a proportional fit
   (it over-estimates the per-sample cost), not numpy's minimum-norm line (seed: [0.25, 0.25] -> 17 -> 1);
 - a failed probe above a fit that says it fits within the budget contradicts the fit: instead of dropping to
@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from torchkit.fit import (
+from torchkit.step.fit import (
     AffineMemoryFit,
     DroppedPoint,
     LogLogMemoryFit,
@@ -81,7 +81,7 @@ class BatchChoice:
     dropped: tuple[DroppedPoint, ...] = ()
     """probe points left out, with the reason (failed probes have a NaN value)"""
     outliers: tuple[DroppedPoint, ...] = ()
-    """used points further than ``torchkit.fit.OUTLIER_RELATIVE_TOLERANCE`` from the fit (logged, still used)"""
+    """used points further than ``torchkit.step.fit.OUTLIER_RELATIVE_TOLERANCE`` from the fit (logged, still used)"""
     oom_ceiling: int | None = None
     """first failed probe above the smallest one that ran: the batch stays below it"""
     limited_by: LimitedBy = "budget"
@@ -320,7 +320,7 @@ def _choose_seed(
     ``seed-loglog`` (8.3.51): log-log polyfit, ``int(round())``, ceiling at the first failure anywhere
     (``results.index(None)``; a failed batch-1 probe forces batch 1), outside [1, max_batch] -> default.
     Both: any arithmetic error -> the default batch with the seed's "error detected" warning. Deliberately
-    not ``torchkit.fit``: the seed's point filter and numpy's minimum-norm single-point fit are the point.
+    not ``torchkit.step.fit``: the seed's point filter and numpy's minimum-norm single-point fit are the point.
     """
     name = "seed-loglog" if loglog else "seed-linear"
     t, f = total_bytes / GIB, available_bytes / GIB

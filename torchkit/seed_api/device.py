@@ -33,8 +33,8 @@ import subprocess
 from typing import TYPE_CHECKING, Any
 
 from torchkit.errors import ConfigError
-from torchkit.gpu_select import rank_idle_gpus
-from torchkit.nvml import GpuStats, NvmlUnavailableError, read_local_inventory
+from torchkit.hardware.gpu_select import rank_idle_gpus
+from torchkit.hardware.nvml import GpuStats, NvmlUnavailableError, read_local_inventory
 
 if TYPE_CHECKING:
     import torch
@@ -385,7 +385,7 @@ def select_device(device: Any = "", newline: bool = False, verbose: bool = True)
     """
     import torch
 
-    from torchkit.versions import TORCH_2_0, TORCH_2_3
+    from torchkit.seed_api.versions import TORCH_2_0, TORCH_2_3
 
     if isinstance(device, torch.device) and device.type not in {"cpu", "cuda", "npu", "xpu"}:
         return device

@@ -7,7 +7,7 @@ Deliberate differences from the seed:
   not the reserved memory at exit: the two agree unless the allocator released cache inside the block, which
   it does exactly when an allocation nearly fails (free-cache-and-retry), i.e. near the limit autobatch is
   looking for.
-- ``profile_ops`` counts FLOPs with ``FlopCounterMode`` on fake tensors (see ``torchkit.stats``) instead of
+- ``profile_ops`` counts FLOPs with ``FlopCounterMode`` on fake tensors (see ``torchkit.seed_api.stats``) instead of
   thop, tells an out-of-memory failure (logged at INFO, as expected while probing) from any other error
   (logged as a WARNING with its type), logs a failing backward once instead of swallowing it, and drops its
   reference to each iteration's output before the next forward (the seed kept two outputs alive at once).
@@ -151,7 +151,7 @@ def _loss_envelope_gib(op: Any, x: torch.Tensor, max_num_obj: int) -> float:
 
 
 def _op_gflops(op: Any, x: torch.Tensor) -> float:
-    from torchkit.stats import count_forward_flops
+    from torchkit.seed_api.stats import count_forward_flops
 
     try:
         return count_forward_flops(op, (x,)) / 1e9
@@ -207,7 +207,7 @@ def profile_ops(input: torch.Tensor | Sequence[torch.Tensor], ops: Any, n: int =
         ops: an ``nn.Module``/callable or a list of them (modules are moved to ``device``, and to half when
             the input is fp16).
         n: iterations to average the times over.
-        device: a ``torch.device``, or a spec for ``torchkit.device.select_device`` (``None``/``""`` = auto).
+        device: a ``torch.device``, or a spec for ``torchkit.seed_api.device.select_device`` (``None``/``""`` = auto).
         max_num_obj: if set and the device is an accelerator, add a detection loss's memory envelope for
             this many objects per image (needs ``op.stride`` and ``op.names``).
 
@@ -218,7 +218,7 @@ def profile_ops(input: torch.Tensor | Sequence[torch.Tensor], ops: Any, n: int =
         (``is_out_of_memory_error``) is logged at INFO, any other at WARNING.
     """
     if not isinstance(device, torch.device):
-        from torchkit.device import select_device
+        from torchkit.seed_api.device import select_device
 
         device = select_device(device, verbose=False)
     LOGGER.info(f"{'Params':>12s}{'GFLOPs':>12s}{'GPU_mem (GiB)':>14s}{'forward (ms)':>14s}"

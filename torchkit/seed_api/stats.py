@@ -126,7 +126,7 @@ def count_forward_flops(fn: Callable[..., Any], inputs: Sequence[Any]) -> int:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    from torchkit.model_utils import unwrap_model
+    from torchkit.seed_api.model_utils import unwrap_model
 
     return unwrap_model(model)
 

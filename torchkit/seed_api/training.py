@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torchkit.model_utils import copy_attr, unwrap_model
+from torchkit.seed_api.model_utils import copy_attr, unwrap_model
 
 LOGGER = logging.getLogger(__name__)
 

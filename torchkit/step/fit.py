@@ -1,6 +1,6 @@
 """Fits of a training step's memory and time against batch size: the one home of these curves.
 
-Pure numpy (no torch): used by ``torchkit.autobatch`` on a single GPU and by ``planner.profile`` for every
+Pure numpy (no torch): used by ``torchkit.seed_api.autobatch`` on a single GPU and by ``planner.profiles.profile`` for every
 device of a cluster.
 
 Models (DESIGN.md, Profiles):

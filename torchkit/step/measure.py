@@ -1,6 +1,6 @@
 """Measuring a training step's memory and time on a real CUDA GPU: the ``measure`` profiling method.
 
-The step is the estimator's (``torchkit.estimate.step``: forward under autocast, backward, optimizer step,
+The step is the estimator's (``torchkit.step.train_step``: forward under autocast, backward, optimizer step,
 the same optimizer settings), so measured and estimated curves describe the same work. Per probe batch:
 peak *reserved* memory of the caching allocator (what the device must hold) plus the CUDA context the
 allocator does not see, and the median of synchronised step times after a warm-up step. Probing doubles the
@@ -66,10 +66,10 @@ def measure_curve(
     """
     import torch
 
-    from torchkit.autobatch import to_device
     from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
-    from torchkit.estimate.step import make_optimizer, run_training_iterations
-    from torchkit.profiling import is_out_of_memory_error
+    from torchkit.seed_api.autobatch import to_device
+    from torchkit.seed_api.profiling import is_out_of_memory_error
+    from torchkit.step.train_step import make_optimizer, run_training_iterations
 
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():

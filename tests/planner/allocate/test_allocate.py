@@ -1,4 +1,4 @@
-"""planner.allocate: per-rank batches (uniform, max, balanced), accumulation, exclusion, figures, advice.
+"""planner.allocate.solver: per-rank batches (uniform, max, balanced), accumulation, exclusion, figures, advice.
 
 Optimality is checked against exhaustive search over every integer allocation of small clusters.
 """
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import planner.allocate as allocate_module
-from planner.allocate import ADVICE_MIN_SPEEDUP, Allocation, allocate
+import planner.allocate.solver as allocate_module
+from planner.allocate.solver import ADVICE_MIN_SPEEDUP, Allocation, allocate
 from planner.errors import ConfigError, InfeasiblePlanError
 
 ALTERNATIVE_KEYS = {"uniform", "max", "balanced", "best_accumulate", "best_group_subset", "best_single_group"}
@@ -420,6 +420,6 @@ def test_float_caps_holding_whole_numbers_are_accepted():
 
 
 def test_importing_allocate_imports_neither_torch_nor_ray():
-    code = "import sys, planner.allocate; print(any(m in sys.modules for m in ('torch', 'ray', 'pynvml')))"
+    code = "import sys, planner.allocate.solver; print(any(m in sys.modules for m in ('torch', 'ray', 'pynvml')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from planner.cli.main import main
-from torchkit.catalog import load_catalog
+from torchkit.hardware.catalog import load_catalog
 
 MIB = 2**20
 

@@ -15,7 +15,7 @@ import pytest
 
 from planner.cli.devices import SCHEMA, local_node_inventory
 from planner.cli.main import main
-from torchkit.nvml import NvmlUnavailableError, read_local_inventory
+from torchkit.hardware.nvml import NvmlUnavailableError, read_local_inventory
 
 
 def _load_fake_pynvml():
@@ -63,7 +63,7 @@ def four_gpus(monkeypatch):
 
 @needs_no_driver
 def test_without_a_driver_it_lists_the_host_and_says_why_on_one_line():
-    from torchkit.device import get_cpu_info
+    from torchkit.seed_api.device import get_cpu_info
 
     result = run_cli()
     assert result.returncode == 0

@@ -20,7 +20,7 @@ from tests.planner.cli_helpers import (
     parse_json_stdout,
     run_cli,
 )
-from torchkit.catalog import load_catalog
+from torchkit.hardware.catalog import load_catalog
 
 slow = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from tests.planner.cli_helpers import (
     parse_json_stdout,
     run_cli,
 )
-from torchkit.catalog import load_catalog
+from torchkit.hardware.catalog import load_catalog
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_catalog_json_lists_every_canonical_type(tmp_path: Path) -> None:
 
 
 def _has_nvml() -> bool:
-    from torchkit.nvml import NvmlUnavailableError, read_local_inventory
+    from torchkit.hardware.nvml import NvmlUnavailableError, read_local_inventory
 
     try:
         read_local_inventory()

@@ -1,4 +1,4 @@
-"""planner.plan: build_plan over RankSlots and DeviceProfiles (rank numbering, loss weights, CUDA_VISIBLE_DEVICES,
+"""planner.plan.build: build_plan over RankSlots and DeviceProfiles (rank numbering, loss weights, CUDA_VISIBLE_DEVICES,
 torchrun lines, exclusions, warnings), the atomic write_plan, and read_plan/validate_plan's rejections."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.allocate import allocate
+from planner.allocate.solver import allocate
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
-from planner.plan import (
+from planner.plan.build import (
     DEFAULT_MASTER_PORT,
     SCHEMA,
     ExcludedDevice,
@@ -26,7 +26,7 @@ from planner.plan import (
     validate_plan,
     write_plan,
 )
-from planner.profile import MAX_PLANNED_BATCH, DeviceProfile
+from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 from torchkit.errors import ConfigError
 
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""planner.probe, pure parts: simulated_inventory (selection with thresholds) and NodeInventory.to_json, the
+"""planner.probing.probe, pure parts: simulated_inventory (selection with thresholds) and NodeInventory.to_json, the
 node entry of ``batchplan devices --json``."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 
 from planner.cli.devices import local_node_inventory
 from planner.cluster import NodeSpec, SimulatedGpu, load_cluster
-from planner.probe import HostInfo, NodeInventory, simulated_inventory
-from torchkit.catalog import load_catalog
+from planner.probing.probe import HostInfo, NodeInventory, simulated_inventory
 from torchkit.errors import ConfigError
-from torchkit.gpu_select import GpuSelection
-from torchkit.nvml import GpuStats
+from torchkit.hardware.catalog import load_catalog
+from torchkit.hardware.gpu_select import GpuSelection
+from torchkit.hardware.nvml import GpuStats
 
 GIB = 2**30
 CATALOG = load_catalog()

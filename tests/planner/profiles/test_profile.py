@@ -1,4 +1,4 @@
-"""planner.profile: DeviceProfile fitting, max_batch (budget, oom_batch, MAX_PLANNED_BATCH, multiple_of),
+"""planner.profiles.profile: DeviceProfile fitting, max_batch (budget, oom_batch, MAX_PLANNED_BATCH, multiple_of),
 notes for dropped and outlying points, the JSON round trip, and profile_key stability."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.profile import MAX_PLANNED_BATCH, DeviceProfile, profile_key
+from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile, profile_key
 from torchkit.errors import ConfigError
-from torchkit.fit import AffineMemoryFit, AffineTimeFit, LogLogMemoryFit
+from torchkit.step.fit import AffineMemoryFit, AffineTimeFit, LogLogMemoryFit
 
 GIB = 2**30
 MIB = 2**20
@@ -314,7 +314,7 @@ def test_profile_key_depends_on_the_order_of_parts():
 
 def test_profile_key_is_the_same_in_another_process_with_another_hash_seed():
     code = (
-        "from planner.profile import profile_key; "
+        "from planner.profiles.profile import profile_key; "
         f"print(profile_key(*{KEY_PARTS!r}))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -1,4 +1,4 @@
-"""planner.profile_cache: put/get round trip; corrupt entries (truncated JSON, wrong checksum, wrong schema,
+"""planner.profiles.cache: put/get round trip; corrupt entries (truncated JSON, wrong checksum, wrong schema,
 wrong key, malformed profile) are ignored with a message in ``problems`` and rewritten by the next put;
 writes are atomic."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import planner.profile_cache as cache_module
-from planner.profile import DeviceProfile
-from planner.profile_cache import CACHE_SCHEMA, ProfileCache, default_cache_dir
+import planner.profiles.cache as cache_module
+from planner.profiles.cache import CACHE_SCHEMA, ProfileCache, default_cache_dir
+from planner.profiles.profile import DeviceProfile
 
 GIB = 2**30
 KEY = "0123456789abcdef"
@@ -134,7 +134,7 @@ def test_a_corrupt_entry_is_ignored_reported_and_rewritten_by_the_next_put(cache
     path = cache.put(KEY, profile)
     corrupt(path)
 
-    with caplog.at_level(logging.WARNING, logger="planner.profile_cache"):
+    with caplog.at_level(logging.WARNING, logger="planner.profiles.cache"):
         assert cache.get(KEY) is None
     assert len(cache.problems) == 1
     problem = cache.problems[0]

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from torchkit.catalog import load_catalog
 from torchkit.errors import ConfigError, UserError, WorkloadError
 from torchkit.estimate import (
     DEFAULT_CUDA_OVERHEAD,
@@ -24,6 +23,7 @@ from torchkit.estimate import (
     step_time_s,
 )
 from torchkit.estimate.cpu_truth import measure_cpu_peak
+from torchkit.hardware.catalog import load_catalog
 from torchkit.workloads import Workload, get_workload
 
 MIB = 2**20

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torchkit.catalog import load_catalog
 from torchkit.estimate.overhead import (
     CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD,
     DEFAULT_CUDA_OVERHEAD,
@@ -17,6 +16,7 @@ from torchkit.estimate.overhead import (
     cuda_kernel_workspace_bytes,
     device_bytes_from_peak,
 )
+from torchkit.hardware.catalog import load_catalog
 
 MIB = 2**20
 aten = torch.ops.aten

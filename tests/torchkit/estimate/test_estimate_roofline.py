@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from torchkit.catalog import load_catalog
 from torchkit.errors import ConfigError
 from torchkit.estimate.op_costs import KernelCost
 from torchkit.estimate.roofline import (
@@ -15,6 +14,7 @@ from torchkit.estimate.roofline import (
     kernel_time_s,
     kernels_time_s,
 )
+from torchkit.hardware.catalog import load_catalog
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from torchkit.catalog import (
+from torchkit.errors import ConfigError
+from torchkit.hardware.catalog import (
     GpuCatalog,
     GpuSpec,
     default_catalog_path,
     gpu_spec_to_dict,
     load_catalog,
 )
-from torchkit.errors import ConfigError
 
 MIB = 2**20
 

@@ -1,4 +1,4 @@
-"""torchkit.gpu_select: the pure GPU selection (idle ranking, ``select_gpus`` specs and thresholds)."""
+"""torchkit.hardware.gpu_select: the pure GPU selection (idle ranking, ``select_gpus`` specs and thresholds)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchkit.errors import ConfigError
-from torchkit.gpu_select import (
+from torchkit.hardware.gpu_select import (
     GpuSelection,
     InsufficientGpusError,
     parse_select_spec,
     rank_idle_gpus,
     select_gpus,
 )
-from torchkit.nvml import GpuStats
+from torchkit.hardware.nvml import GpuStats
 
 
 def gpu(index: int, *, free_gib: float, util: float | None, total_gib: float = 16.0) -> GpuStats:

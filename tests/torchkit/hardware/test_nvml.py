@@ -1,4 +1,4 @@
-"""torchkit.nvml: reading GPUs through (fake) NVML and the seed's GPUInfo."""
+"""torchkit.hardware.nvml: reading GPUs through (fake) NVML and the seed's GPUInfo."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from fake_pynvml import GIB, MISSING_PID, FakeNvml, mixed_load_gpus
 
 from torchkit.errors import ConfigError
-from torchkit.nvml import (
+from torchkit.hardware.nvml import (
     GPUInfo,
     GpuProcess,
     NvmlUnavailableError,
@@ -24,7 +24,7 @@ from torchkit.nvml import (
 
 def test_importing_torchkit_loads_neither_torch_nor_nvml():
     code = (
-        "import sys, torchkit, torchkit.nvml, torchkit.gpu_select, torchkit.device, planner, planner.cli.devices\n"
+        "import sys, torchkit, torchkit.hardware.nvml, torchkit.hardware.gpu_select, torchkit.seed_api.device, planner, planner.cli.devices\n"
         "print(sorted(m for m in ('torch', 'pynvml', 'ray') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -90,7 +90,7 @@ def test_inventory_reports_driver_versions_and_releases_nvml(fake_nvml):
 
 
 def test_an_unreadable_gpu_is_left_out_with_a_warning(fake_nvml_unreadable, caplog):
-    with caplog.at_level(logging.WARNING, logger="torchkit.nvml"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.hardware.nvml"):
         stats = read_local_gpu_stats()
     assert [s.index for s in stats] == [0, 1, 3]
     assert [r.getMessage() for r in caplog.records] == [
@@ -116,7 +116,7 @@ def test_missing_pynvml_says_what_to_install(pynvml_missing):
 
 
 def test_gpuinfo_without_driver_warns_once_and_reports_nothing(nvml_library_missing, caplog):
-    with caplog.at_level(logging.WARNING, logger="torchkit.nvml"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.hardware.nvml"):
         info = GPUInfo()
         assert info.nvml_available is False
         assert info.gpu_stats == []
@@ -150,7 +150,7 @@ def test_gpuinfo_keeps_the_readable_gpus_when_one_fails(fake_nvml_unreadable):
 
 
 def test_print_status_logs_a_table_with_na_for_unknowns(fake_nvml, caplog):
-    with caplog.at_level(logging.INFO, logger="torchkit.nvml"):
+    with caplog.at_level(logging.INFO, logger="torchkit.hardware.nvml"):
         GPUInfo().print_status()
     lines = caplog.records[-1].getMessage().splitlines()
     assert lines[1].split() == ["Idx", "Name", "Util", "Mem", "(MiB)", "Temp", "Pwr", "(W)"]
@@ -168,7 +168,7 @@ def test_select_idle_gpu_orders_by_utilisation_then_free_memory(fake_nvml):
 
 def test_select_idle_gpu_applies_thresholds_and_indices(fake_nvml, caplog):
     info = GPUInfo()
-    with caplog.at_level(logging.INFO, logger="torchkit.nvml"):
+    with caplog.at_level(logging.INFO, logger="torchkit.hardware.nvml"):
         # 20% free utilisation drops GPU 0 (85% busy) and GPU 3 (unknown)
         assert info.select_idle_gpu(4, min_util_fraction=0.2) == [1, 2]
     messages = [r.getMessage() for r in caplog.records]

@@ -1,4 +1,4 @@
-"""torchkit.autobatch: out-of-memory recognition, the probing loop, the probe step, the CPU edge.
+"""torchkit.seed_api.autobatch: out-of-memory recognition, the probing loop, the probe step, the CPU edge.
 
 The probing loop is exercised with synthetic ``measure`` callables (our own loop logic); torch.cuda itself is
 never faked. The CPU edge, the path this machine really takes, is tested as is.
@@ -11,7 +11,8 @@ import logging
 import pytest
 import torch
 
-from torchkit.autobatch import (
+from torchkit.errors import WorkloadError
+from torchkit.seed_api.autobatch import (
     autobatch,
     build_optimizer,
     check_train_batch_size,
@@ -21,9 +22,8 @@ from torchkit.autobatch import (
     probe_step,
     run_probes,
 )
-from torchkit.batch_choice import PROBES_LARGE_GPU, choose_batch
-from torchkit.errors import WorkloadError
-from torchkit.profiling import is_out_of_memory_error
+from torchkit.seed_api.batch_choice import PROBES_LARGE_GPU, choose_batch
+from torchkit.seed_api.profiling import is_out_of_memory_error
 from torchkit.units import GIB
 
 # ----------------------------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def test_run_probes_goes_on_after_an_error_that_is_not_oom(caplog):
             raise ValueError("Expected more than 1 value per channel when training")
         return batch * GIB
 
-    with caplog.at_level(logging.WARNING, logger="torchkit.autobatch"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.autobatch"):
         outcomes = run_probes([1, 2, 4], measure)
     assert [(o.batch, o.peak_bytes, o.out_of_memory) for o in outcomes] == [
         (1, None, False),
@@ -208,7 +208,7 @@ def test_loss_envelope_matches_the_seeds_examples_at_640():
 
 def test_autobatch_on_cpu_returns_batch_size_with_the_seeds_warning(caplog):
     model = torch.nn.Conv2d(3, 4, 3)
-    with caplog.at_level(logging.INFO, logger="torchkit.autobatch"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.autobatch"):
         assert autobatch(model, imgsz=320, batch_size=24) == 24
     assert [r.getMessage() for r in caplog.records] == [
         "AutoBatch: Computing optimal batch size for imgsz=320 at 60.0% GPU memory utilization.",
@@ -219,7 +219,7 @@ def test_autobatch_on_cpu_returns_batch_size_with_the_seeds_warning(caplog):
 
 @pytest.mark.parametrize(("batch", "percent"), [(-1, "60.0"), (0, "60.0"), (16, "60.0"), (0.7, "70.0")])
 def test_check_train_batch_size_reads_fractional_batch_and_falls_back_on_cpu(caplog, batch, percent):
-    with caplog.at_level(logging.INFO, logger="torchkit.autobatch"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.autobatch"):
         assert check_train_batch_size(torch.nn.Conv2d(3, 4, 3), imgsz=64, batch=batch) == 16
     assert f"at {percent}% GPU memory utilization." in caplog.records[0].getMessage()
 
@@ -250,7 +250,7 @@ def small_convnet() -> torch.nn.Module:
 @requires_cuda
 def test_autobatch_on_a_gpu_picks_a_batch_whose_step_runs(caplog):
     model = small_convnet().cuda()
-    with caplog.at_level(logging.INFO, logger="torchkit.autobatch"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.autobatch"):
         batch = check_train_batch_size(model, imgsz=128, amp=True)
     assert 1 <= batch <= 1024
     assert f"AutoBatch: Using batch-size {batch} for CUDA:" in caplog.text
@@ -261,7 +261,7 @@ def test_autobatch_on_a_gpu_picks_a_batch_whose_step_runs(caplog):
 @requires_cuda
 def test_autobatch_with_cudnn_benchmark_falls_back_with_the_seeds_warning(caplog, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
-    with caplog.at_level(logging.WARNING, logger="torchkit.autobatch"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.autobatch"):
         assert autobatch(small_convnet().cuda(), batch_size=12) == 12
     assert (
         "AutoBatch: Requires torch.backends.cudnn.benchmark=False, using default batch-size 12" in caplog.text
@@ -280,9 +280,9 @@ def convnet_workload():
 
 def test_estimate_batch_agrees_with_the_planner_cap_for_the_same_budget(convnet_workload):
     from planner.job import JobSpec
-    from planner.profiling import make_profile
-    from torchkit.autobatch import estimate_batch
-    from torchkit.catalog import load_catalog
+    from planner.probing.make_profile import make_profile
+    from torchkit.hardware.catalog import load_catalog
+    from torchkit.seed_api.autobatch import estimate_batch
 
     t4 = load_catalog().get("T4")
     batch = estimate_batch(convnet_workload, "Tesla T4", 0.6, max_batch=10**6)
@@ -295,15 +295,15 @@ def test_estimate_batch_agrees_with_the_planner_cap_for_the_same_budget(convnet_
 
 
 def test_estimate_batch_keeps_the_seed_clamp_and_the_dataset_clamp(convnet_workload):
-    from torchkit.autobatch import estimate_batch
+    from torchkit.seed_api.autobatch import estimate_batch
 
     assert estimate_batch(convnet_workload, "A100-SXM4-80GB") == 1024
     assert estimate_batch(convnet_workload, "T4", dataset_size=37) == 37
 
 
 def test_estimate_batch_names_an_unknown_gpu_and_the_fix(convnet_workload):
-    from torchkit.autobatch import estimate_batch
     from torchkit.errors import ConfigError
+    from torchkit.seed_api.autobatch import estimate_batch
 
     with pytest.raises(ConfigError, match="A100-80.*not in the catalog"):
         estimate_batch(convnet_workload, "A100-80")

@@ -1,4 +1,4 @@
-"""torchkit.batch_choice: the seed's decision rules (every row of reference §1.4), ours, and where it differs."""
+"""torchkit.seed_api.batch_choice: the seed's decision rules (every row of reference §1.4), ours, and where it differs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from torchkit.batch_choice import choose_batch, probe_list
+from torchkit.seed_api.batch_choice import choose_batch, probe_list
 from torchkit.units import GIB
 
 PROBES = [1, 2, 4, 8, 16]

@@ -1,4 +1,4 @@
-"""torchkit.checkpoint: optimizer-state FP16 rules, strip_optimizer round trip, safe loading, atomic write."""
+"""torchkit.seed_api.checkpoint: optimizer-state FP16 rules, strip_optimizer round trip, safe loading, atomic write."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from torchkit.checkpoint import (
+from torchkit.errors import UserError
+from torchkit.seed_api.checkpoint import (
     CheckpointError,
     convert_optimizer_state_dict_to_fp16,
     load_checkpoint,
     strip_optimizer,
 )
-from torchkit.errors import UserError
-from torchkit.training import ModelEMA
+from torchkit.seed_api.training import ModelEMA
 
 
 def _trained(optimizer_cls=torch.optim.SGD, **kwargs) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -92,7 +92,7 @@ def test_strip_optimizer_round_trip(tmp_path, caplog):
     ckpt, ema_model = _training_checkpoint()
     src, dst = tmp_path / "last.pt", tmp_path / "best.pt"
     torch.save(ckpt, src)
-    with caplog.at_level(logging.INFO, logger="torchkit.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.checkpoint"):
         result = strip_optimizer(src, s=str(dst), updates={"note": "release"})
 
     assert {k: result[k] for k in ("optimizer", "best_fitness", "stopper", "ema", "updates", "scaler", "epoch")} \
@@ -127,7 +127,7 @@ def test_strip_optimizer_state_dict_checkpoint_overwrites_in_place(tmp_path, cap
     model, optimizer = _trained()
     f = tmp_path / "w.pt"
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}, f)
-    with caplog.at_level(logging.INFO, logger="torchkit.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.checkpoint"):
         strip_optimizer(f)
     loaded = torch.load(f, weights_only=True)  # plain tensors: no allow-list needed
     assert loaded["optimizer"] is None and loaded["epoch"] == -1
@@ -168,13 +168,13 @@ def test_strip_optimizer_is_atomic_when_saving_fails(tmp_path, monkeypatch):
 def test_strip_optimizer_skips_invalid_checkpoints(tmp_path, caplog, content, reason):
     f = tmp_path / "x.pt"
     torch.save(content, f)
-    with caplog.at_level(logging.WARNING, logger="torchkit.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.checkpoint"):
         assert strip_optimizer(f) == {}
     assert f"Skipping {f}, not a valid checkpoint" in caplog.text and reason in caplog.text
 
 
 def test_strip_optimizer_missing_file_is_skipped(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="torchkit.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.checkpoint"):
         assert strip_optimizer(tmp_path / "missing.pt") == {}
     assert "Skipping" in caplog.text
 

@@ -1,4 +1,4 @@
-"""torchkit.device: parse_device (the seed's verified table, CUDA_VISIBLE_DEVICES, idle picks mapped by
+"""torchkit.seed_api.device: parse_device (the seed's verified table, CUDA_VISIBLE_DEVICES, idle picks mapped by
 UUID), select_device, and the host/GPU description helpers. NVML is the fake driver; torch's CUDA view is
 faked with ``fake_cuda`` where a test needs GPUs."""
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 from fake_pynvml import cuda_fastest_first, mixed_load_gpus, pci_order_gpus
 
-from torchkit.device import (
+from torchkit.errors import ConfigError
+from torchkit.seed_api.device import (
     NUM_THREADS,
     _clean_cpu_name,
     get_cpu_info,
@@ -20,7 +21,6 @@ from torchkit.device import (
     parse_device,
     select_device,
 )
-from torchkit.errors import ConfigError
 
 
 def warnings_of(caplog) -> list[str]:
@@ -208,7 +208,7 @@ def restore_threads():
 
 
 def test_select_device_cpu_sets_threads_and_logs_the_cpu(cuda_env, restore_threads, caplog):
-    with caplog.at_level(logging.INFO, logger="torchkit.device"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.device"):
         assert select_device("cpu") == torch.device("cpu")
     assert torch.get_num_threads() == NUM_THREADS
     banner = caplog.records[-1].getMessage()
@@ -253,7 +253,7 @@ def test_select_device_npu_needs_torch_npu_and_xpu_its_backend(cuda_env, monkeyp
 
 def test_select_device_single_gpu_becomes_current(cuda_env, fake_cuda, caplog):
     fake_cuda(mixed_load_gpus()[:2])
-    with caplog.at_level(logging.INFO, logger="torchkit.device"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.device"):
         assert select_device("1") == torch.device("cuda:1")
     assert torch.cuda.set_device_calls == [1]
     assert caplog.records[-1].getMessage().endswith("CUDA:1 (Tesla V100-SXM2-16GB, 16384MiB)")
@@ -261,7 +261,7 @@ def test_select_device_single_gpu_becomes_current(cuda_env, fake_cuda, caplog):
 
 def test_select_device_multi_gpu_leaves_the_current_device(cuda_env, fake_cuda, caplog):
     fake_cuda(mixed_load_gpus()[:2])
-    with caplog.at_level(logging.INFO, logger="torchkit.device"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.device"):
         assert select_device("0,1") == torch.device("cuda:0")
         assert select_device("") == torch.device("cuda:0")  # the current device
     assert torch.cuda.set_device_calls == []

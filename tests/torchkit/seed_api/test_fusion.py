@@ -1,4 +1,4 @@
-"""torchkit.fusion: a fused conv/deconv equals the unfused conv + BatchNorm (eval mode)."""
+"""torchkit.seed_api.fusion: a fused conv/deconv equals the unfused conv + BatchNorm (eval mode)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchkit.fusion import fuse_conv_and_bn, fuse_deconv_and_bn
+from torchkit.seed_api.fusion import fuse_conv_and_bn, fuse_deconv_and_bn
 
 
 def _random_bn(bn: nn.modules.batchnorm._BatchNorm, seed: int) -> nn.Module:

@@ -1,4 +1,4 @@
-"""torchkit.model_utils: wrappers, attribute/state-dict copying, layer settings, image scaling, compile."""
+"""torchkit.seed_api.model_utils: wrappers, attribute/state-dict copying, layer settings, image scaling, compile."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import torchkit.model_utils as model_utils
-from torchkit.model_utils import (
+import torchkit.seed_api.model_utils as model_utils
+from torchkit.seed_api.model_utils import (
     attempt_compile,
     copy_attr,
     initialize_weights,
@@ -114,7 +114,7 @@ def test_intersect_dicts_keeps_matching_shapes_and_drops_excluded_substrings():
 
 def test_attempt_compile_mode_false_returns_model_without_logging(caplog):
     model = nn.Linear(2, 2)
-    with caplog.at_level(logging.DEBUG, logger="torchkit.model_utils"):
+    with caplog.at_level(logging.DEBUG, logger="torchkit.seed_api.model_utils"):
         assert attempt_compile(model, "cpu", mode=False) is model
     assert caplog.text == ""
 
@@ -122,7 +122,7 @@ def test_attempt_compile_mode_false_returns_model_without_logging(caplog):
 def test_attempt_compile_without_torch_compile_logs_reason(monkeypatch, caplog):
     monkeypatch.delattr(torch, "compile")
     model = nn.Linear(2, 2)
-    with caplog.at_level(logging.WARNING, logger="torchkit.model_utils"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.model_utils"):
         assert attempt_compile(model, "cpu") is model
     assert "torch.compile is not available" in caplog.text
 
@@ -135,7 +135,7 @@ def test_attempt_compile_without_cpp_compiler_logs_reason(monkeypatch, caplog):
 
     monkeypatch.setattr(cpp_builder, "get_cpp_compiler", no_compiler)
     model = nn.Linear(2, 2)
-    with caplog.at_level(logging.WARNING, logger="torchkit.model_utils"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.model_utils"):
         assert attempt_compile(model, torch.device("cpu")) is model
     assert "inductor backend unavailable, continuing uncompiled: RuntimeError: no C++ compiler found" in caplog.text
 
@@ -147,7 +147,7 @@ def test_attempt_compile_failure_returns_model(monkeypatch, caplog):
     monkeypatch.setattr(torch, "compile", broken_compile)
     monkeypatch.setattr(model_utils, "_inductor_unavailable_reason", lambda device: None)
     model = nn.Linear(2, 2)
-    with caplog.at_level(logging.WARNING, logger="torchkit.model_utils"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.model_utils"):
         assert attempt_compile(model, "cpu") is model
     assert "torch.compile failed, continuing uncompiled: RuntimeError: dynamo exploded" in caplog.text
 
@@ -161,7 +161,7 @@ def test_attempt_compile_passes_mode_and_warms_up(monkeypatch, caplog):
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(model_utils, "_inductor_unavailable_reason", lambda device: None)
-    with caplog.at_level(logging.INFO, logger="torchkit.model_utils"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.model_utils"):
         attempt_compile(nn.Linear(2, 2), "cpu", imgsz=32, warmup=True, mode=True)
     assert calls == [("default", "inductor"), ("forward", (1, 3, 32, 32), True)]
     assert "starting torch.compile with 'default' mode" in caplog.text
@@ -175,7 +175,7 @@ def test_attempt_compile_warmup_failure_returns_uncompiled_model(monkeypatch, ca
     monkeypatch.setattr(torch, "compile", lambda model, mode, backend: compiled_forward)
     monkeypatch.setattr(model_utils, "_inductor_unavailable_reason", lambda device: None)
     model = nn.Linear(2, 2)
-    with caplog.at_level(logging.WARNING, logger="torchkit.model_utils"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.model_utils"):
         assert attempt_compile(model, "cpu", warmup=True) is model
     assert "warmup of the compiled model failed" in caplog.text
 

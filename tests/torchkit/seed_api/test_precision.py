@@ -1,4 +1,4 @@
-"""torchkit.precision: inference-mode decorator and autocast contexts, on CPU."""
+"""torchkit.seed_api.precision: inference-mode decorator and autocast contexts, on CPU."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from torchkit.precision import autocast, smart_inference_mode
+from torchkit.seed_api.precision import autocast, smart_inference_mode
 
 
 def _state() -> tuple[bool, bool]:
@@ -101,10 +101,10 @@ def test_autocast_bfloat16_on_cuda_without_native_bf16_raises():
 
 
 def test_autocast_on_mps_with_old_torch_is_disabled_with_a_warning(monkeypatch, caplog):
-    import torchkit.versions
+    import torchkit.seed_api.versions
 
-    monkeypatch.setattr(torchkit.versions, "TORCH_2_5", False)
-    with caplog.at_level(logging.WARNING, logger="torchkit.precision"):
+    monkeypatch.setattr(torchkit.seed_api.versions, "TORCH_2_5", False)
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.precision"):
         ctx = autocast(True, "mps")
     assert "needs torch>=2.5" in caplog.text
     with ctx:

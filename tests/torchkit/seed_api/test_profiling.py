@@ -1,4 +1,4 @@
-"""torchkit.profiling: synchronised timing, reserved-memory context, profile_ops rows and failure handling.
+"""torchkit.seed_api.profiling: synchronised timing, reserved-memory context, profile_ops rows and failure handling.
 
 Runs on CPU; the accelerator paths are checked against a stand-in for ``torch.cuda``'s functions.
 """
@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-import torchkit.profiling as profiling
-from torchkit.profiling import cuda_memory_usage, is_out_of_memory_error, profile_ops, time_sync
+import torchkit.seed_api.profiling as profiling
+from torchkit.seed_api.profiling import cuda_memory_usage, is_out_of_memory_error, profile_ops, time_sync
 from torchkit.units import GIB
 
 CPU = torch.device("cpu")
@@ -120,7 +120,7 @@ def test_profile_ops_non_oom_failure_is_none_with_warning(caplog):
     def broken(x):
         raise ValueError("shape mismatch in broken op")
 
-    with caplog.at_level(logging.INFO, logger="torchkit.profiling"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.profiling"):
         rows = profile_ops(torch.randn(2, 3), [broken, nn.Identity()], n=1, device=CPU)
     assert rows[0] is None and rows[1] is not None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -131,7 +131,7 @@ def test_profile_ops_out_of_memory_is_none_logged_at_info(caplog):
     def oom(x):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
 
-    with caplog.at_level(logging.INFO, logger="torchkit.profiling"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.profiling"):
         rows = profile_ops(torch.randn(2, 3), oom, n=3, device=CPU)
     assert rows == [None]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -149,7 +149,7 @@ class _OomInBackward(torch.autograd.Function):
 
 
 def test_profile_ops_out_of_memory_in_backward_is_an_oom_not_a_missing_backward(caplog):
-    with caplog.at_level(logging.INFO, logger="torchkit.profiling"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.profiling"):
         rows = profile_ops(torch.randn(3), _OomInBackward.apply, n=2, device=CPU)
     assert rows == [None]
     assert "out of memory for input (3,)" in caplog.text
@@ -157,7 +157,7 @@ def test_profile_ops_out_of_memory_in_backward_is_an_oom_not_a_missing_backward(
 
 
 def test_profile_ops_failed_backward_gives_nan_and_one_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="torchkit.profiling"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.profiling"):
         rows = profile_ops(torch.randn(3), lambda x: (x > 0).float(), n=4, device=CPU)
     assert math.isnan(rows[0][4]) and math.isfinite(rows[0][3])
     assert len(caplog.records) == 1 and "backward of function failed" in caplog.text
@@ -188,6 +188,6 @@ def test_loss_envelope_matches_reference_figures():
 
 
 def test_loss_envelope_without_stride_warns_and_adds_nothing(caplog):
-    with caplog.at_level(logging.WARNING, logger="torchkit.profiling"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.profiling"):
         assert profiling._loss_envelope_gib(nn.Identity(), torch.empty(1, 3, 8, 8), 4) == 0.0
     assert "no 'stride'/'names'" in caplog.text

@@ -1,4 +1,4 @@
-"""torchkit.stats: parameter counts, FLOPs against hand-computed figures, and the model summary."""
+"""torchkit.seed_api.stats: parameter counts, FLOPs against hand-computed figures, and the model summary."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchkit.stats import (
+from torchkit.seed_api.stats import (
     count_forward_flops,
     get_flops,
     get_num_gradients,
@@ -114,21 +114,21 @@ class _DataDependent(nn.Module):
 
 
 def test_get_flops_falls_back_to_a_real_forward_for_data_dependent_models(caplog):
-    with caplog.at_level(logging.INFO, logger="torchkit.stats"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.stats"):
         flops = get_flops(_DataDependent(), inputs=torch.randn(3, 8))
     assert flops * 1e9 == 2 * 3 * 8 * 4
     assert "fake-tensor count failed" in caplog.text
 
 
 def test_get_flops_returns_zero_with_warning_when_the_model_cannot_run(caplog):
-    with caplog.at_level(logging.WARNING, logger="torchkit.stats"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.stats"):
         flops = get_flops(nn.Linear(5, 2), inputs=torch.randn(1, 7))
     assert flops == 0.0
     assert "could not count FLOPs of Linear" in caplog.text
 
 
 def test_get_flops_without_parameters_asks_for_inputs(caplog):
-    with caplog.at_level(logging.WARNING, logger="torchkit.stats"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.stats"):
         assert get_flops(nn.ReLU()) == 0.0
     assert "pass inputs=" in caplog.text
 
@@ -140,7 +140,7 @@ def test_count_forward_flops_of_a_plain_callable():
 
 def test_model_info_returns_counts_and_logs_summary(caplog):
     model = _conv_net()
-    with caplog.at_level(logging.INFO, logger="torchkit.stats"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.stats"):
         n_layers, n_params, n_grads, gflops = model_info(model, imgsz=640)
     assert n_layers == 7
     assert n_params == get_num_params(model) == (16 * 27 + 16) + 32 + (32 * 72) + (320 + 10)
@@ -154,7 +154,7 @@ def test_model_info_names_yolo_yaml_and_fused_and_omits_zero_flops(caplog):
     model = nn.Sequential(nn.ReLU())  # no parameters: FLOPs cannot be counted → 0 → left out
     model.yaml_file = "cfg/yolov8n.yaml"
     model.is_fused = lambda: True
-    with caplog.at_level(logging.INFO, logger="torchkit.stats"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.stats"):
         assert model_info(model) == (1, 0, 0, 0.0)
     assert "YOLOv8n summary (fused): 1 layers, 0 parameters, 0 gradients\n" in caplog.text + "\n"
     assert "GFLOPs" not in caplog.text
@@ -162,7 +162,7 @@ def test_model_info_names_yolo_yaml_and_fused_and_omits_zero_flops(caplog):
 
 def test_model_info_detailed_logs_a_row_per_parameter(caplog):
     model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.ReLU())
-    with caplog.at_level(logging.INFO, logger="torchkit.stats"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.stats"):
         model_info(model, detailed=True, imgsz=8)
     rows = [r.getMessage() for r in caplog.records]
     assert "dtype" in rows[0] and "sigma" in rows[0]
@@ -185,6 +185,6 @@ def test_model_info_for_loggers_reports_params_flops_and_speed(caplog):
         "model/speed_PyTorch(ms)": 1.235,
     }
     trainer.args.profile = True
-    with caplog.at_level(logging.WARNING, logger="torchkit.stats"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.stats"):
         assert model_info_for_loggers(trainer)["model/parameters"] == get_num_params(model)
     assert "ONNX/TensorRT profiling" in caplog.text

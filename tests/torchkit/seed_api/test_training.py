@@ -1,4 +1,4 @@
-"""torchkit.training: one-cycle schedule, EMA maths, early-stopping sequences, seeding."""
+"""torchkit.seed_api.training: one-cycle schedule, EMA maths, early-stopping sequences, seeding."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from torchkit.training import EarlyStopping, ModelEMA, init_seeds, one_cycle, unset_deterministic
+from torchkit.seed_api.training import EarlyStopping, ModelEMA, init_seeds, one_cycle, unset_deterministic
 
 # --------------------------------------------------------------------------------------------------------
 # one_cycle
@@ -146,7 +146,7 @@ def _run(stopper: EarlyStopping, fitnesses) -> list[tuple[bool, bool, int]]:
 
 def test_early_stopping_seed_sequence(caplog):
     stopper = EarlyStopping(patience=3)
-    with caplog.at_level(logging.INFO, logger="torchkit.training"):
+    with caplog.at_level(logging.INFO, logger="torchkit.seed_api.training"):
         states = _run(stopper, [0, 0, 0.1, 0.1, 0.1, 0.1])
     assert states == [(False, False, 1), (False, False, 2), (False, False, 3), (False, False, 3),
                       (False, True, 3), (True, True, 3)]
@@ -177,7 +177,7 @@ def test_early_stopping_none_fitness_is_ignored():
 
 def test_early_stopping_nan_while_best_is_zero_becomes_best_and_blocks_improvements(caplog):
     stopper = EarlyStopping(patience=2)
-    with caplog.at_level(logging.WARNING, logger="torchkit.training"):
+    with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.training"):
         states = _run(stopper, [0.0, float("nan"), 0.5, 0.9])
     assert states == [(False, False, 1), (False, False, 2), (False, True, 2), (True, True, 2)]
     assert math.isnan(stopper.best_fitness)

@@ -1,4 +1,4 @@
-"""torchkit.fit: memory and step-time fits, point cleaning, and the largest batch within a budget."""
+"""torchkit.step.fit: memory and step-time fits, point cleaning, and the largest batch within a budget."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchkit.fit import (
+from torchkit.step.fit import (
     OUTLIER_RELATIVE_TOLERANCE,
     AffineMemoryFit,
     AffineTimeFit,
