@@ -19,7 +19,7 @@ from torchkit.hardware.nvml import NvmlUnavailableError, read_local_inventory
 
 
 def _load_fake_pynvml():
-    path = Path(__file__).resolve().parents[1] / "torchkit" / "fake_pynvml.py"
+    path = Path(__file__).resolve().parents[2] / "torchkit" / "fake_pynvml.py"
     spec = importlib.util.spec_from_file_location("fake_pynvml_for_cli", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up by name
