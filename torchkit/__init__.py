@@ -28,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "get_cpu_info": "torchkit.seed_api.device",
     "get_gpu_info": "torchkit.seed_api.device",
     # NVML inventory and idle choice
-    "GPUInfo": "torchkit.hardware.nvml",
+    "GPUInfo": "torchkit.seed_api.gpu_info",
     # precision
     "smart_inference_mode": "torchkit.seed_api.precision",
     "autocast": "torchkit.seed_api.precision",

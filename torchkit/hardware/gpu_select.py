@@ -21,7 +21,7 @@ _EPS = 1e-9
 # ------------------------------------------------------------------------------------------------ seed ranking
 
 
-def _check_fraction(name: str, value: float) -> None:
+def check_fraction(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ConfigError(f"{name} must be a fraction in [0, 1], got {value!r} (e.g. 0.2 for 20%)")
 
@@ -197,8 +197,8 @@ def select_gpus(
         InsufficientGpusError (a ConfigError): fewer eligible GPUs than ``-1`` tokens; the message names what
             was asked, what is available and why each other GPU was left out.
     """
-    _check_fraction("min_free_memory_fraction", min_free_memory_fraction)
-    _check_fraction("max_utilization_fraction", max_utilization_fraction)
+    check_fraction("min_free_memory_fraction", min_free_memory_fraction)
+    check_fraction("max_utilization_fraction", max_utilization_fraction)
     request = parse_select_spec(spec)
     by_index = {s.index: s for s in stats}
     if len(by_index) != len(stats):

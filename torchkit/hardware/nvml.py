@@ -1,15 +1,14 @@
-"""GPU inventory through NVML: typed ``GpuStats`` and the seed's ``GPUInfo``.
+"""GPU inventory through NVML: typed ``GpuStats``.
 
-The NVML edge: ``read_local_inventory``/``read_local_gpu_stats`` (typed ``GpuStats``) and the seed's
-``GPUInfo`` class (Ultralytics ``autodevice.py``: ``gpu_stats`` dicts, ``print_status``,
-``select_idle_gpu``). The pure choice of GPUs from their stats (``select_gpus``, ``rank_idle_gpus``) is
+The NVML edge: ``read_local_inventory``/``read_local_gpu_stats`` (typed ``GpuStats``); the seed's
+``GPUInfo`` class built on it is ``torchkit.seed_api.gpu_info``. The pure choice of GPUs from their stats (``select_gpus``, ``rank_idle_gpus``) is
 in ``torchkit.hardware.gpu_select``.
 
 ``pynvml`` (package ``nvidia-ml-py``) is imported inside the functions that talk to NVML, so importing this
 module neither loads nor initialises NVML, and ``planner`` can use ``GpuStats`` and the pure layer without
 torch or a driver.
 
-Differences from the seed's ``GPUInfo`` (deliberate):
+Differences from the seed's NVML reading (deliberate, also seen through ``GPUInfo``):
 
 * a GPU whose stats cannot be read is left out with a warning; the seed emptied the whole list;
 * an unknown utilisation never ranks a GPU as most idle (the seed's ``-1`` sorted first) and fails any
@@ -23,7 +22,7 @@ Differences from the seed's ``GPUInfo`` (deliberate):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,7 +132,7 @@ class NvmlInventory:
 # ------------------------------------------------------------------------------------------------ NVML edge
 
 
-def _import_pynvml() -> Any:
+def import_pynvml() -> Any:
     try:
         import pynvml
     except ImportError as exc:
@@ -143,7 +142,7 @@ def _import_pynvml() -> Any:
     return pynvml
 
 
-def _init_nvml(pynvml: Any) -> None:
+def init_nvml(pynvml: Any) -> None:
     """``nvmlInit`` with a message that says why it failed."""
     try:
         pynvml.nvmlInit()
@@ -160,7 +159,7 @@ def _init_nvml(pynvml: Any) -> None:
         raise NvmlUnavailableError(f"NVML could not start ({exc}): {why}") from exc
 
 
-def _shutdown_nvml(pynvml: Any) -> None:
+def shutdown_nvml(pynvml: Any) -> None:
     try:
         pynvml.nvmlShutdown()
     except pynvml.NVMLError as exc:  # nothing to do about it; the stats were read
@@ -245,7 +244,7 @@ def _read_device(pynvml: Any, index: int) -> GpuStats:
     )
 
 
-def _read_gpus(pynvml: Any) -> tuple[list[GpuStats], list[str]]:
+def read_gpus(pynvml: Any) -> tuple[list[GpuStats], list[str]]:
     """Every readable GPU; an unreadable one is left out with a warning (not the whole list, as in the seed)."""
     try:
         count = int(pynvml.nvmlDeviceGetCount())
@@ -276,10 +275,10 @@ def read_local_inventory() -> NvmlInventory:
     Raises:
         NvmlUnavailableError: pynvml is missing, or NVML cannot start (no driver, driver not loaded).
     """
-    pynvml = _import_pynvml()
-    _init_nvml(pynvml)
+    pynvml = import_pynvml()
+    init_nvml(pynvml)
     try:
-        gpus, warnings = _read_gpus(pynvml)
+        gpus, warnings = read_gpus(pynvml)
         return NvmlInventory(
             driver_version=_text(_optional(pynvml, pynvml.nvmlSystemGetDriverVersion) or "") or None,
             nvml_version=_text(_optional(pynvml, pynvml.nvmlSystemGetNVMLVersion) or "") or None,
@@ -288,7 +287,7 @@ def read_local_inventory() -> NvmlInventory:
             warnings=tuple(warnings),
         )
     finally:
-        _shutdown_nvml(pynvml)
+        shutdown_nvml(pynvml)
 
 
 def read_local_gpu_stats() -> list[GpuStats]:
@@ -301,149 +300,3 @@ def read_local_gpu_stats() -> list[GpuStats]:
     for warning in inventory.warnings:
         LOGGER.warning(warning)
     return list(inventory.gpus)
-
-
-# ------------------------------------------------------------------------------------------------ GPUInfo
-
-
-def _seed_dict(stats: GpuStats) -> dict[str, Any]:
-    """The seed's ``gpu_stats`` entry (MiB, %, W as ints; -1 for unknown), plus uuid, PCI bus id, processes."""
-
-    def known(value: float | None) -> int:
-        return -1 if value is None else int(value)
-
-    return {
-        "index": stats.index,
-        "name": stats.name,
-        "utilization": -1 if stats.utilization_fraction is None else round(stats.utilization_fraction * 100),
-        "memory_used": stats.memory_used_bytes >> 20,
-        "memory_total": stats.memory_total_bytes >> 20,
-        "memory_free": stats.memory_free_bytes >> 20,
-        "temperature": known(stats.temperature_c),
-        "power_draw": known(stats.power_w),
-        "power_limit": known(stats.power_limit_w),
-        "uuid": stats.uuid,
-        "pci_bus_id": stats.pci_bus_id,
-        "processes": [p.to_dict() for p in stats.processes],
-    }
-
-
-class GPUInfo:
-    """NVML-backed GPU stats and idle-GPU choice (the seed's ``ultralytics.utils.autodevice.GPUInfo``).
-
-    Never raises on a machine without NVML: it logs one warning and reports no GPUs. ``gpu_stats`` holds the
-    seed's dicts; ``stats`` holds the same GPUs as ``GpuStats``. See the module docstring for what differs
-    from the seed.
-    """
-
-    def __init__(self) -> None:
-        self.pynvml: Any = None
-        self.nvml_available = False
-        self.unavailable_reason: str | None = None
-        self.stats: list[GpuStats] = []
-        self.gpu_stats: list[dict[str, Any]] = []
-        try:
-            pynvml = _import_pynvml()
-            _init_nvml(pynvml)
-        except NvmlUnavailableError as exc:
-            self.unavailable_reason = str(exc)
-            LOGGER.warning("Failed to initialize pynvml, GPU stats disabled: %s", exc)
-            return
-        self.pynvml = pynvml
-        self.nvml_available = True
-        self.refresh_stats()
-
-    def __del__(self) -> None:
-        self.shutdown()
-
-    def shutdown(self) -> None:
-        """Release NVML (once; errors ignored)."""
-        if getattr(self, "nvml_available", False):
-            _shutdown_nvml(self.pynvml)
-            self.nvml_available = False
-
-    def refresh_stats(self) -> None:
-        """Re-read every GPU; unreadable GPUs are left out with a warning each."""
-        self.stats, self.gpu_stats = [], []
-        if not self.nvml_available:
-            return
-        try:
-            gpus, warnings = _read_gpus(self.pynvml)
-        except NvmlUnavailableError as exc:
-            LOGGER.warning("Error during device query: %s", exc)
-            return
-        for warning in warnings:
-            LOGGER.warning(warning)
-        self.stats = gpus
-        self.gpu_stats = [_seed_dict(s) for s in gpus]
-
-    def print_status(self) -> None:
-        """Log a table of every GPU (index, name, utilisation, memory MiB, temperature, power)."""
-        self.refresh_stats()
-        if not self.gpu_stats:
-            LOGGER.warning("No GPU stats available.")
-            return
-        name_width = max(len("Name"), *(len(s["name"]) for s in self.gpu_stats))
-        lines = [
-            f"{'Idx':<3} {'Name':<{name_width}} {'Util':>6} {'Mem (MiB)':>15} {'Temp':>5} {'Pwr (W)':>10}"
-        ]
-        for s in self.gpu_stats:
-            util = f"{s['utilization']:>5}%" if s["utilization"] >= 0 else " N/A "
-            memory = (
-                f"{s['memory_used']:>6}/{s['memory_total']:<6}" if s["memory_total"] > 0 else " N/A / N/A "
-            )
-            temp = f"{s['temperature']}C" if s["temperature"] >= 0 else " N/A "
-            power = f"{s['power_draw']:>3}/{s['power_limit']:<3}" if s["power_draw"] >= 0 else " N/A "
-            lines.append(
-                f"{s['index']:<3d} {s['name']:<{name_width}} {util:>6} {memory:>15} {temp:>5} {power:>10}"
-            )
-        LOGGER.info("\n".join(["", *lines]))
-
-    def select_idle_gpu(
-        self,
-        count: int = 1,
-        min_memory_fraction: float = 0,
-        min_util_fraction: float = 0,
-        indices: Iterable[int] | None = None,
-    ) -> list[int]:
-        """Up to ``count`` NVML indices of the most idle GPUs (see ``rank_idle_gpus``), restricted to
-        ``indices`` when given; logs what it searched for and what it found, warns on a shortfall.
-
-        Raises:
-            ConfigError: a fraction outside [0, 1].
-        """
-        # here, not at the top: torchkit.hardware.gpu_select imports GpuStats from this module
-        from torchkit.hardware.gpu_select import _check_fraction, rank_idle_gpus
-
-        _check_fraction("min_memory_fraction", min_memory_fraction)
-        _check_fraction("min_util_fraction", min_util_fraction)
-        LOGGER.info(
-            "Searching for %d idle GPUs with free memory >= %.1f%% and free utilization >= %.1f%%...",
-            count,
-            min_memory_fraction * 100,
-            min_util_fraction * 100,
-        )
-        if count <= 0:
-            return []
-        self.refresh_stats()
-        if not self.stats:
-            LOGGER.warning("NVML stats unavailable.")
-            return []
-        selected = rank_idle_gpus(
-            self.stats,
-            count,
-            min_memory_fraction=min_memory_fraction,
-            min_util_fraction=min_util_fraction,
-            indices=indices,
-        )
-        if len(selected) < count:
-            LOGGER.warning("Requested %d GPUs but only %d met the idle criteria.", count, len(selected))
-        if selected:
-            LOGGER.info("Selected idle CUDA devices %s", selected)
-        else:
-            LOGGER.warning(
-                "No GPUs met criteria (free memory >= %.1f%%, free utilization >= %.1f%%).",
-                min_memory_fraction * 100,
-                min_util_fraction * 100,
-            )
-        return selected
