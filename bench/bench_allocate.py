@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.allocate.solver import allocate
+from planner.allocate.allocation import allocate
 
 # name: (cap samples, t0 s, t1 s/sample); rough ResNet-50 AMP figures, see the module docstring.
 GPU_TYPES = {

@@ -8,28 +8,27 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from torchkit.errors import ConfigError
 from torchkit.hardware.catalog import GpuSpec
+from torchkit.seed_api.batch_choice import DEFAULT_FRACTION
+from torchkit.step.fit import MemoryFitKind
+from torchkit.step.options import OPTIMIZERS, AmpMode, OptimizerName
 
-AmpChoice = Literal["auto", "fp16", "bf16", "off"]
-OptimizerName = Literal["sgd", "adamw"]
+# The job's vocabulary, each written once: the CLI's choices and every check read these Literals.
+AmpChoice = Literal["auto", AmpMode]
 Mode = Literal["balanced", "max", "uniform"]
 Method = Literal["auto", "measure", "estimate"]
-FitKind = Literal["affine", "loglog"]
+FitKind = MemoryFitKind
 
-AMP_CHOICES: tuple[str, ...] = ("auto", "fp16", "bf16", "off")
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
-MODES: tuple[str, ...] = ("balanced", "max", "uniform")
-METHODS: tuple[str, ...] = ("auto", "measure", "estimate")
-FIT_KINDS: tuple[str, ...] = ("affine", "loglog")
+AMP_CHOICES: tuple[str, ...] = get_args(AmpChoice)
+MODES: tuple[str, ...] = get_args(Mode)
+METHODS: tuple[str, ...] = get_args(Method)
+FIT_KINDS: tuple[str, ...] = get_args(FitKind)
 
 #: CLI flags whose names differ from their JobSpec field (errors name the flag the user typed)
 _FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utilization_fraction": "max-utilization"}
-
-#: Ultralytics' default share of available memory AutoBatch aims for (autobatch.py, fraction=0.60)
-DEFAULT_FRACTION = 0.60
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,9 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.allocate.solver import ADVICE_MIN_SPEEDUP, MODES, _Rows, _split, _valid_accumulates
+from planner.allocate.solver import Rows, split_units, valid_accumulates
 from planner.errors import InfeasiblePlanError
+from planner.job import MODES
 
+# Advice is given only for a speed-up of at least 5%: estimated step times carry errors of several percent
+# (operator-level estimators: ~5-10% mean error, peers.md §2), so smaller differences are not evidence.
+ADVICE_MIN_SPEEDUP = 1.05
 # Branch and bound stops within 1% of the optimum for the options the advice compares (it speaks only
 # above 5%); the plan itself is solved to 0.1% (``planner.allocate.solver._THROUGHPUT_TOLERANCE``).
 _ADVICE_TOLERANCE = 1e-2
@@ -28,7 +32,7 @@ _MAX_ADVICE_GROUPS = 32
 
 
 @dataclass(frozen=True)
-class _Option:
+class Option:
     """One option compared by the advice."""
 
     throughput: float  # samples/s (global batch / time per global batch when B is given)
@@ -37,15 +41,15 @@ class _Option:
     accumulate: int
 
 
-def _option(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            accumulate: int | None = None) -> _Option | None:
+def _option(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+            accumulate: int | None = None) -> Option | None:
     try:
-        units, accumulate = _split(rows, mode, k, global_batch, "", _ADVICE_TOLERANCE, accumulate)
+        units, accumulate = split_units(rows, mode, k, global_batch, "", _ADVICE_TOLERANCE, accumulate)
     except InfeasiblePlanError:
         return None
     b = units * k
     step_time = float(np.max(t0[rows.ranks] + t1[rows.ranks] * b))
-    return _Option(float(b.sum()) / step_time, accumulate * step_time, b, accumulate)
+    return Option(float(b.sum()) / step_time, accumulate * step_time, b, accumulate)
 
 
 def _rank_list(idx: np.ndarray) -> str:
@@ -73,14 +77,14 @@ def _rate(samples_per_s: float) -> str:
     return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"
 
 
-def _versus(new: _Option, cur: _Option, global_batch: int | None) -> str:
+def _versus(new: Option, cur: Option, global_batch: int | None) -> str:
     if global_batch is None:
         return f"{_rate(new.throughput)} vs {_rate(cur.throughput)} samples/s"
     return f"{new.global_time_s:.4g} s vs {cur.global_time_s:.4g} s per global batch of {global_batch}"
 
 
-def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            labels: np.ndarray | None, current: _Option) -> tuple[dict[str, float], list[str]]:
+def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+            labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[str]]:
     """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
     options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
     alternatives = {m: o.throughput for m, o in options.items() if o is not None}
@@ -100,7 +104,7 @@ def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, glob
         # The smallest accumulate is the plan's rule, but fewer, bigger steps are not always faster: when
         # the fast ranks are full, a larger accumulate can balance better. Look a few steps further.
         tried = [_option(rows, t0, t1, k, mode, global_batch, a)
-                 for a in _valid_accumulates(rows, mode, k, global_batch)[1:1 + _ACCUMULATE_LOOKAHEAD]]
+                 for a in valid_accumulates(rows, mode, k, global_batch)[1:1 + _ACCUMULATE_LOOKAHEAD]]
         better = max((o for o in tried if o is not None), key=lambda o: o.throughput, default=None)
         if better is not None and better.throughput / current.throughput >= ADVICE_MIN_SPEEDUP:
             alternatives["best_accumulate"] = better.throughput
@@ -132,7 +136,7 @@ def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, glob
     first = np.unique(gid, return_index=True)[1]
     order = np.lexsort((first, -speed))
 
-    def subset_option(groups_kept: np.ndarray) -> _Option | None:
+    def subset_option(groups_kept: np.ndarray) -> Option | None:
         return _option(rows.subset(np.isin(gid, groups_kept)), t0, t1, k, mode, global_batch)
 
     prefixes = [(order[:j], subset_option(order[:j])) for j in range(1, num_groups)]

@@ -1,4 +1,5 @@
-"""Per-rank batch sizes for data-parallel training on mixed GPUs (pure numpy: no torch, no Ray).
+"""The solver behind ``planner.allocate.allocation.allocate``: per-rank batch sizes for data-parallel training
+on mixed GPUs (pure numpy: no torch, no Ray).
 
 Each rank i has a cap c_i (the largest per-step batch that fits its memory budget) and an affine step
 time t_i(b) = t0_i + t1_i·b (DESIGN.md "Profiles"; the form Pollux uses). ``allocate`` chooses the
@@ -51,21 +52,11 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from planner.errors import ConfigError, InfeasiblePlanError
+from planner.errors import InfeasiblePlanError
 
-__all__ = ["ADVICE_MIN_SPEEDUP", "MODES", "Allocation", "Mode", "allocate"]
-
-Mode = Literal["balanced", "max", "uniform"]
-MODES: tuple[str, ...] = ("balanced", "max", "uniform")
-
-# Advice is given only for a speed-up of at least 5%: estimated step times carry errors of several percent
-# (operator-level estimators: ~5-10% mean error, peers.md §2), so smaller differences are not evidence.
-ADVICE_MIN_SPEEDUP = 1.05
 # Throughput mode (see _best_throughput_time): the largest number of candidate step times enumerated
 # exactly at once (2^15 sort in ~3 ms), the tolerance at which branch and bound stops (result ≥ optimum /
 # (1 + tolerance)): 0.1% for the plan (1% for the options the advice compares, ``_ADVICE_TOLERANCE`` in
@@ -74,53 +65,11 @@ _EXACT_CANDIDATE_LIMIT = 2**15
 _THROUGHPUT_TOLERANCE = 1e-3
 _MAX_EVALUATIONS = 2000
 # Global batches above this are refused: divisor search enumerates up to sqrt(B / multiple_of).
-_MAX_GLOBAL_BATCH = 10**12
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class Allocation:
-    """Per-rank batches and the figures of one allocation (arrays are indexed by input rank)."""
-
-    batches: np.ndarray
-    """int64 per rank: samples per step (micro-step when accumulating); 0 for excluded ranks."""
-    included: np.ndarray
-    """bool per rank: the rank takes part (its cap reaches the minimum batch)."""
-    excluded_reasons: dict[int, str]
-    """Rank index → why it was left out."""
-    accumulate: int
-    """Gradient accumulation steps per optimizer step (1 without a global batch)."""
-    step_batch: int
-    """Σ batches: samples of one (micro-)step over all ranks."""
-    global_batch: int
-    """step_batch · accumulate: samples per optimizer step."""
-    step_time_s: float
-    """Predicted time of one (micro-)step: max over included ranks of t_i(b_i)."""
-    rank_step_time_s: np.ndarray
-    """float64 per rank: t_i(b_i) = t0_i + t1_i·b_i; 0 for excluded ranks."""
-    throughput_samples_per_s: float
-    """step_batch / step_time_s."""
-    balance_efficiency: float
-    """throughput / Σ_i c_i / t_i(c_i) over included ranks (c_i rounded down to multiple_of): the share of
-    the bound where every GPU runs alone at its cap (≤ 1)."""
-    idle_fraction: np.ndarray
-    """float64 per rank: 1 − t_i(b_i) / step_time_s, the share of a step the rank waits; 0 for excluded."""
-    mode: str
-    """The mode that produced ``batches``."""
-    advice: tuple[str, ...]
-    """Sentences saying when another mode or a subset of the GPUs would be faster, by how much, and which
-    ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
-    alternatives: dict[str, float]
-    """Throughput in samples/s of the options compared (at the same global batch when one is given, i.e.
-    global batch / time per global batch). Keys: ``uniform``, ``max``, ``balanced`` (all ranks in that
-    mode); ``best_accumulate`` when a larger accumulate (up to 4 more valid ones tried) is at least
-    ``ADVICE_MIN_SPEEDUP`` faster in this mode; with two or more groups also ``best_group_subset`` (the best of: the fastest group alone, the
-    two fastest, ... short of all; groups ranked by cap / t(cap) per rank) and ``best_single_group`` (the
-    best one group alone), both in this allocation's mode. An option that cannot reach the global batch is
-    left out."""
+MAX_GLOBAL_BATCH = 10**12
 
 
 @dataclass(frozen=True)
-class _Rows:
+class Rows:
     """Ranks merged into distinct (cap, t0, t1) rows; units are multiples of K, times t0 + s·u."""
 
     ranks: np.ndarray  # int64 input indices of these ranks, ascending
@@ -160,12 +109,12 @@ class _Rows:
             rising &= ~self._flat
         return self.total(real), float(np.einsum("i,i->", self.weight[rising], self._inv_s[rising]))
 
-    def subset(self, keep_rank: np.ndarray) -> _Rows:
+    def subset(self, keep_rank: np.ndarray) -> Rows:
         """The rows of the ranks where ``keep_rank`` (bool per rank of these rows) is true."""
         weight = np.bincount(self.row[keep_rank], minlength=len(self.t0)).astype(np.float64)
         used = weight > 0
         renumber = np.cumsum(used) - 1
-        return _Rows(ranks=self.ranks[keep_rank], row=renumber[self.row[keep_rank]], t0=self.t0[used],
+        return Rows(ranks=self.ranks[keep_rank], row=renumber[self.row[keep_rank]], t0=self.t0[used],
                      s=self.s[used], cap=self.cap[used], weight=weight[used], lo=self.lo)
 
     def step_times(self, u_a: np.ndarray, u_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +128,7 @@ class _Rows:
         return times[order], self.weight[rid][order]
 
 
-def _make_rows(ranks: np.ndarray, t0: np.ndarray, t1: np.ndarray, cap_u: np.ndarray, k: int, lo: int) -> _Rows:
+def make_rows(ranks: np.ndarray, t0: np.ndarray, t1: np.ndarray, cap_u: np.ndarray, k: int, lo: int) -> Rows:
     t0r, t1r, capr = t0[ranks], t1[ranks], cap_u[ranks]
     order = np.lexsort((t1r, t0r, capr))
     new = np.ones(len(ranks), dtype=bool)
@@ -188,7 +137,7 @@ def _make_rows(ranks: np.ndarray, t0: np.ndarray, t1: np.ndarray, cap_u: np.ndar
     row = np.empty(len(ranks), dtype=np.int64)
     row[order] = row_sorted
     first = order[new]
-    return _Rows(ranks=ranks, row=row, t0=t0r[first], s=t1r[first] * k, cap=capr[first].astype(np.float64),
+    return Rows(ranks=ranks, row=row, t0=t0r[first], s=t1r[first] * k, cap=capr[first].astype(np.float64),
                  weight=np.bincount(row).astype(np.float64), lo=lo)
 
 
@@ -199,7 +148,7 @@ def _give_back(units: np.ndarray, room: np.ndarray, amount: int) -> np.ndarray:
     return units - np.clip(amount - before, 0, rev)[::-1]
 
 
-def _min_max_time(rows: _Rows, target: int) -> np.ndarray:
+def _min_max_time(rows: Rows, target: int) -> np.ndarray:
     """Per-rank units with Σ = target minimising max t0 + s·u (exact); ties by rank index.
 
     Ranks whose time does not depend on the batch (s = 0) keep what they hold at the optimal step time
@@ -238,7 +187,7 @@ def _min_max_time(rows: _Rows, target: int) -> np.ndarray:
     return _give_back(u_hi, u_hi - u_lo, int(u_hi.sum()) - target)
 
 
-def _best_in_interval(rows: _Rows, u_a: np.ndarray, u_b: np.ndarray) -> tuple[float, float]:
+def _best_in_interval(rows: Rows, u_a: np.ndarray, u_b: np.ndarray) -> tuple[float, float]:
     """Exact best (throughput in units/s, time) over the step times where some row steps up in (a, b]."""
     times, weights = rows.step_times(u_a, u_b)
     totals = rows.total(u_a) + np.cumsum(weights)
@@ -249,7 +198,7 @@ def _best_in_interval(rows: _Rows, u_a: np.ndarray, u_b: np.ndarray) -> tuple[fl
     return float(h[j]), float(times[last][j])
 
 
-def _best_throughput_time(rows: _Rows, tolerance: float) -> float:
+def _best_throughput_time(rows: Rows, tolerance: float) -> float:
     """The step time T whose allocation u(T) maximises Σ u / max t (the smallest T among equals).
 
     Throughput only changes where some rank steps up, so the optimum is at one of those times in
@@ -340,7 +289,7 @@ def _nearest_valid(global_batch: int, unit: int, lo: int, hi: int) -> tuple[int 
     return below, above
 
 
-def _split(rows: _Rows, mode: str, k: int, global_batch: int | None, what: str,
+def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: str,
            tolerance: float = _THROUGHPUT_TOLERANCE, accumulate: int | None = None) -> tuple[np.ndarray, int]:
     """Per-rank units (in rows.ranks order) and accumulate for one mode; raises when B cannot be split.
 
@@ -374,13 +323,13 @@ def _split(rows: _Rows, mode: str, k: int, global_batch: int | None, what: str,
         return np.full(n, q, dtype=np.int64), accumulate
     if mode == "max":
         # Memory-proportional: minimise the largest fill share u/cap (time model t0 = 0, s = 1/cap).
-        fill = _Rows(ranks=rows.ranks, row=rows.row, t0=np.zeros_like(rows.cap), s=1.0 / rows.cap,
+        fill = Rows(ranks=rows.ranks, row=rows.row, t0=np.zeros_like(rows.cap), s=1.0 / rows.cap,
                      cap=rows.cap, weight=rows.weight, lo=lo)
         return _min_max_time(fill, q), accumulate
     return _min_max_time(rows, q), accumulate
 
 
-def _step_bounds(rows: _Rows, mode: str, k: int) -> tuple[int, int, int]:
+def _step_bounds(rows: Rows, mode: str, k: int) -> tuple[int, int, int]:
     """A step of a mode holds q·unit samples with q_lo ≤ q ≤ q_hi: (unit, q_lo, q_hi)."""
     n = len(rows.ranks)
     if mode == "uniform":  # n equal per-rank batches of q multiples of k
@@ -388,121 +337,5 @@ def _step_bounds(rows: _Rows, mode: str, k: int) -> tuple[int, int, int]:
     return k, n * rows.lo, int(rows.total(rows.cap))
 
 
-def _valid_accumulates(rows: _Rows, mode: str, k: int, global_batch: int) -> list[int]:
+def valid_accumulates(rows: Rows, mode: str, k: int, global_batch: int) -> list[int]:
     return _accumulates(global_batch, *_step_bounds(rows, mode, k))
-
-
-def _as_1d(name: str, values: ArrayLike, n: int | None) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1 or (n is not None and len(arr) != n):
-        raise ConfigError(f"{name} must be a 1-D sequence with one value per rank"
-                          + (f" ({n} ranks), got shape {arr.shape}" if n is not None else f", got shape {arr.shape}"))
-    return arr
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name} must be an integer ≥ {minimum}, got {value!r}")
-    return int(value)
-
-
-def _exclusion_reason(cap: int, k: int, lo_batch: int, min_batch: int) -> str:
-    # lo_batch is a multiple of k, so cap < lo_batch exactly when the cap rounded down to k is too small.
-    fits = "does not fit a single sample" if cap == 0 else f"fits at most {cap} samples"
-    minimum = f"minimum batch {lo_batch}"
-    if lo_batch != min_batch:
-        minimum += f" (min_batch {min_batch} rounded up to a multiple of {k})"
-    elif k > 1:
-        minimum += f" (multiple of {k})"
-    return f"{fits} < {minimum}"
-
-
-def allocate(
-    max_batch: ArrayLike,
-    time_intercept_s: ArrayLike,
-    time_per_sample_s: ArrayLike,
-    *,
-    mode: Mode = "balanced",
-    global_batch: int | None = None,
-    multiple_of: int = 1,
-    min_batch: int = 1,
-    groups: ArrayLike | None = None,
-) -> Allocation:
-    """Per-rank batches for one data-parallel step (see the module docstring for modes and algorithms).
-
-    Args:
-        max_batch: per rank, the largest batch that fits (int ≥ 0).
-        time_intercept_s, time_per_sample_s: per rank, t_i(b) = t0_i + t1_i·b (≥ 0, not both 0).
-        mode: ``balanced`` (default), ``max`` or ``uniform``.
-        global_batch: samples per optimizer step; None to maximise throughput without accumulation.
-        multiple_of: every batch is a multiple of this.
-        min_batch: smallest batch a rank may take (rounded up to ``multiple_of``); smaller caps are excluded.
-        groups: per rank, a label of its GPU type/profile for the advice; default: identical (cap, t0, t1),
-            or identical (t0, t1) when that makes more than ``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups.
-
-    Raises:
-        ConfigError: malformed input (lengths, negative values, unknown mode).
-        InfeasiblePlanError: no rank reaches the minimum batch, or the global batch cannot be split.
-    """
-    cap = _as_1d("max_batch", max_batch, None)
-    n = len(cap)
-    if n == 0:
-        raise ConfigError("max_batch is empty: there is no rank to allocate")
-    t0 = _as_1d("time_intercept_s", time_intercept_s, n).astype(np.float64)
-    t1 = _as_1d("time_per_sample_s", time_per_sample_s, n).astype(np.float64)
-    whole_floats = np.issubdtype(cap.dtype, np.floating) and bool(np.all(np.isfinite(cap) & (cap == np.round(cap))))
-    if not (np.issubdtype(cap.dtype, np.integer) or whole_floats):
-        raise ConfigError(f"max_batch must hold whole numbers of samples, got {cap.dtype} values")
-    cap = cap.astype(np.int64)
-    for name, arr in (("max_batch", cap), ("time_intercept_s", t0), ("time_per_sample_s", t1)):
-        bad = np.nonzero(~np.isfinite(arr) | (arr < 0))[0]
-        if len(bad):
-            raise ConfigError(f"{name}[{bad[0]}] = {arr[bad[0]].item()!r}: must be finite and ≥ 0")
-    zero = np.nonzero((t0 == 0) & (t1 == 0))[0]
-    if len(zero):
-        raise ConfigError(f"rank {zero[0]} has step time 0 at every batch (time_intercept_s and "
-                          "time_per_sample_s both 0): give it a measured or estimated step time")
-    if mode not in MODES:
-        raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    k = _check_int("multiple_of", multiple_of, 1)
-    min_batch = _check_int("min_batch", min_batch, 1)
-    if global_batch is not None:
-        global_batch = _check_int("global_batch", global_batch, 1)
-        if global_batch > _MAX_GLOBAL_BATCH:
-            raise ConfigError(f"global_batch {global_batch} is above {_MAX_GLOBAL_BATCH}; use a smaller one")
-    labels = None if groups is None else _as_1d("groups", groups, n)
-
-    # here, not at the top: the advice builds on this module's solver (_Rows, _split)
-    from planner.allocate.advice import _advise, _Option
-
-    lo = -(-min_batch // k)  # minimum units per rank
-    cap_u = cap // k
-    included = cap_u >= lo
-    reasons = {int(i): _exclusion_reason(int(cap[i]), k, lo * k, min_batch) for i in np.nonzero(~included)[0]}
-    if not included.any():
-        best = int(np.argmax(cap))
-        raise InfeasiblePlanError(
-            f"no rank can run the minimum batch {lo * k}: the largest cap is {int(cap[best])} samples "
-            f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
-            "use a smaller model or input")
-    rows = _make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, lo)
-    units, accumulate = _split(rows, mode, k, global_batch, f"in mode '{mode}'")
-
-    batches = np.zeros(n, dtype=np.int64)
-    batches[rows.ranks] = units * k
-    rank_time = np.where(included, t0 + t1 * batches, 0.0)
-    step_time = float(rank_time[included].max())
-    step_batch = int(batches.sum())
-    throughput = step_batch / step_time
-    cap_r = cap_u[included] * k
-    bound = float(np.sum(cap_r / (t0[included] + t1[included] * cap_r)))
-    idle = np.where(included, 1.0 - rank_time / step_time, 0.0)
-
-    alternatives, advice = _advise(rows, t0, t1, k, mode, global_batch, labels,
-                                   _Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
-    return Allocation(
-        batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
-        step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
-        rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
-        balance_efficiency=min(1.0, throughput / bound) if bound > 0 else 0.0, idle_fraction=idle,
-        mode=mode, advice=tuple(advice), alternatives=alternatives)

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from planner.allocate.solver import allocate
+from planner.allocate.allocation import allocate
 from planner.job import JobSpec
 from planner.profiles.profile import DeviceProfile
 from torchkit.errors import ConfigError

@@ -35,7 +35,8 @@ from typing import Any
 from torchkit.errors import UserError, WorkloadError
 from torchkit.estimate.op_costs import KernelCost, OpCost, OpCostRecorder, aggregate
 from torchkit.hardware.catalog import GpuSpec
-from torchkit.step.train_step import AmpMode, OptimizerName, StepHooks, check_options
+from torchkit.step.options import AmpMode, OptimizerName
+from torchkit.step.train_step import StepHooks, check_options
 
 ESTIMATOR_MIN_TORCH = "2.4.0"
 """Oldest torch the estimator supports (also pyproject's floor). It needs: ``TorchDispatchMode``,

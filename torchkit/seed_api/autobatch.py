@@ -34,7 +34,7 @@ import gc
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from torchkit.errors import WorkloadError
 from torchkit.seed_api.batch_choice import (
@@ -47,6 +47,7 @@ from torchkit.seed_api.batch_choice import (
     probe_list,
 )
 from torchkit.seed_api.profiling import is_out_of_memory_error
+from torchkit.step.options import OptimizerName
 from torchkit.units import GIB
 
 if TYPE_CHECKING:
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OptimizerName = Literal["sgd", "adamw"]
 
 # --------------------------------------------------------------------------------------------------------
 # Probing loop (pure Python around a measure callable)

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any
 
 from torchkit.errors import ConfigError
+from torchkit.step.options import AMP_MODES, OPTIMIZERS
 
-AmpMode = Literal["fp16", "bf16", "off"]
-OptimizerName = Literal["sgd", "adamw"]
-AMP_MODES: tuple[str, ...] = ("fp16", "bf16", "off")
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 NUM_ITERATIONS = 2
 
 SGD_SETTINGS = {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4}

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner.allocate.solver as allocate_module
-from planner.allocate.solver import ADVICE_MIN_SPEEDUP, Allocation, allocate
+from planner.allocate.advice import ADVICE_MIN_SPEEDUP
+from planner.allocate.allocation import Allocation, allocate
 from planner.errors import ConfigError, InfeasiblePlanError
 
 ALTERNATIVE_KEYS = {"uniform", "max", "balanced", "best_accumulate", "best_group_subset", "best_single_group"}

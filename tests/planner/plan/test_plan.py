@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.allocate.solver import allocate
+from planner.allocate.allocation import allocate
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import (
