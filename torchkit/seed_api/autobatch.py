@@ -2,7 +2,7 @@
 
 The GPU edge around the pure decision in ``torchkit.seed_api.batch_choice``:
 - ``run_probes`` runs a ``measure(batch) -> peak_bytes`` callable over the probe list and stops at the first
-  out-of-memory error; ``torchkit.seed_api.profiling.is_out_of_memory_error`` recognises one by type and by the known CUDA/cuBLAS/cuDNN texts;
+  out-of-memory error; ``torchkit.step.oom.is_out_of_memory_error`` recognises one by type and by the known CUDA/cuBLAS/cuDNN texts;
 - ``autobatch`` / ``check_train_batch_size`` keep the seed's signatures, messages (prefix ``"AutoBatch: "``)
   and guard rails: CPU/MPS and ``cudnn.benchmark`` fall back to ``batch_size`` with the seed's warning, setup
   errors give the seed's "error detected" fallback, nothing usable raises its RuntimeError, the cache is
@@ -46,7 +46,7 @@ from torchkit.seed_api.batch_choice import (
     choose_batch,
     probe_list,
 )
-from torchkit.seed_api.profiling import is_out_of_memory_error
+from torchkit.step.oom import is_out_of_memory_error
 from torchkit.step.options import OptimizerName
 from torchkit.units import GIB
 

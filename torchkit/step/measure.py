@@ -68,7 +68,7 @@ def measure_curve(
 
     from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
     from torchkit.seed_api.autobatch import to_device
-    from torchkit.seed_api.profiling import is_out_of_memory_error
+    from torchkit.step.oom import is_out_of_memory_error
     from torchkit.step.train_step import make_optimizer, run_training_iterations
 
     device = torch.device(device)
