@@ -48,6 +48,7 @@ from torchkit.seed_api.batch_choice import (
 )
 from torchkit.step.oom import is_out_of_memory_error
 from torchkit.step.options import OptimizerName
+from torchkit.step.train_step import make_optimizer, train_step
 from torchkit.units import GIB
 
 if TYPE_CHECKING:
@@ -152,28 +153,34 @@ def image_batch_factory(
     return lambda batch: torch.rand(batch, channels, imgsz, imgsz, device=device)
 
 
-def probe_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, inputs: Any) -> None:
-    """One training step as a probe: forward, a surrogate loss, backward, optimizer step, gradients freed.
-
-    ``inputs`` is a tensor (``model(x)``), a tuple/list (``model(*x)``) or a dict (``model(**x)``). The loss is
-    the sum of every floating-point tensor in the output (the seed's choice), in float32.
-    """
+def _call_model(model: torch.nn.Module, inputs: Any) -> Any:
+    """``model(x)`` for a tensor, ``model(*x)`` for a tuple/list, ``model(**x)`` for a dict (the seed's inputs)."""
     if isinstance(inputs, dict):
-        output = model(**inputs)
-    elif isinstance(inputs, (tuple, list)):
-        output = model(*inputs)
-    else:
-        output = model(inputs)
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def surrogate_loss(output: Any, _targets: Any = None) -> torch.Tensor:
+    """The probe's loss: the sum of every floating-point tensor in the output that needs a gradient (the
+    seed's choice), in float32."""
     tensors = [t for t in _tensors_in(output) if t.is_floating_point() and t.requires_grad]
     if not tensors:
         raise WorkloadError(
             f"the model's output ({type(output).__name__}) holds no floating-point tensor that needs a gradient "
             "(AutoBatch back-propagates the sum of its outputs; put the model in train mode with trainable weights)"
         )
-    loss = sum(t.float().sum() for t in tensors)
-    loss.backward()
-    if optimizer is not None:
-        optimizer.step()
+    return sum(t.float().sum() for t in tensors)
+
+
+def probe_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, inputs: Any) -> None:
+    """One training step as a probe (``torchkit.step.train_step.train_step`` with the surrogate loss, under the
+    caller's autocast), then the gradients freed so that a probe leaves only weights and optimizer state.
+
+    ``inputs`` is a tensor (``model(x)``), a tuple/list (``model(*x)``) or a dict (``model(**x)``).
+    """
+    train_step(model, optimizer, inputs, None, surrogate_loss, amp="off", forward=_call_model)
     model.zero_grad(set_to_none=True)
 
 
@@ -206,18 +213,13 @@ def to_device(value: Any, device: torch.device) -> Any:
 def build_optimizer(model: torch.nn.Module, name: OptimizerName | None) -> torch.optim.Optimizer | None:
     """The probe's optimizer over the trainable weights, so its state is counted; None for ``None``.
 
-    SGD with Nesterov momentum 0.937 (Ultralytics' default) keeps one buffer per weight; AdamW keeps two.
+    It is the one training step's optimizer (``torchkit.step.train_step.make_optimizer``: SGD momentum with
+    weight decay, or AdamW, foreach): SGD keeps one buffer per weight, AdamW two.
     """
-    import torch
-
     params = [p for p in model.parameters() if p.requires_grad]
     if name is None or not params:
         return None
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=0.01, momentum=0.937, nesterov=True)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=0.001)
-    raise ValueError(f"unknown optimizer {name!r} (use 'sgd', 'adamw' or None)")
+    return make_optimizer(name, params)
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:

@@ -1,8 +1,17 @@
-"""The training step the estimator simulates and the ground truth runs: one definition for both.
+"""The one training step: what the fake-tensor estimator simulates, what ``torchkit.step.measure`` and the
+CPU ground truth run, and what the seed's ``autobatch`` probes (``probe_step``) run.
 
-Two iterations of ``zero_grad(set_to_none=True) → forward + loss under autocast → backward → optimizer
-step``, on one batch built once, so the second iteration runs with optimizer state and gradients of the
-first already allocated, as every later iteration of a real job does.
+``train_step``: ``zero_grad(set_to_none=True) → forward + loss under autocast → backward → optimizer step``.
+The estimator and the measurement run two iterations of it (``run_training_iterations``) on one batch built
+once, so the second iteration runs with optimizer state and gradients of the first already allocated, as
+every later iteration of a real job does; autobatch runs it once per probe after a warm-up probe.
+
+Why this optimizer (``make_optimizer``) for all three: SGD with momentum and weight decay 5e-4 (Ultralytics'
+``weight_decay``), ``foreach=True``. Autobatch used to build its own (Nesterov momentum 0.937, no weight
+decay, torch's default implementation); the estimator's is the one pinned byte for byte to the CPU ground
+truth, and the memory of a step depends on the optimizer's shape, not on the momentum value: one momentum
+buffer per weight either way, plus the ``grad + wd·param`` temporary of weight decay, which a real
+Ultralytics run has. One definition means autobatch, measurement and estimate count the same bytes.
 
 Optimizers use ``foreach=True``: that is what ``torch.optim`` picks by default for CUDA parameters
 (``_default_to_fused_or_foreach``), and its list-wide temporaries are part of the CUDA peak; on CPU the
@@ -37,7 +46,8 @@ def check_options(amp: str, optimizer: str) -> None:
 
 
 def make_optimizer(name: str, params: list) -> Any:
-    """``torch.optim.SGD`` (momentum) or ``AdamW`` over ``params``, foreach, with the settings above."""
+    """``torch.optim.SGD`` (momentum) or ``AdamW`` over ``params``, foreach, with the settings above: the
+    optimizer of the one training step (see the module docstring for why these settings)."""
     import torch
 
     if name == "sgd":
@@ -78,6 +88,46 @@ class StepHooks:
     def after_step(self, optimizer: Any) -> None: ...
 
 
+def train_step(
+    model: Any,
+    optimizer: Any,
+    inputs: Any,
+    targets: Any,
+    loss_fn: Callable[[Any, Any], Any],
+    *,
+    amp: str,
+    hooks: StepHooks | None = None,
+    device_type: str = "cpu",
+    forward: Callable[[Any, Any], Any] | None = None,
+) -> None:
+    """One training step: free the gradients, forward and loss under autocast, backward, optimizer step.
+
+    ``optimizer`` None runs forward and backward only (the seed's probe without an optimizer).
+    ``forward(model, inputs)`` calls the model (default ``model(inputs)``; autobatch also accepts tuples
+    and dicts of inputs). ``amp="off"`` adds no autocast (a caller's own autocast context stays in force).
+    """
+    hooks = hooks or StepHooks()
+    params = [] if optimizer is None else [p for group in optimizer.param_groups for p in group["params"]]
+    hooks.optimizer()
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        model.zero_grad(set_to_none=True)
+    hooks.forward()
+    with autocast_context(amp, device_type):
+        output = model(inputs) if forward is None else forward(model, inputs)
+        loss = loss_fn(output, targets)
+        del output
+    hooks.backward()
+    loss.backward()
+    del loss
+    hooks.after_backward(params)
+    hooks.optimizer()
+    if optimizer is not None:
+        optimizer.step()
+    hooks.after_step(optimizer)
+
+
 def run_training_iterations(
     model: Any,
     optimizer: Any,
@@ -114,15 +164,4 @@ def run_training_iterations(
         first = 1
     for index in range(first, num_iterations):
         hooks.iteration(index)
-        hooks.optimizer()
-        optimizer.zero_grad(set_to_none=True)
-        hooks.forward()
-        with autocast_context(amp, device_type):
-            loss = loss_fn(model(inputs), targets)
-        hooks.backward()
-        loss.backward()
-        del loss
-        hooks.after_backward(params)
-        hooks.optimizer()
-        optimizer.step()
-        hooks.after_step(optimizer)
+        train_step(model, optimizer, inputs, targets, loss_fn, amp=amp, hooks=hooks, device_type=device_type)
