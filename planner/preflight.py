@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.probing.probe import NodeInventory
+from planner.probing.inventory import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
 

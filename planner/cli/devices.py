@@ -92,7 +92,7 @@ def local_node_inventory(
     Raises:
         ConfigError: malformed spec or thresholds, or an index this machine does not have.
     """
-    from planner.probing.probe import real_inventory
+    from planner.probing.inventory import real_inventory
     from torchkit.hardware.catalog import load_catalog
 
     validate_selection_options(select, min_free_memory_fraction, max_utilization_fraction)

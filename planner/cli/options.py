@@ -18,6 +18,8 @@ from planner.job import (
     JobSpec,
     parse_input_shape,
 )
+from planner.plan.build import DEFAULT_MASTER_PORT
+from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, DEFAULT_PROFILE_TIMEOUT_S
 from torchkit.errors import ConfigError
 
 
@@ -73,14 +75,14 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--address", metavar="ADDR", help="join a running Ray cluster (auto, host:6379, ray://host:10001)")
     g.add_argument("--no-ray", action="store_true", help="with --cluster: probe the simulated nodes in this process")
     g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 8)")
-    g.add_argument("--probe-timeout", type=float, default=120.0, help="seconds a node's probe may take to answer")
-    g.add_argument("--profile-timeout", type=float, default=900.0, help="seconds one profile may take")
+    g.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT_S, help="seconds a node's probe may take to answer")
+    g.add_argument("--profile-timeout", type=float, default=DEFAULT_PROFILE_TIMEOUT_S, help="seconds one profile may take")
     g.add_argument("--require-all-nodes", action="store_true", help="fail (exit 1) if any node cannot be probed")
     g.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
     g.add_argument("--workers", type=int, default=0, help="data-loader workers per rank (for the core-count check)")
     g.add_argument("--script", default="train.py", help="training script named in the torchrun lines")
-    g.add_argument("--master-port", type=int, default=29500, help="torchrun master port")
+    g.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="torchrun master port")
 
 
 def check_cluster_args(args: argparse.Namespace) -> None:

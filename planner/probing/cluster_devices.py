@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from planner.driver import DEFAULT_PROBE_TIMEOUT_S, DriverOptions, RayBackend
+from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, RayBackend
 
 
 def cluster_inventory(args: argparse.Namespace) -> list[dict]:
@@ -27,7 +27,7 @@ def cluster_inventory(args: argparse.Namespace) -> list[dict]:
         num_simulated_nodes=len(cluster.nodes) if cluster is not None else 0,
     ) as session:
         backend = RayBackend(
-            session, catalog, cluster=cluster, options=DriverOptions(probe_timeout_s=timeout_s), on_event=lambda e: None
+            session, catalog, cluster=cluster, on_event=lambda e: None, probe_timeout_s=timeout_s
         )
         inventories, failed = backend.inventories(args.select, args.min_memory_fraction, args.max_utilization)
     nodes = [inventory.to_json() for inventory in inventories]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner.cluster import NodeSpec, SimulatedGpu
 from planner.preflight import Check, Thresholds, run_checks
-from planner.probing.probe import HostInfo, NodeInventory, simulated_inventory
+from planner.probing.inventory import HostInfo, NodeInventory, simulated_inventory
 from torchkit.hardware.catalog import load_catalog
 from torchkit.hardware.gpu_select import GpuSelection
 from torchkit.hardware.nvml import GpuStats

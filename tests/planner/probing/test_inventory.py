@@ -1,4 +1,4 @@
-"""planner.probing.probe, pure parts: simulated_inventory (selection with thresholds) and NodeInventory.to_json, the
+"""planner.probing.inventory: simulated_inventory (selection with thresholds) and NodeInventory.to_json, the
 node entry of ``batchplan devices --json``."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from planner.cli.devices import local_node_inventory
 from planner.cluster import NodeSpec, SimulatedGpu, load_cluster
-from planner.probing.probe import HostInfo, NodeInventory, simulated_inventory
+from planner.probing.inventory import HostInfo, NodeInventory, simulated_inventory
 from torchkit.errors import ConfigError
 from torchkit.hardware.catalog import load_catalog
 from torchkit.hardware.gpu_select import GpuSelection
