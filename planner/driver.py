@@ -33,8 +33,10 @@ from planner.probing.backends import (
     RayBackend,
 )
 from planner.probing.inventory import NodeInventory
+from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
-from planner.profiles.profile import DeviceProfile, profile_key
+from planner.profiles.key import job_profile_key
+from planner.profiles.profile import DeviceProfile
 from torchkit.hardware.catalog import GpuCatalog
 
 
@@ -94,11 +96,8 @@ def _profile_requests(
             method = "measure" if measure else "estimate"
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
-            gpu = catalog.get(gpu_type)
-            key = profile_key(
-                fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer,
-                gpu_type, method, job.fit, torch_version,
-            )
+            key = job_profile_key(job, catalog.get(gpu_type), method=method, fingerprint=fingerprint,
+                                  torch_version=torch_version)
             device_keys[(inventory.name, index)] = key
             if key not in requests:
                 requests[key] = ProfileRequest(
@@ -109,16 +108,6 @@ def _profile_requests(
                     device_index=index if method == "measure" else None,
                 )
     return requests, device_keys, excluded
-
-
-def _fingerprint(job: JobSpec) -> tuple[str, str]:
-    """Content fingerprint of the job's model and input, and the torch version (both part of cache keys)."""
-    import torch
-
-    from planner.probing.make_profile import workload_for
-    from torchkit.workloads import workload_fingerprint
-
-    return workload_fingerprint(workload_for(job)), torch.__version__
 
 
 def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlot], workers_per_rank: int) -> list[str]:
@@ -181,7 +170,7 @@ def run_plan(
 
     start = time.monotonic()
     any_selected = any(inv.selection.selected for inv in inventories)
-    fingerprint, torch_version = _fingerprint(job) if any_selected else ("", "")
+    fingerprint, torch_version = job_fingerprint(job) if any_selected else ("", "")
     requests, device_keys, unknown = _profile_requests(job, inventories, catalog, fingerprint, torch_version)
     excluded.extend(unknown)
     profiles: dict[str, DeviceProfile] = {}
@@ -247,7 +236,7 @@ def run_plan(
                     device_index=index,
                     gpu=inventory.gpu_type(index) or stats.name,
                     profile=key,
-                    memory_budget_bytes=int(job.fraction * stats.memory_free_bytes),
+                    memory_budget_bytes=job.memory_budget_bytes(stats.memory_free_bytes),
                     total_memory_bytes=stats.memory_total_bytes,
                     visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
                 )

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 
 from torchkit.errors import ConfigError
 from torchkit.hardware.catalog import GpuSpec
-from torchkit.seed_api.batch_choice import DEFAULT_FRACTION
+from torchkit.seed_api.batch_choice import DEFAULT_FRACTION, memory_budget_bytes
 from torchkit.step.fit import MemoryFitKind
 from torchkit.step.options import OPTIMIZERS, AmpMode, OptimizerName
 
@@ -115,6 +115,10 @@ class JobSpec:
                 )
         if not isinstance(self.gpus, str) or not self.gpus.strip():
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
+
+    def memory_budget_bytes(self, available_bytes: int) -> int:
+        """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""
+        return memory_budget_bytes(self.fraction, available_bytes)
 
     def amp_for(self, gpu: GpuSpec) -> str:
         """The AMP mode used on this GPU type: ``auto`` is bf16 where supported, else fp16.

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         method = job.method
     note(f"profiling {job.model} on {gpu.name} ({method})")
     profile = make_profile(job, gpu, method=method, device_index=device_index)
-    budget = int(job.fraction * free_bytes)
+    budget = job.memory_budget_bytes(free_bytes)
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {
         "schema": SCHEMA,

@@ -16,6 +16,7 @@ from planner.cluster import ClusterSpec
 from planner.events import Event, EventSink
 from planner.job import JobSpec
 from planner.probing.inventory import NodeInventory, simulated_inventory
+from planner.probing.make_profile import factory_search_dirs, make_profile
 from planner.profiles.profile import DeviceProfile
 from torchkit.hardware.catalog import GpuCatalog
 
@@ -84,8 +85,6 @@ class LocalBackend:
         return found, {}
 
     def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
-        from planner.probing.make_profile import make_profile
-
         profile = make_profile(
             job,
             self.cluster.catalog.get(request.gpu_type),
@@ -125,8 +124,9 @@ class RayBackend:
         self.on_event = on_event
         self.run_id = uuid.uuid4().hex[:8]
         env_vars = dict(PROBE_ENV_VARS)
-        if ":" in model:  # a user factory must be importable in the probe: add this process's cwd
-            env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        factory_dirs = factory_search_dirs(model)
+        if factory_dirs:  # a user factory must be importable in the probe as it is here
+            env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (*factory_dirs, os.environ.get("PYTHONPATH")) if p)
         remote_probe = ray.remote(NodeProbe)
 
         # group -> (ray node, simulated node specs or None for a real node)

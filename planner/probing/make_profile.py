@@ -9,6 +9,8 @@ a note).
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from typing import Any
 
 from planner.job import JobSpec
@@ -19,21 +21,31 @@ from torchkit.hardware.catalog import GpuSpec
 log = logging.getLogger(__name__)
 
 
+def factory_search_dirs(model: str) -> tuple[str, ...]:
+    """Where a user factory (``package.module:factory``) is imported from besides ``sys.path``: the current
+    directory, as ``uvicorn app:app`` does (the console script's ``sys.path`` does not include it). A probe
+    on another process gets these on its PYTHONPATH. None for a built-in workload."""
+    return (os.getcwd(),) if ":" in model else ()
+
+
 def workload_for(job: JobSpec):
-    """The torchkit workload the job names (built-in or ``package.module:factory``).
-
-    A factory module is looked up on ``sys.path`` and, as ``uvicorn app:app`` does, in the current
-    directory (the console script's ``sys.path`` does not include it).
-    """
-    import os
-    import sys
-
+    """The torchkit workload the job names (built-in or ``package.module:factory``, see ``factory_search_dirs``)."""
     from torchkit.workloads import get_workload
 
-    if ":" in job.model and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
+    for directory in factory_search_dirs(job.model):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
     return get_workload(job.model, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len)
+
+
+def job_fingerprint(job: JobSpec) -> tuple[str, str]:
+    """Content fingerprint of the job's model and input, and the torch version: the parts of a profile key
+    (``planner.profiles.key``) that need torch to compute."""
+    import torch
+
+    from torchkit.workloads import workload_fingerprint
+
+    return workload_fingerprint(workload_for(job)), torch.__version__
 
 
 def resolve_method(method: str, device_index: int | None) -> str:

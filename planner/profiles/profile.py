@@ -7,8 +7,6 @@ fits are ``torchkit.step.fit``'s (one home for them).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -154,10 +152,3 @@ class DeviceProfile:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where} is malformed: {exc!r} (re-run batchplan profile/plan to regenerate it)") from exc
-
-
-def profile_key(*parts: object) -> str:
-    """Stable short content key of everything that determines a profile (workload fingerprint, input, amp,
-    optimizer, GPU type, method, torch version): the same inputs always give the same key."""
-    text = json.dumps([str(p) for p in parts], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

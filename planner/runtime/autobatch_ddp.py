@@ -30,7 +30,8 @@ from typing import Any
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import RankSlot, build_plan
-from planner.profiles.profile import DeviceProfile, profile_key
+from planner.profiles.key import job_profile_key
+from planner.profiles.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +99,11 @@ def autobatch_ddp(
     """
     import torch.distributed as dist
 
-    from planner.probing.make_profile import make_profile, workload_for
+    from planner.probing.make_profile import job_fingerprint, make_profile
     from planner.profiles.cache import ProfileCache
     from planner.runtime.rank_plan import load_rank_plan
     from torchkit.hardware.catalog import load_catalog
     from torchkit.seed_api.distributed import torch_distributed_zero_first
-    from torchkit.workloads import workload_fingerprint
 
     if not dist.is_available() or not dist.is_initialized():
         raise InfeasiblePlanError("autobatch_ddp needs an initialised process group (call it inside torchrun)")
@@ -121,15 +121,13 @@ def autobatch_ddp(
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
 
-    import torch
 
-    fingerprint = workload_fingerprint(workload_for(job))
+    fingerprint, torch_version = job_fingerprint(job)
     method = "estimate" if gpu is not None else job.method
 
     def key_for(gpu_name: str) -> str:
-        spec = catalog.get(gpu_name)
-        return profile_key(fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(spec),
-                           job.optimizer, gpu_name, method, job.fit, torch.__version__)
+        return job_profile_key(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
+                               torch_version=torch_version)
 
     node_types = sorted({p["gpu"] for p in everyone if p["node"] == node})
     profiles: dict[str, DeviceProfile] = {}
@@ -158,7 +156,7 @@ def autobatch_ddp(
             device_index=p["device_index"],
             gpu=p["gpu"],
             profile=key_for(p["gpu"]),
-            memory_budget_bytes=int(job.fraction * p["available"]),
+            memory_budget_bytes=job.memory_budget_bytes(p["available"]),
             total_memory_bytes=p["total"],
             visible_id=p["visible_id"],
         )

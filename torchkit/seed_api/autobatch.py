@@ -44,6 +44,7 @@ from torchkit.seed_api.batch_choice import (
     FitMethod,
     check_options,
     choose_batch,
+    memory_target_bytes,
     probe_list,
 )
 from torchkit.step.oom import is_out_of_memory_error
@@ -476,7 +477,7 @@ def estimate_batch(
         multiple_of=multiple_of,
         max_batch=max_batch,
     )
-    budget = fraction * (spec.memory_bytes if available_bytes is None else available_bytes)
+    budget = memory_target_bytes(fraction, spec.memory_bytes if available_bytes is None else available_bytes)
     if curves.floor_device_bytes > budget:
         # the optimizer step alone (weights, gradients, state) does not fit, whatever the batch
         raise RuntimeError(

@@ -44,6 +44,20 @@ from torchkit.units import GIB
 PREFIX = "AutoBatch: "
 #: fraction of available memory the batch may use (seed: ``batch=-1`` -> 0.60)
 DEFAULT_FRACTION = 0.60
+
+
+def memory_target_bytes(fraction: float, available_bytes: float) -> float:
+    """The memory a batch may use: ``fraction`` of the available memory (the seed's target). The one budget
+    rule of batchplan: autobatch and the batch choice compare curves with it as a real number; the plan,
+    ``batchplan profile`` and ``autobatch_ddp`` report it in whole bytes (``memory_budget_bytes``)."""
+    return fraction * available_bytes
+
+
+def memory_budget_bytes(fraction: float, available_bytes: float) -> int:
+    """``memory_target_bytes`` in whole bytes (rounded down)."""
+    return int(memory_target_bytes(fraction, available_bytes))
+
+
 #: returned when AutoBatch cannot run (seed: ``DEFAULT_CFG.batch``)
 DEFAULT_BATCH = 16
 #: upper clamp (seed, newest: clamp to [first fit, 1024]; older versions fell back to 16 above it)
@@ -203,7 +217,7 @@ def check_options(
 def _choose_ours(
     batches, peaks, *, total_bytes, available_bytes, fraction, kind, dataset_size, multiple_of, max_batch
 ) -> BatchChoice:
-    budget = fraction * available_bytes
+    budget = memory_target_bytes(fraction, available_bytes)
     notes: list[str] = []
     dropped: list[DroppedPoint] = []
     points: list[tuple[int, float]] = []
@@ -349,7 +363,7 @@ def _choose_seed(
             batch=default_batch,
             predicted_bytes=0,
             predicted_fraction_of_total=0.0,
-            budget_bytes=int(fraction * available_bytes),
+            budget_bytes=memory_budget_bytes(fraction, available_bytes),
             fit=name,
             memory_fit=curve,
             used_points=used,
@@ -411,7 +425,7 @@ def _choose_seed(
         batch=b,
         predicted_bytes=int(round(predicted_gib * GIB)),
         predicted_fraction_of_total=predicted_gib / t,
-        budget_bytes=int(fraction * available_bytes),
+        budget_bytes=memory_budget_bytes(fraction, available_bytes),
         fit=name,
         memory_fit=curve,
         used_points=used,

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile, profile_key
+from planner.profiles.key import profile_key
+from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 from torchkit.errors import ConfigError
 from torchkit.step.fit import AffineMemoryFit, AffineTimeFit, LogLogMemoryFit
 
@@ -314,7 +315,7 @@ def test_profile_key_depends_on_the_order_of_parts():
 
 def test_profile_key_is_the_same_in_another_process_with_another_hash_seed():
     code = (
-        "from planner.profiles.profile import profile_key; "
+        "from planner.profiles.key import profile_key; "
         f"print(profile_key(*{KEY_PARTS!r}))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
