@@ -22,7 +22,9 @@ from planner.cluster import ClusterSpec
 from planner.errors import InfeasiblePlanError
 from planner.events import Event, EventSink, ignore_event
 from planner.job import JobSpec
-from planner.plan.build import DEFAULT_MASTER_PORT, ExcludedDevice, RankSlot, build_plan
+from planner.plan.build import build_plan
+from planner.plan.launch import DEFAULT_MASTER_PORT
+from planner.plan.types import ExcludedDevice, RankSlot
 from planner.probing.backends import (
     DEFAULT_PROBE_TIMEOUT_S,
     DEFAULT_PROFILE_TIMEOUT_S,

@@ -18,7 +18,7 @@ from planner.job import (
     JobSpec,
     parse_input_shape,
 )
-from planner.plan.build import DEFAULT_MASTER_PORT
+from planner.plan.launch import DEFAULT_MASTER_PORT
 from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, DEFAULT_PROFILE_TIMEOUT_S
 from torchkit.errors import ConfigError
 

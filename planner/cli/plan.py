@@ -58,7 +58,7 @@ def check_writable(flag: str, value: str) -> None:
 
 def emit(plan: dict, args: argparse.Namespace) -> None:
     """Write plan.json, the picture, and print the result in the requested form."""
-    from planner.plan.build import write_plan
+    from planner.plan.io import write_plan
 
     if not args.no_write:
         path = write_plan(plan, args.output)

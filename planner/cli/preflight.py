@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         plan = outcome.plan
     ok = all(c.ok for c in checks)
     if ok and plan is not None and args.output:
-        from planner.plan.build import write_plan
+        from planner.plan.io import write_plan
 
         write_plan(plan, args.output)
     if args.json:

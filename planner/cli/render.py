@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from planner.cli.output import echo, format_gib, print_json, print_table
-from planner.plan.build import DEFAULT_MASTER_PORT
+from planner.plan.launch import DEFAULT_MASTER_PORT
 
 
 def render_plan(plan: dict) -> None:

@@ -29,7 +29,8 @@ from typing import Any
 
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
-from planner.plan.build import RankSlot, build_plan
+from planner.plan.build import build_plan
+from planner.plan.types import RankSlot
 from planner.profiles.key import job_profile_key
 from planner.profiles.profile import DeviceProfile
 
@@ -43,7 +44,7 @@ class DdpAutobatch:
     rank_plan: Any
     """this rank's ``planner.runtime.RankPlan`` (batch, loss weight, ...)"""
     plan: dict
-    """the whole plan (identical on every rank); ``planner.plan.build.write_plan`` can save it"""
+    """the whole plan (identical on every rank); ``planner.plan.io.write_plan`` can save it"""
     profiled_here: tuple[str, ...]
     """GPU types this rank profiled itself (not from the cache)"""
 

@@ -16,16 +16,10 @@ import pytest
 from planner.allocate.allocation import allocate
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
-from planner.plan.build import (
-    DEFAULT_MASTER_PORT,
-    SCHEMA,
-    ExcludedDevice,
-    RankSlot,
-    build_plan,
-    read_plan,
-    validate_plan,
-    write_plan,
-)
+from planner.plan.build import build_plan
+from planner.plan.io import SCHEMA, read_plan, validate_plan, write_plan
+from planner.plan.launch import DEFAULT_MASTER_PORT
+from planner.plan.types import ExcludedDevice, RankSlot
 from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 from torchkit.errors import ConfigError
 
