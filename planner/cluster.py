@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkit.errors import ConfigError
+from planner.errors import ConfigError
 from torchkit.hardware.catalog import (
     GPU_SPEC_OPTIONAL_KEYS,
     GPU_SPEC_REQUIRED_KEYS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchkit.errors import ConfigError
+from planner.errors import ConfigError
 from torchkit.units import GIB
 
 

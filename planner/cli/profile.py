@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from planner.cli.options import add_job_options, job_from_args
-from planner.cli.output import echo, format_gib, note, print_json, print_table
-from torchkit.errors import ConfigError
+from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
+from planner.errors import ConfigError
 
 SCHEMA = "batchplan/profile@1"
 
@@ -53,8 +53,6 @@ def run(args: argparse.Namespace) -> int:
 
     job = job_from_args(args)
     if args.plot:
-        from planner.cli.plan import check_writable
-
         if not args.plot.lower().endswith(".png"):
             raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
         check_writable("--plot", args.plot)

@@ -6,30 +6,32 @@ node whose probe died or did not answer is listed with no devices and the reason
 
 from __future__ import annotations
 
-import argparse
-
+from planner.cluster import ClusterSpec
 from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, RayBackend
+from planner.probing.session import ray_session
+from torchkit.hardware.catalog import load_catalog
 
 
-def cluster_inventory(args: argparse.Namespace) -> list[dict]:
-    from planner.probing.session import ray_session
-    from torchkit.hardware.catalog import load_catalog
-
-    cluster = None
-    if args.cluster:
-        from planner.cluster import load_cluster
-
-        cluster = load_cluster(args.cluster)
+def cluster_inventory(
+    *,
+    cluster: ClusterSpec | None,
+    address: str | None,
+    select: str,
+    min_free_memory_fraction: float,
+    max_utilization_fraction: float,
+    probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
+) -> list[dict]:
+    """Every node's inventory as ``devices --json`` node entries: the simulated ``cluster``'s, or those of
+    the Ray cluster at ``address`` (``cluster`` None)."""
     catalog = cluster.catalog if cluster is not None else load_catalog()
-    timeout_s = getattr(args, "probe_timeout", None) or DEFAULT_PROBE_TIMEOUT_S
     with ray_session(
-        address=args.address if cluster is None else None,
+        address=address if cluster is None else None,
         num_simulated_nodes=len(cluster.nodes) if cluster is not None else 0,
     ) as session:
         backend = RayBackend(
-            session, catalog, cluster=cluster, on_event=lambda e: None, probe_timeout_s=timeout_s
+            session, catalog, cluster=cluster, on_event=lambda e: None, probe_timeout_s=probe_timeout_s
         )
-        inventories, failed = backend.inventories(args.select, args.min_memory_fraction, args.max_utilization)
+        inventories, failed = backend.inventories(select, min_free_memory_fraction, max_utilization_fraction)
     nodes = [inventory.to_json() for inventory in inventories]
     for name, reason in failed.items():
         nodes.append(

@@ -13,9 +13,9 @@ import os
 import sys
 from typing import Any
 
+from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.profiles.profile import DeviceProfile
-from torchkit.errors import ConfigError
 from torchkit.hardware.catalog import GpuSpec
 
 log = logging.getLogger(__name__)

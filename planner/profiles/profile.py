@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from torchkit.errors import ConfigError
+from planner.errors import ConfigError
 from torchkit.step.fit import (
     AffineTimeFit,
     MemoryFit,
