@@ -22,7 +22,6 @@ from torchkit.errors import ConfigError, UserError
 from torchkit.hardware.catalog import load_catalog
 
 
-
 @pytest.fixture(scope="module")
 def catalog():
     return load_catalog()
