@@ -60,7 +60,8 @@ def main() -> int:
             continue
         workload = get_workload(workload_name, seq_len=args.seq_len if workload_name.startswith("gpt2") else None)
         t = time.monotonic()
-        measured = measure_curve(workload, device, amp=amp, optimizer="sgd", stop_fraction=0.30)
+        measured = measure_curve(workload, device, amp=amp, optimizer="sgd", stop_fraction=0.30,
+                                 context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
         batches = [b for b, _ in measured.memory_points]
         estimated = estimate_curves(workload, gpu, amp=amp, optimizer="sgd", batches=batches)
         est_mem = dict(estimated.memory_points)

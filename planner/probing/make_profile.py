@@ -112,9 +112,11 @@ def make_profile(
                 f"--method measure needs a CUDA GPU of type {gpu.name} (device {device_index}) on the probing "
                 "node, and none is usable here (use --method estimate or auto)"
             )
+        from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
         from torchkit.step.measure import measure_curve
 
-        curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer)
+        curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer,
+                              context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
         return DeviceProfile.from_points(
             gpu=gpu.name,
             method="measure",

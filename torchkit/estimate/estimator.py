@@ -101,7 +101,7 @@ class StepEstimate:
 
 def check_estimator_torch(version: str | None = None) -> None:
     """Raise ``UserError`` if ``version`` (default: the installed torch) is older than ESTIMATOR_MIN_TORCH."""
-    from torchkit.seed_api.versions import check_torch_version
+    from torchkit.versions import check_torch_version
 
     if not check_torch_version(version, minimum=ESTIMATOR_MIN_TORCH):
         import torch

@@ -49,7 +49,7 @@ from torchkit.seed_api.batch_choice import (
 )
 from torchkit.step.oom import is_out_of_memory_error
 from torchkit.step.options import OptimizerName
-from torchkit.step.train_step import make_optimizer, train_step
+from torchkit.step.train_step import make_optimizer, to_device, train_step
 from torchkit.units import GIB
 
 if TYPE_CHECKING:
@@ -196,19 +196,6 @@ def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, (tuple, list)):
         for item in value:
             yield from _tensors_in(item)
-
-
-def to_device(value: Any, device: torch.device) -> Any:
-    """``value`` (a tensor, or dicts/tuples/lists of them) moved to ``device``; other values as they are."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=True)
-    if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(to_device(v, device) for v in value)
-    return value
 
 
 def build_optimizer(model: torch.nn.Module, name: OptimizerName | None) -> torch.optim.Optimizer | None:

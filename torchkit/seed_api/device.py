@@ -385,7 +385,7 @@ def select_device(device: Any = "", newline: bool = False, verbose: bool = True)
     """
     import torch
 
-    from torchkit.seed_api.versions import TORCH_2_0, TORCH_2_3
+    from torchkit.versions import TORCH_2_0, TORCH_2_3
 
     if isinstance(device, torch.device) and device.type not in {"cpu", "cuda", "npu", "xpu"}:
         return device

@@ -100,7 +100,7 @@ def autocast(enabled: bool | torch.dtype, device: str | torch.device = "cuda") -
         return torch_npu.npu.amp.autocast(enabled, **kwargs)
 
     if device_type == "mps":
-        from torchkit.seed_api.versions import TORCH_2_5
+        from torchkit.versions import TORCH_2_5
 
         if not TORCH_2_5:
             LOGGER.warning("autocast: MPS autocast needs torch>=2.5 (have %s); running without autocast",

@@ -58,18 +58,21 @@ def measure_curve(
     start_batches: Sequence[int] = DEFAULT_START_BATCHES,
     stop_fraction: float = DEFAULT_STOP_FRACTION,
     repeats: int = 3,
+    context_bytes: int,
 ) -> MeasuredCurve:
     """Probe ``workload`` on a CUDA ``device`` at growing batches.
+
+    ``context_bytes`` (the CUDA context, outside PyTorch's allocator) is added to every reserved peak; pass
+    the estimator's ``torchkit.estimate.overhead.DEFAULT_CUDA_OVERHEAD.context_bytes`` so that measured and
+    estimated profiles count the same memory.
 
     Raises:
         RuntimeError: ``device`` is not a usable CUDA device, or not even the first batch ran.
     """
     import torch
 
-    from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
-    from torchkit.seed_api.autobatch import to_device
     from torchkit.step.oom import is_out_of_memory_error
-    from torchkit.step.train_step import make_optimizer, run_training_iterations
+    from torchkit.step.train_step import make_optimizer, run_training_iterations, to_device
 
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -113,7 +116,7 @@ def measure_curve(
                 opt.zero_grad(set_to_none=True)
                 gc.collect()
                 torch.cuda.empty_cache()
-            memory.append((batch, int(peak_reserved) + DEFAULT_CUDA_OVERHEAD.context_bytes))
+            memory.append((batch, int(peak_reserved) + context_bytes))
             allocated.append((batch, int(peak_allocated)))
             times.append((batch, statistics.median(samples)))
             if peak_reserved > stop_fraction * total:

@@ -165,3 +165,16 @@ def run_training_iterations(
     for index in range(first, num_iterations):
         hooks.iteration(index)
         train_step(model, optimizer, inputs, targets, loss_fn, amp=amp, hooks=hooks, device_type=device_type)
+
+
+def to_device(value: Any, device: Any) -> Any:
+    """``value`` (a tensor, or dicts/tuples/lists of them) moved to ``device``; other values as they are."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device) for v in value)
+    return value

@@ -101,9 +101,9 @@ def test_autocast_bfloat16_on_cuda_without_native_bf16_raises():
 
 
 def test_autocast_on_mps_with_old_torch_is_disabled_with_a_warning(monkeypatch, caplog):
-    import torchkit.seed_api.versions
+    import torchkit.versions
 
-    monkeypatch.setattr(torchkit.seed_api.versions, "TORCH_2_5", False)
+    monkeypatch.setattr(torchkit.versions, "TORCH_2_5", False)
     with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.precision"):
         ctx = autocast(True, "mps")
     assert "needs torch>=2.5" in caplog.text

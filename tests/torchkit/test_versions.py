@@ -1,12 +1,12 @@
-"""torchkit.seed_api.versions: release parsing, version comparison and the TORCH_x_y flags."""
+"""torchkit.versions: release parsing, version comparison and the TORCH_x_y flags."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from torchkit.seed_api import versions
-from torchkit.seed_api.versions import check_torch_version, release_tuple
+from torchkit import versions
+from torchkit.versions import check_torch_version, release_tuple
 
 
 @pytest.mark.parametrize(
