@@ -59,8 +59,8 @@ def selected_node_rank(plan: Mapping[str, Any], node: str | None, node_rank: int
 
 def env_lines(plan: Mapping[str, Any], node_rank: int) -> list[str]:
     """The ``export`` lines of ``nodes[node_rank]``, with a comment saying whose they are."""
-    from planner.plan_launch import export_lines
-    from planner.plan_validate import node_launch
+    from planner.plan.launch import export_lines
+    from planner.plan.validate import node_launch
 
     launch = node_launch(plan, node_rank)
     name = plan["nodes"][node_rank]["name"]

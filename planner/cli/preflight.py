@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.options import add_cluster_options, add_job_options, job_from_args, run_planning
+from planner.cli.options import add_cluster_options, add_job_options, job_from_args
 from planner.cli.output import echo, print_json
+from planner.cli.planning import run_planning
 from planner.cli.user_code import user_code_summary
-from planner.errors import InfeasiblePlanError
-from torchkit.errors import ConfigError
+from planner.errors import ConfigError, InfeasiblePlanError
 
 
 def add_parser(subparsers) -> None:
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         checks.append(Check(name="user_code", ok=True, detail=summary))
     ok = all(c.ok for c in checks)
     if ok and plan is not None and args.output:
-        from planner.plan import write_plan
+        from planner.plan.io import write_plan
 
         write_plan(plan, args.output)
     if args.json:

@@ -19,7 +19,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.plan import read_plan
+    from planner.plan.io import read_plan
 
     check_node_options(args)
     print_plan(read_plan(args.plan), as_json=args.json, emit=args.emit, node=args.node, node_rank=args.node_rank)

@@ -1,0 +1,59 @@
+"""plan.json (``batchplan/plan@1``) at the edges: writing it atomically and reading it back, both through the
+one validator (``planner.plan.validate``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from planner.errors import ConfigError
+from planner.jsonio import read_json_file
+from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
+
+__all__ = ["SCHEMA", "read_plan", "validate_plan", "write_plan"]
+
+
+def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``plan`` as JSON to ``path`` atomically (temporary file in the same directory, then rename)."""
+    validate_plan(plan, where="plan to write")
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
+    try:
+        # mkstemp makes the file 0600; a plan is shared with the scheduler and the nodes: the usual 0666 & ~umask
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(plan, handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, target)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
+        raise
+    return target
+
+
+def read_plan(path: str | os.PathLike) -> dict:
+    """Read and validate a plan.json: size and nesting limits first (``planner.jsonio``), then every rule of
+    ``planner.plan.validate``.
+
+    Raises:
+        ConfigError: missing file, too large or deep, not strict JSON, or breaking a rule of the plan.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
+    plan = read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES,
+                          fix=f"regenerate it with batchplan plan -o {source}")
+    validate_plan(plan, where=str(source))
+    return plan

@@ -1,0 +1,250 @@
+"""Connecting to Ray: join a cluster (``--address``), start a local simulated one (``--cluster FILE``), or an
+embedded single-node Ray (neither).
+
+A simulated cluster runs one raylet per simulated node, every raylet on 127.0.0.1 with the dashboard off
+(Ray has no authentication of its own: CVE-2023-48022). Every Ray worker that imports torch costs a few
+hundred MiB, so past ``raylet_cap`` raylets (default 8; ``BATCHPLAN_RAYLET_CAP``) simulated nodes share
+raylets: nodes are dealt round-robin onto the raylets, and one probe process answers for each group. A
+real cluster always gets one probe per node.
+
+Everything this module starts it stops again: on leaving the ``with`` block, on an exception and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from planner.errors import ClusterUnreachableError, ConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RAYLET_CAP = 8
+#: object store per simulated raylet: probes exchange kilobytes, so the 150 MiB Cluster default is plenty
+SIMULATED_OBJECT_STORE_BYTES = 80 * 2**20
+LOOPBACK = "127.0.0.1"
+
+
+def _keep_ray_on_loopback() -> None:
+    """Make a Ray cluster started by this process bind and advertise 127.0.0.1 only.
+
+    Ray replaces 127.0.0.1 with the machine's own address unless ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    which it reads once, when ``ray`` is first imported (``ray._private.ray_constants.ENABLE_RAY_CLUSTER``).
+    The variable is set before that import and inherited by the raylets and workers this process starts; if
+    ``ray`` was imported earlier, the constant it derived is corrected the same way. Only for clusters this
+    process starts: a driver joining a remote cluster must advertise its real address.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and getattr(constants, "ENABLE_RAY_CLUSTER", False):
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+#: seconds to wait for a TCP connection to a cluster address before calling it unreachable (Ray itself retries
+#: for many minutes)
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast, with the address, when ``host:port`` (or ``ray://host:port``) accepts no TCP connection.
+
+    ``auto`` and addresses without a port are left to Ray.
+    """
+    import socket
+
+    target = address.split("://", 1)[-1]
+    host, _, port_text = target.rpartition(":")
+    if not host or not port_text.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port_text)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ClusterUnreachableError(
+            f"cannot reach the Ray cluster at {address!r}: {exc} "
+            "(check the address and port, that `ray status` works there, and the firewall)"
+        ) from exc
+
+
+def raylet_cap_from_env() -> int:
+    text = os.environ.get("BATCHPLAN_RAYLET_CAP", str(DEFAULT_RAYLET_CAP))
+    try:
+        cap = int(text)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ConfigError(f"BATCHPLAN_RAYLET_CAP={text!r} is invalid (use a positive integer, e.g. 8)")
+    return cap
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayNode:
+    """A live Ray node the planner can pin a probe to."""
+
+    node_id: str
+    address: str
+    num_gpus: float = 0.0
+
+
+@dataclass(kw_only=True)
+class RaySession:
+    """A connected Ray driver and the nodes it may place probes on."""
+
+    address: str
+    """what the driver connected to (``local`` for a cluster this session started)"""
+    started_here: bool
+    """whether this session started the Ray processes (and will stop them)"""
+    nodes: list[RayNode] = field(default_factory=list)
+
+    def gpu_nodes(self) -> list[RayNode]:
+        """Nodes that report GPUs (a real cluster's CPU-only head is not probed)."""
+        return [n for n in self.nodes if n.num_gpus > 0]
+
+
+def _alive_nodes() -> list[RayNode]:
+    import ray
+
+    nodes = []
+    for entry in ray.nodes():
+        if not entry.get("Alive"):
+            continue
+        nodes.append(
+            RayNode(
+                node_id=entry["NodeID"],
+                address=entry.get("NodeManagerAddress", ""),
+                num_gpus=float(entry.get("Resources", {}).get("GPU", 0.0)),
+            )
+        )
+    return nodes
+
+
+def _init_kwargs() -> dict:
+    return {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": False}
+
+
+@contextlib.contextmanager
+def ray_session(
+    *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None
+) -> Iterator[RaySession]:
+    """Yield a connected :class:`RaySession`.
+
+    Args:
+        address: join this cluster (``auto``, ``ray://host:10001``, ``host:6379``).
+        num_simulated_nodes: start a local cluster with ``min(num_simulated_nodes, raylet_cap)`` raylets
+            (ignored with ``address``). If this process is already connected to Ray (a test fixture, a
+            notebook), that connection is used as it is.
+        raylet_cap: most raylets to start (default ``BATCHPLAN_RAYLET_CAP`` or 8).
+
+    Raises:
+        ClusterUnreachableError: ``address`` cannot be reached.
+    """
+    if address is None:
+        _keep_ray_on_loopback()
+    import ray
+
+    if ray.is_initialized():
+        yield RaySession(address="existing", started_here=False, nodes=_alive_nodes())
+        return
+
+    if address is not None:
+        _check_reachable(address)
+        try:
+            with _keeping_sigterm_handler():
+                ray.init(address=address, **_init_kwargs())
+        except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError by version
+            raise ClusterUnreachableError(
+                f"cannot reach the Ray cluster at {address!r}: {exc} "
+                "(check the address, that `ray status` works there, and the firewall)"
+            ) from exc
+        try:
+            yield RaySession(address=address, started_here=False, nodes=_alive_nodes())
+        finally:
+            ray.shutdown()
+        return
+
+    cap = raylet_cap or raylet_cap_from_env()
+    num_raylets = max(1, min(num_simulated_nodes, cap))
+    cluster = None
+    from planner.probing.watchdog import ray_watchdog
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(ray_watchdog())  # stops what is started below if this process dies without stopping it
+    sigterm = _sigterm_handler()
+    try:
+        if num_simulated_nodes > 0:
+            from ray.cluster_utils import Cluster
+
+            common = {
+                "node_ip_address": LOOPBACK,
+                "num_cpus": 1,
+                "num_gpus": 0,
+                "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
+            }
+            log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
+            cluster = Cluster(
+                initialize_head=True,
+                head_node_args={**common, "include_dashboard": False},
+                shutdown_at_exit=True,
+            )
+            for _ in range(num_raylets - 1):
+                cluster.add_node(wait=False, **common)
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+        else:
+            log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
+            ray.init(
+                _node_ip_address=LOOPBACK,
+                include_dashboard=False,
+                object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                **_init_kwargs(),
+            )
+        _restore_sigterm_handler(sigterm)  # Ray's in-process cluster nodes and ray.init replaced it
+        yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.shutdown()
+        stack.close()
+        _restore_sigterm_handler(sigterm)
+
+
+def _sigterm_handler():
+    """This process's SIGTERM handler, to put back after starting Ray (None off the main thread)."""
+    import signal
+    import threading
+
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm_handler(handler) -> None:
+    """Put back a SIGTERM handler this process had before starting Ray. ``ray.init`` replaces it (with
+    ``sys.exit(15)``, and its core worker with a C++ handler that dumps a stack and aborts), and so does each
+    in-process ``ray.cluster_utils`` node (drain 30 s, then ``sys.exit(1)``). The CLI's handler turns SIGTERM
+    into a clean teardown like Ctrl-C (``planner.cli.signals``)."""
+    import signal
+
+    if callable(handler):
+        signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """Keep this process's SIGTERM handler across ``ray.init`` (see ``_restore_sigterm_handler``)."""
+    handler = _sigterm_handler()
+    try:
+        yield
+    finally:
+        _restore_sigterm_handler(handler)
+
+
+def deal_round_robin(names: Sequence[str], nodes: Sequence[RayNode]) -> dict[str, RayNode]:
+    """Assign simulated node names to Ray nodes: one each while there are enough, then shared in turn."""
+    if not nodes:
+        raise ClusterUnreachableError("the Ray cluster has no live node to place probes on")
+    return {name: nodes[i % len(nodes)] for i, name in enumerate(names)}

@@ -1,0 +1,45 @@
+"""The one name of a profile: a short content key of everything that determines it. The driver, the profile
+cache and ``autobatch_ddp`` all name profiles with ``job_profile_key``, so a profile made by one is found by
+the others. Pure Python."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from planner.job import JobSpec
+from torchkit.hardware.catalog import GpuSpec
+
+
+def profile_key(*parts: object) -> str:
+    """Stable short content key of everything that determines a profile (workload fingerprint, input, amp,
+    optimizer, GPU type, method, torch version): the same inputs always give the same key."""
+    text = json.dumps([str(p) for p in parts], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+#: what a profile key is made of, in the order ``profile_key`` hashes it; a cache entry records these, so its
+#: key can be recomputed from the job and GPU it claims to describe
+KEY_FIELDS = ("fingerprint", "imgsz", "input_shape", "seq_len", "amp", "optimizer", "gpu", "method", "fit",
+              "torch_version")
+
+
+def job_key_inputs(
+    job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str
+) -> dict[str, str]:
+    """The named parts of the key of ``job``'s profile on ``gpu`` made by ``method`` (``estimate``/
+    ``measure``), for the workload whose content fingerprint is ``fingerprint`` under torch
+    ``torch_version``: the strings ``profile_key`` hashes."""
+    values = (fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer, gpu.name,
+              method, job.fit, torch_version)
+    return {name: str(value) for name, value in zip(KEY_FIELDS, values, strict=True)}
+
+
+def key_of_inputs(inputs: dict[str, str]) -> str:
+    """``profile_key`` of the parts ``job_key_inputs`` named (KeyError if one is missing)."""
+    return profile_key(*(inputs[name] for name in KEY_FIELDS))
+
+
+def job_profile_key(job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str) -> str:
+    """The key of ``job``'s profile on ``gpu`` (see ``job_key_inputs``)."""
+    return key_of_inputs(job_key_inputs(job, gpu, method=method, fingerprint=fingerprint, torch_version=torch_version))
