@@ -297,15 +297,13 @@ def _parse_gpu_entry(
     used_memory_bytes = 0
     if entry.get("used_memory_gib") is not None:
         used_where = where.key("used_memory_gib")
-        used_gib = expect_number(
-            entry["used_memory_gib"], used_where, minimum=0, maximum=spec.memory_bytes / GIB, hint="memory in use, GiB"
-        )
-        used_memory_bytes = round(used_gib * GIB)
-        if used_memory_bytes > spec.memory_bytes:
+        used_gib = expect_number(entry["used_memory_gib"], used_where, minimum=0, hint="memory in use, GiB")
+        if used_gib * GIB > spec.memory_bytes:  # compared before rounding: 1e308 GiB would overflow round()
             raise used_where.error(
                 f"{used_gib:g} GiB in use exceeds the {spec.memory_bytes / GIB:.2f} GiB total of a {spec.name} "
                 f"(use at most {spec.memory_bytes / GIB:.2f})"
             )
+        used_memory_bytes = round(used_gib * GIB)
     utilization = 0.0
     if entry.get("utilization") is not None:
         utilization = expect_number(
