@@ -57,12 +57,12 @@ def test_put_then_get_gives_the_same_profile(cache):
 
 
 def test_a_fresh_cache_object_reads_what_another_wrote(cache):
-    cache.put(KEY, make_profile(), inputs=inputs_for(make_profile().gpu))
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     assert ProfileCache(cache.directory).get(KEY) == make_profile()
 
 
 def test_an_entry_records_schema_key_checksum_and_profile(cache):
-    cache.put(KEY, make_profile(), inputs=inputs_for(make_profile().gpu))
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     entry = json.loads(cache.path_for(KEY).read_text())
     assert set(entry) == {"schema", "key", "inputs", "checksum", "profile"}
     assert key_of_inputs(entry["inputs"]) == KEY
@@ -79,13 +79,13 @@ def test_an_absent_key_is_none_and_not_a_problem(cache):
 
 def test_put_creates_the_directory_and_leaves_no_temporary_file(tmp_path):
     cache = ProfileCache(tmp_path / "a" / "b")
-    cache.put(KEY, make_profile(), inputs=inputs_for(make_profile().gpu))
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     assert others(cache.directory) == []
 
 
 def test_put_replaces_an_entry_of_the_same_key(cache):
-    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for(make_profile(per_sample=2**24).gpu))
-    cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for(make_profile(per_sample=2**25).gpu))
+    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for())
+    cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     assert cache.get(KEY) == make_profile(per_sample=2**25)
     assert others(cache.directory) == []
 
@@ -160,7 +160,7 @@ def test_a_corrupt_entry_is_ignored_reported_and_rewritten_by_the_next_put(cache
 
 
 def test_an_entry_copied_under_another_key_is_not_trusted(cache):
-    cache.put(KEY, make_profile(), inputs=inputs_for(make_profile().gpu))
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     other = "1111111111111111"
     cache.path_for(other).write_bytes(cache.path_for(KEY).read_bytes())
     assert cache.get(other) is None
@@ -177,7 +177,7 @@ def test_a_directory_in_place_of_an_entry_is_a_problem_not_a_crash(cache):
 
 
 def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache, monkeypatch):
-    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for(make_profile(per_sample=2**24).gpu))
+    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for())
     before = cache.path_for(KEY).read_bytes()
 
     def failing_replace(src, dst):
@@ -185,7 +185,7 @@ def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache,
 
     monkeypatch.setattr(cache_module.os, "replace", failing_replace)
     with pytest.raises(OSError, match="No space left"):
-        cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for(make_profile(per_sample=2**25).gpu))
+        cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     monkeypatch.undo()
 
     assert cache.path_for(KEY).read_bytes() == before
@@ -194,7 +194,7 @@ def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache,
 
 
 def test_a_write_interrupted_while_dumping_leaves_no_partial_entry(cache, monkeypatch):
-    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for(make_profile(per_sample=2**24).gpu))
+    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for())
     before = cache.path_for(KEY).read_bytes()
     real_dump = json.dump
 
@@ -204,7 +204,7 @@ def test_a_write_interrupted_while_dumping_leaves_no_partial_entry(cache, monkey
 
     monkeypatch.setattr(cache_module.json, "dump", half_dump)
     with pytest.raises(KeyboardInterrupt):
-        cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for(make_profile(per_sample=2**25).gpu))
+        cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     monkeypatch.setattr(cache_module.json, "dump", real_dump)
 
     assert cache.path_for(KEY).read_bytes() == before
