@@ -312,7 +312,7 @@ class Rebalancer:
             if extra > 0:
                 time.sleep(extra)
 
-    def _comm_hook(self, state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    def _comm_hook(self, state, bucket):  # no annotations: DDP checks them, and this module's are strings
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         if self._in_compute:

@@ -60,11 +60,11 @@ def test_memory_cap_extrapolates_the_measured_peak_and_never_exceeds_the_budget_
 
 
 def limits(caps, slopes):
-    return [RankLimits(cap=c, prior=AffineTimeFit(intercept_s=0.0, s_per_sample=s)) for c, s in zip(caps, slopes)]
+    return [RankLimits(cap=c, prior=AffineTimeFit(intercept_s=0.0, s_per_sample=s)) for c, s in zip(caps, slopes, strict=True)]
 
 
 def measures(split, true_slopes, steps=3):
-    return [StepMeasure(step=i + 3, batches=split, compute_s=tuple(b * s for b, s in zip(split, true_slopes)))
+    return [StepMeasure(step=i + 3, batches=split, compute_s=tuple(b * s for b, s in zip(split, true_slopes, strict=True)))
             for i in range(steps)]
 
 
@@ -99,7 +99,6 @@ def test_a_balanced_split_or_a_gain_below_the_threshold_is_kept():
 
 
 def test_a_measured_peak_over_the_budget_forces_the_rank_down():
-    true = (0.001, 0.001, 0.001)
     lim = [RankLimits(cap=64, prior=AffineTimeFit(intercept_s=0.0, s_per_sample=0.001), memory_budget_bytes=1000,
                       bytes_per_sample=50.0) for _ in range(3)]
     split = (24, 16, 16)  # balanced enough in time, but rank 0 peaked above its budget

@@ -53,7 +53,7 @@ def test_random_switches_with_accumulation_land_on_optimizer_step_boundaries():
     group = samplers(size=200, accumulate=2)
     iterators = [iter(s) for s in group]
     lists_by_rank: list[list[list[int]]] = [[] for _ in range(WORLD)]
-    for step in range(len(group[0])):
+    for _step in range(len(group[0])):
         if rng.random() < 0.5:
             cut = sorted(rng.sample(range(1, B), WORLD - 1))
             new = (cut[0], cut[1] - cut[0], B - cut[1])
