@@ -232,6 +232,8 @@ class Rebalancer:
         self._intervals: list[tuple[Any, Any]] = []
         self._step_splits: list[tuple[int, ...]] = []
         self._peak_bytes: int | None = None
+        self.plan: dict | None = None
+        """the plan document (set by ``from_plan``); what ``write_feedback`` updates"""
         if ddp is not None and isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(None, self._comm_hook)
             ddp.module.register_forward_pre_hook(self._forward_pre_hook)
@@ -261,7 +263,9 @@ class Rebalancer:
             raise ConfigError(f"the sampler's batches {list(sampler.batches)} are not the plan's "
                               f"{[r['batch'] for r in data['ranks']]} (build the sampler from this plan)")
         limits, multiple_of, min_batch = limits_from_plan(data)
-        return cls(sampler, ddp, limits, multiple_of=multiple_of, min_batch=min_batch, **options)
+        rebalancer = cls(sampler, ddp, limits, multiple_of=multiple_of, min_batch=min_batch, **options)
+        rebalancer.plan = data
+        return rebalancer
 
     # --------------------------------------------------------------------------------- in the step
 
@@ -443,6 +447,41 @@ class Rebalancer:
             max_idle_first=self._split_idle(first, last_run=False),
             max_idle_last=self._split_idle(last, last_run=True, since_step=run_start + 1),
             batches_first=first, batches_last=last)
+
+    def feedback(self) -> tuple[dict, dict]:
+        """The updated plan (final batches, weights, ``measured`` section) and the measured profiles by
+        cache key (``planner.runtime.rebalance_feedback``). Needs ``from_plan``."""
+        from planner.runtime.rebalance_feedback import measured_profiles, measured_section, updated_plan
+
+        if self.plan is None:
+            raise ConfigError("Rebalancer.feedback() needs the plan: build the re-balancer with from_plan()")
+        usable = self._usable() or self.measures
+        simulated = self.simulate.describe() if self.simulate is not None else None
+        section = measured_section(self.plan, usable, self.report(), self.limits,
+                                   prior_weight=self.policy.prior_weight, simulated=simulated)
+        profiles = measured_profiles(self.plan, usable, prior_weight=self.policy.prior_weight,
+                                     note=f"declared simulation: {simulated}" if simulated else "")
+        return updated_plan(self.plan, section), profiles
+
+    def write_feedback(self, plan_path: str | Path | None, cache_dir: str | Path | None = None) -> list[Path]:
+        """On rank 0: write the updated plan to ``plan_path`` (atomically; None: not written) and the measured
+        profiles to the profile cache (``cache_dir``, default the planner's). Other ranks write nothing.
+
+        Returns:
+            the files written.
+        """
+        if self.rank != 0:
+            return []
+        from planner.plan import write_plan
+        from planner.profile_cache import ProfileCache
+
+        plan, profiles = self.feedback()
+        written = []
+        if plan_path is not None:
+            written.append(write_plan(plan, plan_path))
+        cache = ProfileCache(cache_dir)
+        written.extend(cache.put(key, profile) for key, profile in profiles.items())
+        return written
 
     def _split_idle(self, split: tuple[int, ...], *, last_run: bool, since_step: int = 1) -> float:
         candidates = [m for m in self.measures if m.batches == split and (not last_run or m.step >= since_step)]
