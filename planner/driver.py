@@ -399,6 +399,15 @@ def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlo
     return warnings
 
 
+def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog, cache: ProfileCache | None):
+    """With ``--method auto``: the profile a re-balanced job measured for this GPU type, if cached."""
+    if job.method != "auto" or cache is None:
+        return None
+    from planner.profile_measured import find_measured
+
+    return find_measured(cache, job.to_json(), request.gpu_type, job.amp_for(catalog.get(request.gpu_type)))
+
+
 def run_plan(
     job: JobSpec,
     backend: Backend,
@@ -449,6 +458,15 @@ def run_plan(
     dead_nodes: set[str] = set(failed_nodes)
     profile_calls = 0
     for key, request in requests.items():
+        measured = _measured_in_job(job, request, catalog, options.cache)
+        if measured is not None:
+            profiles[key] = measured
+            warnings.append(
+                f"{request.gpu_type}: step time measured in a running job (profile method 'job', from the profile "
+                f"cache); --method auto prefers it over the {request.method} profile"
+            )
+            on_event(Event(stage="profile", status="cached", item=request.gpu_type, detail={"measured_in_job": True}))
+            continue
         cached = options.cache.get(key) if options.cache is not None else None
         if cached is not None:
             profiles[key] = cached

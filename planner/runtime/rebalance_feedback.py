@@ -26,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from planner.profile import DeviceProfile, profile_key
+from planner.profile import DeviceProfile
+from planner.profile_measured import MEASURED_METHOD, measured_profile_key
 from planner.runtime.rebalance_model import (
     RankLimits,
     StepMeasure,
@@ -38,17 +39,6 @@ from planner.runtime.weights import loss_weights
 from torchkit.fit import AffineTimeFit, fit_memory
 
 __all__ = ["MEASURED_METHOD", "measured_profile_key", "measured_profiles", "measured_section", "updated_plan"]
-
-#: ``DeviceProfile.method`` of a profile measured inside a running job
-MEASURED_METHOD = "job"
-#: the job fields that decide how fast one training step runs (JobSpec names)
-_STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
-
-
-def measured_profile_key(job: Mapping[str, Any], gpu: str, amp: str) -> str:
-    """Cache key of the in-job measured profile of (the job's model, input and optimizer; ``amp``; ``gpu``)."""
-    parts = [job.get(name) for name in _STEP_FIELDS]
-    return profile_key("measured-in-job", *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu)
 
 
 def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> list[tuple[int, float, int]]:

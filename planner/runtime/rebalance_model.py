@@ -8,13 +8,16 @@ same gathered numbers, so every rank reaches the same decision (``planner.runtim
 
 The fit, for one rank with measured points ``(b_j, t_j)`` (medians per distinct batch, ``n_j`` steps each):
 
-    minimise  Σ_j n_j·(t0 + t1·b_j − t_j)²  +  λ·b̄²·(t1 − α·t1_plan)²        (t0, t1 ≥ 0)
+    minimise  Σ_j n_j·(t0 + t1·b_j − t_j)²  +  λ·(0.1·b̄)²·(t1 − α·t1_plan)²        (t0, t1 ≥ 0)
 
 where ``b̄`` is the mean measured batch, ``α`` the measured / planned time ratio at the measured batches and
-``λ`` the prior's weight in steps (``RebalancePolicy.prior_weight``). With one distinct batch (the usual case
-before the first switch) this is the plan's curve scaled to the measurement, ``α·t_plan(b)``: the plan's
-idea of fixed vs per-sample cost is kept, its speed is corrected. Once steps at several batches exist the
-data decide the slope, and the prior only steadies it against noise.
+``λ`` the prior's weight (``RebalancePolicy.prior_weight``): the prior counts as much as ``λ`` steps at
+batches 10% away from the mean. With one distinct batch (the usual case before the first switch) this is
+the plan's curve scaled to the measurement, ``α·t_plan(b)``: the plan's idea of fixed vs per-sample cost is
+kept, its speed is corrected. Once steps at batches further apart exist (a switch moves a batch by tens of
+percent) the data decide the slope, and the prior only steadies it against noise; so a plan whose *shape*
+was wrong (an estimate dominated by a fixed cost the device does not have) is corrected by the second
+decision at the latest.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ __all__ = [
 ]
 
 
+#: the prior on the slope weighs like steps at batches this share away from the mean measured batch
+_PRIOR_SPREAD = 0.1
+
+
 @dataclass(frozen=True, kw_only=True)
 class RebalancePolicy:
     """When the re-balancer measures and when it switches."""
@@ -54,7 +61,7 @@ class RebalancePolicy:
     min_gain: float = 0.03
     """a switch must cut the predicted step time by at least this share (noise must not cause switches)"""
     prior_weight: float = 1.0
-    """weight of the plan's slope in the refit, in steps at the mean measured batch"""
+    """weight of the plan's slope in the refit, in steps at batches 10% away from the mean measured batch"""
 
     def __post_init__(self) -> None:
         for name in ("probe_steps", "check_every_steps", "min_points"):
@@ -146,7 +153,7 @@ def fit_rank_time(points: Sequence[tuple[int, float, int]], prior: AffineTimeFit
     alpha = float(np.sum(n * t) / np.sum(n * planned)) if np.all(planned > 0) else 1.0
     slope_prior = alpha * prior.s_per_sample
     b_mean = float(np.sum(n * b) / np.sum(n))
-    lam = prior_weight * b_mean**2
+    lam = prior_weight * (_PRIOR_SPREAD * b_mean) ** 2
     # normal equations of the penalised least squares in (t0, t1)
     a = np.array([[n.sum(), (n * b).sum()], [(n * b).sum(), (n * b * b).sum() + lam]])
     rhs = np.array([(n * t).sum(), (n * b * t).sum() + lam * slope_prior])

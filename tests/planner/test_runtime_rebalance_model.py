@@ -116,3 +116,19 @@ def test_policy_rejects_nonsense_with_the_field_name():
         RebalancePolicy(probe_steps=0)
     with pytest.raises(ConfigError, match="imbalance_threshold"):
         RebalancePolicy(imbalance_threshold=1.5)
+
+
+def test_a_plan_of_the_wrong_shape_is_corrected_by_the_second_decision():
+    # the estimate thinks rank 2 is dominated by a fixed cost; the device really is proportional and slow
+    prior = [AffineTimeFit(intercept_s=0.0, s_per_sample=0.003), AffineTimeFit(intercept_s=0.0, s_per_sample=0.006),
+             AffineTimeFit(intercept_s=0.08, s_per_sample=0.0005)]
+    lim = [RankLimits(cap=64, prior=p) for p in prior]
+    true = (0.003, 0.006, 0.012)
+    start = (24, 16, 16)
+    policy = RebalancePolicy()
+    first = decide(measures(start, true), lim, current=start, multiple_of=4, min_batch=4, policy=policy)
+    assert first is not None
+    history = measures(start, true) + measures(first.batches, true)
+    second = decide(history, lim, current=first.batches, multiple_of=4, min_batch=4, policy=policy)
+    final = second.batches if second is not None else first.batches
+    assert final == (32, 16, 8)
