@@ -54,7 +54,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,56 +70,17 @@ from planner.runtime.rebalance_model import (
     max_idle,
     median_points,
 )
+from planner.runtime.rebalance_report import RebalanceReport, Switch, build_report, samples_once
 from planner.runtime.sampler import PlannedBatchSampler
 from planner.runtime.simulate import SimulatedSpeed
 from planner.runtime.weights import loss_weight as split_loss_weight
 from torchkit.fit import AffineTimeFit
 
-__all__ = ["RebalanceReport", "Rebalancer", "Switch", "limits_from_plan", "samples_once"]
+__all__ = ["RebalanceReport", "Rebalancer", "Switch", "limits_from_plan", "samples_once"]  # report names re-exported
 
 log = logging.getLogger(__name__)
 
 DecideFn = Callable[..., Decision | None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Switch:
-    """One re-balancing decision."""
-
-    decided_at_step: int
-    """optimizer step after which it was decided"""
-    position: tuple[int, int]
-    """(sampler pass, micro-step) from which the new split is used"""
-    batches: tuple[int, ...]
-    predicted_step_s: float
-    """step time of the new split under the refitted curves"""
-    previous_step_s: float
-    """step time of the old split under the same curves"""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RebalanceReport:
-    """What re-balancing did, for the summary line and the plan's ``measured`` section."""
-
-    steps: int
-    switches: tuple[Switch, ...]
-    steps_to_balance: int
-    """optimizer steps run before the final split took effect (0: the plan's split was kept)"""
-    max_idle_first: float
-    """largest idle share with the plan's split (medians of its measured steps)"""
-    max_idle_last: float
-    """largest idle share with the final split"""
-    batches_first: tuple[int, ...]
-    batches_last: tuple[int, ...]
-
-    def line(self, samples_once: bool) -> str:
-        """The one summary line the examples print."""
-        return (
-            f"rebalance: switches={len(self.switches)} steps_to_balance={self.steps_to_balance} "
-            f"max_idle_first={self.max_idle_first:.3f} max_idle_last={self.max_idle_last:.3f} "
-            f"batches_first={list(self.batches_first)} batches_last={list(self.batches_last)} "
-            f"samples_once={'true' if samples_once else 'false'}"
-        )
 
 
 def limits_from_plan(plan: Mapping[str, Any]) -> tuple[tuple[RankLimits, ...], int, int]:
@@ -437,16 +397,7 @@ class Rebalancer:
         """What happened so far (the same on every rank)."""
         if not self.splits:
             raise ConfigError("Rebalancer.report() before any step")
-        first, last = self.splits[0], self.splits[-1]
-        run_start = len(self.splits)
-        while run_start > 0 and self.splits[run_start - 1] == last:
-            run_start -= 1
-        return RebalanceReport(
-            steps=self._step, switches=tuple(self.switches),
-            steps_to_balance=run_start if self.switches else 0,
-            max_idle_first=self._split_idle(first, last_run=False),
-            max_idle_last=self._split_idle(last, last_run=True, since_step=run_start + 1),
-            batches_first=first, batches_last=last)
+        return build_report(self.splits, self.measures, self.switches, warmup_steps=self.policy.warmup_steps)
 
     def feedback(self) -> tuple[dict, dict]:
         """The updated plan (final batches, weights, ``measured`` section) and the measured profiles by
@@ -482,40 +433,3 @@ class Rebalancer:
         cache = ProfileCache(cache_dir)
         written.extend(cache.put(key, profile) for key, profile in profiles.items())
         return written
-
-    def _split_idle(self, split: tuple[int, ...], *, last_run: bool, since_step: int = 1) -> float:
-        candidates = [m for m in self.measures if m.batches == split and (not last_run or m.step >= since_step)]
-        usable = [m for m in candidates if m.step > self.policy.warmup_steps] or candidates
-        if not usable:
-            return float("nan")
-        return max_idle([median_points(usable, r)[0][1] for r in range(self.world_size)])
-
-
-def samples_once(sampler: PlannedBatchSampler, taken: Sequence[Sequence[tuple[int, int, list[int]]]]) -> bool:
-    """Whether the ranks took every sample of each epoch's steps exactly once, in the epoch's order.
-
-    Args:
-        taken: per rank, ``(epoch, micro-step in epoch, indices)`` of every micro-step it trained on (the
-            examples all-gather these at the end).
-    """
-    by_step: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}
-    for rank, steps in enumerate(taken):
-        for epoch, step, indices in steps:
-            by_step.setdefault((epoch, step), []).append((rank, list(indices)))
-    orders: dict[int, list[int]] = {}
-    seen: dict[int, set[int]] = {}
-    current_epoch = sampler.epoch
-    for (epoch, step), parts in sorted(by_step.items()):
-        if sorted(r for r, _ in parts) != list(range(sampler.world_size)):
-            return False
-        if epoch not in orders:
-            sampler.set_epoch(epoch)
-            orders[epoch] = sampler.epoch_order()
-            sampler.set_epoch(current_epoch)
-        joined = [i for _, indices in sorted(parts) for i in indices]
-        expected = orders[epoch][step * sampler.step_batch:(step + 1) * sampler.step_batch]
-        epoch_seen = seen.setdefault(epoch, set())
-        if joined != expected or epoch_seen & set(joined):
-            return False
-        epoch_seen.update(joined)
-    return True
