@@ -32,8 +32,10 @@ import time
 from pathlib import Path
 
 from planner.job import JobSpec
-from planner.plan import RankSlot, build_plan, write_plan
-from planner.profile import DeviceProfile
+from planner.plan.build import build_plan
+from planner.plan.io import write_plan
+from planner.plan.types import RankSlot
+from planner.profiles.profile import DeviceProfile
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp.py"

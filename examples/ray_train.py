@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_dataset/make_mo
 from train_ddp import IndexedDataset, make_dataset, make_model  # noqa: E402
 
 from planner.errors import UserError  # noqa: E402
-from planner.plan import read_plan  # noqa: E402
+from planner.plan.io import read_plan  # noqa: E402
 
 
 def plan_rank_for_worker(plan: dict, *, match: str, world_rank: int, hostname: str, local_rank: int) -> int:
@@ -155,9 +155,9 @@ def read_results(result) -> dict:
 
 def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) -> list[Path]:
     """On the driver: the updated plan to ``plan_path`` and the measured profiles to the cache."""
-    from planner.plan import write_plan
-    from planner.profile import DeviceProfile
-    from planner.profile_cache import ProfileCache
+    from planner.plan.io import write_plan
+    from planner.profiles.cache import ProfileCache
+    from planner.profiles.profile import DeviceProfile
 
     feedback = json.loads(feedback_json)
     cache = ProfileCache(cache_dir)

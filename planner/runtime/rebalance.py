@@ -74,7 +74,7 @@ from planner.runtime.rebalance_report import RebalanceReport, Switch, build_repo
 from planner.runtime.sampler import PlannedBatchSampler
 from planner.runtime.simulate import SimulatedSpeed
 from planner.runtime.weights import loss_weight as split_loss_weight
-from torchkit.fit import AffineTimeFit
+from torchkit.step.fit import AffineTimeFit
 
 __all__ = ["RebalanceReport", "Rebalancer", "Switch", "limits_from_plan", "samples_once"]  # report names re-exported
 
@@ -212,7 +212,7 @@ class Rebalancer:
 
         Options are those of the constructor (``policy``, ``simulate``, ``device``, ...).
         """
-        from planner.plan import read_plan, validate_plan
+        from planner.plan.io import read_plan, validate_plan
 
         if isinstance(plan, Mapping):
             data = dict(plan)
@@ -423,8 +423,8 @@ class Rebalancer:
         """
         if self.rank != 0:
             return []
-        from planner.plan import write_plan
-        from planner.profile_cache import ProfileCache
+        from planner.plan.io import write_plan
+        from planner.profiles.cache import ProfileCache
 
         plan, profiles = self.feedback()
         written = []

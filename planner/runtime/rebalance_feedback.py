@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from planner.profile import DeviceProfile
-from planner.profile_measured import MEASURED_METHOD, measured_profile_key
+from planner.profiles.measured import MEASURED_METHOD, measured_profile_key
+from planner.profiles.profile import DeviceProfile
 from planner.runtime.rebalance_model import (
     RankLimits,
     StepMeasure,
@@ -36,7 +36,7 @@ from planner.runtime.rebalance_model import (
     median_points,
 )
 from planner.runtime.weights import loss_weights
-from torchkit.fit import AffineTimeFit, fit_memory
+from torchkit.step.fit import AffineTimeFit, fit_memory
 
 __all__ = ["MEASURED_METHOD", "measured_profile_key", "measured_profiles", "measured_section", "updated_plan"]
 

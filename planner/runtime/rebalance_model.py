@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.allocate import allocate
+from planner.allocate.allocation import allocate
 from planner.errors import ConfigError, InfeasiblePlanError
-from torchkit.fit import AffineTimeFit
+from torchkit.step.fit import AffineTimeFit
 
 __all__ = [
     "Decision", "RankLimits", "RebalancePolicy", "StepMeasure", "decide", "fit_rank_time", "idle_fractions",

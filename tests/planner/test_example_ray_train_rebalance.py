@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.planner.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
+from tests.planner.runtime.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
 from tests.planner.test_example_train_ddp_rebalance import LINE
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

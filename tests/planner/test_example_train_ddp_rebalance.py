@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from planner.profile_cache import ProfileCache
+from planner.profiles.cache import ProfileCache
 from planner.runtime.rank_plan import load_rank_plan
 from planner.runtime.rebalance_feedback import measured_profile_key
 from tests.net import free_port
-from tests.planner.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
+from tests.planner.runtime.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
 from tests.planner.test_example_train_ddp import EXAMPLE, child_env
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]

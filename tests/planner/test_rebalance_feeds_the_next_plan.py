@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from planner.allocate import allocate
+from planner.allocate.allocation import allocate
 from tests.net import free_port
 from tests.planner.cli_helpers import TINY_MODEL, assert_ok, run_cli
 from tests.planner.test_example_train_ddp import EXAMPLE, child_env
