@@ -208,12 +208,15 @@ class Rebalancer:
         ddp: torch.nn.Module | None,
         **options: Any,
     ) -> Rebalancer:
-        """The re-balancer for a plan (a path of plan.json or the plan as a mapping, e.g. ``autobatch_ddp``'s).
+        """The re-balancer for a plan: a path of plan.json, the document as a mapping (``autobatch_ddp``'s), or
+        a typed plan with ``to_json()``.
 
         Options are those of the constructor (``policy``, ``simulate``, ``device``, ...).
         """
         from planner.plan.io import read_plan, validate_plan
 
+        if hasattr(plan, "to_json"):
+            plan = plan.to_json()
         if isinstance(plan, Mapping):
             data = dict(plan)
             validate_plan(data)
