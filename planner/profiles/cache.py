@@ -30,6 +30,7 @@ from planner.errors import ConfigError
 from planner.jsonio import read_json_file
 from planner.profiles.checks import checked_profile
 from planner.profiles.key import key_of_inputs
+from planner.profiles.measured import MEASURED_METHOD, MEASURED_SCHEME
 from planner.profiles.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,10 @@ def _trusted_profile(entry: object, key: str, where: str) -> DeviceProfile:
     if key_of_inputs(inputs) != key:
         raise ValueError(f"its key recomputed from its own inputs is {key_of_inputs(inputs)}, not {key}")
     profile = checked_profile(entry["profile"], "profile")
-    for field, value in (("gpu", profile.gpu), ("method", profile.method), ("amp", profile.amp)):
-        if inputs[field] != value:
-            raise ValueError(f"its profile is for {field} {value!r} but its key is for {inputs[field]!r}")
+    # a measured-in-job key names no method: its profiles are all of method "job"
+    method = MEASURED_METHOD if inputs.get("scheme") == MEASURED_SCHEME else inputs.get("method")
+    for field, wanted, value in (("gpu", inputs.get("gpu"), profile.gpu), ("method", method, profile.method),
+                                 ("amp", inputs.get("amp"), profile.amp)):
+        if wanted != value:
+            raise ValueError(f"its profile is for {field} {value!r} but its key is for {wanted!r}")
     return profile

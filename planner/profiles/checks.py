@@ -14,12 +14,12 @@ the cache catches that by recomputing the entry's key from the job and GPU it re
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args
 
 from planner.errors import ConfigError
-from planner.profiles.profile import DeviceProfile
+from planner.profiles.profile import DeviceProfile, ProfileMethod
 
-METHODS = ("measure", "estimate")
+METHODS = get_args(ProfileMethod)
 AMP_MODES = ("fp16", "bf16", "off")
 #: most points a profile holds (the estimator uses 3, a measurement about 10): a bound for hostile files
 MAX_PROFILE_POINTS = 1024

@@ -36,8 +36,9 @@ def job_key_inputs(
 
 
 def key_of_inputs(inputs: dict[str, str]) -> str:
-    """``profile_key`` of the parts ``job_key_inputs`` named (KeyError if one is missing)."""
-    return profile_key(*(inputs[name] for name in KEY_FIELDS))
+    """``profile_key`` of named parts, in their order (``job_key_inputs``, or
+    ``planner.profiles.measured.measured_key_inputs``)."""
+    return profile_key(*inputs.values())
 
 
 def job_profile_key(job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str) -> str:
