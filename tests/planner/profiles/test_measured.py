@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from planner.job import JobSpec
 from planner.profiles.cache import ProfileCache
-from planner.profiles.measured import MEASURED_METHOD, find_measured, measured_key_inputs, measured_profile_key
+from planner.profiles.measured import (
+    MEASURED_METHOD,
+    find_measured,
+    measured_key_inputs,
+    measured_profile_key,
+)
 from planner.profiles.profile import DeviceProfile
 
 
