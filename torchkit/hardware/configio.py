@@ -90,13 +90,16 @@ def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping)
 
 
-def yaml_depth(text: str) -> int:
-    """Deepest nesting of collections in YAML text, from the event stream (no recursion, nothing built)."""
+def yaml_depth(text: str, limit: int = MAX_YAML_DEPTH) -> int:
+    """Deepest nesting of collections in YAML text, from the event stream (no recursion, nothing built);
+    stops counting as soon as it passes ``limit`` (PyYAML's scanner slows down with deep flow nesting)."""
     depth = deepest = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             deepest = max(deepest, depth)
+            if deepest > limit:
+                break
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
     return deepest
@@ -106,10 +109,10 @@ def parse_yaml_text(text: str, source: str) -> Any:
     """Parse YAML text strictly (no duplicate keys, at most ``MAX_YAML_DEPTH`` levels); a syntax error becomes
     a ConfigError with its line."""
     try:
-        depth = yaml_depth(text)
-        if depth > MAX_YAML_DEPTH:
+        if yaml_depth(text) > MAX_YAML_DEPTH:
             raise ConfigError(
-                f"{source}: nested {depth} levels deep, over the limit of {MAX_YAML_DEPTH} (a config needs about 5)"
+                f"{source}: nested more than {MAX_YAML_DEPTH} levels deep, over the limit of {MAX_YAML_DEPTH} (a "
+                "config needs about 5)"
             )
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as exc:
@@ -119,6 +122,8 @@ def parse_yaml_text(text: str, source: str) -> Any:
         raise ConfigError(f"{where}: YAML syntax error: {problem} (fix the YAML on that line)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: YAML error: {exc} (fix the YAML)") from None
+    except ConfigError:
+        raise
     except ValueError as exc:  # an integer of more digits than Python converts (sys.int_info)
         raise ConfigError(f"{source}: a value batchplan cannot read: {exc} (fix the YAML)") from None
 
