@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
         )
         plan = outcome.plan
     summary = user_code_summary(job)
-    if summary:  # the user's module was imported and run: a scheduler's log should say so
-        checks.append(Check(name="user_code", ok=True, detail=summary))
+    if summary:  # the user's module was imported and run, before anything else: a scheduler's log says so
+        checks.insert(0, Check(name="user_code", ok=True, detail=summary))
     ok = all(c.ok for c in checks)
     if ok and plan is not None and args.output:
         from planner.plan.io import write_plan
