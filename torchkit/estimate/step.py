@@ -94,13 +94,16 @@ def run_training_iterations(
     device_type: str = "cpu",
     warm_start: bool = False,
 ) -> None:
-    """Run ``num_iterations`` training iterations (real or fake tensors, any device the inputs are on).
+    """Run ``num_iterations`` training iterations (real or fake tensors, any device the inputs are on). A
+    dict of inputs is passed as keyword arguments.
 
     ``warm_start`` replaces the first iteration by an optimizer step on zero gradients: it creates the
     optimizer state the first iteration would (same tensors, any optimizer) without a forward and
     backward. The fake pass uses it (half the work); the memory of every later iteration is the same,
     which the CPU ground-truth comparisons check byte for byte.
     """
+    from torchkit.workloads import call_model
+
     hooks = hooks or StepHooks()
     params = [p for group in optimizer.param_groups for p in group["params"]]
     model.train()
@@ -121,7 +124,7 @@ def run_training_iterations(
         optimizer.zero_grad(set_to_none=True)
         hooks.forward()
         with autocast_context(amp, device_type):
-            loss = loss_fn(model(inputs), targets)
+            loss = loss_fn(call_model(model, inputs), targets)
         hooks.backward()
         loss.backward()
         del loss
