@@ -132,6 +132,7 @@ def estimate_step(
 
     from torchkit.estimate.memory_tracker import MemoryCategory, MemoryTracker
     from torchkit.estimate.overhead import cpu_kernel_workspace_bytes, cuda_kernel_workspace_bytes
+    from torchkit.estimate.rnn_workspace import RnnWorkspaceMode
     from torchkit.estimate.step import make_optimizer, run_training_iterations
     from torchkit.workloads.construct import fake_copy
 
@@ -167,7 +168,7 @@ def estimate_step(
         tracker.register(torch.utils._pytree.tree_flatten((inputs, targets))[0], MemoryCategory.INPUTS)
         hooks = _TrackerHooks(tracker, recorder)
         try:
-            with tracker:
+            with RnnWorkspaceMode(), tracker:
                 run_training_iterations(
                     model, opt, inputs, targets, workload.loss_fn, amp=amp, hooks=hooks, warm_start=True
                 )

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from torchkit.errors import WorkloadError
-from torchkit.units import MiB
+from torchkit.units import MIB
 from torchkit.workloads.extras import import_library
 
 DEFAULT_IMGSZ = 640
@@ -67,7 +67,7 @@ def ultralytics_workload(spec: str, yaml_name: str, *, imgsz: int | None, input_
             f"{spec}: loss is a shape-static stand-in for Ultralytics' v8DetectionLoss (dense task-aligned "
             f"assigner over {dense.MAX_OBJ} boxes per image; a batch whose densest image holds more boxes needs "
             "more memory)",
-            f"{spec}: margin of {ema_bytes / MiB:.1f} MiB added for the trainer's ModelEMA copy of the weights",
+            f"{spec}: margin of {ema_bytes / MIB:.1f} MiB added for the trainer's ModelEMA copy of the weights",
         ),
         margin_bytes=ema_bytes,
     )
@@ -80,8 +80,7 @@ def _check_yaml(spec: str, yaml_name: str, tasks) -> str:
         )
     try:
         with contextlib.redirect_stdout(sys.stderr):
-            task = tasks.guess_model_task(yaml_name)
-            tasks.yaml_model_load(yaml_name)
+            task = tasks.guess_model_task(tasks.yaml_model_load(yaml_name))
     except (FileNotFoundError, OSError) as e:
         raise WorkloadError(
             f"model {spec!r}: Ultralytics has no model YAML {yaml_name!r} ({e}; the files it ships are in "
