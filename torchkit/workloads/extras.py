@@ -56,12 +56,14 @@ def import_library(module: str, *, model: str) -> ModuleType:
             f"not installed ({TORCHVISION_HINT if 'torchvision' in str(e) else EXTRA_HINT})"
         ) from e
     except Exception as e:  # a library that is installed but broken: say which and why
-        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        library = module.split(".")[0]
         cause = _torchvision_trouble()
-        fix = TORCHVISION_HINT if cause else f"reinstall it: {EXTRA_HINT}"
+        if cause:
+            raise WorkloadError(f"model {model!r}: {library} cannot import: {cause} ({TORCHVISION_HINT})") from e
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise WorkloadError(
-            f"model {model!r}: {module.split('.')[0]} is installed but cannot import: {type(e).__name__}: {text}"
-            f"{'; ' + cause if cause else ''} ({fix})"
+            f"model {model!r}: {library} is installed but cannot import: {type(e).__name__}: {text} "
+            f"(reinstall it: {EXTRA_HINT})"
         ) from e
 
 

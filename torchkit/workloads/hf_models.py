@@ -32,6 +32,7 @@ def hf_workload(spec: str, arch: str, *, seq_len: int | None, input_shape: tuple
     from torchkit.workloads import Workload
 
     transformers = import_library("transformers", model=spec)
+    import_library("transformers.modeling_utils", model=spec)  # lazy in transformers; where a broken torchvision shows
     config = _config(transformers, spec, arch)
     model_class = _model_class(transformers, config, spec)
     max_len = _max_positions(config)
