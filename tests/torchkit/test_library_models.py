@@ -88,7 +88,7 @@ def test_token_inputs_are_integer_ids_in_the_vocabulary() -> None:
     workload = get_workload("tests.planner.tiny_models:lstm_classifier", seq_len=12, vocab_size=1000)
     tokens, targets = workload.make_batch(3)
     assert tokens.dtype == torch.int64 and tuple(tokens.shape) == (3, 12) and targets is None
-    assert 0 <= int(tokens.min()) and int(tokens.max()) < 1000
+    assert int(tokens.min()) >= 0 and int(tokens.max()) < 1000
     assert workload.sample_shape == (12,)
     other = get_workload("tests.planner.tiny_models:lstm_classifier", seq_len=12, vocab_size=500)
     assert workload_fingerprint(workload) != workload_fingerprint(other), "the vocabulary is part of the key"
