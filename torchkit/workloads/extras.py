@@ -42,7 +42,8 @@ def import_library(module: str, *, model: str) -> ModuleType:
     except ModuleNotFoundError as e:
         missing = (e.name or "").split(".")[0]
         if missing == module.split(".")[0]:
-            raise WorkloadError(f"model {model!r} needs {missing}, which is not installed ({EXTRA_HINT})") from e
+            fix = TORCHVISION_HINT if missing == "torchvision" else EXTRA_HINT
+            raise WorkloadError(f"model {model!r} needs {missing}, which is not installed ({fix})") from e
         if missing == "torchvision":
             raise WorkloadError(
                 f"model {model!r}: {module.split('.')[0]} needs torchvision, which is not installed ({TORCHVISION_HINT})"
