@@ -163,7 +163,7 @@ def test_yolo_loss_stand_in_and_its_margin_are_stated() -> None:
     assert workload.margin_bytes == weight_bytes > 12 * 2**20, "yolov8n: 3.2 M parameters, fp32 EMA copy"
     assert any("stand-in for Ultralytics' v8DetectionLoss" in n for n in workload.notes)
     assert any("ModelEMA" in n for n in workload.notes)
-    from torchkit.catalog import load_catalog
+    from torchkit.hardware.catalog import load_catalog
 
     t4 = load_catalog().get("T4")
     estimate = estimate_step(workload, 1)
