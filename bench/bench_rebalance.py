@@ -88,7 +88,10 @@ def run_case(name: str, wrong_by: float | None, args: argparse.Namespace, work: 
     start = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     if result.returncode != 0:
-        sys.exit(f"{name}: the example failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        # the failing rank's own message lies above torchrun's summary: show both
+        clues = [x for x in result.stderr.splitlines() if any(w in x for w in ("error", "Error", "terminate", "what()"))]
+        sys.exit(f"{name}: the example failed ({result.returncode}):\n" + "\n".join(clues[:20])
+                 + f"\n...\n{result.stderr[-2000:]}")
     line = next(x for x in result.stdout.splitlines() if x.startswith("rebalance: switches="))
     measured = json.loads(plan_path.read_text())["measured"]
     before, after = measured["step_time_first_s"], measured["step_time_last_s"]
