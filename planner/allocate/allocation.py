@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from planner.allocate.advice import Option, advise
+from planner.allocate.advice import Advice, Option, advise
 from planner.allocate.solver import MAX_GLOBAL_BATCH, make_rows, split_units
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.job import MODES, Mode
@@ -49,7 +49,7 @@ class Allocation:
     """float64 per rank: 1 − t_i(b_i) / step_time_s, the share of a step the rank waits; 0 for excluded."""
     mode: str
     """The mode that produced ``batches``."""
-    advice: tuple[str, ...]
+    advice: tuple[Advice, ...]
     """Sentences saying when another mode or a subset of the GPUs would be faster, by how much, and which
     ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
     alternatives: dict[str, float]

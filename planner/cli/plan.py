@@ -9,6 +9,7 @@ from planner.cli.output import check_writable, note
 from planner.cli.planning import run_planning
 from planner.cli.render import print_plan
 from planner.errors import ConfigError
+from planner.plan.types import Plan
 
 
 def add_parser(subparsers) -> None:
@@ -43,7 +44,7 @@ def check_output_args(args: argparse.Namespace) -> None:
             check_writable(flag, value)
 
 
-def emit(plan: dict, args: argparse.Namespace) -> None:
+def emit(plan: Plan, args: argparse.Namespace) -> None:
     """Write plan.json, the picture, and print the result in the requested form."""
     from planner.plan.io import write_plan
 

@@ -121,6 +121,9 @@ class GpuSelection:
     ascending)"""
     skipped: tuple[tuple[int, str], ...]
     """(index, reason) for every GPU not selected, ascending by index"""
+    busy: tuple[int, ...] = ()
+    """the skipped GPUs that were left out for breaching an idle threshold (the others were idle enough, only
+    not asked for or not picked): what a go/no-go check reads instead of the reasons' wording"""
     warnings: tuple[str, ...] = ()
     """explicitly requested GPUs that are used although they breach a threshold"""
 
@@ -254,8 +257,17 @@ def select_gpus(
             )
         selected += [s.index for s in candidates[: request.idle_count]]
 
+    return _selection(stats, request, selected, breaches, warnings)
+
+
+def _selection(
+    stats: Sequence[GpuStats], request: SelectSpec, selected: list[int], breaches: dict[int, list[str]],
+    warnings: list[str],
+) -> GpuSelection:
+    """``selected`` with every other GPU skipped and its reason."""
     chosen = set(selected)
     skipped_list: list[tuple[int, str]] = []
+    busy: list[int] = []
     for s in sorted(stats, key=lambda s: s.index):
         if s.index in chosen:
             continue
@@ -263,10 +275,12 @@ def select_gpus(
             reason = "not requested"
         elif breaches[s.index]:
             reason = "; ".join(breaches[s.index])
+            busy.append(s.index)
         else:
             reason = "less idle than the GPUs picked"
         skipped_list.append((s.index, reason))
-    return GpuSelection(selected=tuple(selected), skipped=tuple(skipped_list), warnings=tuple(warnings))
+    return GpuSelection(selected=tuple(selected), skipped=tuple(skipped_list), busy=tuple(busy),
+                        warnings=tuple(warnings))
 
 
 def _shortfall_message(
@@ -323,5 +337,6 @@ def select_gpus_or_none(
                 (g.index, reasons.get(g.index, f"not used: selection {spec!r} cannot be met"))
                 for g in sorted(stats, key=lambda g: g.index)
             ),
+            busy=tuple(index for index, _ in exc.skipped),
             warnings=(str(exc),),
         )
