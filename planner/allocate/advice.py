@@ -149,6 +149,14 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
                                  f"{better.throughput / current.throughput:.2f}× faster than accumulate "
                                  f"{current.accumulate} ({_versus(better, current, global_batch)})"))
 
+    _group_advice(rows, t0, t1, k, mode, global_batch, labels, current, alternatives, advice)
+    return alternatives, advice
+
+
+def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+                  labels: np.ndarray | None, current: Option, alternatives: dict[str, float],
+                  advice: list[Advice]) -> None:
+    """Add the group options (the fastest groups, each group alone) to ``alternatives`` and ``advice``."""
     ranks = rows.ranks
     if labels is None:
         gid, names = rows.row, None
@@ -163,9 +171,9 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
         advice.append(Advice(AdviceKind.NO_GROUP_ADVICE,
                              f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
                              f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them"))
-        return alternatives, advice
+        return
     if num_groups < 2:
-        return alternatives, advice
+        return
     # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
     cap_b = rows.cap[rows.row] * k
     rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
@@ -197,4 +205,3 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
             advice.append(Advice(AdviceKind.SINGLE_GROUP,
                                  f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
                                  f"faster ({_versus(best_single[1], current, global_batch)})"))
-    return alternatives, advice

@@ -203,24 +203,7 @@ def select_gpus(
     check_fraction("min_free_memory_fraction", min_free_memory_fraction)
     check_fraction("max_utilization_fraction", max_utilization_fraction)
     request = parse_select_spec(spec)
-    by_index = {s.index: s for s in stats}
-    if len(by_index) != len(stats):
-        raise ValueError(f"GPU indices are not unique: {[s.index for s in stats]}")
-    breaches = {
-        s.index: threshold_breaches(
-            s,
-            min_free_memory_fraction=min_free_memory_fraction,
-            max_utilization_fraction=max_utilization_fraction,
-        )
-        for s in stats
-    }
-    missing = [i for i in request.explicit_indices if i not in by_index]
-    if missing:
-        have = ", ".join(str(i) for i in sorted(by_index)) or "none"
-        raise ConfigError(
-            f"GPU selection {spec!r} names GPU {missing[0]}, but this node's GPUs are: {have} "
-            "(use indices listed by 'batchplan devices')"
-        )
+    breaches = _checked_breaches(stats, request, spec, min_free_memory_fraction, max_utilization_fraction)
 
     selected = list(request.explicit_indices)
     warnings = [
@@ -258,6 +241,31 @@ def select_gpus(
         selected += [s.index for s in candidates[: request.idle_count]]
 
     return _selection(stats, request, selected, breaches, warnings)
+
+
+def _checked_breaches(
+    stats: Sequence[GpuStats], request: SelectSpec, spec: str, min_free_memory_fraction: float,
+    max_utilization_fraction: float,
+) -> dict[int, list[str]]:
+    """Each GPU's threshold breaches, after checking that the indices are unique and every named one exists."""
+    by_index = {s.index: s for s in stats}
+    if len(by_index) != len(stats):
+        raise ValueError(f"GPU indices are not unique: {[s.index for s in stats]}")
+    missing = [i for i in request.explicit_indices if i not in by_index]
+    if missing:
+        have = ", ".join(str(i) for i in sorted(by_index)) or "none"
+        raise ConfigError(
+            f"GPU selection {spec!r} names GPU {missing[0]}, but this node's GPUs are: {have} "
+            "(use indices listed by 'batchplan devices')"
+        )
+    return {
+        s.index: threshold_breaches(
+            s,
+            min_free_memory_fraction=min_free_memory_fraction,
+            max_utilization_fraction=max_utilization_fraction,
+        )
+        for s in stats
+    }
 
 
 def _selection(
