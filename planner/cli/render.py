@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from planner.cli.output import echo, format_gib, print_json, print_table
 from planner.plan.launch import env_lines
 from planner.plan.types import Plan
+
+#: how ``plan`` and ``show`` print a plan: the table, or per-node environment lines (``--emit``)
+EmitForm = Literal["table", "env"]
+EMIT_FORMS: tuple[str, ...] = get_args(EmitForm)
 
 
 def render_plan(plan: Plan) -> None:
@@ -54,7 +60,7 @@ def render_plan(plan: Plan) -> None:
             echo(f"  - {w}")
 
 
-def print_plan(plan: Plan, *, as_json: bool, emit: str) -> None:
+def print_plan(plan: Plan, *, as_json: bool, emit: EmitForm) -> None:
     """A plan on stdout in the form asked for: exact JSON, per-node environment lines, or the table."""
     if as_json:
         print_json(plan.to_json())
