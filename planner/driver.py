@@ -38,6 +38,7 @@ from planner.probing.inventory import NodeInventory
 from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
 from planner.profiles.key import job_profile_key
+from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
 from torchkit.hardware.catalog import GpuCatalog
 
@@ -184,13 +185,23 @@ def _profile_one(
 
 
 def _profile_all(
-    job: JobSpec, backend: Backend, requests: dict[str, ProfileRequest], dead_nodes: set[str],
-    failed_nodes: dict[str, str], options: DriverOptions, on_event: EventSink,
+    job: JobSpec, backend: Backend, catalog: GpuCatalog, requests: dict[str, ProfileRequest], dead_nodes: set[str],
+    failed_nodes: dict[str, str], options: DriverOptions, on_event: EventSink, warnings: list[str],
 ) -> tuple[dict[str, DeviceProfile], int]:
-    """Every requested profile (from the cache where it has it) and how many were computed."""
+    """Every requested profile (measured in a running job, or from the cache, where there is one) and how
+    many were computed; says in ``warnings`` which ones a running job measured."""
     profiles: dict[str, DeviceProfile] = {}
     profile_calls = 0
     for key, request in requests.items():
+        measured = _measured_in_job(job, request, catalog, options.cache)
+        if measured is not None:
+            profiles[key] = measured
+            warnings.append(
+                f"{request.gpu_type}: step time measured in a running job (profile method 'job', from the profile "
+                f"cache); --method auto prefers it over the {request.method} profile"
+            )
+            on_event(Event(stage="profile", status="cached", item=request.gpu_type, detail={"measured_in_job": True}))
+            continue
         cached = options.cache.get(key) if options.cache is not None else None
         if cached is not None:
             profiles[key] = cached
@@ -246,6 +257,13 @@ def _rank_slots(
     return slots, excluded
 
 
+def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog, cache: ProfileCache | None):
+    """With ``--method auto``: the profile a re-balanced job measured for this GPU type, if cached."""
+    if job.method != "auto" or cache is None:
+        return None
+    return find_measured(cache, job.to_json(), request.gpu_type, job.amp_for(catalog.get(request.gpu_type)))
+
+
 def run_plan(
     job: JobSpec,
     backend: Backend,
@@ -278,7 +296,8 @@ def run_plan(
     requests, device_keys, unknown = _profile_requests(job, inventories, catalog, fingerprint, torch_version)
     excluded.extend(unknown)
     dead_nodes: set[str] = set(failed_nodes)
-    profiles, profile_calls = _profile_all(job, backend, requests, dead_nodes, failed_nodes, options, on_event)
+    profiles, profile_calls = _profile_all(job, backend, catalog, requests, dead_nodes, failed_nodes, options,
+                                           on_event, warnings)
     timings["profile_s"] = time.monotonic() - start
     if options.cache is not None:
         warnings.extend(options.cache.problems)
