@@ -65,7 +65,7 @@ def plan_for(speeds: list[float], wrong_by: float | None, sample_s: float) -> di
             time_points=[(8, 8 * slope), (64, 64 * slope)])
         slots.append(RankSlot(node="bench", device_index=rank, gpu=GPUS[rank], profile=key,
                               memory_budget_bytes=FIXED_BYTES + CAP * BYTES_PER_SAMPLE, total_memory_bytes=10**9))
-    return build_plan(job, slots, profiles)
+    return build_plan(job, slots, profiles).to_json()
 
 
 def _free_port() -> int:
