@@ -14,6 +14,7 @@ from planner.job import (
     AMP_CHOICES,
     DEFAULT_FRACTION,
     FIT_KINDS,
+    INPUT_DTYPES,
     METHODS,
     MODES,
     OPTIMIZERS,
@@ -45,11 +46,15 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
 def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     g = parser.add_argument_group("job")
     g.add_argument("--model", required=model_required, help="workload name (resnet18, resnet50, yolo-n, yolo-s, "
-                   "vit-b16, gpt2-small) or package.module:factory")
+                   "vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or hf:config.json, "
+                   "ultralytics:FILE.yaml, or package.module:factory")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--imgsz", type=int, help="square image size for image models")
     shape.add_argument("--input-shape", help="per-sample input shape, e.g. 3,224,224 (needed for a factory)")
     shape.add_argument("--seq-len", type=int, help="sequence length for token models")
+    g.add_argument("--vocab-size", type=int, help="a factory's input is integer token ids in [0, N) (with --seq-len)")
+    g.add_argument("--input-dtype", choices=INPUT_DTYPES, help="a factory's input dtype (default float32; int64 "
+                   "with --vocab-size)")
     g.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 where supported, else fp16")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="optimizer whose state is counted (default sgd)")
     g.add_argument("--fraction", type=float, default=DEFAULT_FRACTION,
@@ -72,6 +77,8 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
         imgsz=args.imgsz,
         input_shape=parse_input_shape(args.input_shape) if args.input_shape else None,
         seq_len=args.seq_len,
+        vocab_size=args.vocab_size,
+        input_dtype=args.input_dtype,
         amp=args.amp,
         optimizer=args.optimizer,
         fraction=args.fraction,

@@ -12,13 +12,17 @@ from typing import Any
 
 from planner.errors import ConfigError
 from planner.jsonio import read_json_file
+from planner.plan.types import Plan
 from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
 
-__all__ = ["SCHEMA", "read_plan", "validate_plan", "write_plan"]
+__all__ = ["SCHEMA", "load_plan", "read_plan", "validate_plan", "write_plan"]
 
 
-def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``plan`` as JSON to ``path`` atomically (temporary file in the same directory, then rename)."""
+def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``plan`` (a ``Plan`` or its JSON document) as JSON to ``path`` atomically (temporary file in
+    the same directory, then rename)."""
+    if isinstance(plan, Plan):
+        plan = plan.to_json()
     validate_plan(plan, where="plan to write")
     target = Path(path)
     try:
@@ -43,9 +47,14 @@ def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
     return target
 
 
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Read, validate and type a plan.json (``read_plan``, then ``Plan.from_json``)."""
+    return Plan.from_json(read_plan(path), where=str(path))
+
+
 def read_plan(path: str | os.PathLike) -> dict:
-    """Read and validate a plan.json: size and nesting limits first (``planner.jsonio``), then every rule of
-    ``planner.plan.validate``.
+    """Read and validate a plan.json, its JSON document (what the runtime and training scripts read): size
+    and nesting limits first (``planner.jsonio``), then every rule of ``planner.plan.validate``.
 
     Raises:
         ConfigError: missing file, too large or deep, not strict JSON, or breaking a rule of the plan.

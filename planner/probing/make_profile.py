@@ -39,7 +39,14 @@ def workload_for(job: JobSpec):
     for directory in factory_search_dirs(job.model):
         if directory not in sys.path:
             sys.path.append(directory)
-    return get_workload(job.model, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len)
+    return get_workload(
+        job.model,
+        imgsz=job.imgsz,
+        input_shape=job.input_shape,
+        seq_len=job.seq_len,
+        vocab_size=job.vocab_size,
+        input_dtype=job.input_dtype,
+    )
 
 
 def job_fingerprint(job: JobSpec) -> tuple[str, str]:
@@ -97,6 +104,7 @@ def make_profile(
             workload, gpu, amp=amp, optimizer=job.optimizer, estimates_cache=estimates_cache
         )
         notes = [f"{gpu.name}: no free GPU of this type to measure on; estimated"] if method == "auto" else []
+        notes += workload.notes  # what the model source stands in for or leaves out (e.g. YOLO's loss)
         return DeviceProfile.from_points(
             gpu=gpu.name,
             method="estimate",
