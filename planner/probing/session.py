@@ -167,51 +167,65 @@ def ray_session(
         return
 
     cap = raylet_cap or raylet_cap_from_env()
-    num_raylets = max(1, min(num_simulated_nodes, cap))
-    cluster = None
+    with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0):
+        yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
+
+
+@contextlib.contextmanager
+def _local_ray(num_raylets: int) -> Iterator[None]:
+    """A Ray this process starts and stops: ``num_raylets`` simulated raylets on 127.0.0.1, or with 0 an
+    embedded one; watched (``planner.probing.watchdog``) so that it stops even if this process is killed."""
+    import ray
+
     from planner.probing.watchdog import ray_watchdog
 
-    stack = contextlib.ExitStack()
-    stack.enter_context(ray_watchdog())  # stops what is started below if this process dies without stopping it
+    cluster = None
     sigterm = _sigterm_handler()
-    try:
-        if num_simulated_nodes > 0:
-            from ray.cluster_utils import Cluster
-
-            common = {
-                "node_ip_address": LOOPBACK,
-                "num_cpus": 1,
-                "num_gpus": 0,
-                "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
-            }
-            log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
-            cluster = Cluster(
-                initialize_head=True,
-                head_node_args={**common, "include_dashboard": False},
-                shutdown_at_exit=True,
-            )
-            for _ in range(num_raylets - 1):
-                cluster.add_node(wait=False, **common)
-            cluster.wait_for_nodes()
-            ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
-        else:
-            log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-            ray.init(
-                _node_ip_address=LOOPBACK,
-                include_dashboard=False,
-                object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
-                **_init_kwargs(),
-            )
-        _restore_sigterm_handler(sigterm)  # Ray's in-process cluster nodes and ray.init replaced it
-        yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
-    finally:
-        with contextlib.suppress(Exception):
-            ray.shutdown()
-        if cluster is not None:
+    with ray_watchdog():  # stops what is started below if this process dies without stopping it
+        try:
+            if num_raylets > 0:
+                cluster = _start_simulated_cluster(num_raylets)
+                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+            else:
+                log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
+                ray.init(
+                    _node_ip_address=LOOPBACK,
+                    include_dashboard=False,
+                    object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                    **_init_kwargs(),
+                )
+            _restore_sigterm_handler(sigterm)  # Ray's in-process cluster nodes and ray.init replaced it
+            yield
+        finally:
             with contextlib.suppress(Exception):
-                cluster.shutdown()
-        stack.close()
-        _restore_sigterm_handler(sigterm)
+                ray.shutdown()
+            if cluster is not None:
+                with contextlib.suppress(Exception):
+                    cluster.shutdown()
+            _restore_sigterm_handler(sigterm)
+
+
+def _start_simulated_cluster(num_raylets: int):
+    """``ray.cluster_utils.Cluster`` with ``num_raylets`` raylets, all on 127.0.0.1, dashboard off."""
+    from ray.cluster_utils import Cluster
+
+    common = {
+        "node_ip_address": LOOPBACK,
+        "num_cpus": 1,
+        "num_gpus": 0,
+        "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
+    }
+    log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
+    cluster = Cluster(initialize_head=True, head_node_args={**common, "include_dashboard": False}, shutdown_at_exit=True)
+    try:
+        for _ in range(num_raylets - 1):
+            cluster.add_node(wait=False, **common)
+        cluster.wait_for_nodes()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster.shutdown()
+        raise
+    return cluster
 
 
 def _sigterm_handler():
