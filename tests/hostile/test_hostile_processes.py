@@ -160,6 +160,7 @@ class Run:
         for proc in self.ray_processes():  # what this run started and did not stop: by pid, never `ray stop`
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture
