@@ -1,7 +1,7 @@
 """Reference workloads (plain torch, no torchvision) and user workloads, as one ``Workload`` type.
 
 A workload is what a training step needs: a model factory, a batch builder and a loss. Built-in names:
-``resnet18``, ``resnet50`` (224), ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224), ``gpt2-small``
+``resnet18``, ``resnet50``, ``resnext101-32x4d`` (224), ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224), ``gpt2-small``
 (sequence length 1024). A user workload is ``package.module:factory``: the factory returns an
 ``nn.Module`` (its input is a float tensor of ``input_shape`` per sample, loss
 ``output.float().pow(2).mean()``) or a ``Workload`` itself.
@@ -52,8 +52,12 @@ class Workload:
             )
 
 
-WORKLOAD_NAMES: tuple[str, ...] = ("resnet18", "resnet50", "yolo-n", "yolo-s", "vit-b16", "gpt2-small")
-DEFAULT_IMGSZ = {"resnet18": 224, "resnet50": 224, "yolo-n": 640, "yolo-s": 640, "vit-b16": 224}
+WORKLOAD_NAMES: tuple[str, ...] = (
+    "resnet18", "resnet50", "resnext101-32x4d", "yolo-n", "yolo-s", "vit-b16", "gpt2-small"
+)
+DEFAULT_IMGSZ = {
+    "resnet18": 224, "resnet50": 224, "resnext101-32x4d": 224, "yolo-n": 640, "yolo-s": 640, "vit-b16": 224
+}
 DEFAULT_SEQ_LEN = 1024
 USER_INPUT_LOSS = "output.float().pow(2).mean()"
 """the loss of a user factory that returns a bare nn.Module"""
@@ -93,10 +97,10 @@ def get_workload(
     if name == "gpt2-small":
         return _gpt2_workload(seq_len, input_shape)
     size = _image_size(name, imgsz, input_shape)
-    if name.startswith("resnet"):
+    if name.startswith(("resnet", "resnext")):
         from torchkit.workloads import resnet
 
-        factory = resnet.resnet18 if name == "resnet18" else resnet.resnet50
+        factory = {"resnet18": resnet.resnet18, "resnet50": resnet.resnet50}.get(name, resnet.resnext101_32x4d)
         return Workload(
             name=name,
             sample_shape=(3, size, size),
