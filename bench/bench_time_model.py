@@ -3,7 +3,8 @@
     python bench/bench_time_model.py
 
 Prints ``name=value`` lines (no GPU, no fake pass: the kernel tables are cached; ~10 s). Three ways of
-holding data out, each with the shipped priors ("prior_*", the uncalibrated model) for comparison:
+holding data out, and the model as it was before calibration for comparison ("prior_*": the priors, no
+layout cost — what the estimator predicted before this calibration existed):
 
 * ``heldout_*``  — the rows ``held_out_ids`` keeps out of the shipped fit (time_model.json), priced
   by it; pairs take the other GPU's prediction from the same fit;
@@ -27,6 +28,7 @@ import itertools
 import math
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +115,8 @@ def main() -> int:
     observations = observations_from_rows(rows, load_tables(rows), catalog)
     model = load_time_model()
     shipped = {o.id: predict(o, model.global_constants, model.arch_constants) for o in observations}
-    prior = {o.id: predict(o, PRIOR_CONSTANTS, {}) for o in observations}
+    before = replace(PRIOR_CONSTANTS, layout_conversion_factor=0.0)  # the uncalibrated roofline had no layout term
+    prior = {o.id: predict(o, before, {}) for o in observations}
     held = set(held_out_ids(rows, catalog))
     everything = {r.id for r in rows}
     print(f"time_model={model.source}")
