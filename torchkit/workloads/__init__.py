@@ -1,7 +1,7 @@
 """Reference workloads (plain torch, no torchvision) and user workloads, as one ``Workload`` type.
 
 A workload is what a training step needs: a model factory, a batch builder and a loss. Built-in names:
-``resnet18``, ``resnet50``, ``resnext101-32x4d`` (224), ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224), ``gpt2-small``
+``resnet18``, ``resnet50``, ``resnext101-32x4d``, ``se-resnext101-32x4d`` (224), ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224), ``gpt2-small``
 (sequence length 1024). A user workload is ``package.module:factory``: the factory returns an
 ``nn.Module`` (its input is a float tensor of ``input_shape`` per sample, loss
 ``output.float().pow(2).mean()``) or a ``Workload`` itself.
@@ -53,10 +53,11 @@ class Workload:
 
 
 WORKLOAD_NAMES: tuple[str, ...] = (
-    "resnet18", "resnet50", "resnext101-32x4d", "yolo-n", "yolo-s", "vit-b16", "gpt2-small"
+    "resnet18", "resnet50", "resnext101-32x4d", "se-resnext101-32x4d", "yolo-n", "yolo-s", "vit-b16", "gpt2-small"
 )
 DEFAULT_IMGSZ = {
-    "resnet18": 224, "resnet50": 224, "resnext101-32x4d": 224, "yolo-n": 640, "yolo-s": 640, "vit-b16": 224
+    "resnet18": 224, "resnet50": 224, "resnext101-32x4d": 224, "se-resnext101-32x4d": 224, "yolo-n": 640,
+    "yolo-s": 640, "vit-b16": 224,
 }
 DEFAULT_SEQ_LEN = 1024
 USER_INPUT_LOSS = "output.float().pow(2).mean()"
@@ -97,10 +98,15 @@ def get_workload(
     if name == "gpt2-small":
         return _gpt2_workload(seq_len, input_shape)
     size = _image_size(name, imgsz, input_shape)
-    if name.startswith(("resnet", "resnext")):
+    if name.startswith(("resnet", "resnext", "se-resnext")):
         from torchkit.workloads import resnet
 
-        factory = {"resnet18": resnet.resnet18, "resnet50": resnet.resnet50}.get(name, resnet.resnext101_32x4d)
+        factory = {
+            "resnet18": resnet.resnet18,
+            "resnet50": resnet.resnet50,
+            "resnext101-32x4d": resnet.resnext101_32x4d,
+            "se-resnext101-32x4d": resnet.se_resnext101_32x4d,
+        }[name]
         return Workload(
             name=name,
             sample_shape=(3, size, size),

@@ -24,7 +24,7 @@ Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp32")
 LAYOUTS: tuple[str, ...] = ("nchw", "nhwc")
 CALIBRATION_MODELS: tuple[str, ...] = (
-    "resnet18", "resnet50", "resnext101-32x4d", "vit-b16", "gpt2-small", "yolo-n", "yolo-s"
+    "resnet18", "resnet50", "resnext101-32x4d", "se-resnext101-32x4d", "vit-b16", "gpt2-small", "yolo-n", "yolo-s"
 )
 """workloads a row may name: the built-in ones (torchkit/workloads; a test keeps the two in step)"""
 

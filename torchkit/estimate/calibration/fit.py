@@ -1,6 +1,7 @@
 """Least squares on log throughput: the roofline's efficiencies from measured rows.
 
-The parameters are logarithms of :class:`~torchkit.estimate.roofline.TimeConstants` fields: six global
+The parameters are coordinates (logit for efficiencies, log otherwise) of
+:class:`~torchkit.estimate.roofline.TimeConstants` fields: six global
 ones (tensor-core, TF32, FP32 and bandwidth efficiency, layout-conversion factor, grouped-convolution
 efficiency) and, for every
 architecture with rows, a deviation of its tensor-core and bandwidth efficiency from the global value. The
@@ -33,14 +34,20 @@ GLOBAL_PARAMS: tuple[str, ...] = (
 ARCH_PARAMS: tuple[str, ...] = ("tensor_core_efficiency", "bandwidth_efficiency")
 """fields that get a per-architecture deviation (the ones the issue's evidence shows differ by card class:
 HBM vs GDDR bandwidth reached, tensor-core generation)"""
+BOUNDED_PARAMS: frozenset[str] = frozenset(
+    {"tensor_core_efficiency", "tf32_efficiency", "fp32_efficiency", "bandwidth_efficiency"}
+)
+"""fractions of a datasheet peak: fitted in logit coordinates, so they stay in (0, 1) (an unbounded fit let
+one constant exceed its peak to make up for another's error); the others in log coordinates"""
 DATA_LOG_SIGMA = 0.05
 """assumed noise of one measurement in log throughput: repeats of one configuration in the data differ by
 ~4% (DeepLearningExamples V100 16 GB vs 32 GB AMP 1200 vs 1156 img/s; sandeepkumar-skb vs DLE V100 AMP
 NHWC 1154 vs 1200)"""
 GLOBAL_PRIOR_LOG_SIGMA = 1.0
-"""weak prior on the global constants: a factor e either way"""
-ARCH_PRIOR_LOG_SIGMA = 0.3
-"""prior spread of an architecture's deviation from the global constant (±35%)"""
+"""weak prior on the global constants, in their coordinates (log or logit): about a factor e either way"""
+ARCH_PRIOR_LOG_SIGMA = 0.5
+"""prior spread of an architecture's deviation from the global constant, in the same coordinates (±0.5 in
+logit around 0.6 is about ±20%)"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +68,7 @@ class FitResult:
     global_constants: TimeConstants
     arch_constants: dict[str, TimeConstants]
     params: dict[str, float]
-    """parameter name -> fitted log value (``global.x`` or ``<arch>.x`` deviation)"""
+    """parameter name -> fitted coordinate (``global.x``, or ``<arch>.x``: the deviation from it)"""
     log_residuals: dict[str, float]
     """row id -> log(predicted / measured) throughput at the fit"""
     iterations: int
@@ -71,13 +78,26 @@ def param_names(arches: Sequence[str]) -> list[str]:
     return [f"global.{p}" for p in GLOBAL_PARAMS] + [f"{a}.{p}" for a in arches for p in ARCH_PARAMS]
 
 
+def _to_value(field: str, z: float) -> float:
+    """A parameter's value from its unconstrained coordinate: logistic for fractions of a peak (they cannot
+    exceed 1), exponential for the rest."""
+    return 1.0 / (1.0 + math.exp(-z)) if field in BOUNDED_PARAMS else math.exp(z)
+
+
+def _to_coordinate(field: str, value: float) -> float:
+    return math.log(value / (1.0 - value)) if field in BOUNDED_PARAMS else math.log(value)
+
+
 def constants_from(theta: np.ndarray, names: Sequence[str], base: TimeConstants) -> tuple[TimeConstants, dict]:
-    """(global constants, arch -> constants) from a parameter vector."""
+    """(global constants, arch -> constants) from a parameter vector (an architecture's coordinate is the
+    global one plus its deviation)."""
     values = dict(zip(names, theta, strict=True))
-    glob = replace(base, **{p: math.exp(values[f"global.{p}"]) for p in GLOBAL_PARAMS})
+    glob = replace(base, **{p: _to_value(p, values[f"global.{p}"]) for p in GLOBAL_PARAMS})
     arches = sorted({n.split(".")[0] for n in names if not n.startswith("global.")})
     per_arch = {
-        a: replace(glob, **{p: getattr(glob, p) * math.exp(values[f"{a}.{p}"]) for p in ARCH_PARAMS})
+        a: replace(
+            glob, **{p: _to_value(p, values[f"global.{p}"] + values[f"{a}.{p}"]) for p in ARCH_PARAMS}
+        )
         for a in arches
     }
     return glob, per_arch
@@ -112,7 +132,9 @@ def fit(
         raise ValueError("a fit needs at least one observation")
     arches = sorted({o.arch for o in observations})
     names = param_names(arches)
-    mu = np.array([math.log(getattr(prior, n.split(".")[1])) if n.startswith("global.") else 0.0 for n in names])
+    mu = np.array(
+        [_to_coordinate(n.split(".")[1], getattr(prior, n.split(".")[1])) if n.startswith("global.") else 0.0 for n in names]
+    )
     sigma = np.array([global_prior_log_sigma if n.startswith("global.") else arch_prior_log_sigma for n in names])
     theta = mu.copy()
     r = _residuals(theta, names, observations, prior, mu, sigma)
