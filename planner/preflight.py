@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.probe import NodeInventory
+from planner.probing.inventory import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
 
-#: reasons ``torchkit.gpu_select.select_gpus`` gives for skipping a GPU that is idle enough, only not picked
+#: reasons ``torchkit.hardware.gpu_select.select_gpus`` gives for skipping a GPU that is idle enough, only not picked
 _NOT_A_THRESHOLD_BREACH = ("not requested", "less idle than the GPUs picked", "not used: selection")
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from planner.cli.options import add_job_options, job_from_args
-from planner.cli.output import echo, format_gib, note, print_json, print_table
-from torchkit.errors import ConfigError
+from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
+from planner.errors import ConfigError
 
 SCHEMA = "batchplan/profile@1"
 
@@ -37,7 +37,7 @@ def _local_device(spec: str):
         raise ConfigError(
             f"--device {spec}: no CUDA GPU is usable on this machine (use --gpu TYPE to estimate for a catalog GPU)"
         )
-    from torchkit.device import parse_device
+    from torchkit.seed_api.device import parse_device
 
     parsed = parse_device(spec)
     if not parsed.startswith("cuda") and not parsed[:1].isdigit():
@@ -48,13 +48,11 @@ def _local_device(spec: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.profiling import make_profile
-    from torchkit.catalog import load_catalog
+    from planner.probing.make_profile import make_profile
+    from torchkit.hardware.catalog import load_catalog
 
     job = job_from_args(args)
     if args.plot:
-        from planner.cli.plan import check_writable
-
         if not args.plot.lower().endswith(".png"):
             raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
         check_writable("--plot", args.plot)
@@ -80,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         method = job.method
     note(f"profiling {job.model} on {gpu.name} ({method})")
     profile = make_profile(job, gpu, method=method, device_index=device_index)
-    budget = int(job.fraction * free_bytes)
+    budget = job.memory_budget_bytes(free_bytes)
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {
         "schema": SCHEMA,

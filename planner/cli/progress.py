@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from planner.driver import Event, EventSink
+from planner.events import Event, EventSink
 
 _LABELS = {
     ("ray", "start"): "starting Ray ({item})",

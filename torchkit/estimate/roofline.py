@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchkit.catalog import GpuSpec
 from torchkit.errors import ConfigError
 from torchkit.estimate.op_costs import KernelCost
+from torchkit.hardware.catalog import GpuSpec
 
 
 class KernelClass(enum.IntEnum):

@@ -1,0 +1,161 @@
+"""The advice of an allocation: the options ``allocate`` compares and the sentences it says about them.
+
+Options (``Allocation.alternatives``): the three modes, up to ``_ACCUMULATE_LOOKAHEAD`` larger
+accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
+group alone, all at the same global batch when one is given; each is solved with ``planner.allocate.solver``'s
+solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%).
+
+Pure numpy: no torch, no Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.allocate.solver import Rows, split_units, valid_accumulates
+from planner.errors import InfeasiblePlanError
+from planner.job import MODES
+
+# Advice is given only for a speed-up of at least 5%: estimated step times carry errors of several percent
+# (operator-level estimators: ~5-10% mean error, peers.md §2), so smaller differences are not evidence.
+ADVICE_MIN_SPEEDUP = 1.05
+# Branch and bound stops within 1% of the optimum for the options the advice compares (it speaks only
+# above 5%); the plan itself is solved to 0.1% (``planner.allocate.solver._THROUGHPUT_TOLERANCE``).
+_ADVICE_TOLERANCE = 1e-2
+# With a global batch, the advice also tries this many larger accumulations than the plan's smallest one.
+_ACCUMULATE_LOOKAHEAD = 4
+# Group advice (drop the slowest groups, keep one) costs two solves per group: at most this many groups.
+# Default groups are identical (cap, t0, t1); with more of them than this, identical (t0, t1).
+_MAX_ADVICE_GROUPS = 32
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option compared by the advice."""
+
+    throughput: float  # samples/s (global batch / time per global batch when B is given)
+    global_time_s: float  # accumulate · step time
+    batches: np.ndarray  # per rank of the option's rows, samples
+    accumulate: int
+
+
+def _option(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+            accumulate: int | None = None) -> Option | None:
+    try:
+        units, accumulate = split_units(rows, mode, k, global_batch, "", _ADVICE_TOLERANCE, accumulate)
+    except InfeasiblePlanError:
+        return None
+    b = units * k
+    step_time = float(np.max(t0[rows.ranks] + t1[rows.ranks] * b))
+    return Option(float(b.sum()) / step_time, accumulate * step_time, b, accumulate)
+
+
+def _rank_list(idx: np.ndarray) -> str:
+    """"rank 5", "ranks 4-5", "ranks 0-3, 8-11, … (40 ranks in all)"."""
+    breaks = np.nonzero(np.diff(idx) != 1)[0]
+    starts = np.concatenate(([idx[0]], idx[breaks + 1]))
+    ends = np.concatenate((idx[breaks], [idx[-1]]))
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in zip(starts[:4], ends[:4], strict=True)]
+    more = f", … ({len(idx)} ranks in all)" if len(starts) > 4 else ""
+    return ("rank " if len(idx) == 1 else "ranks ") + ", ".join(parts) + more
+
+
+def _describe(ranks: np.ndarray, gid: np.ndarray, chosen: np.ndarray, names: np.ndarray | None) -> str:
+    """The ranks of the chosen groups, by group name when the caller labelled the groups."""
+    members = np.isin(gid, chosen)
+    idx = ranks[members]
+    if names is None:
+        return _rank_list(idx)
+    counts = np.bincount(gid[members], minlength=len(names))
+    kinds = " and ".join(f"{counts[g]} {names[g]}" for g in chosen)
+    return f"the {kinds} rank{'s' if len(idx) > 1 else ''} ({_rank_list(idx)})"
+
+
+def _rate(samples_per_s: float) -> str:
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"
+
+
+def _versus(new: Option, cur: Option, global_batch: int | None) -> str:
+    if global_batch is None:
+        return f"{_rate(new.throughput)} vs {_rate(cur.throughput)} samples/s"
+    return f"{new.global_time_s:.4g} s vs {cur.global_time_s:.4g} s per global batch of {global_batch}"
+
+
+def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+            labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[str]]:
+    """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
+    options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
+    alternatives = {m: o.throughput for m, o in options.items() if o is not None}
+    advice: list[str] = []
+    best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
+    gain = options[best_mode].throughput / current.throughput
+    if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
+        advice.append(f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
+                      f"({_versus(options[best_mode], current, global_batch)})")
+    elif mode != "uniform" and options["uniform"] is not None:
+        over = current.throughput / options["uniform"].throughput
+        if over >= ADVICE_MIN_SPEEDUP:
+            advice.append(f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
+                          f"{int(options['uniform'].batches[0])}): {_versus(current, options['uniform'], global_batch)}")
+
+    if global_batch is not None and mode != "uniform":
+        # The smallest accumulate is the plan's rule, but fewer, bigger steps are not always faster: when
+        # the fast ranks are full, a larger accumulate can balance better. Look a few steps further.
+        tried = [_option(rows, t0, t1, k, mode, global_batch, a)
+                 for a in valid_accumulates(rows, mode, k, global_batch)[1:1 + _ACCUMULATE_LOOKAHEAD]]
+        better = max((o for o in tried if o is not None), key=lambda o: o.throughput, default=None)
+        if better is not None and better.throughput / current.throughput >= ADVICE_MIN_SPEEDUP:
+            alternatives["best_accumulate"] = better.throughput
+            step = global_batch // better.accumulate
+            advice.append(f"accumulate {better.accumulate} (steps of {step}) would be "
+                          f"{better.throughput / current.throughput:.2f}× faster than accumulate "
+                          f"{current.accumulate} ({_versus(better, current, global_batch)})")
+
+    ranks = rows.ranks
+    if labels is None:
+        gid, names = rows.row, None
+        if len(rows.t0) > _MAX_ADVICE_GROUPS:
+            # Caps differ with each GPU's free memory; the time profile is what a GPU type shares.
+            profile = np.stack((t0[ranks], t1[ranks]), axis=1)
+            gid = np.unique(profile, axis=0, return_inverse=True)[1].reshape(-1)
+    else:
+        names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
+    num_groups = int(gid.max()) + 1
+    if num_groups > _MAX_ADVICE_GROUPS:
+        advice.append(f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
+                      f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them")
+        return alternatives, advice
+    if num_groups < 2:
+        return alternatives, advice
+    # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
+    cap_b = rows.cap[rows.row] * k
+    rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
+    speed = np.bincount(gid, weights=rate) / np.bincount(gid)
+    first = np.unique(gid, return_index=True)[1]
+    order = np.lexsort((first, -speed))
+
+    def subset_option(groups_kept: np.ndarray) -> Option | None:
+        return _option(rows.subset(np.isin(gid, groups_kept)), t0, t1, k, mode, global_batch)
+
+    prefixes = [(order[:j], subset_option(order[:j])) for j in range(1, num_groups)]
+    singles = [(np.array([g]), subset_option(np.array([g]))) for g in range(num_groups)]
+    best_prefix = max(((g, o) for g, o in prefixes if o is not None), key=lambda p: p[1].throughput, default=None)
+    best_single = max(((g, o) for g, o in singles if o is not None), key=lambda p: p[1].throughput, default=None)
+    said_prefix = None
+    if best_prefix is not None:
+        alternatives["best_group_subset"] = best_prefix[1].throughput
+        gain = best_prefix[1].throughput / current.throughput
+        if gain >= ADVICE_MIN_SPEEDUP:
+            dropped = order[len(best_prefix[0]):]
+            advice.append(f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
+                          f"({_versus(best_prefix[1], current, global_batch)})")
+            said_prefix = set(best_prefix[0].tolist())
+    if best_single is not None:
+        alternatives["best_single_group"] = best_single[1].throughput
+        gain = best_single[1].throughput / current.throughput
+        if gain >= ADVICE_MIN_SPEEDUP and said_prefix != set(best_single[0].tolist()):
+            advice.append(f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
+                          f"faster ({_versus(best_single[1], current, global_batch)})")
+    return alternatives, advice
