@@ -34,13 +34,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchkit.catalog import load_catalog  # noqa: E402
 from torchkit.estimate.calibration.crossval import held_out_predictions, observations_from_rows  # noqa: E402
 from torchkit.estimate.calibration.data import held_out_ids, read_measured  # noqa: E402
 from torchkit.estimate.calibration.fit import predict  # noqa: E402
 from torchkit.estimate.calibration.tables import load_cuda_peaks, load_tables, table_key  # noqa: E402
 from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD, device_bytes_from_peak  # noqa: E402
 from torchkit.estimate.time_model import PRIOR_CONSTANTS, load_time_model  # noqa: E402
+from torchkit.hardware.catalog import load_catalog  # noqa: E402
 from torchkit.units import GIB  # noqa: E402
 
 

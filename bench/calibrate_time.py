@@ -28,7 +28,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchkit.catalog import load_catalog  # noqa: E402
 from torchkit.estimate.calibration.crossval import (  # noqa: E402
     held_out_predictions,
     log_errors,
@@ -40,6 +39,7 @@ from torchkit.estimate.calibration.fit import ARCH_PARAMS, DATA_LOG_SIGMA, GLOBA
 from torchkit.estimate.calibration.tables import build_tables, load_tables, write_tables  # noqa: E402
 from torchkit.estimate.roofline import TimeConstants  # noqa: E402
 from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, PRIOR_CONSTANTS  # noqa: E402
+from torchkit.hardware.catalog import load_catalog  # noqa: E402
 
 PRIOR_SOURCES = {
     "kernel_launch_s": "prior, not fitted: cudaLaunchKernel ~1-3 us on CUDA 12 drivers (approximate)",

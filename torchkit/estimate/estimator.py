@@ -284,9 +284,14 @@ def step_time_s(
     its architecture (:mod:`torchkit.estimate.time_model`) unless ``constants`` (a ``TimeConstants``) is
     given; ``channels_last``: the model and batch are in NHWC memory format."""
     from torchkit.estimate.roofline import kernels_time_s
+    from torchkit.estimate.time_model import constants_for
 
     return kernels_time_s(
-        estimate.kernels, gpu, amp=estimate.amp, channels_last=channels_last, constants=constants
+        estimate.kernels,
+        gpu,
+        amp=estimate.amp,
+        channels_last=channels_last,
+        constants=constants if constants is not None else constants_for(gpu),
     )
 
 

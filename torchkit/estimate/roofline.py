@@ -214,19 +214,15 @@ def kernels_time_s(
     *,
     amp: str = "off",
     channels_last: bool = False,
-    constants: TimeConstants | None = None,
+    constants: TimeConstants,
 ) -> float:
-    """Step time of ``kernels`` on ``gpu`` with ``constants`` (default: the calibrated ones for its
-    architecture, :func:`torchkit.estimate.time_model.constants_for`).
+    """Step time of ``kernels`` on ``gpu`` with ``constants`` (the estimator passes the calibrated ones of
+    the GPU's architecture, :func:`torchkit.estimate.time_model.constants_for`).
 
     Raises:
         ConfigError: ``amp`` is bf16 and the GPU has no bf16 support.
     """
     if amp == "bf16" and not gpu.supports_bf16:
         raise ConfigError(f"{gpu.name} has no bf16 support (use --amp fp16 or off)")
-    if constants is None:
-        from torchkit.estimate.time_model import constants_for
-
-        constants = constants_for(gpu)
     table = kernels if isinstance(kernels, KernelTable) else kernel_table(kernels)
     return table_time_s(table, gpu, constants, channels_last=channels_last)

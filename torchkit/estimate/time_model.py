@@ -24,9 +24,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchkit.catalog import GpuSpec
 from torchkit.errors import ConfigError
 from torchkit.estimate.roofline import TimeConstants
+from torchkit.hardware.catalog import GpuSpec
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 DEFAULT_TIME_MODEL_PATH = CALIBRATION_DIR / "time_model.json"

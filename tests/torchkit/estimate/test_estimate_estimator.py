@@ -187,6 +187,20 @@ def test_channels_last_changes_the_step_time_by_the_layout_model(catalog) -> Non
     assert curves.time_points[0][1] == pytest.approx(step_time_s(amp, v100, channels_last=True))
 
 
+def test_step_time_uses_the_calibrated_constants_of_the_gpus_architecture(catalog) -> None:
+    from dataclasses import replace
+
+    from torchkit.estimate.time_model import load_time_model
+
+    v100 = catalog.get("V100-SXM2-16GB")
+    est = estimate_step(_conv_workload(224), 32, amp="fp16")
+    calibrated = load_time_model().constants_for(v100)
+    assert calibrated == load_time_model().arch_constants["volta"]
+    assert step_time_s(est, v100) == pytest.approx(step_time_s(est, v100, constants=calibrated))
+    slower = replace(calibrated, bandwidth_efficiency=calibrated.bandwidth_efficiency / 2)
+    assert step_time_s(est, v100, constants=slower) > step_time_s(est, v100)
+
+
 def test_estimates_are_reused_from_the_cache_for_every_gpu(catalog) -> None:
     cache: dict = {}
     workload = get_workload("resnet18", imgsz=64)

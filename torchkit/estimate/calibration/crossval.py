@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from torchkit.catalog import GpuCatalog
 from torchkit.estimate.calibration.data import MeasuredRow
 from torchkit.estimate.calibration.fit import FitResult, Observation, fit, predict
 from torchkit.estimate.calibration.tables import table_key
 from torchkit.estimate.roofline import KernelTable, TimeConstants
 from torchkit.estimate.time_model import architecture
+from torchkit.hardware.catalog import GpuCatalog
 
 
 def observations_from_rows(

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from torchkit.catalog import GpuCatalog
 from torchkit.errors import ConfigError
+from torchkit.hardware.catalog import GpuCatalog
 
 DATA_PATH = Path(__file__).resolve().parent / "measured_throughput.csv"
 COLUMNS = ("id", "model", "gpu", "precision", "layout", "batch", "samples_per_s", "optimizer", "source", "software")
@@ -111,7 +111,7 @@ def read_measured(path: Path = DATA_PATH, catalog: GpuCatalog | None = None) -> 
         ConfigError: a row is incomplete or names something unknown; duplicate ids; wrong header.
     """
     if catalog is None:
-        from torchkit.catalog import load_catalog
+        from torchkit.hardware.catalog import load_catalog
 
         catalog = load_catalog()
     lines = path.read_text().splitlines()

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from torchkit.catalog import GpuSpec
 from torchkit.estimate.roofline import KernelTable, TimeConstants, table_time_s
+from torchkit.hardware.catalog import GpuSpec
 
 GLOBAL_PARAMS: tuple[str, ...] = (
     "tensor_core_efficiency",

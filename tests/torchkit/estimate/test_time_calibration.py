@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from torchkit.catalog import load_catalog
 from torchkit.errors import ConfigError
 from torchkit.estimate.calibration.data import CALIBRATION_MODELS, DATA_PATH, held_out_ids, read_measured
 from torchkit.estimate.calibration.fit import Observation, fit, predict
@@ -23,8 +22,9 @@ from torchkit.estimate.time_model import (
     architecture,
     load_time_model,
 )
+from torchkit.hardware.catalog import load_catalog
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
