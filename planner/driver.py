@@ -39,6 +39,7 @@ from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
 from planner.profiles.key import job_profile_key
 from planner.profiles.profile import DeviceProfile
+from torchkit.estimate.time_model import time_model_id
 from torchkit.hardware.catalog import GpuCatalog
 
 
@@ -99,7 +100,7 @@ def _profile_requests(
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
             key = job_profile_key(job, catalog.get(gpu_type), method=method, fingerprint=fingerprint,
-                                  torch_version=torch_version)
+                                  torch_version=torch_version, time_model=time_model_id())
             device_keys[(inventory.name, index)] = key
             if key not in requests:
                 requests[key] = ProfileRequest(

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from planner.allocate.allocation import allocate
+from planner.allocate.uncertainty import balance_efficiency_range
 from planner.job import JobSpec
 from planner.plan.io import SCHEMA
 from planner.plan.launch import DEFAULT_MASTER_PORT, torchrun_command
@@ -64,6 +65,15 @@ def build_plan(
         multiple_of=job.multiple_of,
         min_batch=job.min_batch,
         groups=[s.profile for s in slots],
+    )
+    efficiency_range = balance_efficiency_range(
+        [profiles[s.profile].time_fit.intercept_s for s in slots],
+        [profiles[s.profile].time_fit.s_per_sample for s in slots],
+        [cap // job.multiple_of * job.multiple_of for cap in caps],
+        allocation.batches,
+        allocation.included,
+        [profiles[s.profile].time_log_sigma for s in slots],
+        [profiles[s.profile].gpu for s in slots],
     )
     all_excluded = [e.to_json() for e in excluded]
     for index, reason in sorted(allocation.excluded_reasons.items()):
@@ -154,6 +164,9 @@ def build_plan(
         "predicted_step_time_s": float(allocation.step_time_s),
         "throughput_samples_per_s": float(allocation.throughput_samples_per_s),
         "balance_efficiency": float(allocation.balance_efficiency),
+        # what to expect at real speed: each GPU type's step time off by ±1σ of the time model (all sign
+        # combinations), the lowest and highest balance efficiency of this allocation
+        "balance_efficiency_range": [float(efficiency_range[0]), float(efficiency_range[1])],
         "mode": job.mode,
         "alternatives": {k: float(v) for k, v in allocation.alternatives.items()},
         "ranks": ranks,

@@ -143,3 +143,11 @@ def validate_plan(plan: Any, where: str = "plan") -> None:
         raise ConfigError(f"{where}: nodes' nproc_per_node do not add up to world_size")
     for key, profile in plan["profiles"].items():
         DeviceProfile.from_json(profile, where=f"{where}: profiles[{key!r}]")
+    if "balance_efficiency_range" in plan:  # optional: plans written before the calibrated time model lack it
+        span = plan["balance_efficiency_range"]
+        if not (
+            isinstance(span, list) and len(span) == 2
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in span)
+            and 0 <= span[0] <= span[1] <= 1
+        ):
+            raise ConfigError(f"{where}.balance_efficiency_range must be [low, high] with 0 <= low <= high <= 1, got {span!r}")

@@ -18,10 +18,18 @@ def profile_key(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def job_profile_key(job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str) -> str:
+def job_profile_key(
+    job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str, time_model: str = ""
+) -> str:
     """The key of ``job``'s profile on ``gpu`` made by ``method`` (``estimate``/``measure``), for the
-    workload whose content fingerprint is ``fingerprint`` under torch ``torch_version``."""
-    return profile_key(
+    workload whose content fingerprint is ``fingerprint`` under torch ``torch_version``; ``time_model``: the
+    identity of the step-time calibration an estimate is priced with (a new calibration is a new profile)."""
+    parts: list[object] = [
         fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer,
         gpu.name, method, job.fit, torch_version,
-    )
+    ]
+    if job.channels_last:  # appended only when set, so the keys of existing (NCHW) profiles stay valid
+        parts.append("channels_last")
+    if method == "estimate" and time_model:
+        parts.append(time_model)
+    return profile_key(*parts)

@@ -103,6 +103,7 @@ def autobatch_ddp(
     from planner.probing.make_profile import job_fingerprint, make_profile
     from planner.profiles.cache import ProfileCache
     from planner.runtime.rank_plan import load_rank_plan
+    from torchkit.estimate.time_model import time_model_id
     from torchkit.hardware.catalog import load_catalog
     from torchkit.seed_api.distributed import torch_distributed_zero_first
 
@@ -128,7 +129,7 @@ def autobatch_ddp(
 
     def key_for(gpu_name: str) -> str:
         return job_profile_key(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
-                               torch_version=torch_version)
+                               torch_version=torch_version, time_model=time_model_id())
 
     node_types = sorted({p["gpu"] for p in everyone if p["node"] == node})
     profiles: dict[str, DeviceProfile] = {}

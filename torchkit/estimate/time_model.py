@@ -18,6 +18,7 @@ with ``bench/calibrate_time.py --out``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -99,6 +100,8 @@ class TimeModel:
     calibrated_gpus: frozenset[str] = frozenset()
     source: str = "priors (no calibration file)"
     """file and data the constants came from"""
+    identity: str = "priors"
+    """short content hash of the calibration file (part of an estimated profile's cache key)"""
 
     def constants_for(self, gpu: GpuSpec) -> TimeConstants:
         return self.arch_constants.get(architecture(gpu), self.global_constants)
@@ -132,7 +135,7 @@ def _constants(data: dict, where: str) -> TimeConstants:
     return TimeConstants(**values)
 
 
-def time_model_from_json(data: dict, source: str) -> TimeModel:
+def time_model_from_json(data: dict, source: str, identity: str = "") -> TimeModel:
     """Parse the document ``bench/calibrate_time.py`` writes."""
     try:
         glob = _constants(data["global"], f"{source}: global")
@@ -148,6 +151,7 @@ def time_model_from_json(data: dict, source: str) -> TimeModel:
             unseen_log_sigma=float(data["unseen_gpu_log_sigma"]),
             calibrated_gpus=frozenset(data["calibrated_gpus"]),
             source=f"{source}, fitted on {data['data']}",
+            identity=identity or "unnamed",
         )
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ConfigError(
@@ -162,10 +166,12 @@ def _load(path: str) -> TimeModel:
     if not p.is_file():
         return TimeModel(global_constants=PRIOR_CONSTANTS)
     try:
-        data = json.loads(p.read_text())
+        raw = p.read_bytes()
+        data = json.loads(raw)
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"cannot read time model {p}: {e} (regenerate it with python bench/calibrate_time.py)") from e
-    return time_model_from_json(data, p.name if p == DEFAULT_TIME_MODEL_PATH else str(p))
+    name = p.name if p == DEFAULT_TIME_MODEL_PATH else str(p)
+    return time_model_from_json(data, name, identity=hashlib.sha256(raw).hexdigest()[:12])
 
 
 def load_time_model(path: str | os.PathLike[str] | None = None) -> TimeModel:
@@ -179,6 +185,11 @@ def load_time_model(path: str | os.PathLike[str] | None = None) -> TimeModel:
     if path is None and os.environ.get(TIME_MODEL_ENV) and not Path(chosen).is_file():
         raise ConfigError(f"{TIME_MODEL_ENV}={chosen} is not a file (unset it, or point it at a time_model.json)")
     return _load(str(chosen))
+
+
+def time_model_id() -> str:
+    """Identity of the current calibration (changes whenever ``time_model.json`` does)."""
+    return load_time_model().identity
 
 
 def constants_for(gpu: GpuSpec) -> TimeConstants:
