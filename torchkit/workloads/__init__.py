@@ -101,12 +101,7 @@ def get_workload(
     if name.startswith(("resnet", "resnext", "se-resnext")):
         from torchkit.workloads import resnet
 
-        factory = {
-            "resnet18": resnet.resnet18,
-            "resnet50": resnet.resnet50,
-            "resnext101-32x4d": resnet.resnext101_32x4d,
-            "se-resnext101-32x4d": resnet.se_resnext101_32x4d,
-        }[name]
+        factory = resnet.FACTORIES[name]
         return Workload(
             name=name,
             sample_shape=(3, size, size),
