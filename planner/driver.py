@@ -38,6 +38,7 @@ from planner.probing.inventory import NodeInventory
 from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
 from planner.profiles.key import job_profile_key
+from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
 from torchkit.estimate.time_model import time_model_id
 from torchkit.hardware.catalog import GpuCatalog
@@ -130,6 +131,13 @@ def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlo
     return warnings
 
 
+def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog, cache: ProfileCache | None):
+    """With ``--method auto``: the profile a re-balanced job measured for this GPU type, if cached."""
+    if job.method != "auto" or cache is None:
+        return None
+    return find_measured(cache, job.to_json(), request.gpu_type, job.amp_for(catalog.get(request.gpu_type)))
+
+
 def run_plan(
     job: JobSpec,
     backend: Backend,
@@ -180,6 +188,15 @@ def run_plan(
     dead_nodes: set[str] = set(failed_nodes)
     profile_calls = 0
     for key, request in requests.items():
+        measured = _measured_in_job(job, request, catalog, options.cache)
+        if measured is not None:
+            profiles[key] = measured
+            warnings.append(
+                f"{request.gpu_type}: step time measured in a running job (profile method 'job', from the profile "
+                f"cache); --method auto prefers it over the {request.method} profile"
+            )
+            on_event(Event(stage="profile", status="cached", item=request.gpu_type, detail={"measured_in_job": True}))
+            continue
         cached = options.cache.get(key) if options.cache is not None else None
         if cached is not None:
             profiles[key] = cached
