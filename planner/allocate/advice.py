@@ -11,6 +11,7 @@ Pure numpy: no torch, no Ray.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
@@ -29,6 +30,38 @@ _ACCUMULATE_LOOKAHEAD = 4
 # Group advice (drop the slowest groups, keep one) costs two solves per group: at most this many groups.
 # Default groups are identical (cap, t0, t1); with more of them than this, identical (t0, t1).
 _MAX_ADVICE_GROUPS = 32
+
+
+class AdviceKind(Enum):
+    """What an advice sentence is about, for programs (preflight) that must not read the sentence."""
+
+    MODE = "mode"
+    """another mode would be faster"""
+    VERSUS_UNIFORM = "versus_uniform"
+    """how much faster this mode is than plain DDP"""
+    ACCUMULATE = "accumulate"
+    """a larger gradient accumulation would be faster"""
+    DROP_GROUPS = "drop_groups"
+    """dropping the slowest GPU groups would be faster"""
+    SINGLE_GROUP = "single_group"
+    """one GPU group alone would be faster"""
+    NO_GROUP_ADVICE = "no_group_advice"
+    """too many groups to compare"""
+
+
+class Advice(str):
+    """One advice sentence with its kind. A ``str`` (the text), so that it reads, prints and serialises as
+    the sentence it is; ``kind`` says what it is about."""
+
+    kind: AdviceKind
+
+    def __new__(cls, kind: AdviceKind, text: str) -> Advice:
+        advice = super().__new__(cls, text)
+        advice.kind = kind
+        return advice
+
+    def __reduce__(self):
+        return Advice, (self.kind, str(self))
 
 
 @dataclass(frozen=True)
@@ -84,21 +117,23 @@ def _versus(new: Option, cur: Option, global_batch: int | None) -> str:
 
 
 def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[str]]:
+            labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[Advice]]:
     """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
     options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
     alternatives = {m: o.throughput for m, o in options.items() if o is not None}
-    advice: list[str] = []
+    advice: list[Advice] = []
     best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
     gain = options[best_mode].throughput / current.throughput
     if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
-        advice.append(f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
-                      f"({_versus(options[best_mode], current, global_batch)})")
+        advice.append(Advice(AdviceKind.MODE, f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
+                      f"({_versus(options[best_mode], current, global_batch)})"))
     elif mode != "uniform" and options["uniform"] is not None:
         over = current.throughput / options["uniform"].throughput
         if over >= ADVICE_MIN_SPEEDUP:
-            advice.append(f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
-                          f"{int(options['uniform'].batches[0])}): {_versus(current, options['uniform'], global_batch)}")
+            advice.append(Advice(AdviceKind.VERSUS_UNIFORM,
+                                 f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
+                                 f"{int(options['uniform'].batches[0])}): "
+                                 f"{_versus(current, options['uniform'], global_batch)}"))
 
     if global_batch is not None and mode != "uniform":
         # The smallest accumulate is the plan's rule, but fewer, bigger steps are not always faster: when
@@ -109,10 +144,19 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
         if better is not None and better.throughput / current.throughput >= ADVICE_MIN_SPEEDUP:
             alternatives["best_accumulate"] = better.throughput
             step = global_batch // better.accumulate
-            advice.append(f"accumulate {better.accumulate} (steps of {step}) would be "
-                          f"{better.throughput / current.throughput:.2f}× faster than accumulate "
-                          f"{current.accumulate} ({_versus(better, current, global_batch)})")
+            advice.append(Advice(AdviceKind.ACCUMULATE,
+                                 f"accumulate {better.accumulate} (steps of {step}) would be "
+                                 f"{better.throughput / current.throughput:.2f}× faster than accumulate "
+                                 f"{current.accumulate} ({_versus(better, current, global_batch)})"))
 
+    _group_advice(rows, t0, t1, k, mode, global_batch, labels, current, alternatives, advice)
+    return alternatives, advice
+
+
+def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+                  labels: np.ndarray | None, current: Option, alternatives: dict[str, float],
+                  advice: list[Advice]) -> None:
+    """Add the group options (the fastest groups, each group alone) to ``alternatives`` and ``advice``."""
     ranks = rows.ranks
     if labels is None:
         gid, names = rows.row, None
@@ -124,11 +168,12 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
         names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
     num_groups = int(gid.max()) + 1
     if num_groups > _MAX_ADVICE_GROUPS:
-        advice.append(f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
-                      f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them")
-        return alternatives, advice
+        advice.append(Advice(AdviceKind.NO_GROUP_ADVICE,
+                             f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
+                             f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them"))
+        return
     if num_groups < 2:
-        return alternatives, advice
+        return
     # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
     cap_b = rows.cap[rows.row] * k
     rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
@@ -149,13 +194,14 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
         gain = best_prefix[1].throughput / current.throughput
         if gain >= ADVICE_MIN_SPEEDUP:
             dropped = order[len(best_prefix[0]):]
-            advice.append(f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
-                          f"({_versus(best_prefix[1], current, global_batch)})")
+            advice.append(Advice(AdviceKind.DROP_GROUPS,
+                                 f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
+                                 f"({_versus(best_prefix[1], current, global_batch)})"))
             said_prefix = set(best_prefix[0].tolist())
     if best_single is not None:
         alternatives["best_single_group"] = best_single[1].throughput
         gain = best_single[1].throughput / current.throughput
         if gain >= ADVICE_MIN_SPEEDUP and said_prefix != set(best_single[0].tolist()):
-            advice.append(f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
-                          f"faster ({_versus(best_single[1], current, global_batch)})")
-    return alternatives, advice
+            advice.append(Advice(AdviceKind.SINGLE_GROUP,
+                                 f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
+                                 f"faster ({_versus(best_single[1], current, global_batch)})"))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from planner.allocate.advice import Option, advise
+from planner.allocate.advice import Advice, Option, advise
 from planner.allocate.solver import MAX_GLOBAL_BATCH, make_rows, split_units
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.job import MODES, Mode
@@ -49,7 +49,7 @@ class Allocation:
     """float64 per rank: 1 − t_i(b_i) / step_time_s, the share of a step the rank waits; 0 for excluded."""
     mode: str
     """The mode that produced ``batches``."""
-    advice: tuple[str, ...]
+    advice: tuple[Advice, ...]
     """Sentences saying when another mode or a subset of the GPUs would be faster, by how much, and which
     ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
     alternatives: dict[str, float]
@@ -87,6 +87,32 @@ def _exclusion_reason(cap: int, k: int, lo_batch: int, min_batch: int) -> str:
     return f"{fits} < {minimum}"
 
 
+def _checked_rank_arrays(
+    max_batch: ArrayLike, time_intercept_s: ArrayLike, time_per_sample_s: ArrayLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-rank caps (int64) and time coefficients (float64), checked: one value per rank, finite, ≥ 0,
+    whole caps, no rank whose step takes no time."""
+    cap = _as_1d("max_batch", max_batch, None)
+    n = len(cap)
+    if n == 0:
+        raise ConfigError("max_batch is empty: there is no rank to allocate")
+    t0 = _as_1d("time_intercept_s", time_intercept_s, n).astype(np.float64)
+    t1 = _as_1d("time_per_sample_s", time_per_sample_s, n).astype(np.float64)
+    whole_floats = np.issubdtype(cap.dtype, np.floating) and bool(np.all(np.isfinite(cap) & (cap == np.round(cap))))
+    if not (np.issubdtype(cap.dtype, np.integer) or whole_floats):
+        raise ConfigError(f"max_batch must hold whole numbers of samples, got {cap.dtype} values")
+    cap = cap.astype(np.int64)
+    for name, arr in (("max_batch", cap), ("time_intercept_s", t0), ("time_per_sample_s", t1)):
+        bad = np.nonzero(~np.isfinite(arr) | (arr < 0))[0]
+        if len(bad):
+            raise ConfigError(f"{name}[{bad[0]}] = {arr[bad[0]].item()!r}: must be finite and ≥ 0")
+    zero = np.nonzero((t0 == 0) & (t1 == 0))[0]
+    if len(zero):
+        raise ConfigError(f"rank {zero[0]} has step time 0 at every batch (time_intercept_s and "
+                          "time_per_sample_s both 0): give it a measured or estimated step time")
+    return cap, t0, t1
+
+
 def allocate(
     max_batch: ArrayLike,
     time_intercept_s: ArrayLike,
@@ -114,24 +140,8 @@ def allocate(
         ConfigError: malformed input (lengths, negative values, unknown mode).
         InfeasiblePlanError: no rank reaches the minimum batch, or the global batch cannot be split.
     """
-    cap = _as_1d("max_batch", max_batch, None)
+    cap, t0, t1 = _checked_rank_arrays(max_batch, time_intercept_s, time_per_sample_s)
     n = len(cap)
-    if n == 0:
-        raise ConfigError("max_batch is empty: there is no rank to allocate")
-    t0 = _as_1d("time_intercept_s", time_intercept_s, n).astype(np.float64)
-    t1 = _as_1d("time_per_sample_s", time_per_sample_s, n).astype(np.float64)
-    whole_floats = np.issubdtype(cap.dtype, np.floating) and bool(np.all(np.isfinite(cap) & (cap == np.round(cap))))
-    if not (np.issubdtype(cap.dtype, np.integer) or whole_floats):
-        raise ConfigError(f"max_batch must hold whole numbers of samples, got {cap.dtype} values")
-    cap = cap.astype(np.int64)
-    for name, arr in (("max_batch", cap), ("time_intercept_s", t0), ("time_per_sample_s", t1)):
-        bad = np.nonzero(~np.isfinite(arr) | (arr < 0))[0]
-        if len(bad):
-            raise ConfigError(f"{name}[{bad[0]}] = {arr[bad[0]].item()!r}: must be finite and ≥ 0")
-    zero = np.nonzero((t0 == 0) & (t1 == 0))[0]
-    if len(zero):
-        raise ConfigError(f"rank {zero[0]} has step time 0 at every batch (time_intercept_s and "
-                          "time_per_sample_s both 0): give it a measured or estimated step time")
     if mode not in MODES:
         raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     k = _check_int("multiple_of", multiple_of, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import ConfigError
+from planner.plan.types import Plan
 from torchkit.units import GIB
 
 
@@ -32,28 +33,28 @@ def _save(fig, path: str) -> Path:
     return target
 
 
-def plot_plan(plan: dict, path: str) -> Path:
+def plot_plan(plan: Plan, path: str) -> Path:
     """Per rank: batch (and cap), memory predicted vs budget vs total, predicted step time."""
     plt = _pyplot()
-    ranks = plan["ranks"]
-    labels = [f"{r['rank']}\n{r['gpu']}" for r in ranks]
+    ranks = plan.ranks
+    labels = [f"{r.rank}\n{r.gpu}" for r in ranks]
     x = range(len(ranks))
     fig, axes = plt.subplots(3, 1, figsize=(max(6.0, 0.6 * len(ranks) + 2), 9), sharex=True)
-    axes[0].bar(x, [r["max_batch"] for r in ranks], color="#d9d9d9", label="cap (max batch)")
-    axes[0].bar(x, [r["batch"] for r in ranks], color="#4c72b0", label="planned batch")
+    axes[0].bar(x, [r.max_batch for r in ranks], color="#d9d9d9", label="cap (max batch)")
+    axes[0].bar(x, [r.batch for r in ranks], color="#4c72b0", label="planned batch")
     axes[0].set_ylabel("samples / step")
     axes[0].legend(loc="upper right")
     axes[0].set_title(
-        f"{plan['job']['model']}: global batch {plan['global_batch']}, "
-        f"{plan['throughput_samples_per_s']:.0f} samples/s, balance {plan['balance_efficiency']:.2f}"
+        f"{plan.job.model}: global batch {plan.global_batch}, "
+        f"{plan.throughput_samples_per_s:.0f} samples/s, balance {plan.balance_efficiency:.2f}"
     )
-    axes[1].bar(x, [r["total_memory_bytes"] / GIB for r in ranks], color="#eeeeee", label="total")
-    axes[1].bar(x, [r["memory_budget_bytes"] / GIB for r in ranks], color="#c6dbef", label="budget")
-    axes[1].bar(x, [r["predicted_memory_bytes"] / GIB for r in ranks], color="#dd8452", width=0.5, label="predicted")
+    axes[1].bar(x, [r.total_memory_bytes / GIB for r in ranks], color="#eeeeee", label="total")
+    axes[1].bar(x, [r.memory_budget_bytes / GIB for r in ranks], color="#c6dbef", label="budget")
+    axes[1].bar(x, [r.predicted_memory_bytes / GIB for r in ranks], color="#dd8452", width=0.5, label="predicted")
     axes[1].set_ylabel("GiB")
     axes[1].legend(loc="upper right")
-    axes[2].bar(x, [r["predicted_step_time_s"] * 1000 for r in ranks], color="#55a868")
-    axes[2].axhline(plan["predicted_step_time_s"] * 1000, color="black", linestyle="--", linewidth=1,
+    axes[2].bar(x, [r.predicted_step_time_s * 1000 for r in ranks], color="#55a868")
+    axes[2].axhline(plan.predicted_step_time_s * 1000, color="black", linestyle="--", linewidth=1,
                     label="step time (slowest rank)")
     axes[2].set_ylabel("step ms")
     axes[2].legend(loc="upper right")

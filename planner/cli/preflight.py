@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
 
         write_plan(plan, args.output)
     if args.json:
-        print_json({"schema": SCHEMA, "ok": ok, "checks": [c.to_json() for c in checks], "plan": plan})
+        print_json({"schema": SCHEMA, "ok": ok, "checks": [c.to_json() for c in checks],
+                    "plan": plan.to_json() if plan is not None else None})
     else:
         for check in checks:
             echo(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")

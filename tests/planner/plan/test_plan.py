@@ -14,13 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.allocate.advice import AdviceKind
 from planner.allocate.allocation import allocate
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.io import SCHEMA, read_plan, validate_plan, write_plan
 from planner.plan.launch import DEFAULT_MASTER_PORT
-from planner.plan.types import ExcludedDevice, RankSlot
+from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 from torchkit.errors import ConfigError
 
@@ -64,7 +65,8 @@ UPSTREAM = (ExcludedDevice(node="node-b", device_index=1, gpu="T4", reason="busy
 
 
 def make_plan(job=None, slots=SLOTS, **kwargs) -> dict:
-    return build_plan(job or JobSpec(model="m"), slots, PROFILES, **kwargs)
+    """The plan's JSON document: what plan.json holds (most tests check the file format)."""
+    return build_plan(job or JobSpec(model="m"), slots, PROFILES, **kwargs).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +222,7 @@ def test_caps_at_the_planned_batch_bound_are_warned_about():
     tiny = {"k": affine_profile("H100-SXM5-80GB", t0=0.01, t1=1e-6, intercept=GIB, per_sample=1)}
     plan = build_plan(JobSpec(model="m"), [RankSlot(node="n", device_index=0, gpu="H100-SXM5-80GB", profile="k",
                                                     memory_budget_bytes=48 * GIB, total_memory_bytes=80 * GIB)],
-                      tiny)
+                      tiny).to_json()
     assert plan["ranks"][0]["max_batch"] == MAX_PLANNED_BATCH
     assert any(f"some caps reach {MAX_PLANNED_BATCH}" in w for w in plan["warnings"])
 
@@ -258,12 +260,13 @@ def test_the_expected_balance_range_holds_the_predicted_one_and_widens_with_the_
     """Profiles without uncertainty (measured) give a point; uncertain estimates a range around it."""
     assert make_plan()["balance_efficiency_range"] == [make_plan()["balance_efficiency"]] * 2
     uncertain = {k: dataclasses.replace(p, time_log_sigma=0.2) for k, p in PROFILES.items()}
-    plan = build_plan(JobSpec(model="m"), SLOTS, uncertain)
+    plan = build_plan(JobSpec(model="m"), SLOTS, uncertain).to_json()
     low, high = plan["balance_efficiency_range"]
     assert low < plan["balance_efficiency"] <= high <= 1
     wider = build_plan(JobSpec(model="m"), SLOTS, {k: dataclasses.replace(p, time_log_sigma=0.4) for k, p in PROFILES.items()})
-    assert wider["balance_efficiency_range"][0] < low
+    assert wider.balance_efficiency_range[0] < low
     validate_plan(plan)
+    assert Plan.from_json(plan).balance_efficiency_range == (low, high)
 
 
 def test_extra_fields_are_added_at_the_top_level():
@@ -467,3 +470,31 @@ def test_every_figure_in_a_plan_is_a_plain_python_value(base_plan):
             assert not isinstance(value, np.generic), value
 
     walk(base_plan)
+
+
+# ---------------------------------------------------------------------------------------------- the typed plan
+
+
+def test_the_typed_plan_round_trips_through_its_json_document(base_plan):
+    again = Plan.from_json(base_plan)
+    assert again.to_json() == base_plan
+    assert json.loads(json.dumps(again.to_json())) == base_plan
+    assert again.ranks[0].rank == 0 and again.job == JobSpec(model="m")
+
+
+def test_exclusions_carry_their_kind_in_the_program_and_only_the_reason_in_the_file():
+    tiny = slot("node-d", 0, "k-t4", 0.5, 15)
+    plan = build_plan(JobSpec(model="m"), (*SLOTS, tiny), PROFILES, excluded=(
+        ExcludedDevice(node="node-b", device_index=1, gpu="T4", reason="busy", kind=ExclusionKind.SKIPPED_BY_SELECTION),
+    ))
+    kinds = {(e.node, e.device_index): e.kind for e in plan.excluded}
+    assert kinds == {("node-b", 1): ExclusionKind.SKIPPED_BY_SELECTION, ("node-d", 0): ExclusionKind.BELOW_MIN_BATCH}
+    assert all(set(e) == {"node", "device_index", "gpu", "reason"} for e in plan.to_json()["excluded"])
+    assert all(e.kind is None for e in Plan.from_json(plan.to_json()).excluded)
+
+
+def test_the_advice_is_typed_and_also_among_the_warnings():
+    plan = build_plan(JobSpec(model="m"), SLOTS, PROFILES)
+    assert plan.advice, "a mixed cluster gets advice"
+    assert all(isinstance(a.kind, AdviceKind) for a in plan.advice)
+    assert all(a in plan.warnings for a in plan.advice)
