@@ -40,6 +40,7 @@ from planner.profiles.cache import ProfileCache
 from planner.profiles.key import job_key_inputs, key_of_inputs
 from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
+from torchkit.estimate.time_model import time_model_id
 from torchkit.hardware.catalog import GpuCatalog
 
 
@@ -103,7 +104,7 @@ def _profile_requests(
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
             inputs = job_key_inputs(job, catalog.get(gpu_type), method=method, fingerprint=fingerprint,
-                                    torch_version=torch_version)
+                                    torch_version=torch_version, time_model=time_model_id())
             key = key_of_inputs(inputs)
             device_keys[(inventory.name, index)] = key
             if key not in requests:

@@ -94,6 +94,10 @@ class JobSpec:
     """a GPU busier than this utilisation is skipped"""
     fit: FitKind = "affine"
     """memory curve model"""
+    channels_last: bool = False
+    """the training script keeps model and batch in NHWC memory format (``torch.channels_last``): convolutions
+    then skip (16-bit, TF32) or pay (fp32 on CUDA cores) the layout transposes, which the estimated step
+    time counts"""
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, fix: str) -> JobFieldError:
@@ -143,6 +147,8 @@ class JobSpec:
                 )
         if not isinstance(self.gpus, str) or not self.gpus.strip():
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
+        if not isinstance(self.channels_last, bool):
+            raise bad("channels_last", self.channels_last, "use true or false")
 
     def memory_budget_bytes(self, available_bytes: int) -> int:
         """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""

@@ -45,9 +45,9 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
 
 def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     g = parser.add_argument_group("job")
-    g.add_argument("--model", required=model_required, help="workload name (resnet18, resnet50, yolo-n, yolo-s, "
-                   "vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or hf:config.json, "
-                   "ultralytics:FILE.yaml, or package.module:factory")
+    g.add_argument("--model", required=model_required, help="workload name (resnet18, resnet50, resnext101-32x4d, "
+                   "se-resnext101-32x4d, yolo-n, yolo-s, vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or "
+                   "hf:config.json, ultralytics:FILE.yaml, or package.module:factory")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--imgsz", type=int, help="square image size for image models")
     shape.add_argument("--input-shape", help="per-sample input shape, e.g. 3,224,224 (needed for a factory)")
@@ -65,6 +65,8 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
     g.add_argument("--min-batch", type=int, default=1, help="exclude ranks that cannot fit this many samples")
     g.add_argument("--method", choices=METHODS, default="auto", help="profile by measuring, estimating, or auto")
     g.add_argument("--fit", choices=FIT_KINDS, default="affine", help="memory curve model (default affine)")
+    g.add_argument("--channels-last", action="store_true",
+                   help="the script trains in NHWC memory format (torch.channels_last): changes the estimated step time")
     g.add_argument("--gpus", default="all", help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2")
     g.add_argument("--min-memory-fraction", type=float, default=0.0,
                    help="skip GPUs with less free memory than this share of their total")
@@ -88,6 +90,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
         min_batch=args.min_batch,
         method=args.method,
         fit=args.fit,
+        channels_last=args.channels_last,
         gpus=args.gpus,
         min_free_memory_fraction=args.min_memory_fraction,
         max_utilization_fraction=args.max_utilization,

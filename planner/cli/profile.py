@@ -4,6 +4,7 @@ or a local device, measured), the batch it would get, and where its memory goes.
 from __future__ import annotations
 
 import argparse
+import math
 
 from planner.cli.options import add_job_options, job_from_args
 from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
@@ -133,6 +134,7 @@ def _render(job: JobSpec, result: dict, profile: DeviceProfile) -> None:
     echo(
         f"step time fit: {profile.time_fit.intercept_s * 1000:.2f} ms + "
         f"{profile.time_fit.s_per_sample * 1000:.3f} ms × batch"
+        + (f", ±{math.exp(profile.time_log_sigma) - 1:.0%} (time model: {profile.time_model})" if profile.time_log_sigma else "")
     )
     if chosen:
         echo(

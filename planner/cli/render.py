@@ -38,7 +38,7 @@ def render_plan(plan: Plan) -> None:
     echo(
         f"global batch {plan.global_batch} = {plan.step_batch} per step × accumulate {plan.accumulate}; "
         f"step {plan.predicted_step_time_s * 1000:.0f} ms; {plan.throughput_samples_per_s:.0f} samples/s; "
-        f"balance efficiency {plan.balance_efficiency:.2f}"
+        f"balance efficiency {plan.balance_efficiency:.2f}" + _expected_range(plan)
     )
     if plan.alternatives:
         echo("throughput by mode (samples/s): " + ", ".join(f"{k} {v:.0f}" for k, v in plan.alternatives.items()))
@@ -74,3 +74,11 @@ def print_plan(
             echo(line)
     else:
         render_plan(plan)
+
+
+def _expected_range(plan: Plan) -> str:
+    """`` (0.91-0.99 expected at real speed)`` when the plan states a range wider than its point figure."""
+    span = plan.balance_efficiency_range
+    if not span or span[0] == span[1]:
+        return ""
+    return f" ({span[0]:.2f}-{span[1]:.2f} expected at real speed, step-time model ±1σ per GPU type)"

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from planner.allocate.allocation import Allocation, allocate
+from planner.allocate.uncertainty import balance_efficiency_range
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.io import SCHEMA
@@ -66,6 +67,7 @@ def build_plan(
         min_batch=job.min_batch,
         groups=[s.profile for s in slots],
     )
+    efficiency_range = _expected_balance_range(slots, profiles, caps, allocation, job.multiple_of)
     all_excluded = list(excluded) + [
         ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
                        kind=ExclusionKind.BELOW_MIN_BATCH)
@@ -90,6 +92,7 @@ def build_plan(
         predicted_step_time_s=float(allocation.step_time_s),
         throughput_samples_per_s=float(allocation.throughput_samples_per_s),
         balance_efficiency=float(allocation.balance_efficiency),
+        balance_efficiency_range=(float(efficiency_range[0]), float(efficiency_range[1])),
         mode=job.mode,
         alternatives={k: float(v) for k, v in allocation.alternatives.items()},
         ranks=tuple(ranks),
@@ -100,6 +103,23 @@ def build_plan(
         warnings=tuple(_plan_warnings(warnings, [profiles[k] for k in used_profiles], allocation, caps)),
         advice=allocation.advice,
         extra=dict(extra or {}),
+    )
+
+
+def _expected_balance_range(
+    slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], caps: Sequence[int], allocation: Allocation,
+    multiple_of: int,
+) -> tuple[float, float]:
+    """The allocation's balance efficiency when each GPU type's step time is off by ±1σ of its profile's time
+    model (``planner.allocate.uncertainty``); caps rounded down to ``multiple_of`` as the bound is."""
+    return balance_efficiency_range(
+        [profiles[s.profile].time_fit.intercept_s for s in slots],
+        [profiles[s.profile].time_fit.s_per_sample for s in slots],
+        [cap // multiple_of * multiple_of for cap in caps],
+        allocation.batches,
+        allocation.included,
+        [profiles[s.profile].time_log_sigma for s in slots],
+        [profiles[s.profile].gpu for s in slots],
     )
 
 

@@ -203,6 +203,9 @@ class Plan:
     profiles: dict[str, DeviceProfile]
     warnings: tuple[str, ...]
     """every warning, the advice sentences included"""
+    balance_efficiency_range: tuple[float, float] | None = None
+    """(low, high) balance efficiency to expect at real speed: each GPU type's step time off by ±1σ of the
+    calibrated time model (``planner.allocate.uncertainty``); None in plans written without it"""
     advice: tuple[Advice, ...] = ()
     """the allocation's advice, typed (also in ``warnings``); not written to the file"""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -230,8 +233,10 @@ class Plan:
             "predicted_step_time_s": self.predicted_step_time_s,
             "throughput_samples_per_s": self.throughput_samples_per_s,
             "balance_efficiency": self.balance_efficiency,
-            "mode": self.mode,
         }
+        if self.balance_efficiency_range is not None:
+            data["balance_efficiency_range"] = list(self.balance_efficiency_range)
+        data["mode"] = self.mode
         if self.alternatives is not None:
             data["alternatives"] = dict(self.alternatives)
         data["ranks"] = [r.to_json() for r in self.ranks]
@@ -252,6 +257,9 @@ class Plan:
             **{name: data[name] for name in _PLAN_SCALARS},
             job=JobSpec.from_json(data["job"]),
             alternatives=dict(data["alternatives"]) if data.get("alternatives") is not None else None,
+            balance_efficiency_range=(
+                tuple(data["balance_efficiency_range"]) if data.get("balance_efficiency_range") is not None else None
+            ),
             ranks=tuple(RankEntry.from_json(r) for r in data["ranks"]),
             nodes=tuple(NodeEntry.from_json(n) for n in data["nodes"]),
             launch=LaunchInfo.from_json(launch) if launch else None,

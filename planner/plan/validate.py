@@ -128,6 +128,16 @@ def _check_totals(plan: dict, where: str) -> None:
             f"{where}: global_batch != step_batch × accumulate ({plan['global_batch']} != {plan['step_batch']} × "
             f"{plan['accumulate']})"
         )
+    if "balance_efficiency_range" in plan:  # optional: plans written before the calibrated time model lack it
+        span = plan["balance_efficiency_range"]
+        if not (
+            isinstance(span, list) and len(span) == 2
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in span)
+            and 0 <= span[0] <= span[1] <= 1
+        ):
+            raise ConfigError(
+                f"{where}.balance_efficiency_range must be [low, high] with 0 <= low <= high <= 1, got {span!r}"
+            )
 
 
 def _check_rank_fields(rank: Any, i: int, profiles: Mapping[str, Any], where: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.profiles.profile import DeviceProfile
+from torchkit.estimate.time_model import TimeUncertainty
 from torchkit.hardware.catalog import GpuSpec
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,19 @@ def job_fingerprint(job: JobSpec) -> tuple[str, str]:
     return workload_fingerprint(workload_for(job)), torch.__version__
 
 
+def _uncalibrated_note(gpu_name: str, uncertainty: TimeUncertainty) -> str:
+    """The warning for a GPU type without measured rows in the step-time calibration."""
+    scope = (
+        "its architecture's constants are calibrated on other types"
+        if uncertainty.calibrated_arch
+        else "nor any GPU of its architecture: the global constants apply"
+    )
+    return (
+        f"{gpu_name}: no measured training throughput of this GPU type in the step-time calibration ({scope}); "
+        f"its predicted step time may be off by about ±{uncertainty.relative:.0%} (one sigma)"
+    )
+
+
 def resolve_method(method: str, device_index: int | None) -> str:
     """``auto`` → ``measure`` when this process can use a CUDA GPU at ``device_index``, else ``estimate``."""
     if method != "auto":
@@ -99,12 +113,17 @@ def make_profile(
     workload = workload_for(job)
     if resolved == "estimate":
         from torchkit.estimate import estimate_curves
+        from torchkit.estimate.time_model import uncertainty_for
 
         curves = estimate_curves(
-            workload, gpu, amp=amp, optimizer=job.optimizer, estimates_cache=estimates_cache
+            workload, gpu, amp=amp, optimizer=job.optimizer, estimates_cache=estimates_cache,
+            channels_last=job.channels_last,
         )
         notes = [f"{gpu.name}: no free GPU of this type to measure on; estimated"] if method == "auto" else []
         notes += workload.notes  # what the model source stands in for or leaves out (e.g. YOLO's loss)
+        uncertainty = uncertainty_for(gpu)
+        if not uncertainty.calibrated_gpu:
+            notes.append(_uncalibrated_note(gpu.name, uncertainty))
         return DeviceProfile.from_points(
             gpu=gpu.name,
             method="estimate",
@@ -115,6 +134,8 @@ def make_profile(
             notes=notes,
             breakdown_bytes=curves.breakdown_bytes,
             min_memory_bytes=curves.floor_device_bytes,
+            time_log_sigma=uncertainty.log_sigma,
+            time_model=uncertainty.basis,
         )
     if resolved == "measure":
         import torch
@@ -129,6 +150,11 @@ def make_profile(
 
         curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer,
                               context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
+        notes = (
+            [f"{gpu.name}: measured in the default (NCHW) memory format; --channels-last changes estimates only"]
+            if job.channels_last
+            else []
+        )
         return DeviceProfile.from_points(
             gpu=gpu.name,
             method="measure",
@@ -137,5 +163,7 @@ def make_profile(
             time_points=curve.time_points,
             oom_batch=curve.oom_batch,
             fit=job.fit,
+            notes=notes,
+            time_model="measured",
         )
     raise ConfigError(f"unknown profiling method {method!r} (use auto, measure or estimate)")

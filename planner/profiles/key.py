@@ -19,20 +19,29 @@ def profile_key(*parts: object) -> str:
 
 
 #: what a profile key is made of, in the order ``profile_key`` hashes it; a cache entry records these, so its
-#: key can be recomputed from the job and GPU it claims to describe
+#: key can be recomputed from the job and GPU it claims to describe. Two optional parts follow them, each
+#: only when set, so that the keys of existing (NCHW, uncalibrated) profiles stay valid: ``channels_last``
+#: and, for estimates, ``time_model`` (the identity of the step-time calibration an estimate is priced with:
+#: a new calibration is a new profile)
 KEY_FIELDS = ("fingerprint", "imgsz", "input_shape", "seq_len", "amp", "optimizer", "gpu", "method", "fit",
               "torch_version")
 
 
 def job_key_inputs(
-    job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str
+    job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str, time_model: str = ""
 ) -> dict[str, str]:
     """The named parts of the key of ``job``'s profile on ``gpu`` made by ``method`` (``estimate``/
     ``measure``), for the workload whose content fingerprint is ``fingerprint`` under torch
-    ``torch_version``: the strings ``profile_key`` hashes."""
+    ``torch_version``, priced with the step-time calibration ``time_model``: the strings ``profile_key``
+    hashes."""
     values = (fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer, gpu.name,
               method, job.fit, torch_version)
-    return {name: str(value) for name, value in zip(KEY_FIELDS, values, strict=True)}
+    inputs = {name: str(value) for name, value in zip(KEY_FIELDS, values, strict=True)}
+    if job.channels_last:
+        inputs["channels_last"] = "channels_last"
+    if method == "estimate" and time_model:
+        inputs["time_model"] = time_model
+    return inputs
 
 
 def key_of_inputs(inputs: dict[str, str]) -> str:
@@ -41,6 +50,9 @@ def key_of_inputs(inputs: dict[str, str]) -> str:
     return profile_key(*inputs.values())
 
 
-def job_profile_key(job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str) -> str:
+def job_profile_key(
+    job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str, time_model: str = ""
+) -> str:
     """The key of ``job``'s profile on ``gpu`` (see ``job_key_inputs``)."""
-    return key_of_inputs(job_key_inputs(job, gpu, method=method, fingerprint=fingerprint, torch_version=torch_version))
+    return key_of_inputs(job_key_inputs(job, gpu, method=method, fingerprint=fingerprint,
+                                        torch_version=torch_version, time_model=time_model))

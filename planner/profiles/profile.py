@@ -55,6 +55,12 @@ class DeviceProfile:
     breakdown_bytes: dict[str, int] | None = None
     """memory by category (parameters, gradients, optimizer_state, activations, ...) at the largest probe,
     where the method gives one (the estimator does)"""
+    time_log_sigma: float = 0.0
+    """one-sigma error of the log step time: for an estimate, the calibrated time model's error on this GPU
+    type's architecture (``torchkit.estimate.time_model``); 0 for a measurement"""
+    time_model: str = ""
+    """where the step times come from: the calibration and the basis of ``time_log_sigma`` for an
+    estimate, ``measured`` for a measurement"""
 
     @classmethod
     def from_points(
@@ -70,6 +76,8 @@ class DeviceProfile:
         notes: Sequence[str] = (),
         breakdown_bytes: dict[str, int] | None = None,
         min_memory_bytes: int = 0,
+        time_log_sigma: float = 0.0,
+        time_model: str = "",
     ) -> DeviceProfile:
         """Fit the curves; dropped and outlying points become notes (never silently used or lost)."""
         memory = fit_memory([(int(b), float(v)) for b, v in memory_points], kind=fit)
@@ -93,6 +101,8 @@ class DeviceProfile:
             notes=tuple(remarks),
             breakdown_bytes=dict(breakdown_bytes) if breakdown_bytes else None,
             min_memory_bytes=int(min_memory_bytes),
+            time_log_sigma=float(time_log_sigma),
+            time_model=str(time_model),
         )
 
     def memory_bytes(self, batch: int) -> int:
@@ -127,6 +137,8 @@ class DeviceProfile:
             "notes": list(self.notes),
             "min_memory_bytes": self.min_memory_bytes,
             "breakdown_bytes": self.breakdown_bytes,
+            "time_log_sigma": self.time_log_sigma,
+            "time_model": self.time_model,
         }
 
     @classmethod
@@ -149,6 +161,8 @@ class DeviceProfile:
                     if data.get("breakdown_bytes")
                     else None
                 ),
+                time_log_sigma=float(data.get("time_log_sigma", 0.0)),
+                time_model=str(data.get("time_model", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where} is malformed: {exc!r} (re-run batchplan profile/plan to regenerate it)") from exc

@@ -110,6 +110,7 @@ def autobatch_ddp(
 
     from planner.probing.make_profile import job_fingerprint
     from planner.runtime.rank_plan import load_rank_plan
+    from torchkit.estimate.time_model import time_model_id
     from torchkit.hardware.catalog import load_catalog
 
     if not dist.is_available() or not dist.is_initialized():
@@ -131,7 +132,7 @@ def autobatch_ddp(
 
     def inputs_for(gpu_name: str) -> dict[str, str]:
         return job_key_inputs(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
-                              torch_version=torch_version)
+                              torch_version=torch_version, time_model=time_model_id())
 
     def key_for(gpu_name: str) -> str:
         return key_of_inputs(inputs_for(gpu_name))

@@ -33,6 +33,7 @@ def test_defaults_are_valid_and_documented_values():
     assert job.fraction == DEFAULT_FRACTION == 0.60
     assert (job.global_batch, job.multiple_of, job.min_batch, job.gpus) == (None, 1, 1, "all")
     assert (job.min_free_memory_fraction, job.max_utilization_fraction) == (0.0, 1.0)
+    assert job.channels_last is False
 
 
 # ---------------------------------------------------------------------------------------------- validation
@@ -80,6 +81,8 @@ def test_defaults_are_valid_and_documented_values():
         ("gpus", "", "-1,-1"),
         ("gpus", " ", "-1,-1"),
         ("gpus", None, "-1,-1"),
+        ("channels_last", 1, "true or false"),
+        ("channels_last", "yes", "true or false"),
     ],
     ids=lambda v: repr(v),
 )
@@ -188,6 +191,7 @@ jobs = st.builds(
     min_free_memory_fraction=st.floats(min_value=0.0, max_value=1.0),
     max_utilization_fraction=st.floats(min_value=0.0, max_value=1.0),
     fit=st.sampled_from(FIT_KINDS),
+    channels_last=st.booleans(),
 )
 
 
@@ -229,3 +233,17 @@ def test_token_input_options_round_trip_and_are_checked() -> None:
         JobSpec(model="pkg.mod:lstm", seq_len=32, vocab_size=0)
     with pytest.raises(ConfigError, match=r"input_dtype .int8. is invalid \(use one of float32"):
         JobSpec(model="pkg.mod:lstm", input_shape=(4,), input_dtype="int8")
+
+
+def test_channels_last_and_the_time_model_are_part_of_an_estimated_profiles_key(catalog):
+    from planner.profiles.key import job_profile_key
+
+    gpu = catalog.get("T4")
+
+    def key(job: JobSpec, method: str = "estimate", time_model: str = "tm1") -> str:
+        return job_profile_key(job, gpu, method=method, fingerprint="f", torch_version="2", time_model=time_model)
+
+    nchw, nhwc = JobSpec(model="resnet50"), JobSpec(model="resnet50", channels_last=True)
+    assert key(nchw) != key(nhwc)
+    assert key(nchw) != key(nchw, time_model="tm2")  # a new calibration is a new estimate
+    assert key(nchw, "measure") == key(nchw, "measure", time_model="tm2")  # a measurement does not depend on it

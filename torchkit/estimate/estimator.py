@@ -293,11 +293,22 @@ def cuda_device_bytes(estimate: StepEstimate, gpu: GpuSpec, *, overhead: Any = N
     return device_bytes_from_peak(peak + estimate.margin_bytes, gpu, overhead or DEFAULT_CUDA_OVERHEAD)
 
 
-def step_time_s(estimate: StepEstimate, gpu: GpuSpec) -> float:
-    """Roofline step time on ``gpu`` (see :mod:`torchkit.estimate.roofline`)."""
+def step_time_s(
+    estimate: StepEstimate, gpu: GpuSpec, *, channels_last: bool = False, constants: Any = None
+) -> float:
+    """Roofline step time on ``gpu`` (see :mod:`torchkit.estimate.roofline`) with the calibrated constants of
+    its architecture (:mod:`torchkit.estimate.time_model`) unless ``constants`` (a ``TimeConstants``) is
+    given; ``channels_last``: the model and batch are in NHWC memory format."""
     from torchkit.estimate.roofline import kernels_time_s
+    from torchkit.estimate.time_model import constants_for
 
-    return kernels_time_s(estimate.kernels, gpu, amp=estimate.amp)
+    return kernels_time_s(
+        estimate.kernels,
+        gpu,
+        amp=estimate.amp,
+        channels_last=channels_last,
+        constants=constants if constants is not None else constants_for(gpu),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -347,9 +358,15 @@ def estimate_steps(
 
 
 def curves_from_estimates(
-    estimates: Sequence[StepEstimate], gpu: GpuSpec, *, num_fake_passes: int = 0, overhead: Any = None
+    estimates: Sequence[StepEstimate],
+    gpu: GpuSpec,
+    *,
+    num_fake_passes: int = 0,
+    overhead: Any = None,
+    channels_last: bool = False,
 ) -> EstimatedCurves:
-    """Price precomputed estimates on ``gpu`` (no torch, no fake pass); ``overhead``: a ``CudaOverhead``."""
+    """Price precomputed estimates on ``gpu`` (no torch, no fake pass); ``overhead``: a ``CudaOverhead``;
+    ``channels_last``: NHWC memory format (changes the step time, see the roofline)."""
     if not estimates:
         raise ValueError("curves need at least one estimate")
     from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD, device_bytes_from_peak
@@ -359,7 +376,7 @@ def curves_from_estimates(
     floor = device_bytes_from_peak(ordered[0].optimizer_peak_bytes + ordered[0].margin_bytes, gpu, overhead)
     return EstimatedCurves(
         memory_points=tuple((e.batch, cuda_device_bytes(e, gpu, overhead=overhead)) for e in ordered),
-        time_points=tuple((e.batch, step_time_s(e, gpu)) for e in ordered),
+        time_points=tuple((e.batch, step_time_s(e, gpu, channels_last=channels_last)) for e in ordered),
         allocated_points=tuple((e.batch, e.peak_allocated_bytes) for e in ordered),
         breakdown_bytes=dict(ordered[-1].breakdown_bytes),
         num_fake_passes=num_fake_passes,
@@ -376,6 +393,7 @@ def estimate_curves(
     batches: Sequence[int] = DEFAULT_PROBE_BATCHES,
     estimates_cache: MutableMapping[tuple, StepEstimate] | None = None,
     overhead: Any = None,
+    channels_last: bool = False,
 ) -> EstimatedCurves:
     """Memory and step-time points of ``workload`` on ``gpu`` at ``batches`` (one fake pass per batch not in
     ``estimates_cache``). Fit them with ``torchkit.step.fit.fit_memory`` / ``fit_time``.
@@ -393,4 +411,6 @@ def estimate_curves(
     estimates, passes = estimate_steps(
         workload, batches, amp=amp, optimizer=optimizer, estimates_cache=estimates_cache
     )
-    return curves_from_estimates(estimates, gpu, num_fake_passes=passes, overhead=overhead)
+    return curves_from_estimates(
+        estimates, gpu, num_fake_passes=passes, overhead=overhead, channels_last=channels_last
+    )

@@ -54,6 +54,8 @@ class KernelCost:
     """dtype the math runs in (first floating input), picks the peak FLOP/s"""
     kind: OpKind
     """conv / matmul / attention / other (conv may run on TF32 tensor cores; see roofline)"""
+    groups: int = 1
+    """a convolution's ``groups`` (ResNeXt's grouped, MobileNet's depthwise convolutions: > 1), 1 otherwise"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,15 +145,29 @@ def kernel_cost(func: Any, args: tuple, kwargs: dict, out: Any) -> KernelCost | 
             compute = "fp16" if t.dtype == torch.float16 else "bf16" if t.dtype == torch.bfloat16 else "fp32"
             break
     name = str(func.__name__)
+    groups = 1
     if packet_name in _CONV_NAMES:
         kind: OpKind = "conv"
+        groups = _conv_groups(packet_name, args, kwargs)
     elif any(s in name for s in _ATTENTION_NAMES):
         kind = "attention"
     elif flops:
         kind = "matmul"
     else:
         kind = "other"
-    return KernelCost(name=name, flops=flops, bytes_moved=moved, compute=compute, kind=kind)
+    return KernelCost(name=name, flops=flops, bytes_moved=moved, compute=compute, kind=kind, groups=groups)
+
+
+_GROUPS_ARG = {"convolution": 8, "_convolution": 8, "convolution_backward": 9}
+"""position of ``groups`` in the aten schemas (native_functions.yaml: convolution(input, weight, bias,
+stride, padding, dilation, transposed, output_padding, groups); convolution_backward(grad_output, input,
+weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask))"""
+
+
+def _conv_groups(packet_name: str, args: tuple, kwargs: dict) -> int:
+    index = _GROUPS_ARG[packet_name]
+    value = args[index] if len(args) > index else kwargs.get("groups", 1)
+    return int(value)
 
 
 class OpCostRecorder:

@@ -1,81 +1,228 @@
 """Step time on a catalog GPU by a per-operator roofline over the kernels a fake pass recorded.
 
-Each kernel takes ``max(flops / (COMPUTE_EFFICIENCY · peak), bytes / (BANDWIDTH_EFFICIENCY · bandwidth))
-+ KERNEL_LAUNCH_S``; the GPU time is their sum. Eager PyTorch also spends CPU time per operator
-(``EAGER_DISPATCH_S``) and runs asynchronously, so the step takes ``max(GPU time, CPU dispatch time)``:
-the GPU-bound regime at large batches, the launch-bound floor at small ones. Pure arithmetic, no torch.
+Each kernel takes ``max(flops / (e_class · peak_class), bytes / (e_bw · bandwidth)) + launch gap`` (a grouped
+convolution's ``e_class`` scaled by ``grouped_conv_efficiency``, at most 1), plus, for
+a convolution whose tensors are not in its kernel's native memory layout, the transposes cuDNN runs around
+it (``layout_conversion_factor × its bytes`` at the streaming bandwidth). The GPU time is their sum. Eager
+PyTorch also spends CPU time per operator and runs asynchronously, so the step takes
+``max(GPU time, n · eager dispatch)``: GPU-bound at large batches, launch-bound at small ones.
 
-Peak FLOP/s per kernel: 16-bit kernels (what autocast lowers matmul/conv/attention to) use the GPU's
-FP16/BF16 tensor-core peak; FP32 convolutions on compute capability >= 8.0 use TF32 tensor cores,
-because PyTorch leaves ``torch.backends.cudnn.allow_tf32`` True by default (docs: "TensorFloat-32 (TF32)
-on Ampere (and later) devices"), and TF32 dense peak is half the FP16 dense peak on A100/H100/L4/RTX 30-40
-datasheets; FP32 matmuls use the FP32 peak (``torch.backends.cuda.matmul.allow_tf32`` is False by
-default since 1.12).
+The efficiencies ``e_*`` and the layout factor are *calibrated* per GPU architecture on public measured
+training throughput (``torchkit/estimate/calibration/``, fitted by ``bench/calibrate_time.py``); see
+:mod:`torchkit.estimate.time_model` for how a GPU gets its constants. Peaks per kernel class:
+
+* ``fp16`` / ``bf16``: matmul/conv/attention under autocast run on tensor cores at the GPU's 16-bit peak;
+* ``conv32``: fp32 convolutions use TF32 tensor cores on compute capability >= 8.0, because PyTorch leaves
+  ``torch.backends.cudnn.allow_tf32`` True (docs: "TensorFloat-32 (TF32) on Ampere (and later) devices");
+  TF32 dense peak is half the FP16 dense peak on A100/H100/L4/RTX 30-40 datasheets; below 8.0 they run at
+  the FP32 peak;
+* ``matmul32``: fp32 matmuls use the FP32 peak (``torch.backends.cuda.matmul.allow_tf32`` is False by
+  default since 1.12);
+* ``memory``: every other kernel (elementwise, normalisation, reductions, copies, the foreach optimizer)
+  is priced by its bytes only.
+
+Native layouts: tensor-core convolutions (16-bit, TF32) are NHWC kernels, so NCHW tensors are transposed
+around them (NVIDIA's "Tensor Core performance guide": NHWC avoids the transposes); fp32 CUDA-core
+convolutions are NCHW kernels, so channels_last costs the conversion there instead.
 
 Known limitations: no overlap between kernels, no caching effects (L2 makes small elementwise kernels
-faster than DRAM bandwidth says), cuDNN algorithm choice and tensor-core alignment (channel counts not a
-multiple of 8 run slower) are not modelled, nor is communication (DDP all-reduce) or the data loader.
+faster than DRAM bandwidth says), cuDNN algorithm choice and channel counts not a multiple of 8 are not
+modelled, nor is communication (DDP all-reduce) or the data loader. Pure numpy, no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import enum
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from torchkit.errors import ConfigError
 from torchkit.estimate.op_costs import KernelCost
 from torchkit.hardware.catalog import GpuSpec
 
-COMPUTE_EFFICIENCY = 0.75
-"""Fraction of peak FLOP/s a matmul/conv/attention kernel reaches: the factor PyTorch's own roofline
-uses (``torch/utils/_runtime_estimation.py``, ``flops_to_ns``: "Uses 75% of theoretical peak")."""
-BANDWIDTH_EFFICIENCY = 0.85
-"""Fraction of datasheet DRAM bandwidth a streaming kernel reaches (STREAM/BabelStream-type copies reach
-about 85-90% on recent NVIDIA GPUs; approximate)."""
-KERNEL_LAUNCH_S = 3e-6
-"""GPU-side gap per kernel between back-to-back launches (``cudaLaunchKernel`` ~1-3 µs on CUDA 12 drivers;
-approximate)."""
-EAGER_DISPATCH_S = 12e-6
-"""CPU time PyTorch eager spends per operator (Python, autograd, dispatcher, launch): ~5-25 µs per op
-(jiahuanglin.xyz "From PyTorch op to kernel launch"; approximate). It bounds the step from below when
-kernels are tiny."""
+
+class KernelClass(enum.IntEnum):
+    """What prices a kernel (GPU-independent; the GPU decides e.g. TF32 vs FP32 for ``CONV32``)."""
+
+    FP16 = 0
+    BF16 = 1
+    CONV32 = 2
+    MATMUL32 = 3
+    MEMORY = 4
 
 
-def _peak_flops_per_s(kernel: KernelCost, gpu: GpuSpec) -> float:
-    if kernel.compute in ("fp16", "bf16"):
-        try:
-            return gpu.peak_flops_per_s(kernel.compute)
-        except ValueError as e:
-            raise ConfigError(f"{e} (GPU {gpu.name}: choose --amp fp16 or off)") from e
-    if kernel.kind == "conv" and _cc_major(gpu) >= 8:
-        return gpu.fp16_tflops * 1e12 / 2  # TF32 tensor cores (cudnn.allow_tf32 defaults to True)
-    return gpu.fp32_tflops * 1e12
+@dataclass(frozen=True, kw_only=True)
+class TimeConstants:
+    """The constants the roofline prices kernels with on one GPU (see :mod:`torchkit.estimate.time_model`)."""
+
+    tensor_core_efficiency: float
+    """fraction of the 16-bit tensor-core peak a matmul/conv/attention kernel reaches"""
+    tf32_efficiency: float
+    """fraction of the TF32 peak (half the FP16 peak) an fp32 convolution reaches on compute capability >= 8"""
+    fp32_efficiency: float
+    """fraction of the FP32 CUDA-core peak an fp32 matmul (or pre-Ampere convolution) reaches"""
+    bandwidth_efficiency: float
+    """fraction of datasheet DRAM bandwidth a streaming (elementwise, normalisation, optimizer) kernel reaches"""
+    layout_conversion_factor: float
+    """extra bytes, as a multiple of a convolution's own bytes, to transpose its tensors when they are not in
+    its kernel's native layout"""
+    grouped_conv_efficiency: float
+    """a grouped convolution (groups > 1) reaches this multiple of what a dense one of its precision does
+    (capped at the peak); fitted, and above 1 on the data: ResNeXt's grouped 3x3 convolutions run closer to
+    peak than the average dense convolution, whose efficiency the 1x1 ones pull down"""
+    kernel_launch_s: float
+    """GPU-side gap per kernel between back-to-back launches"""
+    eager_dispatch_s: float
+    """CPU time PyTorch eager spends per operator (bounds the step from below)"""
 
 
-def _cc_major(gpu: GpuSpec) -> int:
+@dataclass(frozen=True, kw_only=True)
+class KernelTable:
+    """A step's kernels grouped by (class, convolution or not, grouped or not, FLOPs, bytes): what the
+    roofline prices.
+
+    Identical kernels (a ResNet repeats its block shapes) are one row with a count, so a table is small
+    enough to store (the calibration keeps one per measured configuration) and cheap to price.
+    """
+
+    kernel_class: np.ndarray
+    """int8 :class:`KernelClass` per row"""
+    is_conv: np.ndarray
+    """bool per row: a convolution (pays the layout conversion)"""
+    grouped: np.ndarray
+    """bool per row: a grouped convolution (its compute efficiency is scaled by ``grouped_conv_efficiency``)"""
+    flops: np.ndarray
+    """float64 FLOPs of one kernel"""
+    bytes_moved: np.ndarray
+    """float64 bytes read + written by one kernel"""
+    count: np.ndarray
+    """float64 kernels of this shape in one step"""
+
+    @property
+    def num_kernels(self) -> int:
+        return int(self.count.sum())
+
+    def to_json(self) -> dict:
+        return {
+            "kernel_class": [int(c) for c in self.kernel_class],
+            "is_conv": [bool(c) for c in self.is_conv],
+            "grouped": [bool(c) for c in self.grouped],
+            "flops": [int(f) for f in self.flops],
+            "bytes_moved": [int(b) for b in self.bytes_moved],
+            "count": [int(c) for c in self.count],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> KernelTable:
+        return cls(
+            kernel_class=np.asarray(data["kernel_class"], dtype=np.int8),
+            is_conv=np.asarray(data["is_conv"], dtype=bool),
+            grouped=np.asarray(data["grouped"], dtype=bool),
+            flops=np.asarray(data["flops"], dtype=np.float64),
+            bytes_moved=np.asarray(data["bytes_moved"], dtype=np.float64),
+            count=np.asarray(data["count"], dtype=np.float64),
+        )
+
+
+def kernel_class(kernel: KernelCost) -> KernelClass:
+    """The pricing class of one recorded kernel."""
+    if not kernel.flops:
+        return KernelClass.MEMORY
+    if kernel.compute == "fp16":
+        return KernelClass.FP16
+    if kernel.compute == "bf16":
+        return KernelClass.BF16
+    return KernelClass.CONV32 if kernel.kind == "conv" else KernelClass.MATMUL32
+
+
+def kernel_table(kernels: Iterable[KernelCost]) -> KernelTable:
+    """Group ``kernels`` into a :class:`KernelTable` (order does not matter to the roofline)."""
+    counts: dict[tuple[int, bool, bool, int, int], int] = defaultdict(int)
+    for k in kernels:
+        counts[(int(kernel_class(k)), k.kind == "conv", k.groups > 1, int(k.flops), int(k.bytes_moved))] += 1
+    keys = sorted(counts)
+    return KernelTable(
+        kernel_class=np.asarray([k[0] for k in keys], dtype=np.int8),
+        is_conv=np.asarray([k[1] for k in keys], dtype=bool),
+        grouped=np.asarray([k[2] for k in keys], dtype=bool),
+        flops=np.asarray([k[3] for k in keys], dtype=np.float64),
+        bytes_moved=np.asarray([k[4] for k in keys], dtype=np.float64),
+        count=np.asarray([counts[k] for k in keys], dtype=np.float64),
+    )
+
+
+def cc_major(gpu: GpuSpec) -> int:
+    """Major compute capability (0 where the catalog entry has none)."""
     try:
         return int(str(gpu.compute_capability).split(".")[0])
     except ValueError:
         return 0
 
 
-def kernel_time_s(kernel: KernelCost, gpu: GpuSpec) -> float:
-    """GPU time of one kernel: roofline + launch gap."""
-    compute_s = kernel.flops / (COMPUTE_EFFICIENCY * _peak_flops_per_s(kernel, gpu)) if kernel.flops else 0.0
-    memory_s = kernel.bytes_moved / (BANDWIDTH_EFFICIENCY * gpu.memory_bandwidth_bytes_per_s)
-    return max(compute_s, memory_s) + KERNEL_LAUNCH_S
+def _class_peaks_and_efficiencies(gpu: GpuSpec, c: TimeConstants) -> tuple[np.ndarray, np.ndarray]:
+    tf32 = cc_major(gpu) >= 8
+    bf16_peak = float(gpu.bf16_tflops) * 1e12 if gpu.supports_bf16 else np.nan
+    peaks = np.array(
+        [
+            gpu.fp16_tflops * 1e12,
+            bf16_peak,
+            gpu.fp16_tflops * 1e12 / 2 if tf32 else gpu.fp32_tflops * 1e12,  # TF32 tensor cores
+            gpu.fp32_tflops * 1e12,
+            np.inf,
+        ]
+    )
+    effs = np.array(
+        [
+            c.tensor_core_efficiency,
+            c.tensor_core_efficiency,
+            c.tf32_efficiency if tf32 else c.fp32_efficiency,
+            c.fp32_efficiency,
+            1.0,
+        ]
+    )
+    return peaks, effs
 
 
-def kernels_time_s(kernels: Iterable[KernelCost], gpu: GpuSpec, *, amp: str = "off") -> float:
-    """Step time of ``kernels`` on ``gpu``: ``max(Σ kernel_time_s, n · EAGER_DISPATCH_S)``.
+def table_time_s(
+    table: KernelTable, gpu: GpuSpec, constants: TimeConstants, *, channels_last: bool = False
+) -> float:
+    """Step time of the kernels in ``table`` on ``gpu`` (see the module docstring)."""
+    peaks, effs = _class_peaks_and_efficiencies(gpu, constants)
+    cls = table.kernel_class.astype(np.intp)
+    if np.any(cls == KernelClass.BF16) and not gpu.supports_bf16:
+        raise ConfigError(f"{gpu.name} has no bf16 support (use --amp fp16 or off)")
+    bandwidth = constants.bandwidth_efficiency * gpu.memory_bandwidth_bytes_per_s
+    with np.errstate(invalid="ignore"):
+        # a kernel never beats its peak, however the grouped factor came out
+        eff = np.minimum(1.0, effs[cls] * np.where(table.grouped, constants.grouped_conv_efficiency, 1.0))
+        compute_s = np.where(table.flops > 0, table.flops / (eff * np.nan_to_num(peaks[cls], nan=1.0)), 0.0)
+    memory_s = table.bytes_moved / bandwidth
+    native_nhwc = (cls <= KernelClass.BF16) | ((cls == KernelClass.CONV32) & (cc_major(gpu) >= 8))
+    mismatch = table.is_conv & (native_nhwc != channels_last)
+    convert_s = np.where(mismatch, constants.layout_conversion_factor * table.bytes_moved / bandwidth, 0.0)
+    per_kernel_s = np.maximum(compute_s, memory_s) + convert_s + constants.kernel_launch_s
+    gpu_s = float(np.dot(table.count, per_kernel_s))
+    return max(gpu_s, table.num_kernels * constants.eager_dispatch_s)
+
+
+def kernels_time_s(
+    kernels: Sequence[KernelCost] | KernelTable,
+    gpu: GpuSpec,
+    *,
+    amp: str = "off",
+    channels_last: bool = False,
+    constants: TimeConstants,
+) -> float:
+    """Step time of ``kernels`` on ``gpu`` with ``constants`` (the estimator passes the calibrated ones of
+    the GPU's architecture, :func:`torchkit.estimate.time_model.constants_for`).
 
     Raises:
         ConfigError: ``amp`` is bf16 and the GPU has no bf16 support.
     """
     if amp == "bf16" and not gpu.supports_bf16:
         raise ConfigError(f"{gpu.name} has no bf16 support (use --amp fp16 or off)")
-    gpu_s = 0.0
-    count = 0
-    for kernel in kernels:
-        gpu_s += kernel_time_s(kernel, gpu)
-        count += 1
-    return max(gpu_s, count * EAGER_DISPATCH_S)
+    table = kernels if isinstance(kernels, KernelTable) else kernel_table(kernels)
+    return table_time_s(table, gpu, constants, channels_last=channels_last)

@@ -3,8 +3,8 @@ type.
 
 A workload is what a training step needs: a model factory, a batch builder and a loss. Model sources:
 
-- built-in names: ``resnet18``, ``resnet50`` (224), ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224),
-  ``gpt2-small`` (sequence length 1024);
+- built-in names: ``resnet18``, ``resnet50``, ``resnext101-32x4d``, ``se-resnext101-32x4d`` (224),
+  ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224), ``gpt2-small`` (sequence length 1024);
 - ``timm:NAME``, ``torchvision:NAME`` (image classifiers, :mod:`.image_models`), ``hf:ARCH`` or
   ``hf:path/config.json`` (:mod:`.hf_models`), ``ultralytics:FILE.yaml`` (:mod:`.ultralytics_models`):
   the ``[models]`` extra, each library imported only when asked for, fresh weights, nothing downloaded;
@@ -65,8 +65,13 @@ class Workload:
             )
 
 
-WORKLOAD_NAMES: tuple[str, ...] = ("resnet18", "resnet50", "yolo-n", "yolo-s", "vit-b16", "gpt2-small")
-DEFAULT_IMGSZ = {"resnet18": 224, "resnet50": 224, "yolo-n": 640, "yolo-s": 640, "vit-b16": 224}
+WORKLOAD_NAMES: tuple[str, ...] = (
+    "resnet18", "resnet50", "resnext101-32x4d", "se-resnext101-32x4d", "yolo-n", "yolo-s", "vit-b16", "gpt2-small"
+)
+DEFAULT_IMGSZ = {
+    "resnet18": 224, "resnet50": 224, "resnext101-32x4d": 224, "se-resnext101-32x4d": 224, "yolo-n": 640,
+    "yolo-s": 640, "vit-b16": 224,
+}
 DEFAULT_SEQ_LEN = 1024
 LIBRARY_PREFIXES: tuple[str, ...] = ("timm:", "torchvision:", "hf:", "ultralytics:")
 """model sources of the ``[models]`` extra; they take precedence over ``package.module:factory``"""
@@ -115,11 +120,15 @@ def get_workload(
         )
     if name == "gpt2-small":
         return _gpt2_workload(seq_len, input_shape)
-    size = _image_size(name, imgsz, input_shape)
-    if name.startswith("resnet"):
+    return _builtin_image_workload(name, _image_size(name, imgsz, input_shape))
+
+
+def _builtin_image_workload(name: str, size: int) -> Workload:
+    """A built-in image model (``WORKLOAD_NAMES`` but ``gpt2-small``) at ``size``×``size``."""
+    if name.startswith(("resnet", "resnext", "se-resnext")):
         from torchkit.workloads import resnet
 
-        factory = resnet.resnet18 if name == "resnet18" else resnet.resnet50
+        factory = resnet.FACTORIES[name]
         return Workload(
             name=name,
             sample_shape=(3, size, size),

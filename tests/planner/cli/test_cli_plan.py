@@ -117,6 +117,13 @@ def test_json_plot_and_output_file_agree(tmp_path: Path, cache_dir: Path) -> Non
     for node in plan["nodes"]:
         assert node["nproc_per_node"] == 2 and node["cuda_visible_devices"] == "0,1"
         assert f"--node-rank {node['node_rank']} " in node["torchrun"]
+    # the calibrated time model: the expected real balance as a range, every estimate's uncertainty, and a
+    # warning for the GPU type without measured rows (T4: Turing is not in the calibration data)
+    low, high = plan["balance_efficiency_range"]
+    assert low < plan["balance_efficiency"] <= high <= 1
+    assert all(p["time_log_sigma"] > 0 and p["time_model"] for p in plan["profiles"].values())
+    assert any(w.startswith("T4: no measured training throughput") for w in plan["warnings"])
+    assert not any(w.startswith("V100-SXM2-16GB: no measured") for w in plan["warnings"])
 
 
 @pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s

@@ -108,3 +108,26 @@ def test_when_not_one_sample_fits_the_json_form_exits_1_too(tmp_path: Path) -> N
     doc = check_profile(parse_json_stdout(result))
     assert doc["chosen_batch"] == 0 and doc["predicted_memory_bytes"] is None
     assert result.returncode == 1, describe(result)
+
+
+@slow
+def test_the_estimate_is_priced_by_the_calibration_and_says_so(tmp_path: Path) -> None:
+    """`batchplan profile` reads the calibrated time model: another calibration (TORCHKIT_TIME_MODEL) gives
+    another step time, and the profile names where its times and their uncertainty come from."""
+    import json
+
+    from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, TIME_MODEL_ENV
+
+    args = ("profile", "--gpu", "V100-SXM2-16GB", *TINY_MODEL, "--amp", "fp16", "--json")
+    shipped = check_profile(parse_json_stdout(run_cli(*args, cwd=tmp_path)))
+    assert shipped["profile"]["time_log_sigma"] > 0 and "volta" in shipped["profile"]["time_model"]
+    doc = json.loads(DEFAULT_TIME_MODEL_PATH.read_text())
+    doc["arch"]["volta"]["constants"]["bandwidth_efficiency"]["value"] /= 2
+    other = tmp_path / "slow_volta.json"
+    other.write_text(json.dumps(doc))
+    result = run_cli(*args, cwd=tmp_path, env={TIME_MODEL_ENV: str(other)})
+    assert_ok(result)
+    slower = check_profile(parse_json_stdout(result))
+    assert slower["profile"]["time_points"][-1][1] > shipped["profile"]["time_points"][-1][1]
+    assert str(other) in slower["profile"]["time_model"]
+    assert slower["profile"]["memory_points"] == shipped["profile"]["memory_points"]

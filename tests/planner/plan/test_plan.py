@@ -4,6 +4,7 @@ torchrun lines, exclusions, warnings), the atomic write_plan, and read_plan/vali
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import shlex
@@ -256,6 +257,19 @@ def test_the_plan_document_has_every_documented_field_and_is_json(base_plan):
     validate_plan(base_plan)
 
 
+def test_the_expected_balance_range_holds_the_predicted_one_and_widens_with_the_time_models_error():
+    """Profiles without uncertainty (measured) give a point; uncertain estimates a range around it."""
+    assert make_plan()["balance_efficiency_range"] == [make_plan()["balance_efficiency"]] * 2
+    uncertain = {k: dataclasses.replace(p, time_log_sigma=0.2) for k, p in PROFILES.items()}
+    plan = build_plan(JobSpec(model="m"), SLOTS, uncertain).to_json()
+    low, high = plan["balance_efficiency_range"]
+    assert low < plan["balance_efficiency"] <= high <= 1
+    wider = build_plan(JobSpec(model="m"), SLOTS, {k: dataclasses.replace(p, time_log_sigma=0.4) for k, p in PROFILES.items()})
+    assert wider.balance_efficiency_range[0] < low
+    validate_plan(plan)
+    assert Plan.from_json(plan).balance_efficiency_range == (low, high)
+
+
 def test_extra_fields_are_added_at_the_top_level():
     plan = make_plan(extra={"cluster": {"name": "demo"}})
     assert plan["cluster"] == {"name": "demo"}
@@ -407,6 +421,8 @@ BAD_PLANS = {
         lambda plan: plan["profiles"][_first_profile_key(plan)].pop("memory_fit"),
         "profiles['k-a100'] is malformed",
     ),
+    "inverted efficiency range": (_mutation("balance_efficiency_range", [0.9, 0.8]), "balance_efficiency_range must be"),
+    "efficiency range not a pair": (_mutation("balance_efficiency_range", [0.9]), "balance_efficiency_range must be"),
     "unknown fit kind": (
         lambda plan: plan["profiles"][_first_profile_key(plan)]["time_fit"].update(kind="cubic"),
         "profiles['k-a100'] is malformed",

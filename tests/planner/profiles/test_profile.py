@@ -3,6 +3,7 @@ notes for dropped and outlying points, the JSON round trip, and profile_key stab
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -191,6 +192,7 @@ def roundtrip(profile: DeviceProfile) -> DeviceProfile:
 
 def test_json_round_trip_gives_an_equal_profile():
     profile = make_profile(oom_batch=96, notes=["a remark"], breakdown_bytes={"parameters": 1000, "activations": 5})
+    profile = dataclasses.replace(profile, time_log_sigma=0.12, time_model="calibration X")
     again = roundtrip(profile)
     assert again == profile
     assert again.max_batch(10 * GIB, 8) == profile.max_batch(10 * GIB, 8)
@@ -209,7 +211,7 @@ def test_json_round_trip_of_a_loglog_profile_with_notes_from_dropped_points():
 def test_to_json_has_the_documented_shape():
     data = make_profile().to_json()
     assert set(data) == {"gpu", "method", "amp", "memory_points", "memory_fit", "time_points", "time_fit",
-                         "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes"}
+                         "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes", "time_log_sigma", "time_model"}
     assert data["memory_points"][0] == [1, 2 * GIB + 64 * MIB]
     assert data["memory_fit"]["kind"] == "affine"
     assert set(data["time_fit"]) == {"kind", "intercept_s", "s_per_sample"}
@@ -217,12 +219,13 @@ def test_to_json_has_the_documented_shape():
 
 def test_from_json_defaults_the_optional_fields():
     data = make_profile().to_json()
-    for key in ("amp", "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes"):
+    for key in ("amp", "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes", "time_log_sigma", "time_model"):
         del data[key]
     profile = DeviceProfile.from_json(data)
     assert (profile.amp, profile.oom_batch, profile.notes, profile.min_memory_bytes, profile.breakdown_bytes) == (
         "off", None, (), 0, None
     )
+    assert (profile.time_log_sigma, profile.time_model) == (0.0, "")
 
 
 def test_memory_never_falls_below_the_floor_and_a_floor_over_budget_fits_nothing():

@@ -153,6 +153,54 @@ def test_step_time_grows_with_batch_and_is_shorter_on_h100_than_t4(catalog) -> N
     )
 
 
+def test_grouped_convolutions_are_recorded_with_their_groups() -> None:
+    workload = Workload(
+        name="test-grouped",
+        sample_shape=(8, 8, 8),
+        build_model=lambda: nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=4), nn.Conv2d(8, 8, 1)),
+        make_batch=lambda b: (torch.randn(b, 8, 8, 8), None),
+        loss_fn=lambda out, _: out.float().pow(2).mean(),
+    )
+    est = estimate_step(workload, 2)
+    convs = [k for k in est.kernels if k.kind == "conv"]
+    assert {k.groups for k in convs} == {1, 4}
+    assert all(k.groups == 1 for k in est.kernels if k.kind != "conv")
+
+
+def test_channels_last_changes_the_step_time_by_the_layout_model(catalog) -> None:
+    """16-bit convolutions are NHWC kernels: channels_last saves their transposes; fp32 ones on Volta are
+    NCHW kernels: channels_last costs the transposes instead."""
+    from dataclasses import replace
+
+    from torchkit.estimate.time_model import load_time_model
+
+    v100 = catalog.get("V100-SXM2-16GB")
+    amp = estimate_step(_conv_workload(224), 32, amp="fp16")  # large enough to be GPU-bound, not dispatch-bound
+    fp32 = estimate_step(_conv_workload(224), 32)
+    assert step_time_s(amp, v100, channels_last=True) < step_time_s(amp, v100)
+    assert step_time_s(fp32, v100, channels_last=True) > step_time_s(fp32, v100)
+    no_cost = replace(load_time_model().constants_for(v100), layout_conversion_factor=1e-12)
+    assert step_time_s(amp, v100, channels_last=True, constants=no_cost) == pytest.approx(
+        step_time_s(amp, v100, constants=no_cost)
+    )
+    curves = estimate_curves(_conv_workload(224), v100, amp="fp16", batches=(32, 64), channels_last=True)
+    assert curves.time_points[0][1] == pytest.approx(step_time_s(amp, v100, channels_last=True))
+
+
+def test_step_time_uses_the_calibrated_constants_of_the_gpus_architecture(catalog) -> None:
+    from dataclasses import replace
+
+    from torchkit.estimate.time_model import load_time_model
+
+    v100 = catalog.get("V100-SXM2-16GB")
+    est = estimate_step(_conv_workload(224), 32, amp="fp16")
+    calibrated = load_time_model().constants_for(v100)
+    assert calibrated == load_time_model().arch_constants["volta"]
+    assert step_time_s(est, v100) == pytest.approx(step_time_s(est, v100, constants=calibrated))
+    slower = replace(calibrated, bandwidth_efficiency=calibrated.bandwidth_efficiency / 2)
+    assert step_time_s(est, v100, constants=slower) > step_time_s(est, v100)
+
+
 def test_estimates_are_reused_from_the_cache_for_every_gpu(catalog) -> None:
     cache: dict = {}
     workload = get_workload("resnet18", imgsz=64)

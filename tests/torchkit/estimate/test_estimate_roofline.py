@@ -6,15 +6,19 @@ import pytest
 
 from torchkit.errors import ConfigError
 from torchkit.estimate.op_costs import KernelCost
-from torchkit.estimate.roofline import (
-    BANDWIDTH_EFFICIENCY,
-    COMPUTE_EFFICIENCY,
-    EAGER_DISPATCH_S,
-    KERNEL_LAUNCH_S,
-    kernel_time_s,
-    kernels_time_s,
-)
+from torchkit.estimate.roofline import KernelTable, TimeConstants, kernel_table, kernels_time_s
 from torchkit.hardware.catalog import load_catalog
+
+C = TimeConstants(
+    tensor_core_efficiency=0.5,
+    tf32_efficiency=0.4,
+    fp32_efficiency=0.8,
+    bandwidth_efficiency=0.6,
+    layout_conversion_factor=1.5,
+    grouped_conv_efficiency=0.25,
+    kernel_launch_s=2e-6,
+    eager_dispatch_s=10e-6,
+)
 
 
 @pytest.fixture(scope="module")
@@ -22,40 +26,78 @@ def catalog():
     return load_catalog()
 
 
-def _kernel(flops: int = 0, moved: int = 0, compute: str = "fp32", kind: str = "matmul") -> KernelCost:
-    return KernelCost(name="k", flops=flops, bytes_moved=moved, compute=compute, kind=kind)
+def _kernel(flops: int = 0, moved: int = 0, compute: str = "fp32", kind: str = "matmul", groups: int = 1) -> KernelCost:
+    return KernelCost(name="k", flops=flops, bytes_moved=moved, compute=compute, kind=kind, groups=groups)
+
+
+def _time(kernels, gpu, **kw) -> float:
+    return kernels_time_s(kernels, gpu, constants=C, **kw)
 
 
 def test_compute_bound_kernel_takes_flops_over_efficient_peak(catalog) -> None:
     t4 = catalog.get("T4")
     kernel = _kernel(flops=10**12, moved=10**6, compute="fp16")
-    expected = 10**12 / (COMPUTE_EFFICIENCY * t4.fp16_tflops * 1e12) + KERNEL_LAUNCH_S
-    assert kernel_time_s(kernel, t4) == pytest.approx(expected)
+    expected = 10**12 / (0.5 * t4.fp16_tflops * 1e12) + 2e-6
+    assert _time([kernel], t4, amp="fp16") == pytest.approx(expected)
 
 
 def test_memory_bound_kernel_takes_bytes_over_efficient_bandwidth(catalog) -> None:
     a100 = catalog.get("A100-SXM4-80GB")
-    kernel = _kernel(moved=10**9, kind="other")
-    expected = 10**9 / (BANDWIDTH_EFFICIENCY * a100.memory_bandwidth_bytes_per_s) + KERNEL_LAUNCH_S
-    assert kernel_time_s(kernel, a100) == pytest.approx(expected)
+    expected = 10**9 / (0.6 * a100.memory_bandwidth_bytes_per_s) + 2e-6
+    assert _time([_kernel(moved=10**9, kind="other")], a100) == pytest.approx(expected)
 
 
 def test_fp32_convolution_uses_tf32_on_ampere_but_not_on_volta(catalog) -> None:
     conv = _kernel(flops=10**12, kind="conv")
     matmul = _kernel(flops=10**12, kind="matmul")
     a100, v100 = catalog.get("A100-SXM4-80GB"), catalog.get("V100-SXM2-16GB")
-    tf32 = 10**12 / (COMPUTE_EFFICIENCY * a100.fp16_tflops * 1e12 / 2) + KERNEL_LAUNCH_S
-    assert kernel_time_s(conv, a100) == pytest.approx(tf32)
-    fp32 = 10**12 / (COMPUTE_EFFICIENCY * a100.fp32_tflops * 1e12) + KERNEL_LAUNCH_S
-    assert kernel_time_s(matmul, a100) == pytest.approx(fp32)  # matmul allow_tf32 is False by default
-    assert kernel_time_s(conv, v100) == pytest.approx(
-        10**12 / (COMPUTE_EFFICIENCY * v100.fp32_tflops * 1e12) + KERNEL_LAUNCH_S
+    assert _time([conv], a100) == pytest.approx(10**12 / (0.4 * a100.fp16_tflops * 1e12 / 2) + 2e-6)
+    # matmul allow_tf32 is False by default
+    assert _time([matmul], a100) == pytest.approx(10**12 / (0.8 * a100.fp32_tflops * 1e12) + 2e-6)
+    assert _time([conv], v100) == pytest.approx(10**12 / (0.8 * v100.fp32_tflops * 1e12) + 2e-6)
+
+
+def test_layout_conversion_is_paid_where_the_layout_is_not_the_kernels_native_one(catalog) -> None:
+    v100 = catalog.get("V100-SXM2-16GB")
+    bw = 0.6 * v100.memory_bandwidth_bytes_per_s
+    conv16 = _kernel(flops=10**9, moved=10**8, compute="fp16", kind="conv")
+    conv32 = _kernel(flops=10**9, moved=10**8, compute="fp32", kind="conv")
+    convert = 1.5 * 10**8 / bw
+    # tensor-core (16-bit) convolutions are NHWC kernels: NCHW tensors pay the transposes
+    assert _time([conv16], v100, channels_last=False) - _time([conv16], v100, channels_last=True) == pytest.approx(convert)
+    # fp32 CUDA-core convolutions are NCHW kernels: channels_last pays instead
+    assert _time([conv32], v100, channels_last=True) - _time([conv32], v100, channels_last=False) == pytest.approx(convert)
+    # other kernels do not care
+    other = _kernel(moved=10**8, kind="other")
+    assert _time([other], v100, channels_last=True) == _time([other], v100, channels_last=False)
+
+
+def test_grouped_convolution_runs_at_the_grouped_efficiency(catalog) -> None:
+    gpu = catalog.get("RTX-3090")
+    dense = _kernel(flops=10**12, moved=10, compute="fp16", kind="conv")
+    grouped = _kernel(flops=10**12, moved=10, compute="fp16", kind="conv", groups=32)
+    assert _time([grouped], gpu, amp="fp16", channels_last=True) - 2e-6 == pytest.approx(
+        (_time([dense], gpu, amp="fp16", channels_last=True) - 2e-6) / 0.25
     )
 
 
 def test_many_tiny_kernels_are_bound_by_eager_dispatch(catalog) -> None:
     tiny = [_kernel(moved=1024, kind="other")] * 1000
-    assert kernels_time_s(tiny, catalog.get("H100-SXM5-80GB")) == pytest.approx(1000 * EAGER_DISPATCH_S)
+    assert _time(tiny, catalog.get("H100-SXM5-80GB")) == pytest.approx(1000 * 10e-6)
+
+
+def test_a_table_prices_like_its_kernels_and_survives_json(catalog) -> None:
+    kernels = [
+        _kernel(flops=10**11, moved=10**7, compute="bf16", kind="conv"),
+        _kernel(flops=10**11, moved=10**7, compute="bf16", kind="conv"),
+        _kernel(flops=10**10, moved=10**6, compute="fp32"),
+        _kernel(moved=10**8, kind="other"),
+    ]
+    table = kernel_table(kernels)
+    assert table.num_kernels == 4 and len(table.count) == 3  # the two identical convolutions are one row
+    gpu = catalog.get("A100-SXM4-80GB")
+    again = KernelTable.from_json(table.to_json())
+    assert _time(again, gpu, amp="bf16") == pytest.approx(_time(kernels, gpu, amp="bf16"))
 
 
 def test_time_grows_with_work_and_is_shorter_on_faster_gpus(catalog) -> None:
@@ -66,15 +108,14 @@ def test_time_grows_with_work_and_is_shorter_on_faster_gpus(catalog) -> None:
         ]
 
     for name in ("T4", "A100-SXM4-80GB", "H100-SXM5-80GB"):
-        times = [kernels_time_s(step(s), catalog.get(name), amp="fp16") for s in (1, 4, 16)]
+        times = [_time(step(s), catalog.get(name), amp="fp16") for s in (1, 4, 16)]
         assert times[0] < times[1] < times[2]
     slowest_to_fastest = [
-        kernels_time_s(step(4), catalog.get(n), amp="fp16")
-        for n in ("T4", "A100-SXM4-80GB", "H100-SXM5-80GB")
+        _time(step(4), catalog.get(n), amp="fp16") for n in ("T4", "A100-SXM4-80GB", "H100-SXM5-80GB")
     ]
     assert slowest_to_fastest == sorted(slowest_to_fastest, reverse=True)
 
 
 def test_bf16_on_a_gpu_without_it_is_a_config_error(catalog) -> None:
     with pytest.raises(ConfigError, match=r"V100-SXM2-16GB has no bf16 support \(use --amp fp16 or off\)"):
-        kernels_time_s([_kernel(flops=1, compute="bf16")], catalog.get("V100-SXM2-16GB"), amp="bf16")
+        _time([_kernel(flops=1, compute="bf16")], catalog.get("V100-SXM2-16GB"), amp="bf16")

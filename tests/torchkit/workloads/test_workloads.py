@@ -19,6 +19,8 @@ SMALL = {
     "yolo-n": {"imgsz": 64},
     "yolo-s": {"imgsz": 64},
     "vit-b16": {"imgsz": 32},
+    "resnext101-32x4d": {"imgsz": 32},
+    "se-resnext101-32x4d": {"imgsz": 32},
     "gpt2-small": {"seq_len": 16},
 }
 
@@ -42,6 +44,8 @@ def test_builtin_workload_runs_a_real_training_step_on_cpu(name: str) -> None:
     [
         ("resnet18", 11_689_512),  # torchvision resnet18
         ("resnet50", 25_557_032),  # torchvision resnet50
+        ("resnext101-32x4d", 44_177_704),  # torchvision resnext101_32x4d
+        ("se-resnext101-32x4d", 48_955_416),  # timm seresnext101_32x4d (48.96 M)
         ("vit-b16", 86_567_656),  # torchvision vit_b_16
         ("gpt2-small", 124_439_808),  # Hugging Face gpt2 (tied LM head)
         ("yolo-n", 3_157_184),  # Ultralytics yolov8n: 3,157,200 minus its 16 frozen DFL weights
@@ -78,7 +82,7 @@ def test_make_batch_works_under_fake_tensor_mode() -> None:
 
 def test_unknown_workload_names_the_known_ones() -> None:
     with pytest.raises(
-        WorkloadError, match=r"unknown workload 'resnet51'.*resnet18, resnet50, yolo-n, yolo-s"
+        WorkloadError, match=r"unknown workload 'resnet51'.*resnet18, resnet50, resnext101-32x4d, se-resnext101-32x4d, yolo-n"
     ):
         get_workload("resnet51")
 

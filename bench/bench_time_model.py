@@ -1,0 +1,137 @@
+"""How well the calibrated step-time model predicts measured training throughput it was not fitted on.
+
+    python bench/bench_time_model.py
+
+Prints ``name=value`` lines (no GPU, no fake pass: the kernel tables are cached; ~10 s). Three ways of
+holding data out, and the model as it was before calibration for comparison ("prior_*": the priors, no
+layout cost — what the estimator predicted before this calibration existed):
+
+* ``heldout_*``  — the rows ``held_out_ids`` keeps out of the shipped fit (time_model.json), priced
+  by it; pairs take the other GPU's prediction from the same fit;
+* ``logo_*``     — leave one GPU type out: every row predicted by a fit that never saw its GPU type;
+* ``lomo_*``     — leave one model out: every row predicted by a fit that never saw its model.
+
+Figures, over configurations measured on more than one GPU type (same model, precision, layout):
+``ratio_error_max`` — the largest |predicted ratio / measured ratio − 1| of two GPUs' throughputs (target
+±15%); ``inversions`` — pairs measured > 10% apart that the model orders the other way (target 0);
+``mix_efficiency_min`` — one GPU of each measured type, the batch split by predicted speed and run at
+measured speed: achieved throughput / the bound (target >= 0.95); ``abs_error_max`` — the largest
+|predicted / measured − 1| throughput of one row (target ±30%).
+Memory: every measured row's batch must be predicted to fit its card at ``--fraction 0.95``
+(``memory_fits_at_0.95``); ``memory_fragmentation_bound`` is the largest fragmentation factor under which
+every row fits at all (the sources trained at those batches).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from torchkit.estimate.calibration.crossval import held_out_predictions, observations_from_rows  # noqa: E402
+from torchkit.estimate.calibration.data import held_out_ids, read_measured  # noqa: E402
+from torchkit.estimate.calibration.fit import predict  # noqa: E402
+from torchkit.estimate.calibration.tables import load_cuda_peaks, load_tables, table_key  # noqa: E402
+from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD, device_bytes_from_peak  # noqa: E402
+from torchkit.estimate.time_model import PRIOR_CONSTANTS, load_time_model  # noqa: E402
+from torchkit.hardware.catalog import load_catalog  # noqa: E402
+from torchkit.units import GIB  # noqa: E402
+
+
+def _config(row) -> tuple:
+    return (row.model, row.amp, row.layout)
+
+
+def metrics(rows, predicted: dict[str, float], judged: set[str]) -> dict[str, float]:
+    """Target figures for the rows in ``judged`` (pairs need at least one judged row)."""
+    by_id = {r.id: r for r in rows}
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        if r.id in predicted:
+            groups[_config(r)].append(r)
+    ratio_errors, inversions, mixes = [], 0, []
+    for members in groups.values():
+        for a, b in itertools.combinations(members, 2):
+            if a.gpu == b.gpu or not ({a.id, b.id} & judged):
+                continue
+            measured = a.samples_per_s / b.samples_per_s
+            pred = predicted[a.id] / predicted[b.id]
+            ratio_errors.append(abs(pred / measured - 1))
+            if abs(math.log(measured)) > math.log(1.10) and (measured > 1) != (pred > 1):
+                inversions += 1
+        one_per_gpu = {r.gpu: r for r in members}
+        if len(one_per_gpu) > 1 and set(r.id for r in one_per_gpu.values()) & judged:
+            m = [r.samples_per_s for r in one_per_gpu.values()]
+            p = [predicted[r.id] for r in one_per_gpu.values()]
+            mixes.append(min(sum(p) * mi / (sum(m) * pi) for mi, pi in zip(m, p, strict=True)))
+    abs_errors = [abs(predicted[i] / by_id[i].samples_per_s - 1) for i in judged if i in predicted]
+    return {
+        "ratio_error_max": max(ratio_errors, default=0.0),
+        "ratio_pairs": float(len(ratio_errors)),
+        "inversions": float(inversions),
+        "mix_efficiency_min": min(mixes, default=1.0),
+        "mix_groups": float(len(mixes)),
+        "abs_error_max": max(abs_errors, default=0.0),
+        "abs_error_rms_log": math.sqrt(
+            sum(math.log(predicted[i] / by_id[i].samples_per_s) ** 2 for i in judged) / max(len(judged), 1)
+        ),
+        "rows": float(len(judged)),
+    }
+
+
+def _print(prefix: str, figures: dict[str, float]) -> None:
+    for name, value in figures.items():
+        print(f"{prefix}_{name}={value:.4g}")
+
+
+def memory_figures(rows, catalog) -> dict[str, float]:
+    peaks = load_cuda_peaks()
+    fits, worst, bound, misses = 0, 0.0, math.inf, []
+    for r in rows:
+        gpu = catalog.get(r.gpu)
+        peak = peaks[table_key(r.model, r.batch, r.amp)]
+        need = device_bytes_from_peak(peak, gpu)
+        worst = max(worst, need / gpu.memory_bytes)
+        fits += need <= 0.95 * gpu.memory_bytes
+        if need > 0.95 * gpu.memory_bytes:
+            misses.append(f"{r.id}:{need / gpu.memory_bytes:.3f}")
+        fixed = DEFAULT_CUDA_OVERHEAD.context_bytes + DEFAULT_CUDA_OVERHEAD.blas_workspace_bytes(gpu)
+        bound = min(bound, (gpu.memory_bytes - fixed) / peak)
+        if r.id.startswith("timm-r50-3090"):
+            print(f"memory_{r.id}_predicted_gib={need / GIB:.2f}")
+    print(f"memory_over_0.95={','.join(misses) or 'none'}")
+    return {"fits_at_0.95": float(fits), "rows": float(len(rows)), "worst_fraction": worst, "fragmentation_bound": bound}
+
+
+def main() -> int:
+    catalog = load_catalog()
+    rows = list(read_measured(catalog=catalog))
+    observations = observations_from_rows(rows, load_tables(rows), catalog)
+    model = load_time_model()
+    shipped = {o.id: predict(o, model.global_constants, model.arch_constants) for o in observations}
+    before = replace(PRIOR_CONSTANTS, layout_conversion_factor=0.0)  # the uncalibrated roofline had no layout term
+    prior = {o.id: predict(o, before, {}) for o in observations}
+    held = set(held_out_ids(rows, catalog))
+    everything = {r.id for r in rows}
+    print(f"time_model={model.source}")
+    _print("heldout", metrics(rows, shipped, held))
+    _print("prior_heldout", metrics(rows, prior, held))
+    _print("logo", metrics(rows, held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: o.gpu.name), everything))
+    _print("lomo", metrics(rows, held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: _model_of(o, rows)), everything))
+    _print("prior_all", metrics(rows, prior, everything))
+    _print("memory", memory_figures(rows, catalog))
+    return 0
+
+
+def _model_of(observation, rows) -> str:
+    return next(r.model for r in rows if r.id == observation.id)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

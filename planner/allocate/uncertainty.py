@@ -1,0 +1,67 @@
+"""How the balance of an allocation holds up when the step-time model is off.
+
+A plan splits the batch by predicted speed; the GPUs then run at their real speed. Each GPU type's real step
+time is its predicted one times an error factor shared by every rank of that type (the model's error is
+systematic per type, not per rank). :func:`balance_efficiency_range` evaluates the allocation's balance
+efficiency (throughput / the bound where every GPU runs alone at its cap, as ``Allocation``) with every type
+at ``exp(±log_sigma)`` of its predicted time — all sign combinations for up to ``MAX_ENUMERATED_TYPES``
+uncertain types, else each type alone slow or fast against the rest — and returns the lowest and highest.
+Pure numpy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+MAX_ENUMERATED_TYPES = 10
+"""up to 2^10 = 1024 sign combinations; beyond, the one-type-off-against-the-rest corners"""
+
+
+def _efficiency(t0, t1, cap, batches, included, factor) -> float:
+    time = (t0 + t1 * batches) * factor
+    step_time = float(time[included].max())
+    throughput = float(batches[included].sum()) / step_time
+    bound = float(np.sum(cap[included] / ((t0[included] + t1[included] * cap[included]) * factor[included])))
+    return min(1.0, throughput / bound) if bound > 0 else 0.0
+
+
+def _patterns(n_types: int):
+    if n_types <= MAX_ENUMERATED_TYPES:
+        yield from itertools.product((-1.0, 1.0), repeat=n_types)
+        return
+    for j in range(n_types):
+        for sign in (-1.0, 1.0):
+            pattern = [-sign] * n_types
+            pattern[j] = sign
+            yield tuple(pattern)
+
+
+def balance_efficiency_range(
+    t0: Sequence[float],
+    t1: Sequence[float],
+    cap: Sequence[int],
+    batches: Sequence[int],
+    included: Sequence[bool],
+    log_sigma: Sequence[float],
+    groups: Sequence[str],
+) -> tuple[float, float]:
+    """(lowest, highest) balance efficiency of the allocation ``batches`` when each group's (GPU type's) real
+    step time is ``exp(±log_sigma)`` times the predicted one. ``cap``: each rank's largest batch (what the
+    bound runs at), ``t0 + t1·b``: its predicted step time, ``log_sigma``: its model's log uncertainty."""
+    t0a, t1a = np.asarray(t0, dtype=np.float64), np.asarray(t1, dtype=np.float64)
+    capa, ba = np.asarray(cap, dtype=np.float64), np.asarray(batches, dtype=np.float64)
+    inc, sig = np.asarray(included, dtype=bool), np.asarray(log_sigma, dtype=np.float64)
+    labels = np.asarray([str(g) for g in groups])
+    uncertain = sorted({g for g, s, i in zip(labels, sig, inc, strict=True) if s > 0 and i})
+    nominal = _efficiency(t0a, t1a, capa, ba, inc, np.ones_like(t0a))
+    low = high = nominal
+    for pattern in _patterns(len(uncertain)):
+        factor = np.ones_like(t0a)
+        for sign, group in zip(pattern, uncertain, strict=True):
+            factor[labels == group] = np.exp(sign * sig[labels == group])
+        eff = _efficiency(t0a, t1a, capa, ba, inc, factor)
+        low, high = min(low, eff), max(high, eff)
+    return low, high

@@ -1,0 +1,215 @@
+"""Calibration of the step-time model: the measured data file, the fit, the generated constants."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torchkit.errors import ConfigError
+from torchkit.estimate.calibration.data import CALIBRATION_MODELS, DATA_PATH, held_out_ids, read_measured
+from torchkit.estimate.calibration.fit import Observation, fit, predict
+from torchkit.estimate.roofline import KernelClass, KernelTable
+from torchkit.estimate.time_model import (
+    DEFAULT_TIME_MODEL_PATH,
+    PRIOR_CONSTANTS,
+    TIME_MODEL_ENV,
+    architecture,
+    load_time_model,
+)
+from torchkit.hardware.catalog import load_catalog
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog()
+
+
+# --- the data file ------------------------------------------------------------------------------------
+def test_every_measured_row_has_a_source_a_catalog_gpu_and_positive_figures(catalog) -> None:
+    rows = read_measured(catalog=catalog)
+    assert len(rows) >= 20
+    for r in rows:
+        assert r.source.strip() and r.software.strip(), r.id
+        assert r.gpu in catalog, r.id
+        assert r.batch > 0 and r.samples_per_s > 0, r.id
+        assert r.model in CALIBRATION_MODELS
+    assert len({r.id for r in rows}) == len(rows)
+    assert not any("lambdal" in r.source.lower() for r in rows)  # kept out: it evaluates the model
+
+
+def test_calibration_models_are_the_built_in_workloads() -> None:
+    from torchkit.workloads import WORKLOAD_NAMES
+
+    assert set(CALIBRATION_MODELS) == set(WORKLOAD_NAMES)
+
+
+def _csv_with(tmp_path: Path, row: str) -> Path:
+    header = "id,model,gpu,precision,layout,batch,samples_per_s,optimizer,source,software\n"
+    path = tmp_path / "m.csv"
+    path.write_text("# comment\n" + header + row + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("a,resnet50,V100-SXM2-16GB,fp16,nhwc,256,1200,sgd,,NGC", "empty source"),
+        ("a,resnet50,GTX-9999,fp16,nhwc,256,1200,sgd,src,NGC", "not in the catalog"),
+        ("a,resnet51,V100-SXM2-16GB,fp16,nhwc,256,1200,sgd,src,NGC", "not a built-in workload"),
+        ("a,resnet50,V100-SXM2-16GB,tf32,nchw,256,1200,sgd,src,NGC", "tf32 on compute capability 7"),
+        ("a,resnet50,A100-SXM4-80GB,fp32,nchw,256,1200,sgd,src,NGC", "fp32 on compute capability 8"),
+        ("a,resnet50,V100-SXM2-16GB,fp16,nhwc,256,-3,sgd,src,NGC", "must be positive"),
+        ("a,resnet50,V100-SXM2-16GB,fp16,nhwc,many,3,sgd,src,NGC", "not numbers"),
+    ],
+)
+def test_a_bad_row_is_a_config_error_naming_its_line(tmp_path, catalog, row, message) -> None:
+    with pytest.raises(ConfigError, match=rf"line 3: .*{message}"):
+        read_measured(_csv_with(tmp_path, row), catalog=catalog)
+
+
+def test_the_held_out_split_is_stratified_and_deterministic(catalog) -> None:
+    rows = read_measured(catalog=catalog)
+    held = held_out_ids(rows, catalog)
+    assert held == held_out_ids(tuple(reversed(rows)), catalog)
+    assert 0.2 < len(held) / len(rows) < 0.45
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((architecture(catalog.get(r.gpu)), r.precision), []).append(r.id)
+    for ids in groups.values():
+        assert any(i not in held for i in ids)  # the fit sees every (architecture, precision)
+
+
+# --- the fit ------------------------------------------------------------------------------------------
+def _table(rows: list[tuple[KernelClass, bool, bool, float, float, int]]) -> KernelTable:
+    return KernelTable(
+        kernel_class=np.array([r[0] for r in rows], dtype=np.int8),
+        is_conv=np.array([r[1] for r in rows], dtype=bool),
+        grouped=np.array([r[2] for r in rows], dtype=bool),
+        flops=np.array([r[3] for r in rows], dtype=np.float64),
+        bytes_moved=np.array([r[4] for r in rows], dtype=np.float64),
+        count=np.array([r[5] for r in rows], dtype=np.float64),
+    )
+
+
+def _synthetic_tables() -> list[KernelTable]:
+    """Mixes of compute-bound 16-bit/fp32 convolutions, fp32 matmuls, grouped convolutions and
+    bandwidth-bound kernels in different proportions, so every constant shows in some step."""
+    out = []
+    for k, (conv, mem, grouped, matmul) in enumerate([(4, 1, 0, 0), (1, 4, 0, 1), (2, 2, 3, 0), (1, 1, 1, 3)]):
+        for amp16 in (True, False):
+            cls = KernelClass.FP16 if amp16 else KernelClass.CONV32
+            rows = [
+                (cls, True, False, 2e12 * conv, 2e8 * conv, 10 + k),
+                (cls, True, True, 2e11 * grouped, 1e7 * grouped, 5) if grouped else None,
+                (KernelClass.MATMUL32, False, False, 2e11 * matmul, 1e7, 3) if matmul else None,
+                (KernelClass.MEMORY, False, False, 0.0, 4e9 * mem, 20),
+            ]
+            out.append(_table([r for r in rows if r is not None]))
+    return out
+
+
+def test_the_fit_recovers_known_constants_from_synthetic_data(catalog) -> None:
+    truth_global = replace(
+        PRIOR_CONSTANTS, tf32_efficiency=0.45, fp32_efficiency=0.85, layout_conversion_factor=1.3,
+        grouped_conv_efficiency=0.4,
+    )
+    truth_arch = {
+        "volta": replace(truth_global, tensor_core_efficiency=0.55, bandwidth_efficiency=0.7),
+        "ampere-ga100": replace(truth_global, tensor_core_efficiency=0.65, bandwidth_efficiency=0.6),
+        "ampere-ga10x": replace(truth_global, tensor_core_efficiency=0.8, bandwidth_efficiency=0.8),
+    }
+    observations = []
+    for gpu_name in ("V100-SXM2-16GB", "A100-SXM4-80GB", "RTX-3090"):
+        gpu = catalog.get(gpu_name)
+        for i, table in enumerate(_synthetic_tables()):
+            for channels_last in (False, True):
+                o = Observation(id=f"{gpu_name}-{i}-{channels_last}", table=table, gpu=gpu, arch=architecture(gpu),
+                                batch=256, channels_last=channels_last, samples_per_s=1.0)
+                observations.append(replace(o, samples_per_s=predict(o, truth_global, truth_arch)))
+    result = fit(observations, PRIOR_CONSTANTS, global_prior_log_sigma=10.0, arch_prior_log_sigma=10.0)
+    for arch, truth in truth_arch.items():
+        got = result.arch_constants[arch]
+        for name in ("tensor_core_efficiency", "bandwidth_efficiency", "tf32_efficiency", "fp32_efficiency",
+                     "layout_conversion_factor", "grouped_conv_efficiency"):
+            assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.02), (arch, name)
+    assert max(abs(v) for v in result.log_residuals.values()) < 1e-3
+
+
+def test_the_prior_keeps_constants_the_data_cannot_see(catalog) -> None:
+    gpu = catalog.get("V100-SXM2-16GB")
+    table = _table([(KernelClass.MEMORY, False, False, 0.0, 1e10, 10)])  # bandwidth only
+    o = Observation(id="m", table=table, gpu=gpu, arch="volta", batch=64, channels_last=False, samples_per_s=1.0)
+    o = replace(o, samples_per_s=0.5 * predict(o, PRIOR_CONSTANTS, {}))
+    result = fit([o], PRIOR_CONSTANTS)
+    assert result.global_constants.tensor_core_efficiency == pytest.approx(PRIOR_CONSTANTS.tensor_core_efficiency)
+    assert result.arch_constants["volta"].bandwidth_efficiency == pytest.approx(
+        PRIOR_CONSTANTS.bandwidth_efficiency / 2, rel=0.02
+    )
+
+
+# --- the generated constants --------------------------------------------------------------------------
+def test_the_shipped_constants_are_the_fit_of_the_shipped_data(catalog) -> None:
+    """time_model.json must be regenerated (python bench/calibrate_time.py) whenever the data changes."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import calibrate_time
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    doc = json.loads(DEFAULT_TIME_MODEL_PATH.read_text())
+    assert hashlib.sha256(DATA_PATH.read_bytes()).hexdigest()[:12] in doc["data"]
+    from torchkit.estimate.calibration.crossval import observations_from_rows
+    from torchkit.estimate.calibration.tables import load_tables
+
+    rows = list(read_measured(catalog=catalog))
+    fresh, _, _ = calibrate_time.calibrate(rows, observations_from_rows(rows, load_tables(rows), catalog),
+                                           held_out_ids(rows, catalog))
+    for name, entry in doc["global"].items():
+        assert entry["value"] == pytest.approx(fresh["global"][name]["value"], rel=1e-6), name
+        assert entry["source"]
+    for arch, entry in doc["arch"].items():
+        for name, c in entry["constants"].items():
+            assert c["value"] == pytest.approx(fresh["arch"][arch]["constants"][name]["value"], rel=1e-6)
+            assert "fit on" in c["source"]
+    assert set(doc["held_out_rows"]).isdisjoint(doc["fit_rows"])
+
+
+def test_a_gpu_gets_its_architectures_constants_and_uncertainty(catalog) -> None:
+    model = load_time_model()
+    v100, a100_40, h100 = (catalog.get(n) for n in ("V100-SXM2-16GB", "A100-PCIe-40GB", "H100-SXM5-80GB"))
+    assert model.constants_for(v100) == model.arch_constants["volta"]
+    assert model.constants_for(h100) == model.global_constants  # no Hopper rows
+    u = model.uncertainty_for(v100)
+    assert u.calibrated_gpu and u.calibrated_arch and u.log_sigma > 0
+    u = model.uncertainty_for(a100_40)
+    assert not u.calibrated_gpu and u.calibrated_arch  # an A100 variant without its own rows
+    u = model.uncertainty_for(h100)
+    assert not u.calibrated_gpu and not u.calibrated_arch and u.log_sigma == model.unseen_log_sigma
+    assert u.relative == pytest.approx(np.exp(u.log_sigma) - 1)
+
+
+def test_the_environment_variable_points_the_estimator_at_another_calibration(tmp_path, monkeypatch, catalog) -> None:
+    from torchkit.estimate.time_model import constants_for
+
+    doc = json.loads(DEFAULT_TIME_MODEL_PATH.read_text())
+    doc["arch"]["volta"]["constants"]["tensor_core_efficiency"]["value"] = 0.123
+    other = tmp_path / "tm.json"
+    other.write_text(json.dumps(doc))
+    monkeypatch.setenv(TIME_MODEL_ENV, str(other))
+    assert constants_for(catalog.get("V100-SXM2-16GB")).tensor_core_efficiency == 0.123
+    monkeypatch.setenv(TIME_MODEL_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="is not a file"):
+        constants_for(catalog.get("V100-SXM2-16GB"))
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"global": {}}))
+    monkeypatch.setenv(TIME_MODEL_ENV, str(broken))
+    with pytest.raises(ConfigError, match="regenerate"):
+        constants_for(catalog.get("V100-SXM2-16GB"))
+
