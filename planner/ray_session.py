@@ -7,6 +7,12 @@ hundred MiB, so past ``raylet_cap`` raylets (default 8; ``BATCHPLAN_RAYLET_CAP``
 raylets: nodes are dealt round-robin onto the raylets, and one probe process answers for each group. A
 real cluster always gets one probe per node.
 
+A Ray cluster already running on this machine (a user's ``ray start --head``, found as ``ray.init()`` finds
+it: ``RAY_ADDRESS``, else the address file ``ray start`` leaves) is joined when neither ``--cluster`` nor
+``--address`` is given, as ``--address auto`` would, and a line on stderr says so. A simulated cluster is
+started beside it on ports of its own, and that cluster's address is not written over the user's address
+file (Ray's test ``Cluster`` would, and then delete it on shutdown).
+
 Everything this module starts it stops again: on leaving the ``with`` block, on an exception and on Ctrl-C.
 """
 
@@ -68,6 +74,75 @@ def _check_reachable(address: str) -> None:
             f"cannot reach the Ray cluster at {address!r}: {exc} "
             "(check the address and port, that `ray status` works there, and the firewall)"
         ) from exc
+
+
+def _ray_address_file() -> str:
+    """Where ``ray start --head`` records the cluster address for ``ray.init()`` on this machine.
+
+    The same rule as Ray's ``ray._common.utils.get_default_ray_temp_dir`` (Ray 2.60), repeated here so that the
+    check runs before ``ray`` is imported (the import fixes whether 127.0.0.1 is kept, see above):
+    ``$RAY_TMPDIR``, else ``$TMPDIR`` on Linux, else ``/tmp``; then ``ray/ray_current_cluster``.
+    """
+    if "RAY_TMPDIR" in os.environ:
+        base = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        base = os.environ["TMPDIR"]
+    else:
+        base = "/tmp"
+    return os.path.join(base, "ray", "ray_current_cluster")
+
+
+def _accepts_connections(address: str) -> bool:
+    host, _, port_text = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port_text.isdigit():
+        return False
+    import socket
+
+    try:
+        with socket.create_connection((host.strip("[]"), int(port_text)), timeout=CONNECT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def running_local_cluster() -> tuple[str, str] | None:
+    """``(address, where it was found)`` of a Ray cluster ``ray.init()`` would join here, or None.
+
+    ``RAY_ADDRESS`` first (as Ray does), then the address file ``ray start`` writes, if its GCS still accepts
+    connections (a cluster stopped without ``ray stop`` leaves a stale file behind).
+    """
+    env_address = os.environ.get("RAY_ADDRESS", "").strip()
+    if env_address:
+        return env_address, "RAY_ADDRESS"
+    path = _ray_address_file()
+    try:
+        with open(path) as handle:
+            address = handle.read().strip()
+    except OSError:
+        return None
+    if address and _accepts_connections(address):
+        return address, path
+    return None
+
+
+@contextlib.contextmanager
+def _own_cluster_only() -> Iterator[None]:
+    """While Ray processes of our own start: ignore ``RAY_ADDRESS`` (Ray would join that cluster instead) and
+    leave the user's address file alone (``ray.cluster_utils.Cluster`` writes its own address there, logs
+    "Overwriting previous Ray address" and deletes the file on shutdown, so ``ray status`` would then miss
+    the user's cluster)."""
+    from ray._common import utils as ray_common_utils
+    from ray._private import utils as ray_utils
+
+    saved_address = os.environ.pop("RAY_ADDRESS", None)
+    write, reset = ray_utils.write_ray_address, ray_common_utils.reset_ray_address
+    ray_utils.write_ray_address = ray_common_utils.reset_ray_address = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ray_utils.write_ray_address, ray_common_utils.reset_ray_address = write, reset
+        if saved_address is not None:
+            os.environ["RAY_ADDRESS"] = saved_address
 
 
 def raylet_cap_from_env() -> int:
@@ -136,12 +211,19 @@ def ray_session(
         address: join this cluster (``auto``, ``ray://host:10001``, ``host:6379``).
         num_simulated_nodes: start a local cluster with ``min(num_simulated_nodes, raylet_cap)`` raylets
             (ignored with ``address``). If this process is already connected to Ray (a test fixture, a
-            notebook), that connection is used as it is.
+            notebook), that connection is used as it is. With neither (0 and no address), a Ray cluster
+            already running here (:func:`running_local_cluster`) is joined, else an embedded one started.
         raylet_cap: most raylets to start (default ``BATCHPLAN_RAYLET_CAP`` or 8).
 
     Raises:
         ClusterUnreachableError: ``address`` cannot be reached.
     """
+    if address is None and num_simulated_nodes == 0:
+        found = running_local_cluster()
+        if found is not None:
+            address = found[0]
+            log.info("found a running Ray cluster at %s (from %s): joining it, as --address auto would "
+                     "(give --cluster FILE to plan a simulated cluster instead)", *found)
     if address is None:
         _keep_ray_on_loopback()
     import ray
@@ -179,29 +261,34 @@ def ray_session(
                 "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
             }
             log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
-            cluster = Cluster(
-                initialize_head=True,
-                head_node_args={**common, "include_dashboard": False},
-                shutdown_at_exit=True,
-            )
-            for _ in range(num_raylets - 1):
-                cluster.add_node(wait=False, **common)
-            cluster.wait_for_nodes()
-            ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+            with _own_cluster_only():
+                cluster = Cluster(
+                    initialize_head=True,
+                    head_node_args={**common, "include_dashboard": False},
+                    # stopped in the finally below (exceptions, Ctrl-C); Ray's exit hook would delete the
+                    # user's address file, out of _own_cluster_only()
+                    shutdown_at_exit=False,
+                )
+                for _ in range(num_raylets - 1):
+                    cluster.add_node(wait=False, **common)
+                cluster.wait_for_nodes()
+                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
         else:
             log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-            ray.init(
-                _node_ip_address=LOOPBACK,
-                include_dashboard=False,
-                object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
-                **_init_kwargs(),
-            )
+            with _own_cluster_only():
+                ray.init(
+                    address="local",  # a new instance: never a cluster found in RAY_ADDRESS or the address file
+                    _node_ip_address=LOOPBACK,
+                    include_dashboard=False,
+                    object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                    **_init_kwargs(),
+                )
         yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
     finally:
         with contextlib.suppress(Exception):
             ray.shutdown()
         if cluster is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), _own_cluster_only():
                 cluster.shutdown()
 
 
