@@ -11,9 +11,12 @@ Modes (K = ``multiple_of``, every b_i is a multiple of K and ``min_batch ≤ b_i
 - ``balanced`` (default): without a global batch, the b_i that maximise throughput Σ b_i / max_i t_i(b_i);
   with a global batch B, Σ b_i = B / accumulate and the b_i minimise the step time max_i t_i(b_i).
 
-With a global batch B, ``accumulate`` is the smallest a ≥ 1 with B/a an integer step batch that the mode
-can split: ``uniform`` needs B/a = N·b with one per-rank b; ``balanced`` and ``max`` need B/a between
-N·min and Σ caps. ``max`` with a global batch cannot give every rank its whole cap, so it keeps the
+With a global batch B, ``accumulate`` is the fastest a ≥ 1 (least time per global batch, a · step time;
+the smaller a on ties; for ``uniform`` that is always the smallest; ``max``, memory first, takes the smallest)
+with B/a an integer step batch that the mode can split: ``uniform`` needs B/a = N·b
+with one per-rank b; ``balanced`` and ``max`` need B/a between N·min and Σ caps. Fewer, bigger steps are not
+always faster: when the fast ranks are full, more accumulation lets the split balance (see
+``_fastest_accumulate``). ``max`` with a global batch cannot give every rank its whole cap, so it keeps the
 spirit of "as much as memory allows": every rank fills the same share of its cap (a memory-proportional
 split; the largest fill share b_i/c_i is minimised, exactly, in integers). No split → InfeasiblePlanError
 naming the nearest valid global batch sizes.
@@ -35,14 +38,14 @@ F(T) = Σ u_i(T) only changes at the times where some rank steps up.
 Ranks whose time does not depend on the batch (t1 = 0) keep every sample they can hold at the optimal
 step time (those samples are free); the other ranks are lowered as evenly in time as integers allow.
 
-Advice (``Allocation.advice``/``alternatives``, in ``planner.allocate_advice``): the three modes, up to
-four larger accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank)
+Advice (``Allocation.advice``/``notes``/``alternatives``, in ``planner.allocate_advice``): the three modes,
+the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank)
 and each group alone, all at the same global batch when one is given; the options are solved to 1% (the
 advice speaks from 5%).
 
 Known limitations: the step time model has no communication term (all-reduce time is the same for every
-split, so it shifts every option alike); accumulation micro-steps are assumed to cost one step each; the
-smallest accumulate is not always the fastest (the advice names a faster one when it finds it); more than
+split, so it shifts every option alike); accumulation micro-steps are assumed to cost one step each; only
+the ``_MAX_ACCUMULATE_TRIALS`` smallest valid accumulations are compared; more than
 ``planner.allocate_advice._MAX_ADVICE_GROUPS`` (32) groups get no group advice (a line says so).
 """
 
@@ -75,6 +78,9 @@ _THROUGHPUT_TOLERANCE = 1e-3
 _MAX_EVALUATIONS = 2000
 # Global batches above this are refused: divisor search enumerates up to sqrt(B / multiple_of).
 _MAX_GLOBAL_BATCH = 10**12
+# The fastest accumulation is searched among this many valid ones, smallest first (a global batch has at most
+# a few thousand divisors; past the first hundreds the per-step overhead t0 makes more steps slower anyway).
+_MAX_ACCUMULATE_TRIALS = 256
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -107,13 +113,15 @@ class Allocation:
     mode: str
     """The mode that produced ``batches``."""
     advice: tuple[str, ...]
-    """Sentences saying when another mode or a subset of the GPUs would be faster, by how much, and which
-    ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
+    """Warnings: sentences saying when another mode or a subset of the GPUs would be faster, by how much, and
+    which ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
+    notes: tuple[str, ...]
+    """Information, not warnings: how much faster this allocation is than plain DDP (``uniform``), why an
+    option could not be compared, what the balance efficiency means when no rank waits."""
     alternatives: dict[str, float]
     """Throughput in samples/s of the options compared (at the same global batch when one is given, i.e.
-    global batch / time per global batch). Keys: ``uniform``, ``max``, ``balanced`` (all ranks in that
-    mode); ``best_accumulate`` when a larger accumulate (up to 4 more valid ones tried) is at least
-    ``ADVICE_MIN_SPEEDUP`` faster in this mode; with two or more groups also ``best_group_subset`` (the best of: the fastest group alone, the
+    global batch / time per global batch, each at its fastest accumulation). Keys: ``uniform``, ``max``,
+    ``balanced`` (all ranks in that mode); with two or more groups also ``best_group_subset`` (the best of: the fastest group alone, the
     two fastest, ... short of all; groups ranked by cap / t(cap) per rank) and ``best_single_group`` (the
     best one group alone), both in this allocation's mode. An option that cannot reach the global batch is
     left out."""
@@ -367,17 +375,60 @@ def _split(rows: _Rows, mode: str, k: int, global_batch: int | None, what: str,
         raise InfeasiblePlanError(
             f"global batch {global_batch} cannot be split {what}: each step holds {rule}, repeated by "
             f"gradient accumulation; nearest valid global batch sizes: {near}")
-    accumulate = valid[0] if accumulate is None else accumulate
-    assert accumulate in valid, (accumulate, valid)
-    q = global_batch // unit // accumulate
+    if accumulate is None and mode == "max":
+        accumulate = valid[0]  # "as much as memory allows": the biggest steps, whatever they cost in time
+    if accumulate is not None:
+        assert accumulate in valid, (accumulate, valid)
+        return _split_step(rows, mode, global_batch // unit // accumulate), accumulate
+    return _fastest_accumulate(rows, mode, k, global_batch, unit, valid[:_MAX_ACCUMULATE_TRIALS])
+
+
+def _split_step(rows: _Rows, mode: str, q: int) -> np.ndarray:
+    """Per-rank units of one step of ``q`` (uniform: per rank; else in all) units."""
     if mode == "uniform":
-        return np.full(n, q, dtype=np.int64), accumulate
+        return np.full(len(rows.ranks), q, dtype=np.int64)
     if mode == "max":
         # Memory-proportional: minimise the largest fill share u/cap (time model t0 = 0, s = 1/cap).
         fill = _Rows(ranks=rows.ranks, row=rows.row, t0=np.zeros_like(rows.cap), s=1.0 / rows.cap,
-                     cap=rows.cap, weight=rows.weight, lo=lo)
-        return _min_max_time(fill, q), accumulate
-    return _min_max_time(rows, q), accumulate
+                     cap=rows.cap, weight=rows.weight, lo=rows.lo)
+        return _min_max_time(fill, q)
+    return _min_max_time(rows, q)
+
+
+def _relaxed_step_time(rows: _Rows, units: float) -> float:
+    """A lower bound on the step time of any split of ``units`` units: the smallest T at which the continuous
+    relaxation (fractional units, each rank within [lo, cap]) holds them, by bisection."""
+    lo_t = float(np.max(rows.t0 + rows.s * rows.lo))
+    hi_t = float(np.max(rows.t0 + rows.s * rows.cap))
+    if rows.relaxed_at(lo_t)[0] >= units:
+        return lo_t
+    for _ in range(60):  # halves (hi - lo) each time: far below float resolution of a step time
+        mid = 0.5 * (lo_t + hi_t)
+        if rows.relaxed_at(mid)[0] >= units:
+            hi_t = mid
+        else:
+            lo_t = mid
+    return lo_t
+
+
+def _fastest_accumulate(rows: _Rows, mode: str, k: int, global_batch: int, unit: int,
+                        valid: list[int]) -> tuple[np.ndarray, int]:
+    """The split and accumulation with the least time per global batch (a · step time) among ``valid``.
+
+    Each a is bounded below by a · (relaxed step time of its step batch); candidates are solved in order of
+    that bound until the bound reaches the best time found, so usually only one or two are solved exactly.
+    Ties (within 1e-9) go to the smaller accumulation."""
+    bounds = sorted((a * _relaxed_step_time(rows, global_batch // a // k), a) for a in valid)
+    best: tuple[float, int, np.ndarray] | None = None
+    for bound, a in bounds:
+        if best is not None and bound > best[0] * (1.0 + 1e-9):
+            break
+        units = _split_step(rows, mode, global_batch // unit // a)
+        total_s = a * float(np.max(rows.t0[rows.row] + rows.s[rows.row] * units))
+        if best is None or total_s < best[0] * (1.0 - 1e-9) or (total_s <= best[0] * (1.0 + 1e-9) and a < best[1]):
+            best = (total_s, a, units)
+    assert best is not None
+    return best[2], best[1]
 
 
 def _step_bounds(rows: _Rows, mode: str, k: int) -> tuple[int, int, int]:
@@ -498,11 +549,33 @@ def allocate(
     bound = float(np.sum(cap_r / (t0[included] + t1[included] * cap_r)))
     idle = np.where(included, 1.0 - rank_time / step_time, 0.0)
 
-    alternatives, advice = _advise(rows, t0, t1, k, mode, global_batch, labels,
-                                   _Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
+    alternatives, advice, notes = _advise(rows, t0, t1, k, mode, global_batch, labels,
+                                          _Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
+    efficiency = min(1.0, throughput / bound) if bound > 0 else 0.0
+    notes.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r))
     return Allocation(
         batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
         step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
         rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
-        balance_efficiency=min(1.0, throughput / bound) if bound > 0 else 0.0, idle_fraction=idle,
-        mode=mode, advice=tuple(advice), alternatives=alternatives)
+        balance_efficiency=efficiency, idle_fraction=idle,
+        mode=mode, advice=tuple(advice), notes=tuple(notes), alternatives=alternatives)
+
+
+#: idle shares below this count as "no rank waits" for the efficiency note (what a table shows as 0%)
+_NO_IDLE = 0.005
+#: efficiencies from here up need no explanation (the design goal for a balanced plan is 0.95)
+_EXPLAIN_EFFICIENCY_BELOW = 0.95
+
+
+def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray) -> list[str]:
+    """Why the balance efficiency is below 1 when no rank waits: the ranks run below their caps, where the
+    fixed part of a step (t0) weighs more per sample than at the cap the bound assumes."""
+    if efficiency >= _EXPLAIN_EFFICIENCY_BELOW or len(idle) == 0 or float(idle.max()) >= _NO_IDLE:
+        return []
+    below = batches < caps
+    if not below.any():
+        return []
+    share = float(np.mean(batches[below] / caps[below]))
+    return [f"balance efficiency {efficiency:.2f} with no rank waiting: the ranks run below their caps (on "
+            f"average at {share:.0%} of the cap), where the fixed cost of a step weighs more per sample; the "
+            "bound (1.00) is every GPU running alone at its cap"]

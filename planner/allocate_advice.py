@@ -1,9 +1,12 @@
 """The advice of an allocation: the options ``allocate`` compares and the sentences it says about them.
 
-Options (``Allocation.alternatives``): the three modes, up to ``_ACCUMULATE_LOOKAHEAD`` larger
-accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
+Options (``Allocation.alternatives``): the three modes (each at its fastest accumulation), the fastest
+groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
 group alone, all at the same global batch when one is given; each is solved with ``planner.allocate``'s
-solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%).
+solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%). Sentences are
+advice (warnings: another choice would be faster) or notes (the comparison with plain DDP, an option that
+could not be compared and why, what the balance efficiency means): the plan never advises against its own
+choice of accumulation, which is already the fastest.
 
 Pure numpy: no torch, no Ray.
 """
@@ -14,14 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.allocate import ADVICE_MIN_SPEEDUP, MODES, _Rows, _split, _valid_accumulates
+from planner.allocate import ADVICE_MIN_SPEEDUP, MODES, _Rows, _split
 from planner.errors import InfeasiblePlanError
 
 # Branch and bound stops within 1% of the optimum for the options the advice compares (it speaks only
 # above 5%); the plan itself is solved to 0.1% (``planner.allocate._THROUGHPUT_TOLERANCE``).
 _ADVICE_TOLERANCE = 1e-2
-# With a global batch, the advice also tries this many larger accumulations than the plan's smallest one.
-_ACCUMULATE_LOOKAHEAD = 4
 # Group advice (drop the slowest groups, keep one) costs two solves per group: at most this many groups.
 # Default groups are identical (cap, t0, t1); with more of them than this, identical (t0, t1).
 _MAX_ADVICE_GROUPS = 32
@@ -79,12 +80,25 @@ def _versus(new: _Option, cur: _Option, global_batch: int | None) -> str:
     return f"{new.global_time_s:.4g} s vs {cur.global_time_s:.4g} s per global batch of {global_batch}"
 
 
-def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            labels: np.ndarray | None, current: _Option) -> tuple[dict[str, float], list[str]]:
-    """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
-    options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
-    alternatives = {m: o.throughput for m, o in options.items() if o is not None}
+def _uniform_missing(rows: _Rows, k: int, global_batch: int | None) -> str:
+    """Why plain DDP (``uniform``) has no option to compare: one sentence with the numbers."""
+    n = len(rows.ranks)
+    smallest = int(rows.cap.min()) * k
+    if global_batch is not None and global_batch % (n * k):
+        below, above = global_batch // (n * k) * n * k, (global_batch // (n * k) + 1) * n * k
+        near = f"{below} or {above}" if below else f"{above}"
+        return (f"'uniform' (plain DDP) is not compared: global batch {global_batch} does not split into {n} "
+                f"equal per-rank batches{f' of multiples of {k}' if k > 1 else ''} (a multiple of {n * k} "
+                f"would, e.g. {near})")
+    return (f"'uniform' (plain DDP) is not compared: no accumulation splits global batch {global_batch} into "
+            f"{n} equal per-rank batches of at most {smallest} (the smallest cap)")
+
+
+def _mode_sentences(options: dict[str, _Option | None], mode: str, rows: _Rows, k: int,
+                    global_batch: int | None, current: _Option) -> tuple[list[str], list[str]]:
+    """(advice, notes) on the modes: another mode faster, or how much faster this one is than plain DDP."""
     advice: list[str] = []
+    notes: list[str] = []
     best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
     gain = options[best_mode].throughput / current.throughput
     if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
@@ -93,21 +107,19 @@ def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, glob
     elif mode != "uniform" and options["uniform"] is not None:
         over = current.throughput / options["uniform"].throughput
         if over >= ADVICE_MIN_SPEEDUP:
-            advice.append(f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
-                          f"{int(options['uniform'].batches[0])}): {_versus(current, options['uniform'], global_batch)}")
+            notes.append(f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
+                         f"{int(options['uniform'].batches[0])}): {_versus(current, options['uniform'], global_batch)}")
+    if options["uniform"] is None:
+        notes.append(_uniform_missing(rows, k, global_batch))
+    return advice, notes
 
-    if global_batch is not None and mode != "uniform":
-        # The smallest accumulate is the plan's rule, but fewer, bigger steps are not always faster: when
-        # the fast ranks are full, a larger accumulate can balance better. Look a few steps further.
-        tried = [_option(rows, t0, t1, k, mode, global_batch, a)
-                 for a in _valid_accumulates(rows, mode, k, global_batch)[1:1 + _ACCUMULATE_LOOKAHEAD]]
-        better = max((o for o in tried if o is not None), key=lambda o: o.throughput, default=None)
-        if better is not None and better.throughput / current.throughput >= ADVICE_MIN_SPEEDUP:
-            alternatives["best_accumulate"] = better.throughput
-            step = global_batch // better.accumulate
-            advice.append(f"accumulate {better.accumulate} (steps of {step}) would be "
-                          f"{better.throughput / current.throughput:.2f}× faster than accumulate "
-                          f"{current.accumulate} ({_versus(better, current, global_batch)})")
+
+def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+            labels: np.ndarray | None, current: _Option) -> tuple[dict[str, float], list[str], list[str]]:
+    """Alternatives (throughput per option), advice sentences and notes; O(groups · N log N)."""
+    options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
+    alternatives = {m: o.throughput for m, o in options.items() if o is not None}
+    advice, notes = _mode_sentences(options, mode, rows, k, global_batch, current)
 
     ranks = rows.ranks
     if labels is None:
@@ -120,11 +132,11 @@ def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, glob
         names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
     num_groups = int(gid.max()) + 1
     if num_groups > _MAX_ADVICE_GROUPS:
-        advice.append(f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
-                      f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them")
-        return alternatives, advice
+        notes.append(f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
+                     f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them")
+        return alternatives, advice, notes
     if num_groups < 2:
-        return alternatives, advice
+        return alternatives, advice, notes
     # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
     cap_b = rows.cap[rows.row] * k
     rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
@@ -154,4 +166,4 @@ def _advise(rows: _Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, glob
         if gain >= ADVICE_MIN_SPEEDUP and said_prefix != set(best_single[0].tolist()):
             advice.append(f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
                           f"faster ({_versus(best_single[1], current, global_batch)})")
-    return alternatives, advice
+    return alternatives, advice, notes

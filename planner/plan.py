@@ -101,7 +101,7 @@ def build_plan(
         global_batch=job.global_batch,
         multiple_of=job.multiple_of,
         min_batch=job.min_batch,
-        groups=[s.profile for s in slots],
+        groups=[s.gpu for s in slots],  # advice names GPU types, never profile keys
     )
     all_excluded = [e.to_json() for e in excluded]
     for index, reason in sorted(allocation.excluded_reasons.items()):
@@ -200,6 +200,7 @@ def build_plan(
         "excluded": all_excluded,
         "profiles": {key: profiles[key].to_json() for key in sorted(used_profiles)},
         "warnings": all_warnings,
+        "notes": list(allocation.notes),
     }
     plan.update(extra or {})
     return plan

@@ -46,11 +46,12 @@ def render_plan(plan: dict) -> None:
         for e in plan["excluded"]:
             where = e["node"] if e.get("device_index") is None else f"{e['node']} GPU {e['device_index']} ({e['gpu']})"
             echo(f"  {where}: {e['reason']}")
-    if plan["warnings"]:
-        echo()
-        echo("warnings:")
-        for w in plan["warnings"]:
-            echo(f"  - {w}")
+    for title, lines in (("notes", plan.get("notes") or []), ("warnings", plan["warnings"])):
+        if lines:
+            echo()
+            echo(f"{title}:")
+            for line in lines:
+                echo(f"  - {line}")
 
 
 def env_lines(plan: dict) -> list[str]:
