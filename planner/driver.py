@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from planner.busy import busy_summary, is_shared, is_threshold_breach, speed_factor
 from planner.cluster import ClusterSpec
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
@@ -399,6 +400,17 @@ def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlo
     return warnings
 
 
+def _shared_gpus_line(job: JobSpec, inventories: Sequence[NodeInventory], slots: Sequence[RankSlot]) -> str | None:
+    """What the busy-GPU policy did (planner.busy): the shared GPUs skipped and those derated."""
+    by_node = {inv.name: inv for inv in inventories}
+    skipped = [(inv.name, inv.device(i), reason) for inv in inventories for i, reason in inv.selection.skipped
+               if is_threshold_breach(reason) and is_shared(inv.device(i))]
+    derated = [(s.node, by_node[s.node].device(s.device_index), s.memory_budget_bytes) for s in slots
+               if is_shared(by_node[s.node].device(s.device_index))]
+    return busy_summary(skipped, derated, min_free_memory_fraction=job.min_free_memory_fraction,
+                        max_utilization_fraction=job.max_utilization_fraction)
+
+
 def run_plan(
     job: JobSpec,
     backend: Backend,
@@ -501,7 +513,8 @@ def run_plan(
                                                reason="its GPU type could not be profiled (see warnings)"))
                 continue
             stats = inventory.device(index)
-            # budget = fraction × available; a fresh training process has the driver-free memory available
+            # budget = fraction × available; a fresh training process has the driver-free memory available,
+            # and other processes' work leaves it a share of the GPU's time (planner.busy)
             slots.append(
                 RankSlot(
                     node=inventory.name,
@@ -511,12 +524,16 @@ def run_plan(
                     memory_budget_bytes=int(job.fraction * stats.memory_free_bytes),
                     total_memory_bytes=stats.memory_total_bytes,
                     visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
+                    speed_factor=speed_factor(stats),
                 )
             )
     for node in dead_nodes:
         if not any(e.node == node for e in excluded):
             excluded.append(ExcludedDevice(node=node, device_index=None, gpu=None, reason=f"probe failed: {failed_nodes.get(node)}"))
     warnings.extend(_host_warnings(inventories, slots, options.workers_per_rank))
+    shared = _shared_gpus_line(job, inventories, slots)
+    if shared:
+        warnings.append(shared)
     on_event(Event(stage="allocate", status="start", item=f"{len(slots)} devices"))
     node_addresses = {inv.name: inv.host.hostname for inv in inventories if not inv.simulated}
     try:

@@ -30,6 +30,12 @@ _FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utiliz
 
 #: Ultralytics' default share of available memory AutoBatch aims for (autobatch.py, fraction=0.60)
 DEFAULT_FRACTION = 0.60
+#: a GPU with less free memory than this share is someone else's: the seed's idle criterion
+#: (Ultralytics ``select_device`` → ``GPUInfo.select_idle_gpu(min_memory_fraction=0.2)``); planner.busy
+DEFAULT_MIN_FREE_MEMORY_FRACTION = 0.2
+#: a GPU busier than this leaves a new job at most half of it, and every DDP step waits for that rank
+#: (planner.busy derates the GPUs kept by their utilisation)
+DEFAULT_MAX_UTILIZATION_FRACTION = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,10 +68,10 @@ class JobSpec:
     """how profiles are made: measure on a real GPU, estimate on fake tensors, or auto (measure where possible)"""
     gpus: str = "all"
     """per node: ``all``, ``-1,-1`` (that many most idle GPUs) or explicit indices ``0,2``"""
-    min_free_memory_fraction: float = 0.0
+    min_free_memory_fraction: float = DEFAULT_MIN_FREE_MEMORY_FRACTION
     """a GPU with less free memory than this share of its total is skipped as busy"""
-    max_utilization_fraction: float = 1.0
-    """a GPU busier than this utilisation is skipped"""
+    max_utilization_fraction: float = DEFAULT_MAX_UTILIZATION_FRACTION
+    """a GPU busier than this utilisation is skipped (the GPUs kept are derated by theirs: planner.busy)"""
     fit: FitKind = "affine"
     """memory curve model"""
 

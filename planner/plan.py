@@ -46,6 +46,14 @@ class RankSlot:
     """the device's total memory"""
     visible_id: str = ""
     """what CUDA_VISIBLE_DEVICES should name for it (UUID on real nodes; the index otherwise)"""
+    speed_factor: float = 1.0
+    """share of the profiled speed a rank gets here, in (0, 1]: below 1 on a GPU other work keeps busy
+    (``planner.busy``); its step time is the profile's divided by this"""
+
+    @property
+    def group(self) -> str:
+        """How sentences name this device's kind: the GPU type, with its speed when it is shared."""
+        return self.gpu if self.speed_factor >= 1.0 else f"{self.gpu} at {self.speed_factor:.0%} speed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,13 +103,13 @@ def build_plan(
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
     allocation = allocate(
         caps,
-        [profiles[s.profile].time_fit.intercept_s for s in slots],
-        [profiles[s.profile].time_fit.s_per_sample for s in slots],
+        [profiles[s.profile].time_fit.intercept_s / s.speed_factor for s in slots],
+        [profiles[s.profile].time_fit.s_per_sample / s.speed_factor for s in slots],
         mode=job.mode,
         global_batch=job.global_batch,
         multiple_of=job.multiple_of,
         min_batch=job.min_batch,
-        groups=[s.gpu for s in slots],  # advice names GPU types, never profile keys
+        groups=[s.group for s in slots],  # advice names GPU types, never profile keys
     )
     all_excluded = [e.to_json() for e in excluded]
     for index, reason in sorted(allocation.excluded_reasons.items()):
@@ -139,8 +147,9 @@ def build_plan(
                 "predicted_memory_bytes": profile.memory_bytes(batch),
                 "memory_budget_bytes": int(slot.memory_budget_bytes),
                 "total_memory_bytes": int(slot.total_memory_bytes),
-                "predicted_step_time_s": profile.step_time_s(batch),
+                "predicted_step_time_s": profile.step_time_s(batch) / slot.speed_factor,
                 "idle_fraction": float(allocation.idle_fraction[i]),
+                "speed_factor": float(slot.speed_factor),
             }
         )
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planner.busy import is_threshold_breach
 from planner.probe import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
 
-#: reasons ``torchkit.gpu_select.select_gpus`` gives for skipping a GPU that is idle enough, only not picked
-_NOT_A_THRESHOLD_BREACH = ("not requested", "less idle than the GPUs picked", "not used: selection")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +100,7 @@ def run_checks(
         f"{inv.name} GPU {index}: {reason}"
         for inv in inventories
         for index, reason in inv.selection.skipped
-        if not reason.startswith(_NOT_A_THRESHOLD_BREACH)
+        if is_threshold_breach(reason)
     ]
     checks.append(
         Check(
@@ -111,6 +110,10 @@ def run_checks(
         )
     )
     checks.append(_versions_check(inventories))
+    shared = [w for w in (plan or {}).get("warnings", []) if w.startswith("shared GPUs:")]
+    if shared:
+        # a warning, not a failure: the plan already expects less of them (planner.busy)
+        checks.append(Check(name="shared_gpus", ok=True, detail=f"warning: {shared[0]}"))
 
     if plan is None:
         checks.append(Check(name="plan_feasible", ok=False, detail=plan_error or "no plan"))

@@ -11,6 +11,8 @@ from pathlib import Path
 from planner.job import (
     AMP_CHOICES,
     DEFAULT_FRACTION,
+    DEFAULT_MAX_UTILIZATION_FRACTION,
+    DEFAULT_MIN_FREE_MEMORY_FRACTION,
     FIT_KINDS,
     METHODS,
     MODES,
@@ -40,9 +42,12 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
     g.add_argument("--method", choices=METHODS, default="auto", help="profile by measuring, estimating, or auto")
     g.add_argument("--fit", choices=FIT_KINDS, default="affine", help="memory curve model (default affine)")
     g.add_argument("--gpus", default="all", help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2")
-    g.add_argument("--min-memory-fraction", type=float, default=0.0,
-                   help="skip GPUs with less free memory than this share of their total")
-    g.add_argument("--max-utilization", type=float, default=1.0, help="skip GPUs busier than this utilisation (0-1)")
+    g.add_argument("--min-memory-fraction", type=float, default=DEFAULT_MIN_FREE_MEMORY_FRACTION,
+                   help="skip GPUs with less free memory than this share of their total "
+                   f"(default {DEFAULT_MIN_FREE_MEMORY_FRACTION}; 0 keeps them)")
+    g.add_argument("--max-utilization", type=float, default=DEFAULT_MAX_UTILIZATION_FRACTION,
+                   help=f"skip GPUs busier than this utilisation, 0-1 (default {DEFAULT_MAX_UTILIZATION_FRACTION}); "
+                   "the GPUs kept are planned at (1 - utilisation) of their speed")
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec:

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print_json({"schema": SCHEMA, "ok": ok, "checks": [c.to_json() for c in checks], "plan": plan})
     else:
         for check in checks:
-            echo(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+            status = "FAIL" if not check.ok else "warn" if check.detail.startswith("warning: ") else "ok  "
+            echo(f"{status}  {check.name}: {check.detail.removeprefix('warning: ')}")
         echo("preflight: " + ("go" if ok else "no-go"))
     return 0 if ok else 1
