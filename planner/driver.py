@@ -123,6 +123,9 @@ class Backend(Protocol):
     def probing_metadata(self) -> dict:
         ...
 
+    def num_probes(self) -> int:
+        """How many nodes (probes, for a real cluster) will answer: what the progress line counts."""
+
 
 # ---------------------------------------------------------------------------------------------------------
 # backends
@@ -163,6 +166,9 @@ class LocalBackend:
 
     def probing_metadata(self) -> dict:
         return {"backend": "local", "simulated": True, "probe_processes": 1}
+
+    def num_probes(self) -> int:
+        return len(self.cluster.nodes)
 
 
 class RayBackend:
@@ -318,6 +324,9 @@ class RayBackend:
         self._fail(group_id, reason)
         raise ProbeFailure(node, reason)
 
+    def num_probes(self) -> int:
+        return sum(len(nodes) or 1 for nodes in self.group_nodes.values())
+
     def probing_metadata(self) -> dict:
         return {
             "backend": "ray",
@@ -430,7 +439,8 @@ def run_plan(
     """
     timings = dict(timings_s or {})
     start = time.monotonic()
-    on_event(Event(stage="probe", status="start", item=f"{len(expected_nodes) or '?'} nodes"))
+    count = len(expected_nodes) or backend.num_probes()
+    on_event(Event(stage="probe", status="start", item=f"{count} node{'s' if count != 1 else ''}"))
     inventories, failed_nodes = backend.inventories(
         job.gpus, job.min_free_memory_fraction, job.max_utilization_fraction
     )

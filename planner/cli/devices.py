@@ -143,10 +143,10 @@ def render_nodes(nodes: Sequence[dict[str, Any]], *, select: str, explicit: bool
         if number:
             echo()
         host = node["host"]
-        line = (
-            f"{node['name']}: {host['cpu']}, {host['cpu_count']} CPUs, "
-            f"{format_gib(host['memory_total_bytes'])} GiB memory"
-        )
+        cpus = "CPU count unknown" if host["cpu_count"] is None else f"{host['cpu_count']} CPUs"
+        memory = ("memory unknown" if host["memory_total_bytes"] is None
+                  else f"{format_gib(host['memory_total_bytes'])} GiB memory")
+        line = f"{node['name']}: {host['cpu']}, {cpus}, {memory}"
         driver = node["driver"]
         if driver:
             line += f"; NVIDIA driver {driver['driver_version'] or '?'}, CUDA {driver['cuda_driver_version'] or '?'}"

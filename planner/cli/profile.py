@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpu", metavar="TYPE", help="catalog GPU type, e.g. T4 or A100-SXM4-80GB")
     where.add_argument("--device", metavar="SPEC", help="local CUDA device: 0, cuda:1, or -1 for the most idle")
-    add_job_options(p)
+    add_job_options(p, planning=False)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the memory curve (needs matplotlib)")
     p.add_argument("--cluster", metavar="FILE", help="cluster config whose gpu_types extend the catalog")

@@ -76,3 +76,20 @@ def test_plan_of_a_config_starts_its_own_cluster_beside_the_running_one(running_
     assert "found a running Ray cluster" not in result.stderr
     assert running_ray.address_file.read_text() == before  # `ray status` still finds the user's cluster
     assert _still_up(running_ray)
+
+
+def test_progress_over_ray_counts_the_nodes_and_says_what_profiling_does(running_ray: RunningRay,
+                                                                         tmp_path: Path) -> None:
+    # --address: the nodes are whatever answers, and the progress line counts the probes it starts
+    joined = run_cli("preflight", "--address", running_ray.address, *TINY_MODEL, "--cache-dir", tmp_path / "cache",
+                     cwd=tmp_path, timeout=300)
+    assert joined.returncode == 1, describe(joined)  # no GPU on the running cluster: gpus_present fails
+    assert "probing 1 node\n" in joined.stderr and "probing ?" not in joined.stderr, describe(joined)
+    assert "Overwriting previous Ray address" not in joined.stderr + joined.stdout
+    # a simulated cluster, cold cache: each GPU type is estimated in one probe, and the line says so
+    simulated = run_cli("preflight", "--cluster", DEMO_MIXED, *TINY_MODEL, "--cache-dir", tmp_path / "cache",
+                        cwd=tmp_path, env=running_ray.env(), timeout=300)
+    assert simulated.returncode in (0, 1), describe(simulated)
+    assert "estimating T4 on fake tensors (in the probe on node-a100)" in simulated.stderr, describe(simulated)
+    assert "(estimate) on" not in simulated.stderr
+    assert "Overwriting previous Ray address" not in simulated.stderr + simulated.stdout
