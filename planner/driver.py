@@ -28,8 +28,9 @@ from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan import ExcludedDevice, RankSlot, build_plan
 from planner.probe import NodeInventory, simulated_inventory
-from planner.profile import DeviceProfile, profile_key
+from planner.profile import DeviceProfile
 from planner.profile_cache import ProfileCache
+from planner.profiling import job_profile_key, workload_key
 from torchkit.catalog import GpuCatalog
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,17 @@ class LocalBackend:
         return len(self.cluster.nodes)
 
 
+def probe_env(model: str) -> dict[str, str]:
+    """Environment variables a probe process needs (``planner.probe.PROBE_ENV_VARS``; for a user factory
+    also this process's cwd on PYTHONPATH, so that the factory imports in the probe)."""
+    from planner.probe import PROBE_ENV_VARS
+
+    env_vars = dict(PROBE_ENV_VARS)
+    if ":" in model:
+        env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    return env_vars
+
+
 class RayBackend:
     """One NodeProbe actor per node (per raylet group for large simulated clusters), hard-pinned."""
 
@@ -187,16 +199,16 @@ class RayBackend:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from planner.probe import PROBE_ENV_VARS, NodeProbe
+        from planner.probe import NodeProbe
         from planner.ray_session import deal_round_robin
 
         self._ray = ray
         self.options = options
         self.on_event = on_event
         self.run_id = uuid.uuid4().hex[:8]
-        env_vars = dict(PROBE_ENV_VARS)
-        if ":" in model:  # a user factory must be importable in the probe: add this process's cwd
-            env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+        env_vars = probe_env(model)
+        # a cluster started here gave its workers these already: no runtime_env, so idle workers are reused
+        runtime_env = {} if session.worker_env == env_vars else {"runtime_env": {"env_vars": env_vars}}
         remote_probe = ray.remote(NodeProbe)
 
         # group -> (ray node, simulated node specs or None for a real node)
@@ -228,7 +240,7 @@ class RayBackend:
                 num_cpus=0,
                 max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node.node_id, soft=False),
-                runtime_env={"env_vars": env_vars},
+                **runtime_env,
             ).remote(sim_nodes, catalog)
             self.group_nodes[group_id] = [n.name for n in sim_nodes] if sim_nodes else []
         self.dead_groups: dict[str, str] = {}
@@ -328,12 +340,15 @@ class RayBackend:
         return sum(len(nodes) or 1 for nodes in self.group_nodes.values())
 
     def probing_metadata(self) -> dict:
+        live = [actor for group, actor in self.actors.items() if group not in self.dead_groups]
+        answers, _ = self._wait({i: actor.torch_imported.remote() for i, actor in enumerate(live)}, timeout_s=10.0)
         return {
             "backend": "ray",
             "simulated": self.simulated,
             "raylets": self.num_raylets,
             "probe_processes": len(self.actors),
             "shared_probes": any(len(nodes) > 1 for nodes in self.group_nodes.values()),
+            "probes_imported_torch": sum(1 for imported in answers.values() if imported is True),
         }
 
 
@@ -365,11 +380,7 @@ def _profile_requests(
             method = "measure" if measure else "estimate"
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
-            gpu = catalog.get(gpu_type)
-            key = profile_key(
-                fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer,
-                gpu_type, method, job.fit, torch_version,
-            )
+            key = job_profile_key(job, catalog.get(gpu_type), method, (fingerprint, torch_version))
             device_keys[(inventory.name, index)] = key
             if key not in requests:
                 requests[key] = ProfileRequest(
@@ -380,16 +391,6 @@ def _profile_requests(
                     device_index=index if method == "measure" else None,
                 )
     return requests, device_keys, excluded
-
-
-def _fingerprint(job: JobSpec) -> tuple[str, str]:
-    """Content fingerprint of the job's model and input, and the torch version (both part of cache keys)."""
-    import torch
-
-    from planner.profiling import workload_for
-    from torchkit.workloads import workload_fingerprint
-
-    return workload_fingerprint(workload_for(job)), torch.__version__
 
 
 def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlot], workers_per_rank: int) -> list[str]:
@@ -464,7 +465,10 @@ def run_plan(
 
     start = time.monotonic()
     any_selected = any(inv.selection.selected for inv in inventories)
-    fingerprint, torch_version = _fingerprint(job) if any_selected else ("", "")
+    if any_selected:
+        fingerprint, torch_version = workload_key(job)
+    else:
+        fingerprint, torch_version = "", ""
     requests, device_keys, unknown = _profile_requests(job, inventories, catalog, fingerprint, torch_version)
     excluded.extend(unknown)
     profiles: dict[str, DeviceProfile] = {}
@@ -614,16 +618,15 @@ def plan_with_ray(
         address=address if cluster is None else None,
         num_simulated_nodes=len(cluster.nodes) if cluster is not None else 0,
         raylet_cap=raylet_cap,
+        worker_env=probe_env(job.model),
     ) as session:
         backend = RayBackend(session, catalog, cluster=cluster, options=options, on_event=on_event, model=job.model)
         timings = {"ray_start_s": time.monotonic() - start}
         on_event(Event(stage="ray", status="done", detail={"raylets": len(session.nodes)}))
-        extra = []
         if cluster is not None and len(backend.actors) < len(cluster.nodes):
-            extra.append(
-                f"{len(cluster.nodes)} simulated nodes share {len(backend.actors)} probe processes on "
-                f"{len(session.nodes)} raylets (raylet cap; BATCHPLAN_RAYLET_CAP)"
-            )
+            # run metadata, not part of the plan (the same whatever the raylets): said with the progress
+            log.info("%d simulated nodes share %d probe process(es) on %d raylet(s) (--raylet-cap; "
+                     "BATCHPLAN_RAYLET_CAP)", len(cluster.nodes), len(backend.actors), len(session.nodes))
         return run_plan(
             job,
             backend,
@@ -632,6 +635,5 @@ def plan_with_ray(
             on_event=on_event,
             expected_nodes=[n.name for n in cluster.nodes] if cluster is not None else (),
             timings_s=timings,
-            extra_warnings=extra,
             allow_infeasible=allow_infeasible,
         )

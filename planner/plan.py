@@ -74,6 +74,7 @@ def build_plan(
     *,
     excluded: Sequence[ExcludedDevice] = (),
     warnings: Sequence[str] = (),
+    notes: Sequence[str] = (),
     node_addresses: Mapping[str, str] | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
     script: str = "train.py",
@@ -85,6 +86,7 @@ def build_plan(
         slots: candidate devices in node order (the order nodes will get ``--node-rank``).
         profiles: every profile a slot names.
         excluded: devices already left out upstream (busy, probe failed), with reasons.
+        warnings, notes: said upstream; the plan adds its own after them.
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
         extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
 
@@ -209,7 +211,7 @@ def build_plan(
         "excluded": all_excluded,
         "profiles": {key: profiles[key].to_json() for key in sorted(used_profiles)},
         "warnings": all_warnings,
-        "notes": list(allocation.notes),
+        "notes": [*notes, *allocation.notes],
     }
     plan.update(extra or {})
     return plan

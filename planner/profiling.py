@@ -36,6 +36,45 @@ def workload_for(job: JobSpec):
     return get_workload(job.model, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len)
 
 
+def workload_key(job: JobSpec) -> tuple[str, str]:
+    """``(workload fingerprint, torch version)``: the parts of a profile key that name the model and the torch
+    that traces it.
+
+    A built-in workload is defined by its name, its input options and the source of ``torchkit.workloads``:
+    those are hashed, so a cache hit costs no torch import and no model build (the warm path of ``plan``).
+    A user factory (``package.module:factory``) can depend on anything it imports: its model is built on fake
+    tensors and fingerprinted (``torchkit.workloads.workload_fingerprint``).
+    """
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    if ":" in job.model:
+        import torch
+
+        from torchkit.workloads import workload_fingerprint
+
+        return workload_fingerprint(workload_for(job)), torch.__version__
+    # the name is checked where the model is built (a probe, on a cache miss); an unknown one has no profile
+    spec = importlib.util.find_spec("torchkit.workloads")  # the package's files, without importing it (torch)
+    sources = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.py"))
+    digest = hashlib.sha256(repr((job.model, job.imgsz, job.input_shape, job.seq_len)).encode())
+    for source in sources:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return f"src-{digest.hexdigest()[:16]}", importlib.metadata.version("torch")
+
+
+def job_profile_key(job: JobSpec, gpu: GpuSpec, method: str, workload: tuple[str, str]) -> str:
+    """The cache key of the job's profile on ``gpu`` made by ``method``; ``workload`` is ``workload_key(job)``
+    (computed once per job). The planner, ``batchplan profile`` and the in-job autobatch share it."""
+    from planner.profile import profile_key
+
+    fingerprint, torch_version = workload
+    return profile_key(fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer,
+                       gpu.name, method, job.fit, torch_version)
+
+
 def resolve_method(method: str, device_index: int | None) -> str:
     """``auto`` → ``measure`` when this process can use a CUDA GPU at ``device_index``, else ``estimate``."""
     if method != "auto":

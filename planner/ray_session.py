@@ -3,8 +3,9 @@ embedded single-node Ray (neither).
 
 A simulated cluster runs one raylet per simulated node, every raylet on 127.0.0.1 with the dashboard off
 (Ray has no authentication of its own: CVE-2023-48022). Every Ray worker that imports torch costs a few
-hundred MiB, so past ``raylet_cap`` raylets (default 8; ``BATCHPLAN_RAYLET_CAP``) simulated nodes share
-raylets: nodes are dealt round-robin onto the raylets, and one probe process answers for each group. A
+hundred MiB and each raylet seconds of start-up, so past ``raylet_cap`` raylets (default 1, see
+``DEFAULT_RAYLET_CAP``; ``--raylet-cap``, ``BATCHPLAN_RAYLET_CAP``) simulated nodes share raylets: nodes are
+dealt round-robin onto the raylets, and one probe process answers for each group. A
 real cluster always gets one probe per node.
 
 A Ray cluster already running on this machine (a user's ``ray start --head``, found as ``ray.init()`` finds
@@ -29,7 +30,11 @@ from planner.errors import ClusterUnreachableError, ConfigError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RAYLET_CAP = 8
+#: raylets of a simulated cluster by default: planning needs one probe per node, not one raylet (a probe
+#: process answers for the simulated nodes dealt to its raylet, and the plan is the same however many there
+#: are), while each raylet with its agents and idle worker costs seconds of CPU to start on a small machine.
+#: ``--raylet-cap``/``BATCHPLAN_RAYLET_CAP`` raise it for a one-raylet-per-node run (memory bounds it near 8).
+DEFAULT_RAYLET_CAP = 1
 #: object store per simulated raylet: probes exchange kilobytes, so the 150 MiB Cluster default is plenty
 SIMULATED_OBJECT_STORE_BYTES = 80 * 2**20
 LOOPBACK = "127.0.0.1"
@@ -174,6 +179,10 @@ class RaySession:
     started_here: bool
     """whether this session started the Ray processes (and will stop them)"""
     nodes: list[RayNode] = field(default_factory=list)
+    worker_env: dict[str, str] = field(default_factory=dict)
+    """environment variables every Ray worker of this session already has (set before a cluster started
+    here spawned its raylets): actors need no ``runtime_env`` for them, so they reuse the idle workers Ray
+    starts with each raylet instead of starting new ones"""
 
     def gpu_nodes(self) -> list[RayNode]:
         """Nodes that report GPUs (a real cluster's CPU-only head is not probed)."""
@@ -201,9 +210,31 @@ def _init_kwargs() -> dict:
     return {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": False}
 
 
+#: a cluster started here runs for one plan: no autoscaler monitor (its size is fixed), no log monitor
+#: (workers' logs are not streamed to the driver: log_to_driver is off), no usage-stats reporting. Each is a
+#: Python process importing Ray, seconds of CPU on a small machine.
+_TRIMMED_HEAD_ARGS = {"no_monitor": True, "include_log_monitor": False}
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in this process (inherited by the Ray processes it starts), restored afterwards."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @contextlib.contextmanager
 def ray_session(
-    *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None
+    *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None,
+    worker_env: dict[str, str] | None = None,
 ) -> Iterator[RaySession]:
     """Yield a connected :class:`RaySession`.
 
@@ -213,7 +244,9 @@ def ray_session(
             (ignored with ``address``). If this process is already connected to Ray (a test fixture, a
             notebook), that connection is used as it is. With neither (0 and no address), a Ray cluster
             already running here (:func:`running_local_cluster`) is joined, else an embedded one started.
-        raylet_cap: most raylets to start (default ``BATCHPLAN_RAYLET_CAP`` or 8).
+        raylet_cap: most raylets to start (default ``BATCHPLAN_RAYLET_CAP`` or ``DEFAULT_RAYLET_CAP``).
+        worker_env: environment the probes need; a cluster started here gets it in its workers'
+            environment from the start (``RaySession.worker_env``), a joined one does not.
 
     Raises:
         ClusterUnreachableError: ``address`` cannot be reached.
@@ -250,6 +283,7 @@ def ray_session(
     cap = raylet_cap or raylet_cap_from_env()
     num_raylets = max(1, min(num_simulated_nodes, cap))
     cluster = None
+    started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
     try:
         if num_simulated_nodes > 0:
             from ray.cluster_utils import Cluster
@@ -261,10 +295,10 @@ def ray_session(
                 "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
             }
             log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
-            with _own_cluster_only():
+            with _own_cluster_only(), _environment(started_env):
                 cluster = Cluster(
                     initialize_head=True,
-                    head_node_args={**common, "include_dashboard": False},
+                    head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
                     # stopped in the finally below (exceptions, Ctrl-C); Ray's exit hook would delete the
                     # user's address file, out of _own_cluster_only()
                     shutdown_at_exit=False,
@@ -275,7 +309,7 @@ def ray_session(
                 ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
         else:
             log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-            with _own_cluster_only():
+            with _own_cluster_only(), _environment(started_env):
                 ray.init(
                     address="local",  # a new instance: never a cluster found in RAY_ADDRESS or the address file
                     _node_ip_address=LOOPBACK,
@@ -283,7 +317,7 @@ def ray_session(
                     object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
                     **_init_kwargs(),
                 )
-        yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
+        yield RaySession(address="local", started_here=True, nodes=_alive_nodes(), worker_env=dict(worker_env or {}))
     finally:
         with contextlib.suppress(Exception):
             ray.shutdown()

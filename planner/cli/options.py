@@ -95,7 +95,8 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--cluster", metavar="FILE", help="simulated cluster config (YAML); Ray runs on 127.0.0.1")
     where.add_argument("--address", metavar="ADDR", help="join a running Ray cluster (auto, host:6379, ray://host:10001)")
     g.add_argument("--no-ray", action="store_true", help="with --cluster: probe the simulated nodes in this process")
-    g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 8)")
+    g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 1: one probe "
+                   "process answers for all nodes; up to about 8 gives each node its own)")
     g.add_argument("--probe-timeout", type=float, default=120.0, help="seconds a node's probe may take to answer")
     g.add_argument("--profile-timeout", type=float, default=900.0, help="seconds one profile may take")
     g.add_argument("--require-all-nodes", action="store_true", help="fail (exit 1) if any node cannot be probed")

@@ -26,6 +26,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the memory curve (needs matplotlib)")
     p.add_argument("--cluster", metavar="FILE", help="cluster config whose gpu_types extend the catalog")
+    p.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles, as plan)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
     p.set_defaults(func=run)
 
 
@@ -47,8 +49,26 @@ def _local_device(spec: str):
     return index, int(total), int(free), torch.cuda.get_device_name(index)
 
 
+def _cached_profile(args: argparse.Namespace, job, gpu, method: str, device_index: int | None):
+    """The profile from the cache ``plan`` shares, or made now (and cached)."""
+    from planner.profile_cache import ProfileCache
+    from planner.profiling import job_profile_key, make_profile, resolve_method, workload_key
+
+    cache = None if args.no_cache else ProfileCache(args.cache_dir)
+    resolved = resolve_method(method, device_index)
+    key = job_profile_key(job, gpu, resolved, workload_key(job))
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None:
+        note(f"profile of {job.model} on {gpu.name} ({resolved}) from the cache {cache.path_for(key)}")
+        return cached
+    note(f"{'estimating' if resolved == 'estimate' else 'measuring'} {job.model} on {gpu.name}")
+    profile = make_profile(job, gpu, method=method, device_index=device_index)
+    if cache is not None:
+        cache.put(key, profile)
+    return profile
+
+
 def run(args: argparse.Namespace) -> int:
-    from planner.profiling import make_profile
     from torchkit.catalog import load_catalog
 
     job = job_from_args(args)
@@ -78,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if gpu is None:
             raise ConfigError(f"local GPU '{name}' is not in the GPU catalog (add it with a cluster config's gpu_types:)")
         method = job.method
-    note(f"profiling {job.model} on {gpu.name} ({method})")
-    profile = make_profile(job, gpu, method=method, device_index=device_index)
+    profile = _cached_profile(args, job, gpu, method, device_index)
     budget = int(job.fraction * free_bytes)
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {

@@ -30,7 +30,7 @@ from typing import Any
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan import RankSlot, build_plan
-from planner.profile import DeviceProfile, profile_key
+from planner.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +99,10 @@ def autobatch_ddp(
     import torch.distributed as dist
 
     from planner.profile_cache import ProfileCache
-    from planner.profiling import make_profile, workload_for
+    from planner.profiling import job_profile_key, make_profile, workload_key
     from planner.runtime.rank_plan import load_rank_plan
     from torchkit.catalog import load_catalog
     from torchkit.distributed import torch_distributed_zero_first
-    from torchkit.workloads import workload_fingerprint
 
     if not dist.is_available() or not dist.is_initialized():
         raise InfeasiblePlanError("autobatch_ddp needs an initialised process group (call it inside torchrun)")
@@ -121,15 +120,11 @@ def autobatch_ddp(
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
 
-    import torch
-
-    fingerprint = workload_fingerprint(workload_for(job))
+    workload = workload_key(job)  # the planner's keys: plan and job share the cache
     method = "estimate" if gpu is not None else job.method
 
     def key_for(gpu_name: str) -> str:
-        spec = catalog.get(gpu_name)
-        return profile_key(fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(spec),
-                           job.optimizer, gpu_name, method, job.fit, torch.__version__)
+        return job_profile_key(job, catalog.get(gpu_name), method, workload)
 
     node_types = sorted({p["gpu"] for p in everyone if p["node"] == node})
     profiles: dict[str, DeviceProfile] = {}

@@ -66,8 +66,8 @@ def test_plan_of_a_config_starts_its_own_cluster_beside_the_running_one(running_
     before = running_ray.address_file.read_text()
     # RAY_ADDRESS too: Ray itself would join that cluster instead of the one we start
     env = {**running_ray.env(), "RAY_ADDRESS": running_ray.address}
-    result = run_cli("plan", "--cluster", DEMO_MIXED, *TINY_MODEL, "--cache-dir", tmp_path / "cache",
-                     "--no-write", "--json", cwd=tmp_path, env=env, timeout=300)
+    result = run_cli("plan", "--cluster", DEMO_MIXED, "--raylet-cap", "3", *TINY_MODEL, "--cache-dir",
+                     tmp_path / "cache", "--no-write", "--json", cwd=tmp_path, env=env, timeout=300)
     assert_ok(result)
     plan = check_plan(parse_json_stdout(result))
     assert plan["probing"]["raylets"] == 3  # our own three raylets, not the running one-raylet cluster
