@@ -1,4 +1,4 @@
-"""Time ``planner.allocate.allocate`` on random mixed clusters of 8 to 100,000 ranks.
+"""Time ``planner.allocate.solver.allocate`` on random mixed clusters of 8 to 100,000 ranks.
 
 Usage: ``python bench/bench_allocate.py [--repeat R] [--sizes 8,64,...] [--clusters mixed,distinct]``.
 Prints one line per size and cluster, ``ranks=N allocate_ms=X allocate_global_batch_ms=Y cluster=...``
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.allocate import allocate
+from planner.allocate.allocation import allocate
 
 # name: (cap samples, t0 s, t1 s/sample); rough ResNet-50 AMP figures, see the module docstring.
 GPU_TYPES = {

@@ -56,7 +56,7 @@ QUICK_CASES = [
 SPEED_SNIPPET = r"""
 import json, sys, time
 start = time.perf_counter()
-from torchkit.catalog import load_catalog
+from torchkit.hardware.catalog import load_catalog
 from torchkit.estimate import estimate_curves
 from torchkit.workloads import get_workload
 gpu = load_catalog().get("A100-SXM4-80GB")

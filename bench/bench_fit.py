@@ -1,6 +1,6 @@
 """Issue #7 item 2: the batch each AutoBatch rule picks on the memory curves users hit, against the truth.
 
-Rules (``torchkit.autobatch.choose_batch``): ours (affine fit with our guard rails), the seed's log-log rule
+Rules (``torchkit.seed_api.autobatch.choose_batch``): ours (affine fit with our guard rails), the seed's log-log rule
 (ultralytics 8.3.51) and the seed's linear rule (8.4.190). Every rule gets the same probe figures, the same
 available memory and the same fraction (0.60, the seed's default), so only the decision differs. Ours stops
 probing at the first out-of-memory error; the seeds probe on (their later probes fail too).
@@ -29,9 +29,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from torchkit.batch_choice import DEFAULT_FRACTION, choose_batch
-from torchkit.catalog import load_catalog
-from torchkit.fit import fit_memory
+from torchkit.hardware.catalog import load_catalog
+from torchkit.seed_api.batch_choice import DEFAULT_FRACTION, choose_batch
+from torchkit.step.fit import fit_memory
 from torchkit.units import GIB
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fit.json"
@@ -78,7 +78,7 @@ class FitCase:
 
 
 def _probe_fit(batches, mems):
-    """Least-squares affine fit of probe figures (GiB), with torchkit.fit."""
+    """Least-squares affine fit of probe figures (GiB), with torchkit.step.fit."""
     fit = fit_memory([(b, m * GIB) for b, m in zip(batches, mems, strict=True) if m is not None]).fit
     return fit.intercept_bytes / GIB, fit.bytes_per_sample / GIB
 

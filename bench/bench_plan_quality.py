@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.allocate import allocate
+from planner.allocate.allocation import allocate
 from planner.cluster import load_cluster, shipped_cluster_configs
 from planner.driver import plan_without_ray
 from planner.errors import InfeasiblePlanError

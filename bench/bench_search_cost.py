@@ -8,7 +8,7 @@ Methods, each from its algorithm (reference peers.md §1; the Lightning code rea
 ``src/lightning/pytorch/tuner/batch_size_scaling.py``):
 - ours, ``estimate``: fake-tensor passes, one per probe batch of ``torchkit.estimate`` (no GPU, no OOM);
 - ours, ``measure``: the seed's probe list on a card of 16 GiB or more, one measured step per probe plus one
-  warm-up step (``torchkit.autobatch``), stopping at the first out-of-memory error;
+  warm-up step (``torchkit.seed_api.autobatch``), stopping at the first out-of-memory error;
 - the seed (ultralytics 8.4.190): probes 1..64 (n=1 step each), never stopping early;
 - Lightning ``power``: start at ``init_val=2``, double after each success, halve and stop at the first OOM
   (if anything succeeded), at most ``max_trials=25`` trials, each ``steps_per_trial=3`` training steps (and as
@@ -35,7 +35,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from torchkit.batch_choice import PROBES_LARGE_GPU
+from torchkit.seed_api.batch_choice import PROBES_LARGE_GPU
 
 RESULTS = Path(__file__).resolve().parent / "results" / "search_cost.json"
 TRUE_MAXIMA = (7, 39, 100, 281, 1000, 3000)

@@ -3,7 +3,7 @@ pick vs the seed's log-log and linear rules on the same probes. Sized to finish 
 
     python bench/gpu_check.py [--workloads resnet50,yolo-n,vit-b16,gpt2-small] [--budget-s 200]
 
-Per workload (bf16 where the GPU has it, SGD): the measured curve (``torchkit.measure.measure_curve``:
+Per workload (bf16 where the GPU has it, SGD): the measured curve (``torchkit.step.measure.measure_curve``:
 peak reserved + CUDA context, peak allocated, median step time) at doubling batches, and the estimate for
 the same catalog GPU type at the same batches (``torchkit.estimate``). Then, from the measured probe points,
 the batch each rule picks for 60% of the available memory, and the measured memory at the nearest probe.
@@ -36,11 +36,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA GPU here (run this on a GPU machine)", file=sys.stderr)
         return 2
-    from torchkit.batch_choice import choose_batch
-    from torchkit.catalog import load_catalog
     from torchkit.estimate import estimate_curves
     from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
-    from torchkit.measure import measure_curve
+    from torchkit.hardware.catalog import load_catalog
+    from torchkit.seed_api.batch_choice import choose_batch
+    from torchkit.step.measure import measure_curve
     from torchkit.workloads import get_workload
 
     device = torch.device("cuda", 0)
@@ -60,7 +60,8 @@ def main() -> int:
             continue
         workload = get_workload(workload_name, seq_len=args.seq_len if workload_name.startswith("gpt2") else None)
         t = time.monotonic()
-        measured = measure_curve(workload, device, amp=amp, optimizer="sgd", stop_fraction=0.30)
+        measured = measure_curve(workload, device, amp=amp, optimizer="sgd", stop_fraction=0.30,
+                                 context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
         batches = [b for b, _ in measured.memory_points]
         estimated = estimate_curves(workload, gpu, amp=amp, optimizer="sgd", batches=batches)
         est_mem = dict(estimated.memory_points)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_dataset/make_mo
 from train_ddp import make_dataset, make_model  # noqa: E402
 
 from planner.errors import UserError  # noqa: E402
-from planner.plan import read_plan  # noqa: E402
+from planner.plan.io import read_plan  # noqa: E402
 
 
 def plan_rank_for_worker(plan: dict, *, match: str, world_rank: int, hostname: str, local_rank: int) -> int:

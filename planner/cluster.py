@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkit.catalog import (
+from planner.errors import ConfigError
+from torchkit.hardware.catalog import (
     GPU_SPEC_OPTIONAL_KEYS,
     GPU_SPEC_REQUIRED_KEYS,
     GpuCatalog,
@@ -41,7 +42,7 @@ from torchkit.catalog import (
     load_catalog,
     parse_gpu_spec,
 )
-from torchkit.configio import (
+from torchkit.hardware.configio import (
     ConfigLocation,
     expect_int,
     expect_list,
@@ -50,7 +51,6 @@ from torchkit.configio import (
     expect_str,
     read_yaml_file,
 )
-from torchkit.errors import ConfigError
 from torchkit.units import GIB
 
 MAX_GPUS_PER_NODE = 256

@@ -1,8 +1,8 @@
 """The planning driver: probe every node, profile each distinct GPU type once, allocate, build the plan.
 
-The same steps run over two backends: ``RayBackend`` (one ``NodeProbe`` actor per node, pinned with hard
-node affinity; a real cluster or a simulated one on 127.0.0.1) and ``LocalBackend`` (the same probe
-functions called in this process, for a cluster config; no Ray). Both give the same plan for the same
+The same steps run over two backends (``planner.probing.backends``): ``RayBackend`` (one ``NodeProbe`` actor
+per node, pinned with hard node affinity; a real cluster or a simulated one on 127.0.0.1) and
+``LocalBackend`` (the same probe functions called in this process, for a cluster config; no Ray). Both give the same plan for the same
 config and job; only the run metadata under ``probing`` differs.
 
 Profiling policy: each distinct (model, input, amp, optimizer, GPU type, method) is profiled once for the
@@ -15,47 +15,36 @@ times out has its node excluded (with the reason) and its work re-sent to anothe
 from __future__ import annotations
 
 import logging
-import os
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from planner.busy import busy_summary, is_shared, is_threshold_breach, speed_factor
 from planner.cluster import ClusterSpec
 from planner.errors import InfeasiblePlanError
+from planner.events import Event, EventSink, ignore_event
 from planner.job import JobSpec
-from planner.plan import ExcludedDevice, RankSlot, build_plan
-from planner.probe import NodeInventory, simulated_inventory
-from planner.profile import DeviceProfile
-from planner.profile_cache import ProfileCache
-from planner.profiling import job_profile_key, workload_key
-from torchkit.catalog import GpuCatalog
+from planner.plan.build import build_plan
+from planner.plan.launch import DEFAULT_MASTER_PORT
+from planner.plan.types import ExcludedDevice, RankSlot
+from planner.probing.backends import (
+    DEFAULT_PROBE_TIMEOUT_S,
+    DEFAULT_PROFILE_TIMEOUT_S,
+    Backend,
+    LocalBackend,
+    ProbeFailure,
+    ProfileRequest,
+    RayBackend,
+    probe_env,
+)
+from planner.probing.busy import busy_summary, is_shared, is_threshold_breach, speed_factor
+from planner.probing.inventory import NodeInventory
+from planner.probing.make_profile import job_fingerprint
+from planner.profiles.cache import ProfileCache
+from planner.profiles.key import job_profile_key
+from planner.profiles.profile import DeviceProfile
+from torchkit.hardware.catalog import GpuCatalog
 
 log = logging.getLogger(__name__)
-
-#: seconds a probe may take to start and report its inventory (a Ray worker start plus NVML reads)
-DEFAULT_PROBE_TIMEOUT_S = 120.0
-#: seconds one profile may take (fake passes, or measured steps on a real GPU)
-DEFAULT_PROFILE_TIMEOUT_S = 900.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Event:
-    """Progress the CLI can draw: ``stage`` ray/probe/profile/allocate, ``status`` start/done/cached/failed."""
-
-    stage: str
-    status: str
-    item: str = ""
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-EventSink = Callable[[Event], None]
-
-
-def _ignore(_: Event) -> None:
-    pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +60,7 @@ class DriverOptions:
     workers_per_rank: int = 0
     """data-loader workers each rank will run; used to warn when a node's ranks oversubscribe its cores"""
     script: str = "train.py"
-    master_port: int = 29500
+    master_port: int = DEFAULT_MASTER_PORT
 
 
 @dataclass(kw_only=True)
@@ -88,272 +77,6 @@ class PlanOutcome:
     """why no plan exists (with ``allow_infeasible``)"""
     expected_nodes: tuple[str, ...] = ()
     """the nodes a cluster config names (empty for a real cluster, whose nodes are whatever answers)"""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProfileRequest:
-    key: str
-    gpu_type: str
-    method: str
-    """``estimate`` or ``measure``"""
-    node: str | None = None
-    """for ``measure``: the node whose GPU is used"""
-    device_index: int | None = None
-
-
-class ProbeFailure(Exception):
-    """A probe died, timed out or raised; ``node`` is the node it answered for."""
-
-    def __init__(self, node: str, reason: str) -> None:
-        super().__init__(reason)
-        self.node = node
-        self.reason = reason
-
-
-class Backend(Protocol):
-    def inventories(
-        self, select: str, min_free_memory_fraction: float, max_utilization_fraction: float
-    ) -> tuple[list[NodeInventory], dict[str, str]]:
-        """Inventories of the nodes that answered (with ``select`` applied), and failures ``{node: reason}``."""
-
-    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
-        """Run one profile on a probe not in ``avoid``; returns the profile and the node that ran it.
-
-        Raises ProbeFailure (the probe is unusable) or a UserError (the job itself is bad)."""
-
-    def probing_metadata(self) -> dict:
-        ...
-
-    def num_probes(self) -> int:
-        """How many nodes (probes, for a real cluster) will answer: what the progress line counts."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# backends
-
-
-class LocalBackend:
-    """Runs the probe functions in this process for a cluster config (no Ray)."""
-
-    def __init__(self, cluster: ClusterSpec) -> None:
-        self.cluster = cluster
-        self._cache: dict = {}
-
-    def inventories(
-        self, select: str, min_free_memory_fraction: float, max_utilization_fraction: float
-    ) -> tuple[list[NodeInventory], dict[str, str]]:
-        found = [
-            simulated_inventory(
-                node,
-                select=select,
-                min_free_memory_fraction=min_free_memory_fraction,
-                max_utilization_fraction=max_utilization_fraction,
-            ).with_probe(ray_node_id=None, probe_pid=os.getpid())
-            for node in self.cluster.nodes
-        ]
-        return found, {}
-
-    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
-        from planner.profiling import make_profile
-
-        profile = make_profile(
-            job,
-            self.cluster.catalog.get(request.gpu_type),
-            method=request.method,
-            device_index=request.device_index,
-            estimates_cache=self._cache,
-        )
-        return profile, request.node or "local"
-
-    def probing_metadata(self) -> dict:
-        return {"backend": "local", "simulated": True, "probe_processes": 1}
-
-    def num_probes(self) -> int:
-        return len(self.cluster.nodes)
-
-
-def probe_env(model: str) -> dict[str, str]:
-    """Environment variables a probe process needs (``planner.probe.PROBE_ENV_VARS``; for a user factory
-    also this process's cwd on PYTHONPATH, so that the factory imports in the probe)."""
-    from planner.probe import PROBE_ENV_VARS
-
-    env_vars = dict(PROBE_ENV_VARS)
-    if ":" in model:
-        env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
-    return env_vars
-
-
-class RayBackend:
-    """One NodeProbe actor per node (per raylet group for large simulated clusters), hard-pinned."""
-
-    def __init__(
-        self,
-        session,
-        catalog: GpuCatalog,
-        *,
-        cluster: ClusterSpec | None,
-        options: DriverOptions,
-        on_event: EventSink,
-        model: str = "",
-    ) -> None:
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        from planner.probe import NodeProbe
-        from planner.ray_session import deal_round_robin
-
-        self._ray = ray
-        self.options = options
-        self.on_event = on_event
-        self.run_id = uuid.uuid4().hex[:8]
-        env_vars = probe_env(model)
-        # a cluster started here gave its workers these already: no runtime_env, so idle workers are reused
-        runtime_env = {} if session.worker_env == env_vars else {"runtime_env": {"env_vars": env_vars}}
-        remote_probe = ray.remote(NodeProbe)
-
-        # group -> (ray node, simulated node specs or None for a real node)
-        groups: dict[str, tuple[Any, list | None]] = {}
-        if cluster is not None:
-            placement = deal_round_robin([n.name for n in cluster.nodes], session.nodes)
-            for node in cluster.nodes:
-                ray_node = placement[node.name]
-                group = groups.setdefault(ray_node.node_id, (ray_node, []))
-                group[1].append(node)
-            self.simulated = True
-        else:
-            targets = session.gpu_nodes() or session.nodes
-            for ray_node in targets:
-                groups[ray_node.node_id] = (ray_node, None)
-            self.simulated = False
-        self.num_raylets = len(session.nodes)
-
-        self.actors: dict[str, Any] = {}  # group id -> actor handle
-        self.actor_names: dict[str, str] = {}
-        self.group_nodes: dict[str, list[str]] = {}  # group id -> node names it answers for
-        for group_id, (ray_node, sim_nodes) in groups.items():
-            label = sim_nodes[0].name if sim_nodes else ray_node.address
-            name = f"batchplan-probe-{label}-{self.run_id}"
-            self.actor_names[group_id] = name
-            self.actors[group_id] = remote_probe.options(
-                name=name,
-                namespace="batchplan",
-                num_cpus=0,
-                max_restarts=0,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node.node_id, soft=False),
-                **runtime_env,
-            ).remote(sim_nodes, catalog)
-            self.group_nodes[group_id] = [n.name for n in sim_nodes] if sim_nodes else []
-        self.dead_groups: dict[str, str] = {}
-        self.node_group: dict[str, str] = {}
-        # simulated nodes are reported in config order, however they were dealt onto raylets
-        self._config_order = {n.name: i for i, n in enumerate(cluster.nodes)} if cluster is not None else {}
-
-    def _fail(self, group_id: str, reason: str) -> None:
-        self.dead_groups[group_id] = reason
-        actor = self.actors.get(group_id)
-        if actor is not None:
-            try:
-                self._ray.kill(actor, no_restart=True)
-            except Exception:  # already dead
-                log.debug("probe %s already gone", group_id)
-
-    def _wait(self, refs: dict, timeout_s: float) -> tuple[dict, dict]:
-        """Wait for ``{group: ref}``; returns (results, failures) with failure reasons."""
-        ray = self._ray
-        results: dict = {}
-        failures: dict = {}
-        pending = dict(refs)
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=remaining)
-            for ref in ready:
-                group_id = next(g for g, r in pending.items() if r == ref)
-                del pending[group_id]
-                try:
-                    results[group_id] = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    failures[group_id] = f"probe process died ({type(exc).__name__})"
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                    failures[group_id] = cause
-                except ray.exceptions.GetTimeoutError:
-                    failures[group_id] = "probe timed out"
-        for group_id in pending:
-            failures[group_id] = f"probe did not answer within {timeout_s:.0f} s (timed out)"
-        return results, failures
-
-    def inventories(
-        self, select: str, min_free_memory_fraction: float, max_utilization_fraction: float
-    ) -> tuple[list[NodeInventory], dict[str, str]]:
-        refs = {
-            g: a.inventory.remote(select, min_free_memory_fraction, max_utilization_fraction)
-            for g, a in self.actors.items()
-        }
-        results, failures = self._wait(refs, self.options.probe_timeout_s)
-        found: list[NodeInventory] = []
-        failed_nodes: dict[str, str] = {}
-        for group_id in self.actors:
-            if group_id in results:
-                for inventory in results[group_id]:
-                    found.append(inventory)
-                    self.node_group[inventory.name] = group_id
-            else:
-                reason = failures[group_id]
-                if not isinstance(reason, str):
-                    raise reason  # a user error raised inside the probe (bad --gpus, ...)
-                self._fail(group_id, reason)
-                for node in self.group_nodes[group_id] or [self.actor_names[group_id]]:
-                    failed_nodes[node] = reason
-        found.sort(key=lambda inventory: self._config_order.get(inventory.name, len(self._config_order)))
-        return found, failed_nodes
-
-    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
-        if request.node is not None:
-            candidates = [self.node_group[request.node]] if request.node in self.node_group else []
-        else:
-            candidates = list(dict.fromkeys(self.node_group.values()))
-        candidates = [
-            g for g in candidates if g not in self.dead_groups and not set(self.group_nodes[g] or [g]) & avoid
-        ]
-        if not candidates:
-            raise ProbeFailure(request.node or "", "no live probe left to profile on")
-        group_id = candidates[0]
-        node = request.node or (self.group_nodes[group_id][0] if self.group_nodes[group_id] else group_id)
-        self.on_event(
-            Event(stage="profile", status="start", item=request.gpu_type,
-                  detail={"node": node, "actor_name": self.actor_names[group_id], "method": request.method})
-        )
-        ref = self.actors[group_id].profile.remote(job.to_json(), request.gpu_type, request.method, request.device_index)
-        results, failures = self._wait({group_id: ref}, self.options.profile_timeout_s)
-        if group_id in results:
-            return DeviceProfile.from_json(results[group_id]["profile"]), node
-        reason = failures[group_id]
-        if not isinstance(reason, str):
-            raise reason
-        self._fail(group_id, reason)
-        raise ProbeFailure(node, reason)
-
-    def num_probes(self) -> int:
-        return sum(len(nodes) or 1 for nodes in self.group_nodes.values())
-
-    def probing_metadata(self) -> dict:
-        live = [actor for group, actor in self.actors.items() if group not in self.dead_groups]
-        answers, _ = self._wait({i: actor.torch_imported.remote() for i, actor in enumerate(live)}, timeout_s=10.0)
-        return {
-            "backend": "ray",
-            "simulated": self.simulated,
-            "raylets": self.num_raylets,
-            "probe_processes": len(self.actors),
-            "shared_probes": any(len(nodes) > 1 for nodes in self.group_nodes.values()),
-            "probes_imported_torch": sum(1 for imported in answers.values() if imported is True),
-        }
-
-
-# ---------------------------------------------------------------------------------------------------------
-# the steps shared by both backends
 
 
 def _profile_requests(
@@ -380,7 +103,8 @@ def _profile_requests(
             method = "measure" if measure else "estimate"
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
-            key = job_profile_key(job, catalog.get(gpu_type), method, (fingerprint, torch_version))
+            key = job_profile_key(job, catalog.get(gpu_type), method=method, fingerprint=fingerprint,
+                                  torch_version=torch_version)
             device_keys[(inventory.name, index)] = key
             if key not in requests:
                 requests[key] = ProfileRequest(
@@ -411,7 +135,7 @@ def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlo
 
 
 def _shared_gpus_line(job: JobSpec, inventories: Sequence[NodeInventory], slots: Sequence[RankSlot]) -> str | None:
-    """What the busy-GPU policy did (planner.busy): the shared GPUs skipped and those derated."""
+    """What the busy-GPU policy did (planner.probing.busy): the shared GPUs skipped and those derated."""
     by_node = {inv.name: inv for inv in inventories}
     skipped = [(inv.name, inv.device(i), reason) for inv in inventories for i, reason in inv.selection.skipped
                if is_threshold_breach(reason) and is_shared(inv.device(i))]
@@ -427,7 +151,7 @@ def run_plan(
     catalog: GpuCatalog,
     *,
     options: DriverOptions,
-    on_event: EventSink = _ignore,
+    on_event: EventSink = ignore_event,
     expected_nodes: Sequence[str] = (),
     timings_s: dict[str, float] | None = None,
     extra_warnings: Sequence[str] = (),
@@ -465,10 +189,7 @@ def run_plan(
 
     start = time.monotonic()
     any_selected = any(inv.selection.selected for inv in inventories)
-    if any_selected:
-        fingerprint, torch_version = workload_key(job)
-    else:
-        fingerprint, torch_version = "", ""
+    fingerprint, torch_version = job_fingerprint(job) if any_selected else ("", "")
     requests, device_keys, unknown = _profile_requests(job, inventories, catalog, fingerprint, torch_version)
     excluded.extend(unknown)
     profiles: dict[str, DeviceProfile] = {}
@@ -528,14 +249,14 @@ def run_plan(
                 continue
             stats = inventory.device(index)
             # budget = fraction × available; a fresh training process has the driver-free memory available,
-            # and other processes' work leaves it a share of the GPU's time (planner.busy)
+            # and other processes' work leaves it a share of the GPU's time (planner.probing.busy)
             slots.append(
                 RankSlot(
                     node=inventory.name,
                     device_index=index,
                     gpu=inventory.gpu_type(index) or stats.name,
                     profile=key,
-                    memory_budget_bytes=int(job.fraction * stats.memory_free_bytes),
+                    memory_budget_bytes=job.memory_budget_bytes(stats.memory_free_bytes),
                     total_memory_bytes=stats.memory_total_bytes,
                     visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
                     speed_factor=speed_factor(stats),
@@ -580,7 +301,7 @@ def plan_without_ray(
     cluster: ClusterSpec,
     *,
     options: DriverOptions | None = None,
-    on_event: EventSink = _ignore,
+    on_event: EventSink = ignore_event,
     allow_infeasible: bool = False,
 ) -> PlanOutcome:
     """Plan a cluster config in this process (no Ray): the reference the Ray path is checked against."""
@@ -602,13 +323,13 @@ def plan_with_ray(
     address: str | None = None,
     catalog: GpuCatalog | None = None,
     options: DriverOptions | None = None,
-    on_event: EventSink = _ignore,
+    on_event: EventSink = ignore_event,
     raylet_cap: int | None = None,
     allow_infeasible: bool = False,
 ) -> PlanOutcome:
     """Plan over Ray: a cluster config simulated on 127.0.0.1, a cluster at ``address``, or embedded Ray."""
-    from planner.ray_session import ray_session
-    from torchkit.catalog import load_catalog
+    from planner.probing.session import ray_session
+    from torchkit.hardware.catalog import load_catalog
 
     options = options or DriverOptions()
     catalog = cluster.catalog if cluster is not None else (catalog or load_catalog())
@@ -620,7 +341,8 @@ def plan_with_ray(
         raylet_cap=raylet_cap,
         worker_env=probe_env(job.model),
     ) as session:
-        backend = RayBackend(session, catalog, cluster=cluster, options=options, on_event=on_event, model=job.model)
+        backend = RayBackend(session, catalog, cluster=cluster, on_event=on_event, model=job.model,
+                             probe_timeout_s=options.probe_timeout_s, profile_timeout_s=options.profile_timeout_s)
         timings = {"ray_start_s": time.monotonic() - start}
         on_event(Event(stage="ray", status="done", detail={"raylets": len(session.nodes)}))
         if cluster is not None and len(backend.actors) < len(cluster.nodes):

@@ -7,35 +7,55 @@ layer trusts it. ``job`` in plan.json is its ``to_json()``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-from torchkit.catalog import GpuSpec
-from torchkit.errors import ConfigError
+from planner.errors import ConfigError
+from torchkit.hardware.catalog import GpuSpec
+from torchkit.seed_api.batch_choice import DEFAULT_FRACTION, memory_budget_bytes
+from torchkit.step.fit import MemoryFitKind
+from torchkit.step.options import OPTIMIZERS, AmpMode, OptimizerName
 
-AmpChoice = Literal["auto", "fp16", "bf16", "off"]
-OptimizerName = Literal["sgd", "adamw"]
-Mode = Literal["balanced", "max", "uniform"]
-Method = Literal["auto", "measure", "estimate"]
-FitKind = Literal["affine", "loglog"]
-
-AMP_CHOICES: tuple[str, ...] = ("auto", "fp16", "bf16", "off")
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
-MODES: tuple[str, ...] = ("balanced", "max", "uniform")
-METHODS: tuple[str, ...] = ("auto", "measure", "estimate")
-FIT_KINDS: tuple[str, ...] = ("affine", "loglog")
-
-#: CLI flags whose names differ from their JobSpec field (errors name the flag the user typed)
-_FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utilization_fraction": "max-utilization"}
-
-#: Ultralytics' default share of available memory AutoBatch aims for (autobatch.py, fraction=0.60)
-DEFAULT_FRACTION = 0.60
 #: a GPU with less free memory than this share is someone else's: the seed's idle criterion
-#: (Ultralytics ``select_device`` → ``GPUInfo.select_idle_gpu(min_memory_fraction=0.2)``); planner.busy
+#: (Ultralytics ``select_device`` → ``GPUInfo.select_idle_gpu(min_memory_fraction=0.2)``); planner.probing.busy
 DEFAULT_MIN_FREE_MEMORY_FRACTION = 0.2
 #: a GPU busier than this leaves a new job at most half of it, and every DDP step waits for that rank
-#: (planner.busy derates the GPUs kept by their utilisation)
+#: (planner.probing.busy derates the GPUs kept by their utilisation)
 DEFAULT_MAX_UTILIZATION_FRACTION = 0.5
+
+# The job's vocabulary, each written once: the CLI's choices and every check read these Literals.
+AmpChoice = Literal["auto", AmpMode]
+Mode = Literal["balanced", "max", "uniform"]
+Method = Literal["auto", "measure", "estimate"]
+FitKind = MemoryFitKind
+
+AMP_CHOICES: tuple[str, ...] = get_args(AmpChoice)
+MODES: tuple[str, ...] = get_args(Mode)
+METHODS: tuple[str, ...] = get_args(Method)
+FIT_KINDS: tuple[str, ...] = get_args(FitKind)
+
+
+
+class JobFieldError(ConfigError):
+    """A ``JobSpec`` field has a value that cannot be planned with; ``field`` names it.
+
+    The message names fields in backticks in ``template``; ``str()`` shows them as the field names
+    (``global_batch``), and a front end shows them as what its user typed: the CLI renders them as its
+    flags (``render(flag_of)``, ``planner.cli.options``). The core does not know the flags.
+    """
+
+    def __init__(self, field: str, template: str) -> None:
+        self.field = field
+        self.template = template
+        super().__init__(self.render())
+
+    def render(self, name_of: Callable[[str], str] = str) -> str:
+        """The message with every `field` reference written as ``name_of(field)``."""
+        return re.sub(r"`(\w+)`", lambda m: name_of(m.group(1)), self.template)
+
+    def __reduce__(self):  # a probe's error crosses Ray by pickle: rebuild it from its parts
+        return type(self), (self.field, self.template)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,14 +91,13 @@ class JobSpec:
     min_free_memory_fraction: float = DEFAULT_MIN_FREE_MEMORY_FRACTION
     """a GPU with less free memory than this share of its total is skipped as busy"""
     max_utilization_fraction: float = DEFAULT_MAX_UTILIZATION_FRACTION
-    """a GPU busier than this utilisation is skipped (the GPUs kept are derated by theirs: planner.busy)"""
+    """a GPU busier than this utilisation is skipped (the GPUs kept are derated by theirs: planner.probing.busy)"""
     fit: FitKind = "affine"
     """memory curve model"""
 
     def __post_init__(self) -> None:
-        def bad(field: str, value: object, fix: str) -> ConfigError:
-            flag = _FLAG_OF_FIELD.get(field, field.replace("_", "-"))
-            return ConfigError(f"--{flag} {value!r} is invalid ({fix})")
+        def bad(field: str, value: object, fix: str) -> JobFieldError:
+            return JobFieldError(field, f"`{field}` {value!r} is invalid ({fix})")
 
         if not isinstance(self.model, str) or not self.model.strip():
             raise bad("model", self.model, "give a built-in workload name or package.module:factory")
@@ -118,22 +137,26 @@ class JobSpec:
                 lower = gb // self.multiple_of * self.multiple_of
                 sizes = f"{lower} or {lower + self.multiple_of}" if lower else f"{self.multiple_of}"
                 raise bad(
-                    "global_batch", gb, f"it must be a multiple of --multiple-of {self.multiple_of}: try {sizes}"
+                    "global_batch", gb, f"it must be a multiple of `multiple_of` {self.multiple_of}: try {sizes}"
                 )
         if not isinstance(self.gpus, str) or not self.gpus.strip():
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
+
+    def memory_budget_bytes(self, available_bytes: int) -> int:
+        """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""
+        return memory_budget_bytes(self.fraction, available_bytes)
 
     def amp_for(self, gpu: GpuSpec) -> str:
         """The AMP mode used on this GPU type: ``auto`` is bf16 where supported, else fp16.
 
         Raises:
-            ConfigError: bf16 asked for on a GPU without bf16.
+            JobFieldError: bf16 asked for on a GPU without bf16.
         """
         if self.amp == "auto":
             return "bf16" if gpu.supports_bf16 else "fp16"
         if self.amp == "bf16" and not gpu.supports_bf16:
-            raise ConfigError(
-                f"--amp bf16 asked for, but {gpu.name} has no bf16 support (use --amp auto or --amp fp16)"
+            raise JobFieldError(
+                "amp", f"`amp` bf16 asked for, but {gpu.name} has no bf16 support (use `amp` auto or `amp` fp16)"
             )
         return self.amp
 
@@ -154,13 +177,3 @@ class JobSpec:
         if values.get("input_shape") is not None:
             values["input_shape"] = tuple(values["input_shape"])
         return cls(**values)
-
-
-def parse_input_shape(text: str) -> tuple[int, ...]:
-    """``"3,224,224"`` (or ``3x224x224``) → ``(3, 224, 224)``; a clear error for anything else, empty parts
-    included."""
-    parts = [part.strip() for part in re.split(r"[,x]", text)]
-    shape = tuple(int(part) for part in parts if part.isdigit())
-    if not parts or len(shape) != len(parts) or any(d <= 0 for d in shape):
-        raise ConfigError(f"--input-shape {text!r} is invalid (use positive integers like 3,224,224)")
-    return shape

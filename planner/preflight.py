@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.busy import is_threshold_breach
-from planner.probe import NodeInventory
+from planner.probing.busy import is_threshold_breach
+from planner.probing.inventory import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
 
@@ -112,7 +112,7 @@ def run_checks(
     checks.append(_versions_check(inventories))
     shared = [w for w in (plan or {}).get("warnings", []) if w.startswith("shared GPUs:")]
     if shared:
-        # a warning, not a failure: the plan already expects less of them (planner.busy)
+        # a warning, not a failure: the plan already expects less of them (planner.probing.busy)
         checks.append(Check(name="shared_gpus", ok=True, detail=f"warning: {shared[0]}"))
 
     if plan is None:

@@ -6,7 +6,7 @@ from planner.runtime.weights import loss_weights
 
 
 def make_plan(batches=(5, 3, 8), nodes=(("node-a", 3),), accumulate=1, gpus=None) -> dict:
-    """A minimal plan that ``planner.plan.validate_plan`` accepts: ranks numbered node by node."""
+    """A minimal plan that ``planner.plan.io.validate_plan`` accepts: ranks numbered node by node."""
     weights = loss_weights(batches)
     gpus = gpus or ["T4"] * len(batches)
     ranks, node_entries, rank = [], [], 0

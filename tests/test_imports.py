@@ -1,17 +1,25 @@
-"""Importing is cheap and complete: every module imports; ``import planner`` pulls in neither torch, Ray nor
-pynvml; every public torchkit name resolves without initialising CUDA or NVML."""
+"""Importing is cheap and complete, and the code keeps its shape: every module imports; ``import planner``
+and the planner core pull in neither torch, Ray nor pynvml; every public torchkit name resolves without
+initialising CUDA or NVML; no private name crosses a module.
+(The layering and the absence of import cycles are import-linter's contracts, ``lint-imports`` in .ci/run.)"""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import planner
 import torchkit
+
+REPO = Path(__file__).resolve().parents[1]
+#: the code whose shape is checked: the packages, the benches and the examples (tests are exempt)
+SOURCES = sorted(p for d in ("planner", "torchkit", "cluster_configs", "bench", "examples") for p in (REPO / d).rglob("*.py"))
 
 
 def _modules(package) -> list[str]:
@@ -41,12 +49,39 @@ def test_every_public_torchkit_name_resolves_without_initialising_cuda_or_nvml()
     )
 
 
+def test_the_seed_names_are_the_seed_api_modules_names():
+    # every lazy export names the module that defines it, so `from torchkit import X` is that object
+    from torchkit import _EXPORTS
+
+    for name, module in _EXPORTS.items():
+        assert getattr(importlib.import_module(module), name) is getattr(torchkit, name), name
+
+
 def test_the_planner_core_imports_neither_torch_ray_nor_pynvml():
     _run(
         "import sys\n"
-        "import planner, planner.job, planner.profile, planner.allocate, planner.allocate_advice, planner.plan\n"
-        "import planner.cluster\n"
-        "import planner.preflight, planner.profile_cache, planner.errors, planner.runtime\n"
+        "import planner, planner.job, planner.cluster, planner.errors, planner.events\n"
+        "import planner.profiles.profile, planner.profiles.key, planner.profiles.cache\n"
+        "import planner.allocate.allocation, planner.allocate.advice, planner.allocate.solver\n"
+        "import planner.plan.build, planner.plan.io, planner.plan.launch, planner.plan.types\n"
+        "import planner.preflight, planner.runtime, planner.cli.main\n"
         "heavy = [m for m in ('torch', 'ray', 'pynvml') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
+
+
+def _project_module(node: ast.ImportFrom) -> bool:
+    return node.level > 0 or (node.module or "").split(".")[0] in {"planner", "torchkit", "cluster_configs"}
+
+
+def test_no_private_name_is_imported_from_another_module():
+    # tests may reach into the module they test; the code itself may not
+    crossings = [
+        f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import {alias.name}"
+        for path in SOURCES
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and _project_module(node)
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert not crossings, "private names used outside their module:\n" + "\n".join(crossings)

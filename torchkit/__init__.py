@@ -2,8 +2,8 @@
 ``autodevice.py``, ``autobatch.py``) plus a fake-tensor estimator of a training step's memory and FLOPs.
 
 Every public name is importable from ``torchkit`` but loaded lazily (PEP 562): ``import torchkit`` imports
-neither torch, CUDA nor NVML, so ``planner`` can use torchkit's pure-numpy parts (``torchkit.fit``,
-``torchkit.catalog``) without paying for torch.
+neither torch, CUDA nor NVML, so ``planner`` can use torchkit's pure-numpy parts (``torchkit.step.fit``,
+``torchkit.hardware.catalog``) without paying for torch.
 """
 
 from __future__ import annotations
@@ -22,52 +22,52 @@ _EXPORTS: dict[str, str] = {
         )
     },
     # device parsing and selection
-    "parse_device": "torchkit.device",
-    "select_device": "torchkit.device",
-    "get_torch_device_backend": "torchkit.device",
-    "get_cpu_info": "torchkit.device",
-    "get_gpu_info": "torchkit.device",
+    "parse_device": "torchkit.seed_api.device",
+    "select_device": "torchkit.seed_api.device",
+    "get_torch_device_backend": "torchkit.seed_api.device",
+    "get_cpu_info": "torchkit.seed_api.device",
+    "get_gpu_info": "torchkit.seed_api.device",
     # NVML inventory and idle choice
-    "GPUInfo": "torchkit.nvml",
+    "GPUInfo": "torchkit.seed_api.gpu_info",
     # precision
-    "smart_inference_mode": "torchkit.precision",
-    "autocast": "torchkit.precision",
+    "smart_inference_mode": "torchkit.seed_api.precision",
+    "autocast": "torchkit.seed_api.precision",
     # fusion
-    "fuse_conv_and_bn": "torchkit.fusion",
-    "fuse_deconv_and_bn": "torchkit.fusion",
+    "fuse_conv_and_bn": "torchkit.seed_api.fusion",
+    "fuse_deconv_and_bn": "torchkit.seed_api.fusion",
     # model stats
-    "model_info": "torchkit.stats",
-    "get_flops": "torchkit.stats",
-    "get_num_params": "torchkit.stats",
-    "get_num_gradients": "torchkit.stats",
-    "model_info_for_loggers": "torchkit.stats",
+    "model_info": "torchkit.seed_api.stats",
+    "get_flops": "torchkit.seed_api.stats",
+    "get_num_params": "torchkit.seed_api.stats",
+    "get_num_gradients": "torchkit.seed_api.stats",
+    "model_info_for_loggers": "torchkit.seed_api.stats",
     # model helpers
-    "attempt_compile": "torchkit.model_utils",
-    "unwrap_model": "torchkit.model_utils",
-    "is_parallel": "torchkit.model_utils",
-    "initialize_weights": "torchkit.model_utils",
-    "copy_attr": "torchkit.model_utils",
-    "intersect_dicts": "torchkit.model_utils",
-    "scale_img": "torchkit.model_utils",
+    "attempt_compile": "torchkit.seed_api.model_utils",
+    "unwrap_model": "torchkit.seed_api.model_utils",
+    "is_parallel": "torchkit.seed_api.model_utils",
+    "initialize_weights": "torchkit.seed_api.model_utils",
+    "copy_attr": "torchkit.seed_api.model_utils",
+    "intersect_dicts": "torchkit.seed_api.model_utils",
+    "scale_img": "torchkit.seed_api.model_utils",
     # training mechanics
-    "ModelEMA": "torchkit.training",
-    "EarlyStopping": "torchkit.training",
-    "one_cycle": "torchkit.training",
-    "init_seeds": "torchkit.training",
-    "unset_deterministic": "torchkit.training",
+    "ModelEMA": "torchkit.seed_api.training",
+    "EarlyStopping": "torchkit.seed_api.training",
+    "one_cycle": "torchkit.seed_api.training",
+    "init_seeds": "torchkit.seed_api.training",
+    "unset_deterministic": "torchkit.seed_api.training",
     # distributed
-    "torch_distributed_zero_first": "torchkit.distributed",
+    "torch_distributed_zero_first": "torchkit.seed_api.distributed",
     # profiling
-    "time_sync": "torchkit.profiling",
-    "cuda_memory_usage": "torchkit.profiling",
-    "profile_ops": "torchkit.profiling",
+    "time_sync": "torchkit.seed_api.profiling",
+    "cuda_memory_usage": "torchkit.seed_api.profiling",
+    "profile_ops": "torchkit.seed_api.profiling",
     # checkpoints
-    "strip_optimizer": "torchkit.checkpoint",
-    "convert_optimizer_state_dict_to_fp16": "torchkit.checkpoint",
+    "strip_optimizer": "torchkit.seed_api.checkpoint",
+    "convert_optimizer_state_dict_to_fp16": "torchkit.seed_api.checkpoint",
     # autobatch
-    "check_train_batch_size": "torchkit.autobatch",
-    "autobatch": "torchkit.autobatch",
-    "estimate_batch": "torchkit.autobatch",
+    "check_train_batch_size": "torchkit.seed_api.autobatch",
+    "autobatch": "torchkit.seed_api.autobatch",
+    "estimate_batch": "torchkit.seed_api.autobatch",
 }
 
 __all__ = sorted(_EXPORTS)

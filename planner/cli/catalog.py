@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from planner.cli.output import format_gib, print_json, print_table
-from torchkit.catalog import GpuCatalog, gpu_spec_to_dict, load_catalog
+from torchkit.hardware.catalog import GpuCatalog, gpu_spec_to_dict, load_catalog
 
 CATALOG_SCHEMA = "batchplan/catalog@1"
 

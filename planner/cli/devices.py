@@ -2,7 +2,7 @@
 temperature, power and the processes holding them, and which GPUs a ``--select`` spec would use.
 
 Computed first (``local_node_inventory`` → a JSON-able node dict), rendered second (``render_nodes``), so
-the Ray path (``planner.cluster_devices.cluster_inventory``) returns the same node dicts and shares the
+the Ray path (``planner.probing.cluster_devices.cluster_inventory``) returns the same node dicts and shares the
 renderer. On a machine without an NVIDIA driver it lists the host only, says why on stderr, and exits 0.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.cli.output import echo, format_gib, note, print_json, print_table
+from planner.errors import ConfigError
 from planner.job import DEFAULT_MAX_UTILIZATION_FRACTION, DEFAULT_MIN_FREE_MEMORY_FRACTION
-from torchkit.errors import ConfigError
 
 SCHEMA = "batchplan/devices@1"
 
@@ -73,7 +73,7 @@ def validate_selection_options(
     Raises:
         ConfigError: a fraction outside [0, 1] or a malformed spec.
     """
-    from torchkit.gpu_select import parse_select_spec
+    from torchkit.hardware.gpu_select import parse_select_spec
 
     for flag, value in (
         ("--min-memory-fraction", min_free_memory_fraction),
@@ -94,8 +94,8 @@ def local_node_inventory(
     Raises:
         ConfigError: malformed spec or thresholds, or an index this machine does not have.
     """
-    from planner.probe import real_inventory
-    from torchkit.catalog import load_catalog
+    from planner.probing.inventory import real_inventory
+    from torchkit.hardware.catalog import load_catalog
 
     validate_selection_options(select, min_free_memory_fraction, max_utilization_fraction)
     inventory = real_inventory(
@@ -182,9 +182,16 @@ def run(args: argparse.Namespace) -> int:
     args.select = args.select if explicit else DEFAULT_SELECT
     validate_selection_options(args.select, args.min_memory_fraction, args.max_utilization)
     if args.cluster or args.address:
-        from planner.cluster_devices import cluster_inventory
+        from planner.cluster import load_cluster
+        from planner.probing.cluster_devices import cluster_inventory
 
-        nodes = cluster_inventory(args)
+        nodes = cluster_inventory(
+            cluster=load_cluster(args.cluster) if args.cluster else None,
+            address=args.address,
+            select=args.select,
+            min_free_memory_fraction=args.min_memory_fraction,
+            max_utilization_fraction=args.max_utilization,
+        )
     else:
         nodes = [local_node_inventory(args.select, args.min_memory_fraction, args.max_utilization)]
     for node in nodes:

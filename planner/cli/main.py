@@ -8,23 +8,20 @@ preflight); ``--debug`` shows the traceback too, with the same exit code.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import re
 import sys
 import traceback
 
-from torchkit.errors import UserError
+from planner import __version__
+from planner.cli import catalog, devices, plan, preflight, profile, show
+from planner.cli.options import flag_of
+from planner.errors import UserError
+from planner.job import JobFieldError
 
-# one module per command, each defining add_parser(subparsers) (which sets func=run) and run(args) -> int
-COMMAND_MODULES: tuple[str, ...] = (
-    "planner.cli.devices",
-    "planner.cli.profile",
-    "planner.cli.plan",
-    "planner.cli.preflight",
-    "planner.cli.show",
-    "planner.cli.catalog",
-)
+# one module per command, each defining add_parser(subparsers) (which sets func=run) and run(args) -> int;
+# each module imports its heavy parts (Ray, torch) inside run, so building the parser stays cheap
+COMMANDS = (devices, profile, plan, preflight, show, catalog)
 
 
 #: flags whose value may start with "-" (a GPU selection such as -1,-1): argparse would take "-1,-1" for an
@@ -63,24 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
-    for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a command whose module is not built: leave it out
-            if exc.name != module_name:
-                raise
-            continue
-        module.add_parser(sub)
-    for command in sub.choices.values():
+    for command in COMMANDS:
+        command.add_parser(sub)
+    for command_parser in sub.choices.values():
         # also after the command (`batchplan plan --debug`); SUPPRESS keeps a --debug given before it
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                             help="show tracebacks and debug logs")
+        command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                    help="show tracebacks and debug logs")
     return parser
 
 
 def _version() -> str:
-    from planner import __version__
-
     return f"batchplan {__version__}"
 
 
@@ -100,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             traceback.print_exc()
-        sys.stderr.write(f"error: {exc}\n")
+        message = exc.render(flag_of) if isinstance(exc, JobFieldError) else str(exc)
+        sys.stderr.write(f"error: {message}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")

@@ -6,8 +6,10 @@ Every flag is validated here or in ``JobSpec``; a bad value is a ``ConfigError``
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
+from planner.errors import ConfigError
 from planner.job import (
     AMP_CHOICES,
     DEFAULT_FRACTION,
@@ -18,9 +20,28 @@ from planner.job import (
     MODES,
     OPTIMIZERS,
     JobSpec,
-    parse_input_shape,
 )
-from torchkit.errors import ConfigError
+from planner.plan.launch import DEFAULT_MASTER_PORT
+from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, DEFAULT_PROFILE_TIMEOUT_S
+
+#: the job options' flags whose names are not their JobSpec field's with dashes
+_FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utilization_fraction": "max-utilization"}
+
+
+def flag_of(field: str) -> str:
+    """The flag that sets JobSpec ``field`` (``global_batch`` -> ``--global-batch``): how the CLI names a
+    field in an error (``JobFieldError.render``)."""
+    return "--" + _FLAG_OF_FIELD.get(field, field.replace("_", "-"))
+
+
+def parse_input_shape(text: str) -> tuple[int, ...]:
+    """``"3,224,224"`` (or ``3x224x224``) → ``(3, 224, 224)``; a clear error for anything else, empty parts
+    included."""
+    parts = [part.strip() for part in re.split(r"[,x]", text)]
+    shape = tuple(int(part) for part in parts if part.isdigit())
+    if not parts or len(shape) != len(parts) or any(d <= 0 for d in shape):
+        raise ConfigError(f"--input-shape {text!r} is invalid (use positive integers like 3,224,224)")
+    return shape
 
 
 class _PlanningOnly(argparse.Action):
@@ -97,14 +118,14 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-ray", action="store_true", help="with --cluster: probe the simulated nodes in this process")
     g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 1: one probe "
                    "process answers for all nodes; up to about 8 gives each node its own)")
-    g.add_argument("--probe-timeout", type=float, default=120.0, help="seconds a node's probe may take to answer")
-    g.add_argument("--profile-timeout", type=float, default=900.0, help="seconds one profile may take")
+    g.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT_S, help="seconds a node's probe may take to answer")
+    g.add_argument("--profile-timeout", type=float, default=DEFAULT_PROFILE_TIMEOUT_S, help="seconds one profile may take")
     g.add_argument("--require-all-nodes", action="store_true", help="fail (exit 1) if any node cannot be probed")
     g.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
     g.add_argument("--workers", type=int, default=0, help="data-loader workers per rank (for the core-count check)")
     g.add_argument("--script", default="train.py", help="training script named in the torchrun lines")
-    g.add_argument("--master-port", type=int, default=29500, help="torchrun master port")
+    g.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="torchrun master port")
 
 
 def check_cluster_args(args: argparse.Namespace) -> None:
@@ -121,44 +142,3 @@ def check_cluster_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--workers {args.workers} is invalid (use 0 or more)")
     if not 1 <= args.master_port <= 65535:
         raise ConfigError(f"--master-port {args.master_port} is invalid (use 1-65535)")
-
-
-def driver_options(args: argparse.Namespace):
-    from planner.driver import DriverOptions
-    from planner.profile_cache import ProfileCache
-
-    return DriverOptions(
-        probe_timeout_s=args.probe_timeout,
-        profile_timeout_s=args.profile_timeout,
-        require_all_nodes=args.require_all_nodes,
-        cache=None if args.no_cache else ProfileCache(args.cache_dir),
-        workers_per_rank=args.workers,
-        script=args.script,
-        master_port=args.master_port,
-    )
-
-
-def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bool = False):
-    """Plan for the cluster the flags name, with progress on stderr. Returns the driver's PlanOutcome."""
-    from planner.cli.progress import progress_sink
-    from planner.driver import plan_with_ray, plan_without_ray
-
-    check_cluster_args(args)
-    options = driver_options(args)
-    cluster = None
-    if args.cluster:
-        from planner.cluster import load_cluster
-
-        cluster = load_cluster(args.cluster)
-    with progress_sink() as on_event:
-        if cluster is not None and args.no_ray:
-            return plan_without_ray(job, cluster, options=options, on_event=on_event, allow_infeasible=allow_infeasible)
-        return plan_with_ray(
-            job,
-            cluster=cluster,
-            address=args.address,
-            options=options,
-            on_event=on_event,
-            raylet_cap=args.raylet_cap,
-            allow_infeasible=allow_infeasible,
-        )

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from planner.errors import ConfigError
 from torchkit.units import GIB
 
 
@@ -55,3 +57,15 @@ def echo(text: str = "") -> None:
 def note(text: str) -> None:
     """A log line on stderr (never mixed into the result)."""
     sys.stderr.write(text + "\n")
+
+
+def check_writable(flag: str, value: str) -> None:
+    """``value`` of ``flag`` can become a file: not a directory, and no parent of it is a file."""
+    path = Path(value)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {value} is a directory (name a file, e.g. {path / 'plan.json'})")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag} {value}: {parent} is a file, not a directory (choose another path)")
+            break

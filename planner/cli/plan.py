@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.options import add_cluster_options, add_job_options, job_from_args, run_planning
-from planner.cli.output import note
+from planner.cli.options import add_cluster_options, add_job_options, job_from_args
+from planner.cli.output import check_writable, note
+from planner.cli.planning import run_planning
 from planner.cli.render import print_plan
-from torchkit.errors import ConfigError
+from planner.errors import ConfigError
 
 
 def add_parser(subparsers) -> None:
@@ -42,23 +43,9 @@ def check_output_args(args: argparse.Namespace) -> None:
             check_writable(flag, value)
 
 
-def check_writable(flag: str, value: str) -> None:
-    """``value`` can become a file: not a directory, and no parent of it is a file."""
-    from pathlib import Path
-
-    path = Path(value)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {value} is a directory (name a file, e.g. {path / 'plan.json'})")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{flag} {value}: {parent} is a file, not a directory (choose another path)")
-            break
-
-
 def emit(plan: dict, args: argparse.Namespace) -> None:
     """Write plan.json, the picture, and print the result in the requested form."""
-    from planner.plan import write_plan
+    from planner.plan.io import write_plan
 
     if not args.no_write:
         path = write_plan(plan, args.output)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchkit.errors import ConfigError
+from planner.errors import ConfigError
 from torchkit.units import GIB
 
 
@@ -67,7 +67,7 @@ def plot_plan(plan: dict, path: str) -> Path:
 
 def plot_profile(profile_json: dict, *, budget_bytes: int, total_bytes: int, chosen_batch: int, path: str) -> Path:
     """The memory curve with its probe points, the budget line and the chosen batch."""
-    from planner.profile import DeviceProfile
+    from planner.profiles.profile import DeviceProfile
 
     plt = _pyplot()
     profile = DeviceProfile.from_json(profile_json)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.options import add_cluster_options, add_job_options, job_from_args, run_planning
+from planner.cli.options import add_cluster_options, add_job_options, job_from_args
 from planner.cli.output import echo, print_json
-from planner.errors import InfeasiblePlanError
-from torchkit.errors import ConfigError
+from planner.cli.planning import run_planning
+from planner.errors import ConfigError, InfeasiblePlanError
 
 
 def add_parser(subparsers) -> None:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         plan = outcome.plan
     ok = all(c.ok for c in checks)
     if ok and plan is not None and args.output:
-        from planner.plan import write_plan
+        from planner.plan.io import write_plan
 
         write_plan(plan, args.output)
     if args.json:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from planner.cli.options import add_job_options, job_from_args
-from planner.cli.output import echo, format_gib, note, print_json, print_table
-from torchkit.errors import ConfigError
+from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
+from planner.errors import ConfigError
 
 SCHEMA = "batchplan/profile@1"
 
@@ -39,7 +39,7 @@ def _local_device(spec: str):
         raise ConfigError(
             f"--device {spec}: no CUDA GPU is usable on this machine (use --gpu TYPE to estimate for a catalog GPU)"
         )
-    from torchkit.device import parse_device
+    from torchkit.seed_api.device import parse_device
 
     parsed = parse_device(spec)
     if not parsed.startswith("cuda") and not parsed[:1].isdigit():
@@ -51,12 +51,14 @@ def _local_device(spec: str):
 
 def _cached_profile(args: argparse.Namespace, job, gpu, method: str, device_index: int | None):
     """The profile from the cache ``plan`` shares, or made now (and cached)."""
-    from planner.profile_cache import ProfileCache
-    from planner.profiling import job_profile_key, make_profile, resolve_method, workload_key
+    from planner.probing.make_profile import job_fingerprint, make_profile, resolve_method
+    from planner.profiles.cache import ProfileCache
+    from planner.profiles.key import job_profile_key
 
     cache = None if args.no_cache else ProfileCache(args.cache_dir)
     resolved = resolve_method(method, device_index)
-    key = job_profile_key(job, gpu, resolved, workload_key(job))
+    fingerprint, torch_version = job_fingerprint(job)
+    key = job_profile_key(job, gpu, method=resolved, fingerprint=fingerprint, torch_version=torch_version)
     cached = cache.get(key) if cache is not None else None
     if cached is not None:
         note(f"profile of {job.model} on {gpu.name} ({resolved}) from the cache {cache.path_for(key)}")
@@ -69,12 +71,10 @@ def _cached_profile(args: argparse.Namespace, job, gpu, method: str, device_inde
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchkit.catalog import load_catalog
+    from torchkit.hardware.catalog import load_catalog
 
     job = job_from_args(args)
     if args.plot:
-        from planner.cli.plan import check_writable
-
         if not args.plot.lower().endswith(".png"):
             raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
         check_writable("--plot", args.plot)
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"local GPU '{name}' is not in the GPU catalog (add it with a cluster config's gpu_types:)")
         method = job.method
     profile = _cached_profile(args, job, gpu, method, device_index)
-    budget = int(job.fraction * free_bytes)
+    budget = job.memory_budget_bytes(free_bytes)
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {
         "schema": SCHEMA,

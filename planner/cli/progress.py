@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from planner.driver import Event, EventSink
+from planner.events import Event, EventSink
 
 # (stage, status) or, where the wording depends on it, (stage, status, method)
 _LABELS: dict[tuple[str, ...], str] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from planner.cli.output import echo, format_gib, print_json, print_table
+from planner.plan.launch import DEFAULT_MASTER_PORT
 
 
 def render_plan(plan: dict) -> None:
@@ -58,7 +59,7 @@ def env_lines(plan: dict) -> list[str]:
     """Per node, shell lines a scheduler can source (``--emit env``)."""
     launch = plan.get("launch") or {}
     master = launch.get("master_addr") or (plan["nodes"][0]["name"] if plan["nodes"] else "")
-    port = launch.get("master_port", 29500)
+    port = launch.get("master_port", DEFAULT_MASTER_PORT)
     lines = []
     for node in plan["nodes"]:
         lines.append(f"# node {node['name']}")

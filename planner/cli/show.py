@@ -16,7 +16,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.plan import read_plan
+    from planner.plan.io import read_plan
 
     print_plan(read_plan(args.plan), as_json=args.json, emit=args.emit)
     return 0

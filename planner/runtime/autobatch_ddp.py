@@ -7,7 +7,7 @@ Steps, inside an initialised process group:
    on its node (or finds the profile in the node's profile cache) while the others wait; then the others
    read the cached profile (they profile only if the cache is unusable);
 3. every rank's profiles are gathered to all ranks;
-4. every rank runs the same deterministic allocation (``planner.plan.build_plan``) on the same data with rank
+4. every rank runs the same deterministic allocation (``planner.plan.build.build_plan``) on the same data with rank
    0's timestamp, so all ranks hold the byte-identical plan, and takes its own entry.
 
 Works with gloo on CPU (pass ``gpu=`` to simulate a GPU type per rank: the profile is then estimated for
@@ -29,8 +29,10 @@ from typing import Any
 
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
-from planner.plan import RankSlot, build_plan
-from planner.profile import DeviceProfile
+from planner.plan.build import build_plan
+from planner.plan.types import RankSlot
+from planner.profiles.key import job_profile_key
+from planner.profiles.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class DdpAutobatch:
     rank_plan: Any
     """this rank's ``planner.runtime.RankPlan`` (batch, loss weight, ...)"""
     plan: dict
-    """the whole plan (identical on every rank); ``planner.plan.write_plan`` can save it"""
+    """the whole plan (identical on every rank); ``planner.plan.io.write_plan`` can save it"""
     profiled_here: tuple[str, ...]
     """GPU types this rank profiled itself (not from the cache)"""
 
@@ -98,11 +100,11 @@ def autobatch_ddp(
     """
     import torch.distributed as dist
 
-    from planner.profile_cache import ProfileCache
-    from planner.profiling import job_profile_key, make_profile, workload_key
+    from planner.probing.make_profile import job_fingerprint, make_profile
+    from planner.profiles.cache import ProfileCache
     from planner.runtime.rank_plan import load_rank_plan
-    from torchkit.catalog import load_catalog
-    from torchkit.distributed import torch_distributed_zero_first
+    from torchkit.hardware.catalog import load_catalog
+    from torchkit.seed_api.distributed import torch_distributed_zero_first
 
     if not dist.is_available() or not dist.is_initialized():
         raise InfeasiblePlanError("autobatch_ddp needs an initialised process group (call it inside torchrun)")
@@ -120,11 +122,13 @@ def autobatch_ddp(
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
 
-    workload = workload_key(job)  # the planner's keys: plan and job share the cache
+
+    fingerprint, torch_version = job_fingerprint(job)
     method = "estimate" if gpu is not None else job.method
 
     def key_for(gpu_name: str) -> str:
-        return job_profile_key(job, catalog.get(gpu_name), method, workload)
+        return job_profile_key(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
+                               torch_version=torch_version)
 
     node_types = sorted({p["gpu"] for p in everyone if p["node"] == node})
     profiles: dict[str, DeviceProfile] = {}
@@ -153,7 +157,7 @@ def autobatch_ddp(
             device_index=p["device_index"],
             gpu=p["gpu"],
             profile=key_for(p["gpu"]),
-            memory_budget_bytes=int(job.fraction * p["available"]),
+            memory_budget_bytes=job.memory_budget_bytes(p["available"]),
             total_memory_bytes=p["total"],
             visible_id=p["visible_id"],
         )

@@ -4,7 +4,7 @@ Pure Python (no torch): ``load_rank_plan`` can run before ``init_process_group``
 match the plan (wrong number of processes, nodes started in a different order) fails with a message that
 says how to launch, before any collective could hang.
 
-The structure of the plan is checked by ``planner.plan.validate_plan`` (the one reader of plan.json); this
+The structure of the plan is checked by ``planner.plan.io.validate_plan`` (the one reader of plan.json); this
 module adds what only the running job can check: the launcher's environment against the plan, and that
 each rank's ``loss_weight`` is still ``batch · world_size / step_batch`` (a batch edited by hand without
 its weight would silently give a wrong gradient).
@@ -91,8 +91,8 @@ def load_rank_plan(
     """This process's entry of a plan.
 
     Args:
-        plan: path of a ``plan.json`` (read with ``planner.plan.read_plan``) or the plan as a mapping
-            (checked with ``planner.plan.validate_plan``).
+        plan: path of a ``plan.json`` (read with ``planner.plan.io.read_plan``) or the plan as a mapping
+            (checked with ``planner.plan.io.validate_plan``).
         rank: the global rank; default ``RANK`` from the environment (set by torchrun), or 0 for a
             one-rank plan started without a launcher.
         env: the environment to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``GROUP_RANK`` from;
@@ -104,7 +104,7 @@ def load_rank_plan(
             or ``GROUP_RANK`` disagree with the plan's entry for ``RANK``); a loss weight does not match
             its batch.
     """
-    from planner.plan import read_plan, validate_plan  # numpy-level imports, only when a plan is read
+    from planner.plan.io import read_plan, validate_plan  # numpy-level imports, only when a plan is read
 
     environ: Mapping[str, str] = os.environ if env is None else env
     if isinstance(plan, Mapping):

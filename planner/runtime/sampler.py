@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Sampler
 
 from planner.errors import ConfigError
-from planner.runtime.weights import _positive_int
+from planner.runtime.weights import positive_int
 
 if TYPE_CHECKING:
     from planner.runtime.rank_plan import RankPlan
@@ -75,7 +75,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
         super().__init__()
         if len(batches) == 0:
             raise ConfigError("batches is empty: give every rank's batch in rank order")
-        self.batches: tuple[int, ...] = tuple(_positive_int(b, f"batches[{i}]") for i, b in enumerate(batches))
+        self.batches: tuple[int, ...] = tuple(positive_int(b, f"batches[{i}]") for i, b in enumerate(batches))
         """every rank's batch per step, in rank order"""
         try:
             checked_rank = None if isinstance(rank, bool) else operator.index(rank)
@@ -87,9 +87,9 @@ class PlannedBatchSampler(Sampler[list[int]]):
             )
         self.rank: int = checked_rank
         """this process's global rank"""
-        self.accumulate = _positive_int(accumulate, "accumulate")
+        self.accumulate = positive_int(accumulate, "accumulate")
         """micro-steps per optimizer step"""
-        self.dataset_size = _positive_int(dataset_size, "dataset_size")
+        self.dataset_size = positive_int(dataset_size, "dataset_size")
         """samples in the dataset"""
         self.shuffle = bool(shuffle)
         self.seed = int(seed)

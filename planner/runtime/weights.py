@@ -58,7 +58,7 @@ from planner.errors import ConfigError
 __all__ = ["loss_weight", "loss_weights", "sum_loss_scale"]
 
 
-def _positive_int(value: object, name: str) -> int:
+def positive_int(value: object, name: str) -> int:
     """``value`` as an int (numpy integers accepted), or ConfigError; bools and floats are rejected."""
     if isinstance(value, bool):
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -83,9 +83,9 @@ def loss_weight(rank_batch: int, world_size: int, step_batch: int) -> float:
         ConfigError: a non-positive or non-integer argument, or a ``rank_batch`` that leaves fewer than one
             sample for each of the other ranks (every DDP rank must run forward on at least one sample).
     """
-    rank_batch = _positive_int(rank_batch, "rank_batch")
-    world_size = _positive_int(world_size, "world_size")
-    step_batch = _positive_int(step_batch, "step_batch")
+    rank_batch = positive_int(rank_batch, "rank_batch")
+    world_size = positive_int(world_size, "world_size")
+    step_batch = positive_int(step_batch, "step_batch")
     if step_batch < world_size:
         raise ConfigError(
             f"step_batch={step_batch} is smaller than world_size={world_size}: every rank needs at least one "
@@ -105,7 +105,7 @@ def loss_weights(batches: Sequence[int]) -> tuple[float, ...]:
     """Every rank's :func:`loss_weight`, in rank order, for per-rank batches ``batches`` (their sum is B)."""
     if len(batches) == 0:
         raise ConfigError("batches is empty: a plan needs at least one rank")
-    checked = [_positive_int(b, f"batches[{i}]") for i, b in enumerate(batches)]
+    checked = [positive_int(b, f"batches[{i}]") for i, b in enumerate(batches)]
     step_batch = sum(checked)
     return tuple(loss_weight(b, len(checked), step_batch) for b in checked)
 
@@ -118,6 +118,6 @@ def sum_loss_scale(world_size: int, global_count: int) -> float:
     ``W``, so the result is ``(1/T) Σ_tokens ∇ℓ``: every token of the step counts the same. Returns
     ``world_size / global_count``.
     """
-    world_size = _positive_int(world_size, "world_size")
-    global_count = _positive_int(global_count, "global_count")
+    world_size = positive_int(world_size, "world_size")
+    global_count = positive_int(global_count, "global_count")
     return world_size / global_count

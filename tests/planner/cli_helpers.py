@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from planner.plan import validate_plan
-from planner.profile import DeviceProfile
+from planner.plan.io import validate_plan
+from planner.profiles.profile import DeviceProfile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "cluster_configs"
@@ -121,7 +121,7 @@ def parse_json_stdout(result: subprocess.CompletedProcess[str]) -> Any:
 
 
 def check_plan(doc: Any) -> dict:
-    """A plan document: ``planner.plan.validate_plan`` (the schema the runtime reads) plus the loss weights
+    """A plan document: ``planner.plan.io.validate_plan`` (the schema the runtime reads) plus the loss weights
     DESIGN.md defines (w_i = b_i · W / B_step, so they average to 1)."""
     validate_plan(doc, where="plan under test")
     weights = [r["loss_weight"] for r in doc["ranks"]]

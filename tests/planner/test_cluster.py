@@ -16,8 +16,8 @@ from planner.cluster import (
     parse_cluster,
     shipped_cluster_configs,
 )
-from torchkit.catalog import load_catalog
 from torchkit.errors import ConfigError
+from torchkit.hardware.catalog import load_catalog
 
 GIB = 2**30
 MIB = 2**20

@@ -15,8 +15,8 @@ from planner.cluster import load_cluster
 from planner.driver import DriverOptions, plan_with_ray, plan_without_ray
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
-from planner.plan import validate_plan
-from planner.profile_cache import ProfileCache
+from planner.plan.io import validate_plan
+from planner.profiles.cache import ProfileCache
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

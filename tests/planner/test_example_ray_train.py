@@ -11,7 +11,7 @@ import pytest
 from planner.cluster import load_cluster
 from planner.driver import plan_without_ray
 from planner.job import JobSpec
-from planner.plan import write_plan
+from planner.plan.io import write_plan
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from planner.cluster import NodeSpec, SimulatedGpu
 from planner.preflight import Check, Thresholds, run_checks
-from planner.probe import HostInfo, NodeInventory, simulated_inventory
-from torchkit.catalog import load_catalog
-from torchkit.gpu_select import GpuSelection
-from torchkit.nvml import GpuStats
+from planner.probing.inventory import HostInfo, NodeInventory, simulated_inventory
+from torchkit.hardware.catalog import load_catalog
+from torchkit.hardware.gpu_select import GpuSelection
+from torchkit.hardware.nvml import GpuStats
 
 GIB = 2**30
 CATALOG = load_catalog()

@@ -15,7 +15,7 @@ import pytest
 from planner.cluster import ClusterSpec, load_cluster, shipped_cluster_configs
 from planner.driver import PlanOutcome, plan_without_ray
 from planner.job import JobSpec
-from planner.plan import validate_plan
+from planner.plan.io import validate_plan
 
 pytestmark = pytest.mark.slow  # the first config pays for importing torch and estimating the model (seconds)
 

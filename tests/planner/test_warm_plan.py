@@ -11,9 +11,10 @@ from pathlib import Path
 
 from planner.cluster import load_cluster
 from planner.job import JobSpec
-from planner.profile import DeviceProfile
-from planner.profile_cache import ProfileCache
-from planner.profiling import job_profile_key, workload_key
+from planner.probing.make_profile import job_fingerprint
+from planner.profiles.cache import ProfileCache
+from planner.profiles.key import job_profile_key
+from planner.profiles.profile import DeviceProfile
 from tests.planner.cli_helpers import (
     DEMO_MIXED,
     REPO_ROOT,
@@ -39,23 +40,24 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
             memory_points=[(b, 2 * GIB + 40 * MIB * b) for b in (32, 128, 512)],
             time_points=[(b, 0.01 + per_sample_s * b) for b in (32, 128, 512)],
         )
-        key = job_profile_key(job, gpu, "estimate", workload_key(job))
+        fingerprint, torch_version = job_fingerprint(job)
+        key = job_profile_key(job, gpu, method="estimate", fingerprint=fingerprint, torch_version=torch_version)
         ProfileCache(cache_dir).put(key, profile)
         keys[gpu_name] = key
     return keys
 
 
-def test_workload_key_of_a_built_in_model_needs_no_torch() -> None:
-    code = ("import sys; from planner.job import JobSpec; from planner.profiling import workload_key; "
-            "key = workload_key(JobSpec(model='resnet50')); print(key[0], 'torch' in sys.modules)")
+def test_job_fingerprint_of_a_built_in_model_needs_no_torch() -> None:
+    code = ("import sys; from planner.job import JobSpec; from planner.probing.make_profile import job_fingerprint; "
+            "key = job_fingerprint(JobSpec(model='resnet50')); print(key[0], 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[0].startswith("src-") and out[1] == "False"
 
 
-def test_workload_key_changes_with_the_input() -> None:
-    assert workload_key(JobSpec(model="resnet50")) != workload_key(JobSpec(model="resnet50", imgsz=128))
-    assert workload_key(JobSpec(model="resnet50")) != workload_key(JobSpec(model="resnet18"))
+def test_job_fingerprint_changes_with_the_input() -> None:
+    assert job_fingerprint(JobSpec(model="resnet50")) != job_fingerprint(JobSpec(model="resnet50", imgsz=128))
+    assert job_fingerprint(JobSpec(model="resnet50")) != job_fingerprint(JobSpec(model="resnet18"))
 
 
 def test_warm_plan_without_ray_imports_no_torch(tmp_path: Path) -> None:

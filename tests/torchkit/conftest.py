@@ -80,7 +80,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
     """
     import torch
 
-    from torchkit.device import get_gpu_info
+    from torchkit.seed_api.device import get_gpu_info
 
     def install(gpus: list[FakeGpu], *, with_ids: bool = True, available: bool = True) -> None:
         props = [cuda_properties(g, with_ids=with_ids) for g in gpus]

@@ -32,7 +32,7 @@ from torchkit.estimate.estimator import (
 )
 from torchkit.estimate.op_costs import KernelCost, OpCost
 from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD, CudaOverhead
-from torchkit.estimate.step import AMP_MODES, OPTIMIZERS, AmpMode, OptimizerName
+from torchkit.step.options import AMP_MODES, OPTIMIZERS, AmpMode, OptimizerName
 
 __all__ = [
     "AMP_MODES",

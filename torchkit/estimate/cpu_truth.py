@@ -52,11 +52,11 @@ def measure_cpu_peak(
     optimizer: str = "sgd",
     method: Method = "allocations",
 ) -> CpuTruth:
-    """Run the estimator's training step (:mod:`torchkit.estimate.step`) for real on CPU, profiled."""
+    """Run the estimator's training step (:mod:`torchkit.step.train_step`) for real on CPU, profiled."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from torchkit.estimate.step import check_options, make_optimizer, run_training_iterations
+    from torchkit.step.train_step import check_options, make_optimizer, run_training_iterations
 
     check_options(amp, optimizer)
     detailed = method == "memory_profile"

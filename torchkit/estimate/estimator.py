@@ -2,7 +2,7 @@
 any catalog GPU, device memory and step time, and the curves over batch size.
 
 A fake pass builds the model, optimizer and batch under ``FakeTensorMode`` (no memory, no compute), runs
-the training step of :mod:`torchkit.estimate.step` under :class:`MemoryTracker` (an optimizer step on zero
+the training step of :mod:`torchkit.step.train_step` under :class:`MemoryTracker` (an optimizer step on zero
 gradients creates the optimizer state, then one full iteration: forward, backward, step), and records every
 operator's FLOPs and bytes of that iteration. It does not depend on the GPU: a ``StepEstimate``
 is computed once per (workload, batch, amp, optimizer) and priced for many GPUs by
@@ -32,10 +32,11 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchkit.catalog import GpuSpec
 from torchkit.errors import UserError, WorkloadError
 from torchkit.estimate.op_costs import KernelCost, OpCost, OpCostRecorder, aggregate
-from torchkit.estimate.step import AmpMode, OptimizerName, StepHooks, check_options
+from torchkit.hardware.catalog import GpuSpec
+from torchkit.step.options import AmpMode, OptimizerName
+from torchkit.step.train_step import StepHooks, check_options
 
 ESTIMATOR_MIN_TORCH = "2.4.0"
 """Oldest torch the estimator supports (also pyproject's floor). It needs: ``TorchDispatchMode``,
@@ -127,7 +128,7 @@ def estimate_step(
 
     from torchkit.estimate.memory_tracker import MemoryCategory, MemoryTracker
     from torchkit.estimate.overhead import cpu_kernel_workspace_bytes, cuda_kernel_workspace_bytes
-    from torchkit.estimate.step import make_optimizer, run_training_iterations
+    from torchkit.step.train_step import make_optimizer, run_training_iterations
 
     check_options(amp, optimizer)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -234,7 +235,7 @@ class _TrackerHooks(StepHooks):
         self._category, self._phase = MemoryCategory, Phase
 
     def iteration(self, index: int) -> None:
-        from torchkit.estimate.step import NUM_ITERATIONS
+        from torchkit.step.train_step import NUM_ITERATIONS
 
         self._tracker.set_iteration(index)
         self._recorder.enabled = index == NUM_ITERATIONS - 1
@@ -252,7 +253,7 @@ class _TrackerHooks(StepHooks):
         self._tracker.set_phase(self._phase.OPTIMIZER)
 
     def after_step(self, optimizer: Any) -> None:
-        from torchkit.estimate.step import optimizer_state_tensors
+        from torchkit.step.train_step import optimizer_state_tensors
 
         self._tracker.mark(optimizer_state_tensors(optimizer), self._category.OPTIMIZER_STATE)
 
@@ -361,7 +362,7 @@ def estimate_curves(
     overhead: Any = None,
 ) -> EstimatedCurves:
     """Memory and step-time points of ``workload`` on ``gpu`` at ``batches`` (one fake pass per batch not in
-    ``estimates_cache``). Fit them with ``torchkit.fit.fit_memory`` / ``fit_time``.
+    ``estimates_cache``). Fit them with ``torchkit.step.fit.fit_memory`` / ``fit_time``.
 
     Raises:
         ValueError: fewer than two distinct probe batches.

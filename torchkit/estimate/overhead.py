@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from torchkit.catalog import GpuSpec
+from torchkit.hardware.catalog import GpuSpec
 from torchkit.units import MIB
 
 # --- CPU kernel workspace ------------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from torchkit.catalog import GpuSpec
 from torchkit.errors import ConfigError
 from torchkit.estimate.op_costs import KernelCost
+from torchkit.hardware.catalog import GpuSpec
 
 COMPUTE_EFFICIENCY = 0.75
 """Fraction of peak FLOP/s a matmul/conv/attention kernel reaches: the factor PyTorch's own roofline

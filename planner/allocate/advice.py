@@ -1,0 +1,173 @@
+"""The advice of an allocation: the options ``allocate`` compares and the sentences it says about them.
+
+Options (``Allocation.alternatives``): the three modes (each at its fastest accumulation), the fastest
+groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
+group alone, all at the same global batch when one is given; each is solved with ``planner.allocate.solver``'s
+solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%). Sentences are
+advice (warnings: another choice would be faster) or notes (the comparison with plain DDP, an option that
+could not be compared and why): the plan never advises against its own choice of accumulation, which is
+already the fastest.
+
+Pure numpy: no torch, no Ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.allocate.solver import Rows, split_units
+from planner.errors import InfeasiblePlanError
+from planner.job import MODES
+
+# Advice is given only for a speed-up of at least 5%: estimated step times carry errors of several percent
+# (operator-level estimators: ~5-10% mean error, peers.md §2), so smaller differences are not evidence.
+ADVICE_MIN_SPEEDUP = 1.05
+# Branch and bound stops within 1% of the optimum for the options the advice compares (it speaks only
+# above 5%); the plan itself is solved to 0.1% (``planner.allocate.solver._THROUGHPUT_TOLERANCE``).
+_ADVICE_TOLERANCE = 1e-2
+# Group advice (drop the slowest groups, keep one) costs two solves per group: at most this many groups.
+# Default groups are identical (cap, t0, t1); with more of them than this, identical (t0, t1).
+_MAX_ADVICE_GROUPS = 32
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option compared by the advice."""
+
+    throughput: float  # samples/s (global batch / time per global batch when B is given)
+    global_time_s: float  # accumulate · step time
+    batches: np.ndarray  # per rank of the option's rows, samples
+    accumulate: int
+
+
+def _option(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+            accumulate: int | None = None) -> Option | None:
+    try:
+        units, accumulate = split_units(rows, mode, k, global_batch, "", _ADVICE_TOLERANCE, accumulate)
+    except InfeasiblePlanError:
+        return None
+    b = units * k
+    step_time = float(np.max(t0[rows.ranks] + t1[rows.ranks] * b))
+    return Option(float(b.sum()) / step_time, accumulate * step_time, b, accumulate)
+
+
+def _rank_list(idx: np.ndarray) -> str:
+    """"rank 5", "ranks 4-5", "ranks 0-3, 8-11, … (40 ranks in all)"."""
+    breaks = np.nonzero(np.diff(idx) != 1)[0]
+    starts = np.concatenate(([idx[0]], idx[breaks + 1]))
+    ends = np.concatenate((idx[breaks], [idx[-1]]))
+    parts = [f"{a}" if a == b else f"{a}-{b}" for a, b in zip(starts[:4], ends[:4], strict=True)]
+    more = f", … ({len(idx)} ranks in all)" if len(starts) > 4 else ""
+    return ("rank " if len(idx) == 1 else "ranks ") + ", ".join(parts) + more
+
+
+def _describe(ranks: np.ndarray, gid: np.ndarray, chosen: np.ndarray, names: np.ndarray | None) -> str:
+    """The ranks of the chosen groups, by group name when the caller labelled the groups."""
+    members = np.isin(gid, chosen)
+    idx = ranks[members]
+    if names is None:
+        return _rank_list(idx)
+    counts = np.bincount(gid[members], minlength=len(names))
+    kinds = " and ".join(f"{counts[g]} {names[g]}" for g in chosen)
+    return f"the {kinds} rank{'s' if len(idx) > 1 else ''} ({_rank_list(idx)})"
+
+
+def _rate(samples_per_s: float) -> str:
+    return f"{samples_per_s:,.0f}" if samples_per_s >= 100 else f"{samples_per_s:.3g}"
+
+
+def _versus(new: Option, cur: Option, global_batch: int | None) -> str:
+    if global_batch is None:
+        return f"{_rate(new.throughput)} vs {_rate(cur.throughput)} samples/s"
+    return f"{new.global_time_s:.4g} s vs {cur.global_time_s:.4g} s per global batch of {global_batch}"
+
+
+def _uniform_missing(rows: Rows, k: int, global_batch: int | None) -> str:
+    """Why plain DDP (``uniform``) has no option to compare: one sentence with the numbers."""
+    n = len(rows.ranks)
+    smallest = int(rows.cap.min()) * k
+    if global_batch is not None and global_batch % (n * k):
+        below, above = global_batch // (n * k) * n * k, (global_batch // (n * k) + 1) * n * k
+        near = f"{below} or {above}" if below else f"{above}"
+        return (f"'uniform' (plain DDP) is not compared: global batch {global_batch} does not split into {n} "
+                f"equal per-rank batches{f' of multiples of {k}' if k > 1 else ''} (a multiple of {n * k} "
+                f"would, e.g. {near})")
+    return (f"'uniform' (plain DDP) is not compared: no accumulation splits global batch {global_batch} into "
+            f"{n} equal per-rank batches of at most {smallest} (the smallest cap)")
+
+
+def _mode_sentences(options: dict[str, Option | None], mode: str, rows: Rows, k: int,
+                    global_batch: int | None, current: Option) -> tuple[list[str], list[str]]:
+    """(advice, notes) on the modes: another mode faster, or how much faster this one is than plain DDP."""
+    advice: list[str] = []
+    notes: list[str] = []
+    best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
+    gain = options[best_mode].throughput / current.throughput
+    if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
+        advice.append(f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
+                      f"({_versus(options[best_mode], current, global_batch)})")
+    elif mode != "uniform" and options["uniform"] is not None:
+        over = current.throughput / options["uniform"].throughput
+        if over >= ADVICE_MIN_SPEEDUP:
+            notes.append(f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
+                         f"{int(options['uniform'].batches[0])}): {_versus(current, options['uniform'], global_batch)}")
+    if options["uniform"] is None:
+        notes.append(_uniform_missing(rows, k, global_batch))
+    return advice, notes
+
+
+def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+           labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[str], list[str]]:
+    """Alternatives (throughput per option), advice sentences and notes; O(groups · N log N)."""
+    options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
+    alternatives = {m: o.throughput for m, o in options.items() if o is not None}
+    advice, notes = _mode_sentences(options, mode, rows, k, global_batch, current)
+
+    ranks = rows.ranks
+    if labels is None:
+        gid, names = rows.row, None
+        if len(rows.t0) > _MAX_ADVICE_GROUPS:
+            # Caps differ with each GPU's free memory; the time profile is what a GPU type shares.
+            profile = np.stack((t0[ranks], t1[ranks]), axis=1)
+            gid = np.unique(profile, axis=0, return_inverse=True)[1].reshape(-1)
+    else:
+        names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
+    num_groups = int(gid.max()) + 1
+    if num_groups > _MAX_ADVICE_GROUPS:
+        notes.append(f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
+                     f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them")
+        return alternatives, advice, notes
+    if num_groups < 2:
+        return alternatives, advice, notes
+    # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
+    cap_b = rows.cap[rows.row] * k
+    rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
+    speed = np.bincount(gid, weights=rate) / np.bincount(gid)
+    first = np.unique(gid, return_index=True)[1]
+    order = np.lexsort((first, -speed))
+
+    def subset_option(groups_kept: np.ndarray) -> Option | None:
+        return _option(rows.subset(np.isin(gid, groups_kept)), t0, t1, k, mode, global_batch)
+
+    prefixes = [(order[:j], subset_option(order[:j])) for j in range(1, num_groups)]
+    singles = [(np.array([g]), subset_option(np.array([g]))) for g in range(num_groups)]
+    best_prefix = max(((g, o) for g, o in prefixes if o is not None), key=lambda p: p[1].throughput, default=None)
+    best_single = max(((g, o) for g, o in singles if o is not None), key=lambda p: p[1].throughput, default=None)
+    said_prefix = None
+    if best_prefix is not None:
+        alternatives["best_group_subset"] = best_prefix[1].throughput
+        gain = best_prefix[1].throughput / current.throughput
+        if gain >= ADVICE_MIN_SPEEDUP:
+            dropped = order[len(best_prefix[0]):]
+            advice.append(f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
+                          f"({_versus(best_prefix[1], current, global_batch)})")
+            said_prefix = set(best_prefix[0].tolist())
+    if best_single is not None:
+        alternatives["best_single_group"] = best_single[1].throughput
+        gain = best_single[1].throughput / current.throughput
+        if gain >= ADVICE_MIN_SPEEDUP and said_prefix != set(best_single[0].tolist()):
+            advice.append(f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
+                          f"faster ({_versus(best_single[1], current, global_batch)})")
+    return alternatives, advice, notes

@@ -1,0 +1,148 @@
+"""Making a device profile for one (job, GPU type): by estimation on fake tensors, or by measuring real
+training steps on a real GPU.
+
+``estimate`` works for any catalog GPU on any machine; ``measure`` needs the GPU itself; ``auto`` measures
+where a CUDA GPU is present and estimates otherwise (the choice is recorded in the profile's ``method`` and
+a note).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from planner.errors import ConfigError
+from planner.job import JobSpec
+from planner.profiles.profile import DeviceProfile
+from torchkit.hardware.catalog import GpuSpec
+
+log = logging.getLogger(__name__)
+
+
+def factory_search_dirs(model: str) -> tuple[str, ...]:
+    """Where a user factory (``package.module:factory``) is imported from besides ``sys.path``: the current
+    directory, as ``uvicorn app:app`` does (the console script's ``sys.path`` does not include it). A probe
+    on another process gets these on its PYTHONPATH. None for a built-in workload."""
+    return (os.getcwd(),) if ":" in model else ()
+
+
+def workload_for(job: JobSpec):
+    """The torchkit workload the job names (built-in or ``package.module:factory``, see ``factory_search_dirs``)."""
+    from torchkit.workloads import get_workload
+
+    for directory in factory_search_dirs(job.model):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+    return get_workload(job.model, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len)
+
+
+def job_fingerprint(job: JobSpec) -> tuple[str, str]:
+    """``(workload fingerprint, torch version)``: the parts of a profile key (``planner.profiles.key``) that
+    name the model and the torch that traces it.
+
+    A built-in workload is defined by its name, its input options and the source of ``torchkit.workloads``:
+    those are hashed, so a cache hit costs no torch import and no model build (the warm path of ``plan``).
+    A user factory (``package.module:factory``) can depend on anything it imports: its model is built on fake
+    tensors and fingerprinted (``torchkit.workloads.workload_fingerprint``).
+    """
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    if ":" in job.model:
+        import torch
+
+        from torchkit.workloads import workload_fingerprint
+
+        return workload_fingerprint(workload_for(job)), torch.__version__
+    # the name is checked where the model is built (a probe, on a cache miss); an unknown one has no profile
+    spec = importlib.util.find_spec("torchkit.workloads")  # the package's files, without importing it (torch)
+    sources = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.py"))
+    digest = hashlib.sha256(repr((job.model, job.imgsz, job.input_shape, job.seq_len)).encode())
+    for source in sources:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return f"src-{digest.hexdigest()[:16]}", importlib.metadata.version("torch")
+
+
+def resolve_method(method: str, device_index: int | None) -> str:
+    """``auto`` → ``measure`` when this process can use a CUDA GPU at ``device_index``, else ``estimate``."""
+    if method != "auto":
+        return method
+    if device_index is None:
+        return "estimate"
+    try:
+        import torch
+
+        return "measure" if torch.cuda.is_available() and device_index < torch.cuda.device_count() else "estimate"
+    except Exception:  # a broken CUDA install must not stop a plan that can be estimated
+        log.warning("CUDA is not usable here; estimating instead of measuring", exc_info=True)
+        return "estimate"
+
+
+def make_profile(
+    job: JobSpec,
+    gpu: GpuSpec,
+    *,
+    method: str = "estimate",
+    device_index: int | None = None,
+    estimates_cache: dict[Any, Any] | None = None,
+) -> DeviceProfile:
+    """Profile the job's training step on one GPU type.
+
+    Args:
+        method: ``estimate``, ``measure`` or ``auto``.
+        device_index: the CUDA device to measure on (PCI order) for ``measure``/``auto``.
+        estimates_cache: fake-pass results kept between calls; fake passes do not depend on the GPU type,
+            so profiling several types in one process reuses them.
+
+    Raises:
+        ConfigError: ``measure`` without a usable GPU.
+        WorkloadError: the model cannot be built or run.
+    """
+    resolved = resolve_method(method, device_index)
+    amp = job.amp_for(gpu)
+    workload = workload_for(job)
+    if resolved == "estimate":
+        from torchkit.estimate import estimate_curves
+
+        curves = estimate_curves(
+            workload, gpu, amp=amp, optimizer=job.optimizer, estimates_cache=estimates_cache
+        )
+        notes = [f"{gpu.name}: no free GPU of this type to measure on; estimated"] if method == "auto" else []
+        return DeviceProfile.from_points(
+            gpu=gpu.name,
+            method="estimate",
+            amp=amp,
+            memory_points=curves.memory_points,
+            time_points=curves.time_points,
+            fit=job.fit,
+            notes=notes,
+            breakdown_bytes=curves.breakdown_bytes,
+            min_memory_bytes=curves.floor_device_bytes,
+        )
+    if resolved == "measure":
+        import torch
+
+        if device_index is None or not torch.cuda.is_available() or device_index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"--method measure needs a CUDA GPU of type {gpu.name} (device {device_index}) on the probing "
+                "node, and none is usable here (use --method estimate or auto)"
+            )
+        from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
+        from torchkit.step.measure import measure_curve
+
+        curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer,
+                              context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
+        return DeviceProfile.from_points(
+            gpu=gpu.name,
+            method="measure",
+            amp=amp,
+            memory_points=curve.memory_points,
+            time_points=curve.time_points,
+            oom_batch=curve.oom_batch,
+            fit=job.fit,
+        )
+    raise ConfigError(f"unknown profiling method {method!r} (use auto, measure or estimate)")

@@ -1,0 +1,79 @@
+"""``NodeProbe``, the Ray actor that reports what a node has (``planner.probing.inventory``) and profiles it.
+
+The inventory and profiling functions are plain functions: the Ray layer runs them inside one ``NodeProbe``
+actor per node, pinned with hard node affinity; ``planner.driver`` can run the very same functions
+in-process (no Ray), which is how a Ray plan is checked against a plan made without Ray.
+
+GPU visibility: a Ray actor that asks for ``num_gpus=0`` gets ``CUDA_VISIBLE_DEVICES=""`` and would see no
+GPU. The probe asks for no GPUs (it must see the busy ones too, and must not wait for GPUs other jobs hold)
+and instead turns Ray's masking off for its own process with ``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES=1``
+in its runtime environment, so it sees every GPU the node's raylet sees.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from planner.cluster import NodeSpec
+from planner.probing.inventory import NodeInventory, real_inventory, simulated_inventory
+from torchkit.hardware.catalog import GpuCatalog
+
+#: Ray must not mask GPUs for the probe; CUDA must number GPUs as NVML does (PCI order), so that an
+#: NVML index from the inventory is the CUDA index the probe measures on
+PROBE_ENV_VARS = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+class NodeProbe:
+    """Answers for one node (or, past the raylet cap, a group of simulated nodes) of a cluster.
+
+    The driver wraps it with ``ray.remote`` and pins each instance to its node with
+    ``NodeAffinitySchedulingStrategy(node_id, soft=False)``.
+    """
+
+    def __init__(self, simulated_nodes: Sequence[NodeSpec] | None, catalog: GpuCatalog) -> None:
+        self._simulated = {n.name: n for n in simulated_nodes} if simulated_nodes is not None else None
+        self._catalog = catalog
+        self._estimates_cache: dict = {}
+
+    def identity(self) -> dict:
+        import ray
+
+        return {"ray_node_id": ray.get_runtime_context().get_node_id(), "probe_pid": os.getpid()}
+
+    def torch_imported(self) -> bool:
+        """Whether this probe process has imported torch: a plan from cached profiles should not need it
+        (importing torch costs seconds and a few hundred MiB per probe)."""
+        import sys
+
+        return "torch" in sys.modules
+
+    def inventory(
+        self, select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
+    ) -> list[NodeInventory]:
+        ident = self.identity()
+        thresholds = {
+            "select": select,
+            "min_free_memory_fraction": min_free_memory_fraction,
+            "max_utilization_fraction": max_utilization_fraction,
+        }
+        if self._simulated is None:
+            found = [real_inventory(self._catalog, **thresholds)]
+        else:
+            found = [simulated_inventory(node, **thresholds) for node in self._simulated.values()]
+        return [inv.with_probe(**ident) for inv in found]
+
+    def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None) -> dict:
+        """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity."""
+        from planner.job import JobSpec
+        from planner.probing.make_profile import make_profile
+
+        job = JobSpec.from_json(job_json)
+        profile = make_profile(
+            job,
+            self._catalog.get(gpu_type),
+            method=method,
+            device_index=device_index,
+            estimates_cache=self._estimates_cache,
+        )
+        return {"profile": profile.to_json(), **self.identity()}

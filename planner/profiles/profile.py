@@ -1,0 +1,154 @@
+"""Device profiles: how a training step's memory and time grow with the per-device batch on one GPU type.
+
+A profile holds the points it was made from (measured or estimated), the fitted curves, and the range in
+which the memory curve is trusted: at or below the first batch that ran out of memory. Pure numpy; the
+fits are ``torchkit.step.fit``'s (one home for them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from planner.errors import ConfigError
+from torchkit.step.fit import (
+    AffineTimeFit,
+    MemoryFit,
+    fit_memory,
+    fit_time,
+    max_batch_within,
+    memory_fit_from_json,
+    time_fit_from_json,
+)
+
+ProfileMethod = Literal["measure", "estimate"]
+
+#: largest per-rank batch a plan ever proposes, as Ultralytics' AutoBatch clamp (autobatch.py: 1024)
+#: raised for small models on large cards; a curve extrapolated beyond this is not trusted
+MAX_PLANNED_BATCH = 65536
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceProfile:
+    """Memory and step-time curves of one (workload, input, amp, optimizer, GPU type)."""
+
+    gpu: str
+    """catalog type name (or the NVML name of a GPU not in the catalog)"""
+    method: ProfileMethod
+    """how the points were obtained"""
+    amp: str
+    """AMP mode the profile was made with (fp16, bf16 or off)"""
+    memory_points: tuple[tuple[int, int], ...]
+    """(batch, device bytes): what the device needs for a training step at that batch"""
+    time_points: tuple[tuple[int, float], ...]
+    """(batch, seconds of one training step)"""
+    memory_fit: MemoryFit
+    time_fit: AffineTimeFit
+    oom_batch: int | None = None
+    """smallest probed batch that ran out of memory; the curve is not trusted at or above it"""
+    notes: tuple[str, ...] = ()
+    """dropped or off-the-line points and other remarks, shown to the user as warnings"""
+    min_memory_bytes: int = 0
+    """no batch needs less than this: the optimizer step's peak, which does not shrink with the batch (an
+    affine fit through larger probes can fall below it at small batches)"""
+    breakdown_bytes: dict[str, int] | None = None
+    """memory by category (parameters, gradients, optimizer_state, activations, ...) at the largest probe,
+    where the method gives one (the estimator does)"""
+
+    @classmethod
+    def from_points(
+        cls,
+        *,
+        gpu: str,
+        method: ProfileMethod,
+        amp: str,
+        memory_points: Sequence[tuple[int, int]],
+        time_points: Sequence[tuple[int, float]],
+        oom_batch: int | None = None,
+        fit: Literal["affine", "loglog"] = "affine",
+        notes: Sequence[str] = (),
+        breakdown_bytes: dict[str, int] | None = None,
+        min_memory_bytes: int = 0,
+    ) -> DeviceProfile:
+        """Fit the curves; dropped and outlying points become notes (never silently used or lost)."""
+        memory = fit_memory([(int(b), float(v)) for b, v in memory_points], kind=fit)
+        time = fit_time([(int(b), float(t)) for b, t in time_points])
+        remarks = list(notes)
+        for point in memory.dropped:
+            remarks.append(f"{gpu}: memory point at batch {point.batch} dropped: {point.reason}")
+        for point in memory.outliers:
+            remarks.append(f"{gpu}: memory point at batch {point.batch} is {point.reason}")
+        for point in time.dropped:
+            remarks.append(f"{gpu}: time point at batch {point.batch} dropped: {point.reason}")
+        return cls(
+            gpu=gpu,
+            method=method,
+            amp=amp,
+            memory_points=tuple((int(b), int(v)) for b, v in memory_points),
+            time_points=tuple((int(b), float(t)) for b, t in time_points),
+            memory_fit=memory.fit,
+            time_fit=time.fit,
+            oom_batch=oom_batch,
+            notes=tuple(remarks),
+            breakdown_bytes=dict(breakdown_bytes) if breakdown_bytes else None,
+            min_memory_bytes=int(min_memory_bytes),
+        )
+
+    def memory_bytes(self, batch: int) -> int:
+        """Predicted device bytes of a training step at ``batch``: the fit, but never below the floor."""
+        return max(int(round(self.memory_fit.predict_bytes(batch))), self.min_memory_bytes)
+
+    def step_time_s(self, batch: int) -> float:
+        """Predicted seconds of one training step at ``batch``."""
+        return float(self.time_fit.predict_s(batch))
+
+    def max_batch(self, budget_bytes: int, multiple_of: int = 1) -> int:
+        """Largest batch (a multiple of ``multiple_of``) whose predicted memory fits ``budget_bytes``.
+
+        Never at or above ``oom_batch`` (a probe that ran out of memory beats any fit), never above
+        ``MAX_PLANNED_BATCH``; 0 when not even ``multiple_of`` samples fit.
+        """
+        if self.min_memory_bytes > budget_bytes:
+            return 0
+        upper = MAX_PLANNED_BATCH if self.oom_batch is None else min(MAX_PLANNED_BATCH, self.oom_batch - 1)
+        return max_batch_within(self.memory_fit, budget_bytes, multiple_of=multiple_of, upper=upper)
+
+    def to_json(self) -> dict:
+        return {
+            "gpu": self.gpu,
+            "method": self.method,
+            "amp": self.amp,
+            "memory_points": [[b, v] for b, v in self.memory_points],
+            "memory_fit": self.memory_fit.to_json(),
+            "time_points": [[b, t] for b, t in self.time_points],
+            "time_fit": self.time_fit.to_json(),
+            "oom_batch": self.oom_batch,
+            "notes": list(self.notes),
+            "min_memory_bytes": self.min_memory_bytes,
+            "breakdown_bytes": self.breakdown_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "profile") -> DeviceProfile:
+        """Inverse of ``to_json``; a malformed entry raises ConfigError naming ``where``."""
+        try:
+            return cls(
+                gpu=str(data["gpu"]),
+                method=data["method"],
+                amp=str(data.get("amp", "off")),
+                memory_points=tuple((int(b), int(v)) for b, v in data["memory_points"]),
+                time_points=tuple((int(b), float(t)) for b, t in data["time_points"]),
+                memory_fit=memory_fit_from_json(data["memory_fit"]),
+                time_fit=time_fit_from_json(data["time_fit"]),
+                oom_batch=None if data.get("oom_batch") is None else int(data["oom_batch"]),
+                notes=tuple(str(n) for n in data.get("notes", ())),
+                min_memory_bytes=int(data.get("min_memory_bytes", 0)),
+                breakdown_bytes=(
+                    {str(k): int(v) for k, v in data["breakdown_bytes"].items()}
+                    if data.get("breakdown_bytes")
+                    else None
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where} is malformed: {exc!r} (re-run batchplan profile/plan to regenerate it)") from exc

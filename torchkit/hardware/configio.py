@@ -1,0 +1,204 @@
+"""Strict YAML reading for batchplan's config files (the GPU catalog, cluster configs).
+
+The helpers (``ConfigLocation``, ``read_yaml_file``, ``expect_*``) that ``torchkit.hardware.catalog`` and
+``planner.cluster`` share: duplicate and unknown keys are errors, and every error names the file, the path
+inside it (``nodes[1].gpus[0].type``) and the fix.
+
+Pure Python + PyYAML (no torch).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from torchkit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ConfigLocation:
+    """Where a value sits: the file (or a label) and the path inside it, for error messages."""
+
+    source: str
+    """file name or label, e.g. ``cluster_configs/demo-mixed.yaml``"""
+    path: str = ""
+    """path inside the document, e.g. ``nodes[1].gpus[0].type``; empty for the top level"""
+
+    def key(self, name: object) -> ConfigLocation:
+        """The location of mapping key ``name`` below this one."""
+        return ConfigLocation(self.source, f"{self.path}.{name}" if self.path else str(name))
+
+    def index(self, i: int) -> ConfigLocation:
+        """The location of list item ``i`` below this one."""
+        return ConfigLocation(self.source, f"{self.path}[{i}]")
+
+    def error(self, message: str) -> ConfigError:
+        """A ConfigError ``<file>: <path>: <message>``."""
+        return ConfigError(
+            f"{self.source}: {self.path}: {message}" if self.path else f"{self.source}: {message}"
+        )
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+
+
+def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges may be overridden on purpose
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first_line = seen.get(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                "found an unhashable key",
+                key_node.start_mark,
+            ) from None
+        if first_line is not None:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"found duplicate key {key!r} (first defined on line {first_line + 1}; keep one)",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line
+    loader.flatten_mapping(node)
+    return dict(loader.construct_pairs(node, deep=True))
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping)
+
+
+def parse_yaml_text(text: str, source: str) -> Any:
+    """Parse YAML text strictly (no duplicate keys); a syntax error becomes a ConfigError with its line."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"{where}: YAML syntax error: {problem} (fix the YAML on that line)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: YAML error: {exc} (fix the YAML)") from None
+
+
+def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
+    """Read and parse a YAML file; a missing, unreadable or malformed file is a ConfigError.
+
+    ``what`` names the kind of file for the message (``"cluster config"``, ``"GPU catalog"``).
+    """
+    file_path = Path(path)
+    if not file_path.exists():
+        raise ConfigError(f"{what} {file_path} does not exist (check the path)")
+    if not file_path.is_file():
+        raise ConfigError(f"{what} {file_path} is not a file (give the path of a .yaml file)")
+    try:
+        text = file_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"{what} {file_path} cannot be read: {exc} (check its permissions and encoding)"
+        ) from None
+    return parse_yaml_text(text, str(file_path))
+
+
+def expect_mapping(
+    value: Any,
+    where: ConfigLocation,
+    *,
+    required: Mapping[str, str],
+    optional: Sequence[str] = (),
+    what: str = "a mapping",
+) -> dict[str, Any]:
+    """Check that ``value`` is a mapping with string keys, all of ``required`` present and no others.
+
+    ``required`` maps each required key to a hint shown when it is missing (``"e.g. name: node-a"``).
+    """
+    if not isinstance(value, dict):
+        raise where.error(f"expected {what}, got {describe_value(value)}")
+    allowed = [*required, *optional]
+    for key in value:
+        if not isinstance(key, str) or key not in allowed:
+            close = _closest_key(key, allowed) if isinstance(key, str) else None
+            hint = f"; did you mean {close!r}?" if close else ""
+            raise where.key(key).error(f"unknown key {key!r} (allowed keys: {', '.join(allowed)}{hint})")
+    for key, hint in required.items():
+        if key not in value:
+            raise where.key(key).error(f"missing required key {key!r} ({hint})")
+    return value
+
+
+def _closest_key(key: str, allowed: Sequence[str]) -> str | None:
+    """The allowed key a misspelt ``key`` most likely meant: a shared stem first (``cpus`` ->
+    ``cpu_count``), else the most similar spelling (``gpu`` -> ``gpus``)."""
+    prefixed = [name for name in allowed if len(os.path.commonprefix([key, name])) >= 3]
+    if prefixed:
+        return max(prefixed, key=lambda name: len(os.path.commonprefix([key, name])))
+    close = difflib.get_close_matches(key, allowed, n=1)
+    return close[0] if close else None
+
+
+def expect_str(value: Any, where: ConfigLocation) -> str:
+    """A non-empty string (YAML reads ``yes``/``1``/``1.0`` as other types: quote them)."""
+    if not isinstance(value, str) or not value.strip():
+        raise where.error(f"expected a non-empty string, got {describe_value(value)} (quote it if needed)")
+    return value.strip()
+
+
+def expect_int(value: Any, where: ConfigLocation, *, minimum: int | None = None) -> int:
+    """An integer (not a bool, not a float) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise where.error(f"expected an integer, got {describe_value(value)}")
+    if minimum is not None and value < minimum:
+        raise where.error(f"must be at least {minimum}, got {value}")
+    return value
+
+
+def expect_number(
+    value: Any,
+    where: ConfigLocation,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
+    hint: str = "",
+) -> float:
+    """A finite int or float (not a bool) within ``[minimum, maximum]``, > 0 if ``positive``."""
+    suffix = f" ({hint})" if hint else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise where.error(f"expected a number, got {describe_value(value)}{suffix}")
+    if positive and value <= 0:
+        raise where.error(f"must be greater than 0, got {value}{suffix}")
+    if minimum is not None and value < minimum:
+        raise where.error(f"must be at least {minimum}, got {value}{suffix}")
+    if maximum is not None and value > maximum:
+        raise where.error(f"must be at most {maximum}, got {value}{suffix}")
+    return float(value)
+
+
+def expect_list(value: Any, where: ConfigLocation, *, what: str = "a list", non_empty: bool = True) -> list:
+    """A YAML sequence; empty is an error when ``non_empty``."""
+    if not isinstance(value, list):
+        raise where.error(f"expected {what}, got {describe_value(value)}")
+    if non_empty and not value:
+        raise where.error(f"is empty (expected {what} with at least one entry)")
+    return value
+
+
+def describe_value(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"

@@ -1,0 +1,133 @@
+"""Measuring a training step's memory and time on a real CUDA GPU: the ``measure`` profiling method.
+
+The step is the estimator's (``torchkit.step.train_step``: forward under autocast, backward, optimizer step,
+the same optimizer settings), so measured and estimated curves describe the same work. Per probe batch:
+peak *reserved* memory of the caching allocator (what the device must hold) plus the CUDA context the
+allocator does not see, and the median of synchronised step times after a warm-up step. Probing doubles the
+batch and stops at the first out-of-memory error (it becomes the profile's ``oom_batch``), or once a step
+needs more than ``stop_fraction`` of the device.
+
+Known limitations: the CUDA context is the overhead model's constant (``CudaOverhead.context_bytes``), not
+read from the driver, so that measured and estimated device bytes stay comparable; other processes on the
+same GPU change the free memory but not these figures.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+#: first probe batches; doubling continues from the last one
+DEFAULT_START_BATCHES = (1, 2, 4, 8)
+#: stop probing once a step reserves this share of the device (the next doubling would likely not fit)
+DEFAULT_STOP_FRACTION = 0.45
+MAX_PROBE_BATCH = 8192
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredCurve:
+    memory_points: tuple[tuple[int, int], ...]
+    """(batch, device bytes): peak reserved + CUDA context"""
+    time_points: tuple[tuple[int, float], ...]
+    """(batch, median seconds of one step)"""
+    oom_batch: int | None
+    """first batch that ran out of memory; None if probing stopped before"""
+    allocated_points: tuple[tuple[int, int], ...] = ()
+    """(batch, peak allocated bytes): for calibrating the estimator's fragmentation factor"""
+
+
+def _probe_batches(start: Sequence[int]) -> list[int]:
+    batches = list(start)
+    while batches[-1] * 2 <= MAX_PROBE_BATCH:
+        batches.append(batches[-1] * 2)
+    return batches
+
+
+def measure_curve(
+    workload,
+    device,
+    *,
+    amp: str = "off",
+    optimizer: str = "sgd",
+    start_batches: Sequence[int] = DEFAULT_START_BATCHES,
+    stop_fraction: float = DEFAULT_STOP_FRACTION,
+    repeats: int = 3,
+    context_bytes: int,
+) -> MeasuredCurve:
+    """Probe ``workload`` on a CUDA ``device`` at growing batches.
+
+    ``context_bytes`` (the CUDA context, outside PyTorch's allocator) is added to every reserved peak; pass
+    the estimator's ``torchkit.estimate.overhead.DEFAULT_CUDA_OVERHEAD.context_bytes`` so that measured and
+    estimated profiles count the same memory.
+
+    Raises:
+        RuntimeError: ``device`` is not a usable CUDA device, or not even the first batch ran.
+    """
+    import torch
+
+    from torchkit.step.oom import is_out_of_memory_error
+    from torchkit.step.train_step import make_optimizer, run_training_iterations, to_device
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError(f"measuring needs a CUDA device, got {device}")
+    total = torch.cuda.get_device_properties(device).total_memory
+    model = workload.build_model().to(device)
+    opt = make_optimizer(optimizer, list(model.parameters()))
+    memory: list[tuple[int, int]] = []
+    allocated: list[tuple[int, int]] = []
+    times: list[tuple[int, float]] = []
+    oom_batch = None
+    try:
+        for batch in _probe_batches(start_batches):
+            inputs, targets = workload.make_batch(batch)
+            inputs = to_device(inputs, device)
+            targets = to_device(targets, device)
+            try:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+                # two iterations: the second one has the optimizer state of a real training loop
+                run_training_iterations(model, opt, inputs, targets, workload.loss_fn, amp=amp,
+                                        num_iterations=2, device_type="cuda")
+                torch.cuda.synchronize(device)
+                peak_reserved = torch.cuda.max_memory_reserved(device)
+                peak_allocated = torch.cuda.max_memory_allocated(device)
+                samples = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    run_training_iterations(model, opt, inputs, targets, workload.loss_fn, amp=amp,
+                                            num_iterations=1, device_type="cuda")
+                    torch.cuda.synchronize(device)
+                    samples.append(time.perf_counter() - start)
+            except Exception as exc:
+                if not is_out_of_memory_error(exc):
+                    raise
+                oom_batch = batch
+                log.info("batch %d ran out of memory on %s: stopping the probes", batch, device)
+                break
+            finally:
+                del inputs, targets
+                opt.zero_grad(set_to_none=True)
+                gc.collect()
+                torch.cuda.empty_cache()
+            memory.append((batch, int(peak_reserved) + context_bytes))
+            allocated.append((batch, int(peak_allocated)))
+            times.append((batch, statistics.median(samples)))
+            if peak_reserved > stop_fraction * total:
+                break
+    finally:
+        del model, opt
+        gc.collect()
+        torch.cuda.empty_cache()
+    if not memory:
+        raise RuntimeError(f"not even batch {start_batches[0]} fits on {device}: free memory or use a smaller input")
+    return MeasuredCurve(
+        memory_points=tuple(memory), time_points=tuple(times), oom_batch=oom_batch, allocated_points=tuple(allocated)
+    )
+
