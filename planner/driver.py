@@ -155,6 +155,7 @@ def run_plan(
     expected_nodes: Sequence[str] = (),
     timings_s: dict[str, float] | None = None,
     extra_warnings: Sequence[str] = (),
+    cluster_label: str = "",
     allow_infeasible: bool = False,
 ) -> PlanOutcome:
     """Probe, profile, allocate over ``backend``. See the module docstring for the policy.
@@ -290,6 +291,7 @@ def run_plan(
                            failed_nodes=failed_nodes, error=str(exc), expected_nodes=tuple(expected_nodes))
     timings["allocate_s"] = time.monotonic() - start
     on_event(Event(stage="allocate", status="done"))
+    plan["cluster"] = cluster_label  # what the plan was made for: the config's name, or the Ray address
     plan["probing"] = {**backend.probing_metadata(), "profile_calls": profile_calls,
                        "timings_s": {k: round(v, 3) for k, v in timings.items()}}
     return PlanOutcome(plan=plan, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
@@ -313,7 +315,13 @@ def plan_without_ray(
         on_event=on_event,
         expected_nodes=[n.name for n in cluster.nodes],
         allow_infeasible=allow_infeasible,
+        cluster_label=cluster.name,
     )
+
+
+def _session_label(address: str) -> str:
+    """How a plot title names a real cluster: by its address (the session's ``address`` field)."""
+    return {"local": "this machine", "existing": "the connected Ray cluster"}.get(address, f"Ray at {address}")
 
 
 def plan_with_ray(
@@ -358,4 +366,5 @@ def plan_with_ray(
             expected_nodes=[n.name for n in cluster.nodes] if cluster is not None else (),
             timings_s=timings,
             allow_infeasible=allow_infeasible,
+            cluster_label=cluster.name if cluster is not None else _session_label(session.address),
         )

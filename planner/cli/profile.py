@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from planner.cli.plot import plot_profile
 
-        note(f"wrote {plot_profile(result['profile'], budget_bytes=budget, total_bytes=total_bytes, chosen_batch=chosen, path=args.plot)}")
+        note(f"wrote {plot_profile(result['profile'], budget_bytes=budget, total_bytes=total_bytes, chosen_batch=chosen, path=args.plot, model=job.model)}")
     if args.json:
         print_json(result)
         return 0 if chosen else 1
