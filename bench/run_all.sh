@@ -19,4 +19,5 @@ run bench/bench_allocate.py --repeat 3
 run bench/bench_plan_quality.py
 run bench/bench_e2e.py
 run bench/bench_search_cost.py
+run bench/bench_rebalance.py
 echo "all benchmarks done in ${SECONDS} s; figures in bench/results/" | tee -a "$log"

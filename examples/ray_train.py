@@ -8,18 +8,25 @@ Ray Train numbers its workers itself, so a worker finds its plan entry by where 
 (default; real clusters) takes the entry of this host and local rank, ``--match rank`` takes the entry with
 the worker's world rank (one host, or a simulated plan). Every worker checks that the entries taken form a
 permutation of the plan's ranks before training. Needs ``pip install 'ray[train]'``.
+
+``--rebalance`` (and ``--simulate-speed 1,2,4``) as in ``train_ddp.py``: the workers re-balance their split
+from measured compute times (``planner.runtime.Rebalancer``); world rank 0 reports the summary line and the
+feedback to the driver, which prints the line and writes the updated plan and the measured profiles on
+the driver's machine (where the plan file is).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import socket
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_dataset/make_model of train_ddp.py
 
-from train_ddp import make_dataset, make_model  # noqa: E402
+from train_ddp import IndexedDataset, make_dataset, make_model  # noqa: E402
 
 from planner.errors import UserError  # noqa: E402
 from planner.plan.io import read_plan  # noqa: E402
@@ -64,24 +71,99 @@ def train_loop_per_worker(config: dict) -> None:
     dataset = make_dataset(config["dataset_size"] or 8 * rank_plan.global_batch, config["seed"])
     sampler = PlannedBatchSampler.from_plan(rank_plan, len(dataset), seed=config["seed"])
     # a plain DataLoader: ray.train.torch.prepare_data_loader would replace the planned sampler
-    loader = DataLoader(dataset, batch_sampler=sampler)
+    loader = DataLoader(IndexedDataset(dataset), batch_sampler=sampler)
     model = ray.train.torch.prepare_model(make_model(config["seed"]))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    rebalancer = _rebalancer(config, plan, sampler, model, device, world_size) if config["rebalance"] else None
+    taken: list = []
     step, epoch = 0, 0
     while step < config["steps"]:
         sampler.set_epoch(epoch)
-        for x, y in loader:
+        for in_epoch, (x, y, index) in enumerate(loader):
+            taken.append((epoch, in_epoch, index.tolist()))
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            (loss * rank_plan.loss_weight).backward()  # b_i·W/B: DDP's mean is then the global mean
+            with rebalancer.compute() if rebalancer else contextlib.nullcontext():
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                weight = rebalancer.loss_weight if rebalancer else rank_plan.loss_weight
+                (loss * weight).backward()  # b_i·W/B: DDP's mean is then the global mean
             optimizer.step()
+            if rebalancer:
+                rebalancer.step_done()
             step += 1
-            ray.train.report({"step": step, "plan_rank": plan_rank, "batch": rank_plan.batch,
-                              "loss": loss.item()})
+            metrics = {"step": step, "plan_rank": plan_rank, "batch": len(index), "loss": loss.item()}
+            if step == config["steps"] and rebalancer:
+                results = _rebalance_results(rebalancer, sampler, taken, world_size)
+                _report_with_results(metrics, results if world_rank == 0 else None)
+            else:
+                ray.train.report(metrics)
             if step == config["steps"]:
                 break
         epoch += 1
+
+
+def _rebalancer(config: dict, plan: dict, sampler, model, device, world_size: int):
+    from planner.runtime import Rebalancer, SimulatedSpeed
+    from planner.runtime.simulate import parse_speeds
+
+    simulate = None
+    if config["simulate_speed"]:
+        sample_ms = config["simulate_sample_ms"]
+        simulate = SimulatedSpeed(factors=parse_speeds(config["simulate_speed"], world_size),
+                                  sample_s=sample_ms / 1e3 if sample_ms is not None else None)
+    return Rebalancer.from_plan(plan, sampler, model, simulate=simulate, device=device)
+
+
+def _rebalance_results(rebalancer, sampler, taken: list, world_size: int) -> dict:
+    """The summary line and the feedback (JSON text), for world rank 0 to report to the driver."""
+    import torch.distributed as dist
+
+    from planner.runtime import samples_once
+
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, taken)
+    once = samples_once(sampler, everyone)
+    updated, profiles = rebalancer.feedback()
+    return {"rebalance_line": rebalancer.report().line(samples_once=once),
+            "rebalance_feedback": json.dumps({"plan": updated, "profiles": {k: p.to_json() for k, p in profiles.items()}})}
+
+
+def _report_with_results(metrics: dict, results: dict | None) -> None:
+    """The last report; world rank 0 attaches the re-balancing results as a checkpoint, the channel Ray
+    Train hands back to the driver (``Result.checkpoint``; its ``metrics`` come with checkpoints)."""
+    import tempfile
+
+    import ray.train
+
+    if results is None:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "rebalance.json").write_text(json.dumps(results))
+        ray.train.report({**metrics, "rebalance_line": results["rebalance_line"]},
+                         checkpoint=ray.train.Checkpoint.from_directory(folder))
+
+
+def read_results(result) -> dict:
+    """The re-balancing results world rank 0 reported (empty when it reported none)."""
+    if result.checkpoint is None:
+        return {}
+    with result.checkpoint.as_directory() as folder:
+        path = Path(folder, "rebalance.json")
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) -> list[Path]:
+    """On the driver: the updated plan to ``plan_path`` and the measured profiles to the cache."""
+    from planner.plan.io import write_plan
+    from planner.profiles.cache import ProfileCache
+    from planner.profiles.profile import DeviceProfile
+
+    feedback = json.loads(feedback_json)
+    cache = ProfileCache(cache_dir)
+    written = [write_plan(feedback["plan"], plan_path)]
+    written.extend(cache.put(key, DeviceProfile.from_json(p)) for key, p in feedback["profiles"].items())
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,9 +175,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset-size", type=int, default=None)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rebalance", action="store_true", help="re-balance the split from measured compute times")
+    parser.add_argument("--simulate-speed", metavar="K0,K1,...", help="declared simulation of slower ranks (--rebalance)")
+    parser.add_argument("--simulate-sample-ms", type=float, default=None, help="per-sample ms of a speed-1 rank")
+    parser.add_argument("--write-plan", default=None, help="where the updated plan goes (default: --plan)")
+    parser.add_argument("--cache-dir", default=None, help="profile cache for the measured profiles")
+    parser.add_argument("--no-feedback", action="store_true", help="write neither the plan nor the profiles")
     args = parser.parse_args(argv)
+    if args.simulate_speed and not args.rebalance:
+        parser.error("--simulate-speed needs --rebalance")
     try:
         plan = read_plan(args.plan)
+        if args.simulate_speed:
+            from planner.runtime.simulate import parse_speeds
+
+            parse_speeds(args.simulate_speed, plan["world_size"])
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -117,7 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan, "match": args.match, "steps": args.steps,
-                           "dataset_size": args.dataset_size, "lr": args.lr, "seed": args.seed},
+                           "dataset_size": args.dataset_size, "lr": args.lr, "seed": args.seed,
+                           "rebalance": args.rebalance, "simulate_speed": args.simulate_speed,
+                           "simulate_sample_ms": args.simulate_sample_ms},
         scaling_config=ScalingConfig(num_workers=plan["world_size"], use_gpu=torch.cuda.is_available()),
         run_config=RunConfig(storage_path=str(Path(args.plan).resolve().parent / "ray_results")),
     )
@@ -128,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"done: {args.steps} steps on {plan['world_size']} workers with batches "
           f"{[r['batch'] for r in plan['ranks']]}")
+    if args.rebalance:
+        results = read_results(result)
+        if not results:
+            print("error: world rank 0 reported no re-balancing results", file=sys.stderr)
+            return 1
+        if not args.no_feedback:
+            for path in write_feedback(results["rebalance_feedback"], args.write_plan or args.plan, args.cache_dir):
+                print(f"wrote {path}", file=sys.stderr)
+        print(results["rebalance_line"])
     return 0
 
 

@@ -8,11 +8,20 @@ On a multi-node plan, run each node's line from ``plan.json`` (``nodes[].torchru
 ``cuda:LOCAL_RANK`` where CUDA is available, gloo on CPU otherwise. The model and data are synthetic (a
 small MLP on a regression task) so the script runs anywhere; replace ``make_dataset`` and ``make_model``
 with yours and keep the four marked lines.
+
+``--rebalance`` lets the job correct its plan (``planner.runtime.Rebalancer``, the lines marked R): each rank
+times its own compute in the first steps, the split is re-solved from the measured times, and at the end
+rank 0 writes the measured profiles to the profile cache and the plan file back with the batches that ran
+and a ``measured`` section (``--write-plan``; default the ``--plan`` file itself), then prints one
+``rebalance: ...`` line. ``--simulate-speed 1,2,4`` declares a simulation of slower devices on CPU: rank i's
+compute is stretched in proportion to its batch (``planner.runtime.simulate``). The synthetic MLP's times
+are fed back under the plan's job name: with your own model, train the model the plan was made for.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -20,7 +29,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from planner.errors import UserError
 from planner.runtime import PlannedBatchSampler, RankPlan, load_rank_plan
@@ -41,6 +50,19 @@ def make_model(seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 
 
+class IndexedDataset(Dataset):
+    """``dataset[i]`` followed by ``i``: lets ``--rebalance`` check that every sample was taken once."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        return (*self.dataset[index], index)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, help="plan.json written by batchplan plan")
@@ -48,9 +70,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dataset-size", type=int, default=None, help="samples (default: 8 optimizer steps' worth)")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, model and sampler (same on every rank)")
+    group = parser.add_argument_group("re-balancing (planner.runtime.Rebalancer)")
+    group.add_argument("--rebalance", action="store_true", help="measure each rank's compute and re-balance the split")
+    group.add_argument("--probe-steps", type=int, default=10, help="steps measured at the start (default 10)")
+    group.add_argument("--check-every", type=int, default=50, help="later, one measured step in this many (default 50)")
+    group.add_argument("--simulate-speed", metavar="K0,K1,...",
+                       help="declared simulation: rank i computes K_i times slower per sample (needs --rebalance)")
+    group.add_argument("--simulate-sample-ms", type=float, default=None,
+                       help="per-sample ms of a speed-1 rank in the simulation (default: measured in the first step)")
+    group.add_argument("--write-plan", default=None, help="where rank 0 writes the updated plan (default: --plan)")
+    group.add_argument("--cache-dir", default=None, help="profile cache for the measured profiles (default: the planner's)")
+    group.add_argument("--no-feedback", action="store_true", help="write neither the plan nor the measured profiles")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.simulate_speed and not args.rebalance:
+        parser.error("--simulate-speed needs --rebalance (the simulation runs inside the re-balancer's timing)")
+    if args.probe_steps < 1 or args.check_every < 1:
+        parser.error("--probe-steps and --check-every must be at least 1")
     return args
 
 
@@ -58,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         plan = load_rank_plan(args.plan)  # (1) this rank's batch and weight; fails before any collective
+        if args.simulate_speed:
+            from planner.runtime.simulate import parse_speeds
+
+            parse_speeds(args.simulate_speed, plan.world_size)  # a bad list fails here, not inside a collective
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -85,6 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def make_rebalancer(args: argparse.Namespace, plan: RankPlan, sampler: PlannedBatchSampler, ddp, device):
+    """The re-balancer of ``--rebalance`` (R1), with the declared simulation when asked for."""
+    from planner.runtime import RebalancePolicy, Rebalancer, SimulatedSpeed
+    from planner.runtime.simulate import parse_speeds
+
+    simulate = None
+    if args.simulate_speed:
+        sample_s = args.simulate_sample_ms / 1e3 if args.simulate_sample_ms is not None else None
+        simulate = SimulatedSpeed(factors=parse_speeds(args.simulate_speed, plan.world_size), sample_s=sample_s)
+    policy = RebalancePolicy(probe_steps=args.probe_steps, check_every_steps=args.check_every)
+    return Rebalancer.from_plan(args.plan, sampler, ddp, policy=policy, simulate=simulate, device=device)
+
+
 def train(args: argparse.Namespace, plan: RankPlan, device: torch.device) -> None:
     print(
         f"rank {plan.rank}/{plan.world_size} node_rank {plan.node_rank} local_rank {plan.local_rank} "
@@ -94,43 +148,72 @@ def train(args: argparse.Namespace, plan: RankPlan, device: torch.device) -> Non
     )
     dataset = make_dataset(args.dataset_size or 8 * plan.global_batch, args.seed)
     sampler = PlannedBatchSampler.from_plan(plan, len(dataset), seed=args.seed)  # (2) this rank's slices
-    loader = DataLoader(dataset, batch_sampler=sampler)
+    loader = DataLoader(IndexedDataset(dataset), batch_sampler=sampler)
     model = make_model(args.seed).to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+    rebalancer = make_rebalancer(args, plan, sampler, ddp, device) if args.rebalance else None  # (R1)
+    taken: list[tuple[int, int, list[int]]] = []  # (epoch, micro-step, indices): the samples-once check
 
     step, epoch = 0, 0
     while step < args.steps:
         sampler.set_epoch(epoch)  # (3) same permutation on every rank, new each epoch
         micro_batches = iter(loader)
         # len(sampler) is a whole number of optimizer steps, so no optimizer step straddles two epochs
-        for _ in range(len(sampler) // plan.accumulate):
+        for optimizer_step in range(len(sampler) // plan.accumulate):
             optimizer.zero_grad(set_to_none=True)
             rank_loss = torch.zeros((), device=device)
             for micro in range(plan.accumulate):
-                x, y = (t.to(device, non_blocking=True) for t in next(micro_batches))
-                loss = torch.nn.functional.mse_loss(ddp(x), y)
-                scaled = loss * plan.loss_weight / plan.accumulate  # (4) b_i·W/B, then the usual 1/accumulate
-                if micro < plan.accumulate - 1:
-                    with ddp.no_sync():  # all-reduce once, on the last micro-step
+                x, y, index = next(micro_batches)
+                taken.append((epoch, optimizer_step * plan.accumulate + micro, index.tolist()))
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                timed = rebalancer.compute() if rebalancer else contextlib.nullcontext()
+                with timed:  # (R2) this rank's own forward+backward
+                    loss = torch.nn.functional.mse_loss(ddp(x), y)
+                    weight = rebalancer.loss_weight if rebalancer else plan.loss_weight
+                    scaled = loss * weight / plan.accumulate  # (4) b_i·W/B, then the usual 1/accumulate
+                    if micro < plan.accumulate - 1:
+                        with ddp.no_sync():  # all-reduce once, on the last micro-step
+                            scaled.backward()
+                    else:
                         scaled.backward()
-                else:
-                    scaled.backward()
                 rank_loss += loss.detach() / plan.accumulate
             optimizer.step()
+            if rebalancer:
+                rebalancer.step_done()  # (R3) may switch the split, at the same step boundary on every rank
             step += 1
             # Σ_i w_i·L_i / W is the mean loss over all samples of the step (the weights make it so)
-            global_loss = rank_loss * plan.loss_weight / plan.world_size
+            global_loss = rank_loss * weight / plan.world_size
             dist.all_reduce(global_loss)
             print(
-                f"rank {plan.rank} step {step}/{args.steps}: batch {plan.batch} loss {rank_loss.item():.6f} "
+                f"rank {plan.rank} step {step}/{args.steps}: batch {len(index)} loss {rank_loss.item():.6f} "
                 f"global_loss {global_loss.item():.6f}",
                 flush=True,
             )
             if step == args.steps:
                 break
         epoch += 1
-    print(f"rank {plan.rank} done: {step} steps, {step * plan.batch * plan.accumulate} samples", flush=True)
+    samples = sum(len(indices) for _, _, indices in taken)
+    print(f"rank {plan.rank} done: {step} steps, {samples} samples", flush=True)
+    if rebalancer:
+        finish_rebalance(args, rebalancer, sampler, taken)
+
+
+def finish_rebalance(args: argparse.Namespace, rebalancer, sampler: PlannedBatchSampler, taken: list) -> None:
+    """Every rank's samples gathered and checked; rank 0 writes the feedback and prints the one line."""
+    from planner.runtime import samples_once
+
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, taken)
+    once = samples_once(sampler, everyone)
+    if rebalancer.rank != 0:
+        return
+    if not args.no_feedback:
+        for path in rebalancer.write_feedback(args.write_plan or args.plan, args.cache_dir):
+            print(f"wrote {path}", file=sys.stderr)
+    if rebalancer.simulate is not None:
+        print(f"rebalance: {rebalancer.simulate.describe()} (declared simulation)", file=sys.stderr)
+    print(rebalancer.report().line(samples_once=once), flush=True)
 
 
 def _single_process_environment() -> None:

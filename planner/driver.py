@@ -41,6 +41,7 @@ from planner.probing.inventory import NodeInventory
 from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
 from planner.profiles.key import job_profile_key
+from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
 from torchkit.hardware.catalog import GpuCatalog
 
@@ -145,6 +146,13 @@ def _shared_gpus_line(job: JobSpec, inventories: Sequence[NodeInventory], slots:
                         max_utilization_fraction=job.max_utilization_fraction)
 
 
+def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog, cache: ProfileCache | None):
+    """With ``--method auto``: the profile a re-balanced job measured for this GPU type, if cached."""
+    if job.method != "auto" or cache is None:
+        return None
+    return find_measured(cache, job.to_json(), request.gpu_type, job.amp_for(catalog.get(request.gpu_type)))
+
+
 def run_plan(
     job: JobSpec,
     backend: Backend,
@@ -197,6 +205,15 @@ def run_plan(
     dead_nodes: set[str] = set(failed_nodes)
     profile_calls = 0
     for key, request in requests.items():
+        measured = _measured_in_job(job, request, catalog, options.cache)
+        if measured is not None:
+            profiles[key] = measured
+            warnings.append(
+                f"{request.gpu_type}: step time measured in a running job (profile method 'job', from the profile "
+                f"cache); --method auto prefers it over the {request.method} profile"
+            )
+            on_event(Event(stage="profile", status="cached", item=request.gpu_type, detail={"measured_in_job": True}))
+            continue
         cached = options.cache.get(key) if options.cache is not None else None
         if cached is not None:
             profiles[key] = cached

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from torchkit.errors import ConfigError, UserError, WorkloadError
 
-__all__ = ["ClusterUnreachableError", "ConfigError", "InfeasiblePlanError", "UserError", "WorkloadError"]
+__all__ = [
+    "ClusterUnreachableError", "ConfigError", "InfeasiblePlanError", "RebalanceError", "UserError", "WorkloadError",
+]
 
 
 class ClusterUnreachableError(UserError, ConnectionError):
@@ -17,3 +19,8 @@ class InfeasiblePlanError(UserError):
     """The job cannot be planned on these devices (nothing fits the minimum batch, global batch unreachable)."""
 
     exit_code = 1
+
+
+class RebalanceError(RuntimeError):
+    """In-job re-balancing cannot go on safely: a rank died or hung in its all-gather, or the ranks did not
+    reach the same decision (``planner.runtime.rebalance``). Not a user error: the job must stop."""

@@ -22,7 +22,7 @@ from torchkit.step.fit import (
     time_fit_from_json,
 )
 
-ProfileMethod = Literal["measure", "estimate"]
+ProfileMethod = Literal["measure", "estimate", "job"]  # job: measured inside a running job (planner.profiles.measured)
 
 #: largest per-rank batch a plan ever proposes, as Ultralytics' AutoBatch clamp (autobatch.py: 1024)
 #: raised for small models on large cards; a curve extrapolated beyond this is not trusted

@@ -3,7 +3,7 @@ batch sampler that gives it its slice of every global batch.
 
 Names are loaded lazily (PEP 562): ``import planner.runtime`` imports no torch; ``loss_weight`` and
 ``load_rank_plan`` stay torch-free, and only ``PlannedBatchSampler`` (a ``torch.utils.data.Sampler``)
-imports torch when first used.
+imports torch when first used; so does ``Rebalancer``, the in-job re-balancer (``planner.runtime.rebalance``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ _EXPORTS: dict[str, str] = {
     "load_rank_plan": "planner.runtime.rank_plan",
     "autobatch_ddp": "planner.runtime.autobatch_ddp",
     "DdpAutobatch": "planner.runtime.autobatch_ddp",
+    "Rebalancer": "planner.runtime.rebalance",
+    "RebalanceReport": "planner.runtime.rebalance",
+    "samples_once": "planner.runtime.rebalance",
+    "RebalancePolicy": "planner.runtime.rebalance_model",
+    "SimulatedSpeed": "planner.runtime.simulate",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -48,6 +48,13 @@ class DdpAutobatch:
     profiled_here: tuple[str, ...]
     """GPU types this rank profiled itself (not from the cache)"""
 
+    def rebalancer(self, sampler: Any, ddp: Any, **options: Any) -> Any:
+        """A ``planner.runtime.Rebalancer`` for this plan: the job then corrects the estimate it started from
+        with its own measured compute times (options as ``Rebalancer``'s: ``policy``, ``simulate``, ...)."""
+        from planner.runtime.rebalance import Rebalancer
+
+        return Rebalancer.from_plan(self.plan, sampler, ddp, **options)
+
 
 def _node_name(env: Mapping[str, str]) -> str:
     """This rank's node: the host name, with torchrun's GROUP_RANK (several 'nodes' may share a host)."""

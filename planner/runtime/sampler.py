@@ -16,6 +16,13 @@ Use it as a DataLoader's ``batch_sampler``::
         sampler.set_epoch(epoch)
         for batch in loader: ...
 
+Re-balancing (``planner.runtime.rebalance``) may change the split between steps with :meth:`switch_batches`:
+the global step keeps its ``B`` samples and only the cut points move, so every sample of an epoch is still
+handed out exactly once and every rank still runs the same number of steps, across any number of switches.
+A switch takes effect at a *position* ``(pass, step)`` — the ``pass``-th iteration over the sampler and a
+micro-step inside it — that no rank has yielded yet, so a DataLoader that prefetches indices never holds a
+slice of the old split for a step that uses the new one.
+
 Known limitations: the permutation comes from ``torch.randperm`` with a CPU generator, so all ranks must run
 the same torch version (as ``DistributedSampler`` also assumes). The sampler does not look at the data, so
 samples of different cost (sequence length) are not balanced.
@@ -24,6 +31,7 @@ samples of different cost (sequence length) are not balanced.
 from __future__ import annotations
 
 import operator
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -76,7 +84,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
         if len(batches) == 0:
             raise ConfigError("batches is empty: give every rank's batch in rank order")
         self.batches: tuple[int, ...] = tuple(positive_int(b, f"batches[{i}]") for i, b in enumerate(batches))
-        """every rank's batch per step, in rank order"""
+        """every rank's batch per step, in rank order (after :meth:`switch_batches`: the latest split)"""
         try:
             checked_rank = None if isinstance(rank, bool) else operator.index(rank)
         except TypeError:
@@ -109,6 +117,11 @@ class PlannedBatchSampler(Sampler[list[int]]):
         else:
             optimizer_steps = -(-self.dataset_size // optimizer_step)  # ceil
         self._steps_per_epoch = optimizer_steps * self.accumulate
+        # re-balancing state: (position, batches) in position order; the first entry is the plan's split
+        self._schedule: list[tuple[tuple[int, int], tuple[int, ...]]] = [((0, 0), self.batches)]
+        self._next_pass = 0
+        self._cursor: tuple[int, int] = (0, 0)  # the next position __iter__ will yield
+        self._yielded: deque[tuple[int, ...]] = deque()  # splits of lists yielded and not yet taken
 
     @classmethod
     def from_plan(
@@ -181,11 +194,74 @@ class PlannedBatchSampler(Sampler[list[int]]):
         return order + order[:padding]
 
     def __iter__(self) -> Iterator[list[int]]:
+        this_pass = self._next_pass
+        self._next_pass += 1
+        self._cursor = (this_pass, 0)
+        self._yielded.clear()  # lists of an abandoned pass are never taken
         order = self.epoch_order()
-        step_batch, offset, rank_batch = self.step_batch, self.offset, self.rank_batch
+        step_batch = self.step_batch
         for step in range(self._steps_per_epoch):
-            start = step * step_batch + offset
-            yield order[start : start + rank_batch]
+            split = self.batches_at((this_pass, step))
+            start = step * step_batch + sum(split[: self.rank])
+            self._cursor = (this_pass, step + 1)
+            self._yielded.append(split)
+            yield order[start : start + split[self.rank]]
+
+    # ---------------------------------------------------------------------------------- re-balancing
+
+    def batches_at(self, position: tuple[int, int]) -> tuple[int, ...]:
+        """Every rank's batch at ``position`` = ``(pass, micro-step)``: the last switch at or before it."""
+        chosen = self._schedule[0][1]
+        for start, batches in self._schedule:
+            if start <= position:
+                chosen = batches
+        return chosen
+
+    def next_boundary(self) -> tuple[int, int]:
+        """The first optimizer-step boundary this rank has not yielded yet: where a switch may start."""
+        this_pass, step = self._cursor
+        step = -(-step // self.accumulate) * self.accumulate  # round up to a whole optimizer step
+        if step >= self._steps_per_epoch:
+            return (this_pass + 1, 0)
+        return (this_pass, step)
+
+    def switch_batches(self, batches: Sequence[int], at: tuple[int, int]) -> None:
+        """Use ``batches`` from position ``at`` on (``at`` from :meth:`next_boundary`, the same on all ranks).
+
+        Raises:
+            ConfigError: a split of another length or sum (the global step must keep its ``B`` samples),
+                a batch below 1, or a position already yielded or not on an optimizer-step boundary.
+        """
+        new = tuple(positive_int(b, f"batches[{i}]") for i, b in enumerate(batches))
+        if len(new) != self.world_size or sum(new) != self.step_batch:
+            raise ConfigError(
+                f"switch to batches {list(new)}: a re-balanced split must keep {self.world_size} ranks and the "
+                f"step batch {self.step_batch} (sum {sum(new)})"
+            )
+        at = (int(at[0]), int(at[1]))
+        if at < self._cursor or at[1] % self.accumulate:
+            raise ConfigError(
+                f"switch at position {at}: this rank has already yielded up to {self._cursor}, or the position "
+                f"is not an optimizer-step boundary (accumulate {self.accumulate}); use next_boundary()"
+            )
+        self._schedule = [entry for entry in self._schedule if entry[0] < at] + [(at, new)]
+        self.batches = new
+
+    def take_split(self) -> tuple[int, ...]:
+        """The split of the oldest list yielded and not yet taken: the micro-step the loop is working on.
+
+        The DataLoader returns lists in the order the sampler yields them (however far it prefetches), so
+        calling this once per micro-step drawn keeps the two in step.
+
+        Raises:
+            ConfigError: more takes than lists yielded in this pass.
+        """
+        if not self._yielded:
+            raise ConfigError(
+                "take_split() called with no yielded batch pending: call it once per micro-step drawn from a "
+                "DataLoader over this sampler (Rebalancer.compute() does)"
+            )
+        return self._yielded.popleft()
 
     def __len__(self) -> int:
         """Steps per epoch: the same on every rank."""

@@ -1,0 +1,43 @@
+"""Profiles measured inside a running job (``planner.runtime.rebalance``), and how planning finds them.
+
+A re-balanced job writes, per GPU type, a profile whose step-time points are the compute times its ranks
+measured (method ``"job"``) into the profile cache under :func:`measured_profile_key`. The key holds what
+decides how fast one training step runs: the job's model, input and optimizer, the AMP mode and the GPU
+type; not the planning options (fraction, mode, global batch, multiple-of), so a re-plan with another
+global batch still finds it. ``batchplan plan --method auto`` looks there before estimating
+(:func:`find_measured`) and says so in the plan's warnings. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from planner.profiles.key import profile_key
+from planner.profiles.profile import DeviceProfile
+
+__all__ = ["MEASURED_METHOD", "find_measured", "measured_profile_key"]
+
+#: ``DeviceProfile.method`` of a profile measured inside a running job
+MEASURED_METHOD = "job"
+#: the job fields that decide how fast one training step runs (JobSpec names)
+_STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
+
+
+def measured_profile_key(job: Mapping[str, Any], gpu: str, amp: str) -> str:
+    """Cache key of the in-job measured profile of (the job's model, input and optimizer; ``amp``; ``gpu``).
+
+    ``job`` is a ``JobSpec.to_json()`` (as in plan.json's ``job``); missing fields count as unset.
+    """
+    parts = [job.get(name) for name in _STEP_FIELDS]
+    return profile_key("measured-in-job", *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu)
+
+
+def find_measured(cache: Any, job: Mapping[str, Any], gpu: str, amp: str) -> DeviceProfile | None:
+    """The measured-in-job profile of this job on ``gpu`` in ``cache`` (a ``ProfileCache``), or None."""
+    if cache is None:
+        return None
+    profile = cache.get(measured_profile_key(job, gpu, amp))
+    if profile is None or profile.method != MEASURED_METHOD:
+        return None
+    return profile

@@ -1,0 +1,163 @@
+"""What a re-balanced job leaves for the next plan: measured profiles in the profile cache, and the plan file
+updated with the batches that ran and a ``measured`` section.
+
+Pure (no torch): it works on the gathered ``StepMeasure`` list and the plan document, so the planner side
+(``--method auto`` in the driver) can read what it wrote without importing the runtime's torch parts.
+
+Measured profiles. For every GPU type in the job, the compute times all ranks of that type measured
+(medians per batch) become the profile's time points, refitted with the plan profile's curve as prior
+(``planner.runtime.rebalance_model.fit_rank_time``). The memory curve is the measured peaks' where the job
+ran on GPUs at two or more batches, and otherwise the plan's (on CPU nothing is measured; the profile's
+notes say which). The profile's ``method`` is ``"job"``. It is cached under :func:`measured_profile_key`:
+the job's model, input, amp and optimizer and the GPU type — not the planning options (fraction, global
+batch, mode), which do not change how fast a step runs. ``batchplan plan --method auto`` looks there first.
+
+Known limitations: the times are those of the training script that ran, under the plan's job name: a
+script that trains another model than the plan names feeds back that model's times (the synthetic
+examples do; their summary says so). Ranks of one GPU type are pooled, so a type that ran at different
+speeds (a throttled card) gets their median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from planner.profiles.measured import MEASURED_METHOD, measured_profile_key
+from planner.profiles.profile import DeviceProfile
+from planner.runtime.rebalance_model import (
+    RankLimits,
+    StepMeasure,
+    fit_rank_time,
+    idle_fractions,
+    median_points,
+)
+from planner.runtime.weights import loss_weights
+from torchkit.step.fit import AffineTimeFit, fit_memory
+
+__all__ = ["MEASURED_METHOD", "measured_profile_key", "measured_profiles", "measured_section", "updated_plan"]
+
+
+def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> list[tuple[int, float, int]]:
+    by_batch: dict[int, list[float]] = {}
+    for measure in measures:
+        for rank in ranks:
+            by_batch.setdefault(measure.batches[rank], []).append(measure.compute_s[rank])
+    return [(b, statistics.median(ts), len(ts)) for b, ts in sorted(by_batch.items())]
+
+
+def measured_profiles(
+    plan: Mapping[str, Any],
+    measures: Sequence[StepMeasure],
+    *,
+    prior_weight: float = 1.0,
+    note: str = "",
+) -> dict[str, DeviceProfile]:
+    """One measured profile per GPU type of the plan, keyed by :func:`measured_profile_key`."""
+    job = plan.get("job") or {}
+    types: dict[str, list[int]] = {}
+    for entry in plan["ranks"]:
+        types.setdefault(entry["gpu"], []).append(int(entry["rank"]))
+    out: dict[str, DeviceProfile] = {}
+    for gpu, ranks in types.items():
+        base = DeviceProfile.from_json(plan["profiles"][plan["ranks"][ranks[0]]["profile"]])
+        points = _pooled_points(measures, ranks)
+        time_fit = fit_rank_time(points, base.time_fit, prior_weight)
+        notes = [f"{gpu}: step time measured in a running job ({len(measures)} steps on {len(ranks)} rank(s)"
+                 f"{', ' + note if note else ''})"]
+        peaks: dict[int, int] = {}
+        for measure in measures:
+            if measure.peak_bytes is not None:
+                for rank in ranks:
+                    b = measure.batches[rank]
+                    peaks[b] = max(peaks.get(b, 0), measure.peak_bytes[rank])
+        memory = {}
+        if len(peaks) >= 2:
+            fitted = fit_memory(sorted(peaks.items()))
+            memory = {"memory_points": tuple(sorted(peaks.items())), "memory_fit": fitted.fit, "oom_batch": None}
+            notes.append(f"{gpu}: memory from the job's measured peak reserved bytes at batches {sorted(peaks)}")
+        else:
+            notes.append(f"{gpu}: memory curve from the plan's {base.method} profile (no peaks measured at two batches)")
+        out[measured_profile_key(job, gpu, base.amp)] = dataclasses.replace(
+            base, method=MEASURED_METHOD, time_points=tuple((b, t) for b, t, _ in points), time_fit=time_fit,
+            notes=tuple(notes), **memory)
+    return out
+
+
+def measured_section(
+    plan: Mapping[str, Any],
+    measures: Sequence[StepMeasure],
+    report: Any,
+    limits: Sequence[RankLimits],
+    *,
+    prior_weight: float = 1.0,
+    simulated: str | None = None,
+) -> dict[str, Any]:
+    """The plan's ``measured`` section: what ran, what each rank measured, the refitted curves."""
+    ranks = []
+    for entry in plan["ranks"]:
+        rank = int(entry["rank"])
+        points = median_points(measures, rank)
+        fit = fit_rank_time(points, limits[rank].prior, prior_weight)
+        peaks = sorted({(m.batches[rank], m.peak_bytes[rank]) for m in measures if m.peak_bytes is not None})
+        ranks.append({"rank": rank, "gpu": entry["gpu"], "time_points": [[b, t] for b, t, _ in points],
+                      "time_fit": fit.to_json(), "peak_reserved_points": [[b, p] for b, p in peaks]})
+
+    def step_s(split: Sequence[int]) -> float | None:
+        at = [m for m in measures if m.batches == tuple(split)]
+        if not at:
+            return None
+        return max(median_points(at, r)[0][1] for r in range(len(split)))
+
+    return {
+        "source": "planner.runtime.rebalance",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "steps": report.steps,
+        "measured_steps": len(measures),
+        "switches": [{"decided_at_step": s.decided_at_step, "batches": list(s.batches),
+                      "predicted_step_s": s.predicted_step_s, "previous_step_s": s.previous_step_s}
+                     for s in report.switches],
+        "steps_to_balance": report.steps_to_balance,
+        "batches_first": list(report.batches_first),
+        "batches_last": list(report.batches_last),
+        "max_idle_first": report.max_idle_first,
+        "max_idle_last": report.max_idle_last,
+        "step_time_first_s": step_s(report.batches_first),
+        "step_time_last_s": step_s(report.batches_last),
+        "simulated": simulated,
+        "ranks": ranks,
+    }
+
+
+def updated_plan(plan: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan with the batches that ran last, their loss weights and measured step times, and ``measured``."""
+    new = {key: value for key, value in plan.items()}
+    batches = [int(b) for b in section["batches_last"]]
+    weights = loss_weights(batches)
+    fits = [AffineTimeFit(intercept_s=r["time_fit"]["intercept_s"], s_per_sample=r["time_fit"]["s_per_sample"])
+            for r in section["ranks"]]
+    times = [fit.predict_s(b) for fit, b in zip(fits, batches, strict=True)]
+    idle = idle_fractions(times)
+    new["ranks"] = [
+        {**entry, "batch": batches[i], "loss_weight": weights[i], "predicted_step_time_s": times[i],
+         "idle_fraction": idle[i]}
+        for i, entry in enumerate(plan["ranks"])
+    ]
+    step_time = max(times)
+    new["step_batch"] = sum(batches)
+    new["global_batch"] = sum(batches) * int(plan["accumulate"])
+    new["predicted_step_time_s"] = step_time
+    new["throughput_samples_per_s"] = sum(batches) / step_time if step_time > 0 else 0.0
+    if section["switches"]:
+        what = f"re-balanced in the running job: batches {section['batches_first']} -> {batches}"
+    else:
+        what = f"the running job kept the planned batches {batches}"
+    what += f" from measured compute times (max idle {section['max_idle_last']:.1%}; see 'measured')"
+    if section.get("simulated"):
+        what += f"; {section['simulated']}"
+    new["warnings"] = [*plan.get("warnings", []), what]
+    new["measured"] = dict(section)
+    return new
