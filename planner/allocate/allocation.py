@@ -99,6 +99,7 @@ def allocate(
     multiple_of: int = 1,
     min_batch: int = 1,
     groups: ArrayLike | None = None,
+    accumulate: int | None = None,
 ) -> Allocation:
     """Per-rank batches for one data-parallel step (see the module docstring for modes and algorithms).
 
@@ -111,6 +112,8 @@ def allocate(
         min_batch: smallest batch a rank may take (rounded up to ``multiple_of``); smaller caps are excluded.
         groups: per rank, a label of its GPU type/profile for the advice; default: identical (cap, t0, t1),
             or identical (t0, t1) when that makes more than ``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups.
+        accumulate: with ``global_batch``, use this accumulation (a running job re-splitting its step batch
+            needs 1); default: the fastest valid one.
 
     Raises:
         ConfigError: malformed input (lengths, negative values, unknown mode).
@@ -155,7 +158,9 @@ def allocate(
             f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
             "use a smaller model or input")
     rows = make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, lo)
-    units, accumulate = split_units(rows, mode, k, global_batch, f"in mode '{mode}'")
+    if accumulate is not None:
+        accumulate = _check_int("accumulate", accumulate, 1)
+    units, accumulate = split_units(rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate)
 
     batches = np.zeros(n, dtype=np.int64)
     batches[rows.ranks] = units * k

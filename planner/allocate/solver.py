@@ -324,7 +324,10 @@ def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: s
     if accumulate is None and mode == "max":
         accumulate = valid[0]  # "as much as memory allows": the biggest steps, whatever they cost in time
     if accumulate is not None:
-        assert accumulate in valid, (accumulate, valid)
+        if accumulate not in valid:
+            raise InfeasiblePlanError(
+                f"global batch {global_batch} cannot be split {what} in {accumulate} step(s) (valid "
+                f"accumulations: {', '.join(map(str, valid[:8]))}{', ...' if len(valid) > 8 else ''})")
         return _split_step(rows, mode, global_batch // unit // accumulate), accumulate
     return _fastest_accumulate(rows, mode, k, global_batch, unit, valid[:_MAX_ACCUMULATE_TRIALS])
 

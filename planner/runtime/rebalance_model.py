@@ -227,6 +227,7 @@ def decide(
             global_batch=step_batch,
             multiple_of=multiple_of,
             min_batch=min_batch,
+            accumulate=1,  # the same step batch in one step: what a running job can switch to
         )
     except (InfeasiblePlanError, ConfigError):
         return None

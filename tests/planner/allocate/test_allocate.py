@@ -457,3 +457,15 @@ def test_importing_allocate_imports_neither_torch_nor_ray():
     code = "import sys, planner.allocate.solver; print(any(m in sys.modules for m in ('torch', 'ray', 'pynvml')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_forced_accumulation_is_kept_or_refused_with_the_valid_ones():
+    # what a running job re-splitting its step batch needs: one step, even where two would be faster
+    cap = [896, 896, 184, 184, 176, 176]
+    t0 = [0.010, 0.010, 0.015, 0.015, 0.025, 0.025]
+    t1 = [1 / 2600] * 2 + [1 / 1100] * 2 + [1 / 300] * 2
+    assert allocate(cap, t0, t1, multiple_of=8, global_batch=2112).accumulate >= 2
+    forced = allocate(cap, t0, t1, multiple_of=8, global_batch=2112, accumulate=1)
+    assert forced.accumulate == 1 and forced.step_batch == 2112
+    with pytest.raises(InfeasiblePlanError, match=r"in 1 step\(s\) \(valid accumulations: 2, "):
+        allocate([10, 10], [0.1, 0.1], [0.01, 0.01], global_batch=40, accumulate=1)
