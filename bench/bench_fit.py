@@ -88,7 +88,8 @@ def _failing_at(intercept_gib: float, available_gib: float, oom_batch: int) -> f
     return (available_gib - intercept_gib) / (oom_batch - 0.5)
 
 
-def build_cases() -> list[FitCase]:
+def _clean_and_noisy_cases() -> list[FitCase]:
+    """A clean affine curve, the same curve running out of memory at its last probe, a noisy synthetic one."""
     catalog = load_catalog()
     cases = []
 
@@ -148,7 +149,13 @@ def build_cases() -> list[FitCase]:
             truth="1.0 G + 0.25 G/sample by construction; probes scaled by (1 + e), e = +6, -5, +4, -6, +5 %",
         )
     )
+    return cases
 
+
+def _reported_cases() -> list[FitCase]:
+    """Cases from issue reports, each with the batch that ran out of memory or fitted."""
+    t4_total, t4_available = 14.75, 14.5
+    cases = []
     # ultralytics#1451: RTX 4090 (23.99 G), yolov8n at 480; 8.0.x picked 281 (70 %) and ran out of memory
     mems_1451 = (0.285, 0.445, 0.470, 0.719, 1.197)
     m0, _ = _probe_fit(PROBES, mems_1451)
@@ -207,6 +214,10 @@ def build_cases() -> list[FitCase]:
         )
     )
     return cases
+
+
+def build_cases() -> list[FitCase]:
+    return _clean_and_noisy_cases() + _reported_cases()
 
 
 def evaluate(case: FitCase, fraction: float = DEFAULT_FRACTION) -> dict:

@@ -65,7 +65,7 @@ def plan_for(speeds: list[float], wrong_by: float | None, sample_s: float) -> di
             time_points=[(8, 8 * slope), (64, 64 * slope)])
         slots.append(RankSlot(node="bench", device_index=rank, gpu=GPUS[rank], profile=key,
                               memory_budget_bytes=FIXED_BYTES + CAP * BYTES_PER_SAMPLE, total_memory_bytes=10**9))
-    return build_plan(job, slots, profiles)
+    return build_plan(job, slots, profiles).to_json()
 
 
 def _free_port() -> int:
@@ -88,7 +88,10 @@ def run_case(name: str, wrong_by: float | None, args: argparse.Namespace, work: 
     start = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     if result.returncode != 0:
-        sys.exit(f"{name}: the example failed ({result.returncode}):\n{result.stderr[-3000:]}")
+        # the failing rank's own message lies above torchrun's summary: show both
+        clues = [x for x in result.stderr.splitlines() if any(w in x for w in ("error", "Error", "terminate", "what()"))]
+        sys.exit(f"{name}: the example failed ({result.returncode}):\n" + "\n".join(clues[:20])
+                 + f"\n...\n{result.stderr[-2000:]}")
     line = next(x for x in result.stdout.splitlines() if x.startswith("rebalance: switches="))
     measured = json.loads(plan_path.read_text())["measured"]
     before, after = measured["step_time_first_s"], measured["step_time_last_s"]

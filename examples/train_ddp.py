@@ -206,14 +206,15 @@ def finish_rebalance(args: argparse.Namespace, rebalancer, sampler: PlannedBatch
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, taken)
     once = samples_once(sampler, everyone)
-    if rebalancer.rank != 0:
-        return
-    if not args.no_feedback:
-        for path in rebalancer.write_feedback(args.write_plan or args.plan, args.cache_dir):
-            print(f"wrote {path}", file=sys.stderr)
-    if rebalancer.simulate is not None:
-        print(f"rebalance: {rebalancer.simulate.describe()} (declared simulation)", file=sys.stderr)
-    print(rebalancer.report().line(samples_once=once), flush=True)
+    if rebalancer.rank == 0:
+        if not args.no_feedback:
+            for path in rebalancer.write_feedback(args.write_plan or args.plan, args.cache_dir):
+                print(f"wrote {path}", file=sys.stderr)
+        if rebalancer.simulate is not None:
+            print(f"rebalance: {rebalancer.simulate.describe()} (declared simulation)", file=sys.stderr)
+        print(rebalancer.report().line(samples_once=once), flush=True)
+    # nobody tears gloo down while rank 0 still writes: a peer's early teardown can abort a rank (SIGABRT)
+    dist.barrier()
 
 
 def _single_process_environment() -> None:

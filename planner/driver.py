@@ -25,7 +25,7 @@ from planner.events import Event, EventSink, ignore_event
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.launch import DEFAULT_MASTER_PORT
-from planner.plan.types import ExcludedDevice, RankSlot
+from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.probing.backends import (
     DEFAULT_PROBE_TIMEOUT_S,
     DEFAULT_PROFILE_TIMEOUT_S,
@@ -36,7 +36,7 @@ from planner.probing.backends import (
     RayBackend,
     probe_env,
 )
-from planner.probing.busy import busy_summary, is_shared, is_threshold_breach, speed_factor
+from planner.probing.busy import busy_summary, is_shared, speed_factor
 from planner.probing.inventory import NodeInventory
 from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
@@ -66,7 +66,7 @@ class DriverOptions:
 
 @dataclass(kw_only=True)
 class PlanOutcome:
-    plan: dict | None
+    plan: Plan | None
     """the plan; None only when ``allow_infeasible`` was set and no plan exists (see ``error``)"""
     inventories: list[NodeInventory]
     timings_s: dict[str, float]
@@ -97,6 +97,7 @@ def _profile_requests(
                         device_index=index,
                         gpu=inventory.device(index).name,
                         reason="GPU type not in the catalog (add it under gpu_types: in a cluster config)",
+                        kind=ExclusionKind.UNKNOWN_GPU_TYPE,
                     )
                 )
                 continue
@@ -135,11 +136,140 @@ def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlo
     return warnings
 
 
+def _probe(job: JobSpec, backend: Backend, options: DriverOptions, on_event: EventSink, expected: int):
+    """Every node's inventory and the nodes whose probe failed ``{node: reason}``."""
+    count = expected or backend.num_probes()
+    on_event(Event(stage="probe", status="start", item=f"{count} node{'s' if count != 1 else ''}"))
+    inventories, failed_nodes = backend.inventories(
+        job.gpus, job.min_free_memory_fraction, job.max_utilization_fraction
+    )
+    on_event(Event(stage="probe", status="done", detail={"nodes": len(inventories), "failed": len(failed_nodes)}))
+    if failed_nodes and options.require_all_nodes:
+        reasons = "; ".join(f"{n}: {r}" for n, r in failed_nodes.items())
+        raise InfeasiblePlanError(f"not every node could be probed ({reasons}); drop --require-all-nodes to plan without them")
+    return inventories, failed_nodes
+
+
+def _selection_exclusions(failed_nodes: dict[str, str], inventories: Sequence[NodeInventory]) -> list[ExcludedDevice]:
+    """The nodes whose probe failed and the GPUs the selection skipped, with their reasons."""
+    excluded = [
+        ExcludedDevice(node=n, device_index=None, gpu=None, reason=r, kind=ExclusionKind.PROBE_FAILED)
+        for n, r in failed_nodes.items()
+    ]
+    for inventory in inventories:
+        for index, reason in inventory.selection.skipped:
+            excluded.append(ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index),
+                                           reason=reason, kind=ExclusionKind.SKIPPED_BY_SELECTION))
+    return excluded
+
+
+def _profile_one(
+    job: JobSpec, backend: Backend, request: ProfileRequest, dead_nodes: set[str], failed_nodes: dict[str, str],
+    options: DriverOptions, on_event: EventSink,
+) -> DeviceProfile | None:
+    """One profile, re-sent to another live probe when the one running it fails; None when none is left."""
+    while True:
+        try:
+            profile, node = backend.profile(job, request, dead_nodes)
+        except ProbeFailure as failure:
+            if not failure.node or failure.node in dead_nodes:
+                on_event(Event(stage="profile", status="failed", item=request.gpu_type, detail={"reason": failure.reason}))
+                return None
+            dead_nodes.add(failure.node)
+            failed_nodes.setdefault(failure.node, failure.reason)
+            on_event(Event(stage="profile", status="failed", item=request.gpu_type,
+                           detail={"node": failure.node, "reason": failure.reason}))
+            if options.require_all_nodes:
+                raise InfeasiblePlanError(
+                    f"probe of node {failure.node} failed: {failure.reason} (drop --require-all-nodes to plan without it)"
+                ) from None
+            if request.node is not None:  # measured on that node only
+                return None
+            continue
+        on_event(Event(stage="profile", status="done", item=request.gpu_type, detail={"node": node}))
+        return profile
+
+
+def _profile_all(
+    job: JobSpec, backend: Backend, catalog: GpuCatalog, requests: dict[str, ProfileRequest], dead_nodes: set[str],
+    failed_nodes: dict[str, str], options: DriverOptions, on_event: EventSink, warnings: list[str],
+) -> tuple[dict[str, DeviceProfile], int]:
+    """Every requested profile (measured in a running job, or from the cache, where there is one) and how
+    many were computed; says in ``warnings`` which ones a running job measured."""
+    profiles: dict[str, DeviceProfile] = {}
+    profile_calls = 0
+    for key, request in requests.items():
+        measured = _measured_in_job(job, request, catalog, options.cache)
+        if measured is not None:
+            profiles[key] = measured
+            warnings.append(
+                f"{request.gpu_type}: step time measured in a running job (profile method 'job', from the profile "
+                f"cache); --method auto prefers it over the {request.method} profile"
+            )
+            on_event(Event(stage="profile", status="cached", item=request.gpu_type, detail={"measured_in_job": True}))
+            continue
+        cached = options.cache.get(key) if options.cache is not None else None
+        if cached is not None:
+            profiles[key] = cached
+            on_event(Event(stage="profile", status="cached", item=request.gpu_type))
+            continue
+        profile = _profile_one(job, backend, request, dead_nodes, failed_nodes, options, on_event)
+        if profile is None:
+            continue
+        profile_calls += 1
+        profiles[key] = profile
+        if options.cache is not None:
+            options.cache.put(key, profile)
+    return profiles, profile_calls
+
+
+def _rank_slots(
+    job: JobSpec, inventories: Sequence[NodeInventory], device_keys: dict[tuple[str, int], str],
+    profiles: dict[str, DeviceProfile], dead_nodes: set[str], failed_nodes: dict[str, str],
+) -> tuple[list[RankSlot], list[ExcludedDevice]]:
+    """A slot for every selected, profiled device on a live node; the others excluded with their kind."""
+    slots: list[RankSlot] = []
+    excluded: list[ExcludedDevice] = []
+    for inventory in inventories:
+        if inventory.name in dead_nodes:
+            excluded.extend(
+                ExcludedDevice(node=inventory.name, device_index=i, gpu=inventory.gpu_type(i),
+                               reason=f"probe failed: {failed_nodes[inventory.name]}", kind=ExclusionKind.PROBE_FAILED)
+                for i in inventory.selection.selected
+            )
+            continue
+        for index in inventory.selection.selected:
+            key = device_keys.get((inventory.name, index))
+            if key is None:
+                continue  # excluded before profiling (unknown type)
+            if key not in profiles:
+                excluded.append(ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index),
+                                               reason="its GPU type could not be profiled (see warnings)",
+                                               kind=ExclusionKind.NOT_PROFILED))
+                continue
+            stats = inventory.device(index)
+            # budget = fraction × available; a fresh training process has the driver-free memory available,
+            # and other processes' work leaves it a share of the GPU's time (planner.probing.busy)
+            slots.append(
+                RankSlot(
+                    node=inventory.name,
+                    device_index=index,
+                    gpu=inventory.gpu_type(index) or stats.name,
+                    profile=key,
+                    memory_budget_bytes=job.memory_budget_bytes(stats.memory_free_bytes),
+                    total_memory_bytes=stats.memory_total_bytes,
+                    visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
+                    speed_factor=speed_factor(stats),
+                )
+            )
+    return slots, excluded
+
+
 def _shared_gpus_line(job: JobSpec, inventories: Sequence[NodeInventory], slots: Sequence[RankSlot]) -> str | None:
     """What the busy-GPU policy did (planner.probing.busy): the shared GPUs skipped and those derated."""
     by_node = {inv.name: inv for inv in inventories}
     skipped = [(inv.name, inv.device(i), reason) for inv in inventories for i, reason in inv.selection.skipped
-               if is_threshold_breach(reason) and is_shared(inv.device(i))]
+               if i in inv.selection.busy and is_shared(inv.device(i))]
     derated = [(s.node, by_node[s.node].device(s.device_index), s.memory_budget_bytes) for s in slots
                if is_shared(by_node[s.node].device(s.device_index))]
     return busy_summary(skipped, derated, min_free_memory_fraction=job.min_free_memory_fraction,
@@ -163,8 +293,8 @@ def run_plan(
     expected_nodes: Sequence[str] = (),
     timings_s: dict[str, float] | None = None,
     extra_warnings: Sequence[str] = (),
-    cluster_label: str = "",
     allow_infeasible: bool = False,
+    cluster_label: str = "",
 ) -> PlanOutcome:
     """Probe, profile, allocate over ``backend``. See the module docstring for the policy.
 
@@ -173,26 +303,10 @@ def run_plan(
     """
     timings = dict(timings_s or {})
     start = time.monotonic()
-    count = len(expected_nodes) or backend.num_probes()
-    on_event(Event(stage="probe", status="start", item=f"{count} node{'s' if count != 1 else ''}"))
-    inventories, failed_nodes = backend.inventories(
-        job.gpus, job.min_free_memory_fraction, job.max_utilization_fraction
-    )
+    inventories, failed_nodes = _probe(job, backend, options, on_event, len(expected_nodes))
     timings["probe_s"] = time.monotonic() - start
-    on_event(Event(stage="probe", status="done", detail={"nodes": len(inventories), "failed": len(failed_nodes)}))
-    if failed_nodes and options.require_all_nodes:
-        reasons = "; ".join(f"{n}: {r}" for n, r in failed_nodes.items())
-        raise InfeasiblePlanError(f"not every node could be probed ({reasons}); drop --require-all-nodes to plan without them")
-
-    warnings = list(extra_warnings)
-    for inventory in inventories:
-        warnings.extend(inventory.warnings)
-    excluded = [ExcludedDevice(node=n, device_index=None, gpu=None, reason=r) for n, r in failed_nodes.items()]
-    for inventory in inventories:
-        for index, reason in inventory.selection.skipped:
-            excluded.append(
-                ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index), reason=reason)
-            )
+    warnings = [*extra_warnings, *(w for inventory in inventories for w in inventory.warnings)]
+    excluded = _selection_exclusions(failed_nodes, inventories)
     if job.method == "measure" and any(inv.simulated for inv in inventories):
         warnings.append("simulated GPUs cannot be measured: their profiles are estimated")
 
@@ -201,118 +315,47 @@ def run_plan(
     fingerprint, torch_version = job_fingerprint(job) if any_selected else ("", "")
     requests, device_keys, unknown = _profile_requests(job, inventories, catalog, fingerprint, torch_version)
     excluded.extend(unknown)
-    profiles: dict[str, DeviceProfile] = {}
     dead_nodes: set[str] = set(failed_nodes)
-    profile_calls = 0
-    for key, request in requests.items():
-        measured = _measured_in_job(job, request, catalog, options.cache)
-        if measured is not None:
-            profiles[key] = measured
-            warnings.append(
-                f"{request.gpu_type}: step time measured in a running job (profile method 'job', from the profile "
-                f"cache); --method auto prefers it over the {request.method} profile"
-            )
-            on_event(Event(stage="profile", status="cached", item=request.gpu_type, detail={"measured_in_job": True}))
-            continue
-        cached = options.cache.get(key) if options.cache is not None else None
-        if cached is not None:
-            profiles[key] = cached
-            on_event(Event(stage="profile", status="cached", item=request.gpu_type))
-            continue
-        while True:
-            try:
-                profile, node = backend.profile(job, request, dead_nodes)
-            except ProbeFailure as failure:
-                if not failure.node or failure.node in dead_nodes:
-                    on_event(Event(stage="profile", status="failed", item=request.gpu_type, detail={"reason": failure.reason}))
-                    break
-                dead_nodes.add(failure.node)
-                failed_nodes.setdefault(failure.node, failure.reason)
-                on_event(Event(stage="profile", status="failed", item=request.gpu_type,
-                               detail={"node": failure.node, "reason": failure.reason}))
-                if options.require_all_nodes:
-                    raise InfeasiblePlanError(
-                        f"probe of node {failure.node} failed: {failure.reason} (drop --require-all-nodes to plan without it)"
-                    ) from None
-                if request.node is not None:  # measured on that node only
-                    break
-                continue
-            profile_calls += 1
-            profiles[key] = profile
-            if options.cache is not None:
-                options.cache.put(key, profile)
-            on_event(Event(stage="profile", status="done", item=request.gpu_type, detail={"node": node}))
-            break
+    profiles, profile_calls = _profile_all(job, backend, catalog, requests, dead_nodes, failed_nodes, options,
+                                           on_event, warnings)
     timings["profile_s"] = time.monotonic() - start
     if options.cache is not None:
         warnings.extend(options.cache.problems)
 
     start = time.monotonic()
-    slots: list[RankSlot] = []
-    for inventory in inventories:
-        if inventory.name in dead_nodes:
-            excluded.extend(
-                ExcludedDevice(node=inventory.name, device_index=i, gpu=inventory.gpu_type(i),
-                               reason=f"probe failed: {failed_nodes[inventory.name]}")
-                for i in inventory.selection.selected
-            )
-            continue
-        for index in inventory.selection.selected:
-            key = device_keys.get((inventory.name, index))
-            if key is None:
-                continue  # excluded above (unknown type)
-            if key not in profiles:
-                excluded.append(ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index),
-                                               reason="its GPU type could not be profiled (see warnings)"))
-                continue
-            stats = inventory.device(index)
-            # budget = fraction × available; a fresh training process has the driver-free memory available,
-            # and other processes' work leaves it a share of the GPU's time (planner.probing.busy)
-            slots.append(
-                RankSlot(
-                    node=inventory.name,
-                    device_index=index,
-                    gpu=inventory.gpu_type(index) or stats.name,
-                    profile=key,
-                    memory_budget_bytes=job.memory_budget_bytes(stats.memory_free_bytes),
-                    total_memory_bytes=stats.memory_total_bytes,
-                    visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
-                    speed_factor=speed_factor(stats),
-                )
-            )
-    for node in dead_nodes:
-        if not any(e.node == node for e in excluded):
-            excluded.append(ExcludedDevice(node=node, device_index=None, gpu=None, reason=f"probe failed: {failed_nodes.get(node)}"))
+    slots, unusable = _rank_slots(job, inventories, device_keys, profiles, dead_nodes, failed_nodes)
+    excluded.extend(unusable)
+    excluded.extend(
+        ExcludedDevice(node=node, device_index=None, gpu=None, reason=f"probe failed: {failed_nodes.get(node)}",
+                       kind=ExclusionKind.PROBE_FAILED)
+        for node in dead_nodes if not any(e.node == node for e in excluded)
+    )
     warnings.extend(_host_warnings(inventories, slots, options.workers_per_rank))
     shared = _shared_gpus_line(job, inventories, slots)
     if shared:
         warnings.append(shared)
     on_event(Event(stage="allocate", status="start", item=f"{len(slots)} devices"))
-    node_addresses = {inv.name: inv.host.hostname for inv in inventories if not inv.simulated}
+    outcome = PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
+                          failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
     try:
         plan = build_plan(
-            job,
-            slots,
-            profiles,
-            excluded=excluded,
-            warnings=warnings,
-            node_addresses=node_addresses,
-            master_port=options.master_port,
-            script=options.script,
+            job, slots, profiles, excluded=excluded, warnings=warnings,
+            node_addresses={inv.name: inv.host.hostname for inv in inventories if not inv.simulated},
+            master_port=options.master_port, script=options.script,
         )
     except InfeasiblePlanError as exc:
         if not allow_infeasible:
             raise
         timings["allocate_s"] = time.monotonic() - start
-        return PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
-                           failed_nodes=failed_nodes, error=str(exc), expected_nodes=tuple(expected_nodes))
+        outcome.error = str(exc)
+        return outcome
     timings["allocate_s"] = time.monotonic() - start
     on_event(Event(stage="allocate", status="done"))
-    plan["cluster"] = cluster_label  # what the plan was made for: the config's name, or the Ray address
-    plan["probing"] = {**backend.probing_metadata(), "profile_calls": profile_calls,
-                       "timings_s": {k: round(v, 3) for k, v in timings.items()}}
-    return PlanOutcome(plan=plan, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
-                       failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
+    # cluster: what the plan was made for (the config's name, or the Ray address), e.g. in a plot's title
+    outcome.plan = plan.with_extra(cluster=cluster_label,
+                                   probing={**backend.probing_metadata(), "profile_calls": profile_calls,
+                                            "timings_s": {k: round(v, 3) for k, v in timings.items()}})
+    return outcome
 
 
 def plan_without_ray(

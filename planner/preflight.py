@@ -1,7 +1,9 @@
 """Pre-flight checks a scheduler runs before submitting a job: go (all ok) or no-go with reasons.
 
 Pure functions over what the driver found (inventories, failed nodes) and the plan (or why there is none).
-Each check has a name, ok and a one-line detail; ``batchplan preflight`` turns them into exit 0 / 1.
+Each check has a name, ok and a one-line detail; ``batchplan preflight`` turns them into exit 0 / 1. The
+checks decide on typed fields and enums (``GpuSelection.busy``, ``ExclusionKind``, ``AdviceKind``), never on
+the wording of a reason.
 """
 
 from __future__ import annotations
@@ -9,18 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.probing.busy import is_threshold_breach
+from planner.allocate.advice import AdviceKind
+from planner.plan.types import ExclusionKind, Plan
 from planner.probing.inventory import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
-
-
 
 @dataclass(frozen=True, kw_only=True)
 class Check:
     name: str
     ok: bool
     detail: str
+    warning: bool = False
+    """ok, but worth a look (printed as ``warn``; in JSON the detail starts with ``warning:``)"""
 
     def to_json(self) -> dict:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
@@ -60,32 +63,25 @@ def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
     )
 
 
-def run_checks(
-    *,
-    inventories: Sequence[NodeInventory],
-    failed_nodes: dict[str, str],
-    expected_node_names: Sequence[str],
-    plan: dict | None,
-    plan_error: str | None,
-    thresholds: Thresholds,
+def _node_checks(
+    inventories: Sequence[NodeInventory], failed_nodes: dict[str, str], expected_node_names: Sequence[str],
+    plan: Plan | None, thresholds: Thresholds,
 ) -> list[Check]:
-    checks: list[Check] = []
+    """Did the cluster answer, every expected node, with the GPUs asked for, idle enough?"""
     answered = {inv.name for inv in inventories}
-    checks.append(Check(name="cluster_reachable", ok=True, detail=f"{len(answered)} node(s) answered"))
-
+    checks = [Check(name="cluster_reachable", ok=True, detail=f"{len(answered)} node(s) answered")]
     missing = [n for n in expected_node_names if n not in answered or n in failed_nodes]
     missing += [n for n in failed_nodes if n not in missing]
     expected = thresholds.expect_nodes if thresholds.expect_nodes is not None else len(expected_node_names)
     present = len(answered - set(failed_nodes))
-    ok_nodes = not missing and present >= expected
     detail = f"{present} of {expected or present} node(s) probed"
     if missing:
         detail += "; missing: " + "; ".join(f"{n} ({failed_nodes.get(n, 'did not answer')})" for n in missing)
-    checks.append(Check(name="nodes_present", ok=ok_nodes, detail=detail))
+    checks.append(Check(name="nodes_present", ok=not missing and present >= expected, detail=detail))
 
     selected = sum(len(inv.selection.selected) for inv in inventories)
     total = sum(len(inv.devices) for inv in inventories)
-    ranks = plan["world_size"] if plan is not None else 0
+    ranks = plan.world_size if plan is not None else 0
     want = thresholds.expect_gpus
     checks.append(
         Check(
@@ -95,12 +91,11 @@ def run_checks(
             + (f", {want} required" if want is not None else ""),
         )
     )
-
     busy = [
         f"{inv.name} GPU {index}: {reason}"
         for inv in inventories
         for index, reason in inv.selection.skipped
-        if is_threshold_breach(reason)
+        if index in inv.selection.busy
     ]
     checks.append(
         Check(
@@ -109,70 +104,94 @@ def run_checks(
             detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy),
         )
     )
-    checks.append(_versions_check(inventories))
-    shared = [w for w in (plan or {}).get("warnings", []) if w.startswith("shared GPUs:")]
-    if shared:
-        # a warning, not a failure: the plan already expects less of them (planner.probing.busy)
-        checks.append(Check(name="shared_gpus", ok=True, detail=f"warning: {shared[0]}"))
+    return checks
 
-    if plan is None:
-        checks.append(Check(name="plan_feasible", ok=False, detail=plan_error or "no plan"))
-        return checks
-    checks.append(
-        Check(
-            name="plan_feasible",
-            ok=True,
-            detail=f"{plan['world_size']} ranks, global batch {plan['global_batch']} "
-            f"(accumulate {plan['accumulate']})",
-        )
-    )
-    too_small = [e for e in plan["excluded"] if "minimum batch" in e["reason"]]
+
+def _plan_checks(plan: Plan, thresholds: Thresholds) -> list[Check]:
+    """Is the plan complete (every rank fits, the global batch is reached), balanced, worth every GPU?"""
+    checks = [
+        Check(name="plan_feasible", ok=True,
+              detail=f"{plan.world_size} ranks, global batch {plan.global_batch} (accumulate {plan.accumulate})")
+    ]
+    too_small = [e for e in plan.excluded if e.kind is ExclusionKind.BELOW_MIN_BATCH]
     checks.append(
         Check(
             name="min_batch_fits",
             ok=not too_small,
             detail="every rank fits the minimum batch"
             if not too_small
-            else "; ".join(f"{e['node']} GPU {e['device_index']} ({e['gpu']}): {e['reason']}" for e in too_small),
+            else "; ".join(f"{e.node} GPU {e.device_index} ({e.gpu}): {e.reason}" for e in too_small),
         )
     )
-    if plan["job"].get("global_batch") is not None:
+    if plan.job.global_batch is not None:
         checks.append(
             Check(
                 name="global_batch_reachable",
-                ok=plan["global_batch"] == plan["job"]["global_batch"],
-                detail=f"{plan['global_batch']} = {plan['step_batch']} × {plan['accumulate']}",
+                ok=plan.global_batch == plan.job.global_batch,
+                detail=f"{plan.global_batch} = {plan.step_batch} × {plan.accumulate}",
             )
         )
-    imbalance = max((r.get("idle_fraction", 0.0) for r in plan["ranks"]), default=0.0)
-    worst = max(plan["ranks"], key=lambda r: r.get("idle_fraction", 0.0), default=None)
+    worst = max(plan.ranks, key=lambda r: r.idle_fraction or 0.0, default=None)
+    imbalance = (worst.idle_fraction or 0.0) if worst is not None else 0.0
     checks.append(
         Check(
             name="imbalance",
             ok=imbalance <= thresholds.max_imbalance,
             detail=f"largest idle share {imbalance:.1%}"
-            + (f" (rank {worst['rank']}, {worst['gpu']})" if worst and imbalance > 0 else "")
+            + (f" (rank {worst.rank}, {worst.gpu})" if worst and imbalance > 0 else "")
             + f"; limit {thresholds.max_imbalance:.0%} (--max-imbalance)",
         )
     )
-    alternatives = plan.get("alternatives") or {}
-    current = plan["throughput_samples_per_s"]
+    checks.append(_subset_check(plan, thresholds))
+    return checks
+
+
+def _subset_check(plan: Plan, thresholds: Thresholds) -> Check:
+    """Would dropping some GPU types be faster by at least ``min_subset_gain``?"""
+    alternatives = plan.alternatives or {}
     best_name, best = max(
         ((k, v) for k, v in alternatives.items() if k in ("best_group_subset", "best_single_group")),
         key=lambda kv: kv[1],
         default=(None, 0.0),
     )
+    current = plan.throughput_samples_per_s
     gain = best / current if current > 0 and best_name else 0.0
-    advice = [w for w in plan["warnings"] if w.startswith(("dropping", "using only"))]
-    checks.append(
-        Check(
-            name="slow_gpus_worth_it",
-            ok=gain < thresholds.min_subset_gain,
-            detail=(advice[0] if advice else f"{best_name} would be {gain:.2f}× faster")
-            if gain >= thresholds.min_subset_gain
-            else "every GPU type adds throughput"
-            if best_name
-            else "one GPU type: nothing to drop",
-        )
-    )
-    return checks
+    advice = [a for a in plan.advice if a.kind in (AdviceKind.DROP_GROUPS, AdviceKind.SINGLE_GROUP)]
+    if gain >= thresholds.min_subset_gain:
+        detail = advice[0] if advice else f"{best_name} would be {gain:.2f}× faster"
+    else:
+        detail = "every GPU type adds throughput" if best_name else "one GPU type: nothing to drop"
+    return Check(name="slow_gpus_worth_it", ok=gain < thresholds.min_subset_gain, detail=str(detail))
+
+
+def _shared_gpus_check(plan: Plan | None) -> Check | None:
+    """A warning (ok, detail ``warning: ...``), not a failure, for ranks on GPUs other work keeps busy: the
+    plan already expects less of them (``RankEntry.speed_factor``, planner.probing.busy)."""
+    derated = [r for r in (plan.ranks if plan is not None else ()) if r.speed_factor < 1.0]
+    if not derated:
+        return None
+    said = "; ".join(f"{r.node} GPU {r.device_index} at {r.speed_factor:.0%} speed" for r in derated)
+    return Check(name="shared_gpus", ok=True, warning=True,
+                 detail=f"warning: shared GPUs: planned at reduced speed {said} (other work uses them; see the "
+                 "plan's warnings)")
+
+
+def run_checks(
+    *,
+    inventories: Sequence[NodeInventory],
+    failed_nodes: dict[str, str],
+    expected_node_names: Sequence[str],
+    plan: Plan | None,
+    plan_error: str | None,
+    thresholds: Thresholds,
+) -> list[Check]:
+    """Every check, in the order ``batchplan preflight`` prints them."""
+    checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds)
+    checks.append(_versions_check(inventories))
+    shared = _shared_gpus_check(plan)
+    if shared is not None:
+        checks.append(shared)
+    if plan is None:
+        checks.append(Check(name="plan_feasible", ok=False, detail=plan_error or "no plan"))
+        return checks
+    return checks + _plan_checks(plan, thresholds)

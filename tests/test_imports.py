@@ -85,3 +85,18 @@ def test_no_private_name_is_imported_from_another_module():
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert not crossings, "private names used outside their module:\n" + "\n".join(crossings)
+
+
+#: STYLE.md: no function over 80 lines outside tests
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_outside_tests_is_longer_than_80_lines():
+    long = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.name} has {node.end_lineno - node.lineno + 1} lines"
+        for path in SOURCES
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them):\n" + "\n".join(long)

@@ -3,9 +3,9 @@
 Options (``Allocation.alternatives``): the three modes (each at its fastest accumulation), the fastest
 groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
 group alone, all at the same global batch when one is given; each is solved with ``planner.allocate.solver``'s
-solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%). Sentences are
-advice (warnings: another choice would be faster) or notes (the comparison with plain DDP, an option that
-could not be compared and why): the plan never advises against its own choice of accumulation, which is
+solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%). A sentence is
+advice (a warning: another choice would be faster) or a note (``NOTE_KINDS``: the comparison with plain DDP,
+an option that could not be compared and why); the plan never advises against its own accumulation, which is
 already the fastest.
 
 Pure numpy: no torch, no Ray.
@@ -14,6 +14,7 @@ Pure numpy: no torch, no Ray.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 
@@ -30,6 +31,45 @@ _ADVICE_TOLERANCE = 1e-2
 # Group advice (drop the slowest groups, keep one) costs two solves per group: at most this many groups.
 # Default groups are identical (cap, t0, t1); with more of them than this, identical (t0, t1).
 _MAX_ADVICE_GROUPS = 32
+
+
+class AdviceKind(Enum):
+    """What an advice sentence is about, for programs (preflight) that must not read the sentence."""
+
+    MODE = "mode"
+    """another mode would be faster"""
+    VERSUS_UNIFORM = "versus_uniform"
+    """how much faster this mode is than plain DDP"""
+    UNIFORM_NOT_COMPARED = "uniform_not_compared"
+    """plain DDP cannot reach the global batch, so it is not compared (and why)"""
+    EFFICIENCY = "efficiency"
+    """what a balance efficiency below 1 with no rank waiting means"""
+    DROP_GROUPS = "drop_groups"
+    """dropping the slowest GPU groups would be faster"""
+    SINGLE_GROUP = "single_group"
+    """one GPU group alone would be faster"""
+    NO_GROUP_ADVICE = "no_group_advice"
+    """too many groups to compare"""
+
+
+#: kinds that are information, not warnings: they go to a plan's ``notes``
+NOTE_KINDS = frozenset({AdviceKind.VERSUS_UNIFORM, AdviceKind.UNIFORM_NOT_COMPARED, AdviceKind.NO_GROUP_ADVICE,
+                        AdviceKind.EFFICIENCY})
+
+
+class Advice(str):
+    """One advice sentence with its kind. A ``str`` (the text), so that it reads, prints and serialises as
+    the sentence it is; ``kind`` says what it is about."""
+
+    kind: AdviceKind
+
+    def __new__(cls, kind: AdviceKind, text: str) -> Advice:
+        advice = super().__new__(cls, text)
+        advice.kind = kind
+        return advice
+
+    def __reduce__(self):
+        return Advice, (self.kind, str(self))
 
 
 @dataclass(frozen=True)
@@ -87,7 +127,6 @@ def _versus(new: Option, cur: Option, global_batch: int | None) -> str:
 def _uniform_missing(rows: Rows, k: int, global_batch: int | None) -> str:
     """Why plain DDP (``uniform``) has no option to compare: one sentence with the numbers."""
     n = len(rows.ranks)
-    smallest = int(rows.cap.min()) * k
     if global_batch is not None and global_batch % (n * k):
         below, above = global_batch // (n * k) * n * k, (global_batch // (n * k) + 1) * n * k
         near = f"{below} or {above}" if below else f"{above}"
@@ -95,36 +134,39 @@ def _uniform_missing(rows: Rows, k: int, global_batch: int | None) -> str:
                 f"equal per-rank batches{f' of multiples of {k}' if k > 1 else ''} (a multiple of {n * k} "
                 f"would, e.g. {near})")
     return (f"'uniform' (plain DDP) is not compared: no accumulation splits global batch {global_batch} into "
-            f"{n} equal per-rank batches of at most {smallest} (the smallest cap)")
-
-
-def _mode_sentences(options: dict[str, Option | None], mode: str, rows: Rows, k: int,
-                    global_batch: int | None, current: Option) -> tuple[list[str], list[str]]:
-    """(advice, notes) on the modes: another mode faster, or how much faster this one is than plain DDP."""
-    advice: list[str] = []
-    notes: list[str] = []
-    best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
-    gain = options[best_mode].throughput / current.throughput
-    if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
-        advice.append(f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
-                      f"({_versus(options[best_mode], current, global_batch)})")
-    elif mode != "uniform" and options["uniform"] is not None:
-        over = current.throughput / options["uniform"].throughput
-        if over >= ADVICE_MIN_SPEEDUP:
-            notes.append(f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
-                         f"{int(options['uniform'].batches[0])}): {_versus(current, options['uniform'], global_batch)}")
-    if options["uniform"] is None:
-        notes.append(_uniform_missing(rows, k, global_batch))
-    return advice, notes
+            f"{n} equal per-rank batches of at most {int(rows.cap.min()) * k} (the smallest cap)")
 
 
 def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-           labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[str], list[str]]:
-    """Alternatives (throughput per option), advice sentences and notes; O(groups · N log N)."""
+            labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[Advice]]:
+    """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
     options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
     alternatives = {m: o.throughput for m, o in options.items() if o is not None}
-    advice, notes = _mode_sentences(options, mode, rows, k, global_batch, current)
+    advice: list[Advice] = []
+    best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
+    gain = options[best_mode].throughput / current.throughput
+    if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
+        advice.append(Advice(AdviceKind.MODE, f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
+                      f"({_versus(options[best_mode], current, global_batch)})"))
+    elif mode != "uniform" and options["uniform"] is not None:
+        over = current.throughput / options["uniform"].throughput
+        if over >= ADVICE_MIN_SPEEDUP:
+            advice.append(Advice(AdviceKind.VERSUS_UNIFORM,
+                                 f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
+                                 f"{int(options['uniform'].batches[0])}): "
+                                 f"{_versus(current, options['uniform'], global_batch)}"))
 
+    if options["uniform"] is None:
+        advice.append(Advice(AdviceKind.UNIFORM_NOT_COMPARED, _uniform_missing(rows, k, global_batch)))
+
+    _group_advice(rows, t0, t1, k, mode, global_batch, labels, current, alternatives, advice)
+    return alternatives, advice
+
+
+def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
+                  labels: np.ndarray | None, current: Option, alternatives: dict[str, float],
+                  advice: list[Advice]) -> None:
+    """Add the group options (the fastest groups, each group alone) to ``alternatives`` and ``advice``."""
     ranks = rows.ranks
     if labels is None:
         gid, names = rows.row, None
@@ -136,11 +178,12 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
         names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
     num_groups = int(gid.max()) + 1
     if num_groups > _MAX_ADVICE_GROUPS:
-        notes.append(f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
-                     f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them")
-        return alternatives, advice, notes
+        advice.append(Advice(AdviceKind.NO_GROUP_ADVICE,
+                             f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
+                             f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them"))
+        return
     if num_groups < 2:
-        return alternatives, advice, notes
+        return
     # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
     cap_b = rows.cap[rows.row] * k
     rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
@@ -161,13 +204,14 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
         gain = best_prefix[1].throughput / current.throughput
         if gain >= ADVICE_MIN_SPEEDUP:
             dropped = order[len(best_prefix[0]):]
-            advice.append(f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
-                          f"({_versus(best_prefix[1], current, global_batch)})")
+            advice.append(Advice(AdviceKind.DROP_GROUPS,
+                                 f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
+                                 f"({_versus(best_prefix[1], current, global_batch)})"))
             said_prefix = set(best_prefix[0].tolist())
     if best_single is not None:
         alternatives["best_single_group"] = best_single[1].throughput
         gain = best_single[1].throughput / current.throughput
         if gain >= ADVICE_MIN_SPEEDUP and said_prefix != set(best_single[0].tolist()):
-            advice.append(f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
-                          f"faster ({_versus(best_single[1], current, global_batch)})")
-    return alternatives, advice, notes
+            advice.append(Advice(AdviceKind.SINGLE_GROUP,
+                                 f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
+                                 f"faster ({_versus(best_single[1], current, global_batch)})"))

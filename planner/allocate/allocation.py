@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from planner.allocate.advice import Option, advise
+from planner.allocate.advice import NOTE_KINDS, Advice, AdviceKind, Option, advise
 from planner.allocate.solver import MAX_GLOBAL_BATCH, make_rows, split_units
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.job import MODES, Mode
@@ -49,12 +49,13 @@ class Allocation:
     """float64 per rank: 1 − t_i(b_i) / step_time_s, the share of a step the rank waits; 0 for excluded."""
     mode: str
     """The mode that produced ``batches``."""
-    advice: tuple[str, ...]
+    advice: tuple[Advice, ...]
     """Warnings: sentences saying when another mode or a subset of the GPUs would be faster, by how much, and
     which ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
-    notes: tuple[str, ...]
-    """Information, not warnings: how much faster this allocation is than plain DDP (``uniform``), why an
-    option could not be compared, what the balance efficiency means when no rank waits."""
+    notes: tuple[Advice, ...]
+    """Information, not warnings (``planner.allocate.advice.NOTE_KINDS``): how much faster this allocation
+    is than plain DDP (``uniform``), why an option could not be compared, what the balance efficiency means
+    when no rank waits."""
     alternatives: dict[str, float]
     """Throughput in samples/s of the options compared (at the same global batch when one is given, i.e.
     global batch / time per global batch, each at its fastest accumulation). Keys: ``uniform``, ``max``,
@@ -89,6 +90,32 @@ def _exclusion_reason(cap: int, k: int, lo_batch: int, min_batch: int) -> str:
     return f"{fits} < {minimum}"
 
 
+def _checked_rank_arrays(
+    max_batch: ArrayLike, time_intercept_s: ArrayLike, time_per_sample_s: ArrayLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The per-rank caps (int64) and time coefficients (float64), checked: one value per rank, finite, ≥ 0,
+    whole caps, no rank whose step takes no time."""
+    cap = _as_1d("max_batch", max_batch, None)
+    n = len(cap)
+    if n == 0:
+        raise ConfigError("max_batch is empty: there is no rank to allocate")
+    t0 = _as_1d("time_intercept_s", time_intercept_s, n).astype(np.float64)
+    t1 = _as_1d("time_per_sample_s", time_per_sample_s, n).astype(np.float64)
+    whole_floats = np.issubdtype(cap.dtype, np.floating) and bool(np.all(np.isfinite(cap) & (cap == np.round(cap))))
+    if not (np.issubdtype(cap.dtype, np.integer) or whole_floats):
+        raise ConfigError(f"max_batch must hold whole numbers of samples, got {cap.dtype} values")
+    cap = cap.astype(np.int64)
+    for name, arr in (("max_batch", cap), ("time_intercept_s", t0), ("time_per_sample_s", t1)):
+        bad = np.nonzero(~np.isfinite(arr) | (arr < 0))[0]
+        if len(bad):
+            raise ConfigError(f"{name}[{bad[0]}] = {arr[bad[0]].item()!r}: must be finite and ≥ 0")
+    zero = np.nonzero((t0 == 0) & (t1 == 0))[0]
+    if len(zero):
+        raise ConfigError(f"rank {zero[0]} has step time 0 at every batch (time_intercept_s and "
+                          "time_per_sample_s both 0): give it a measured or estimated step time")
+    return cap, t0, t1
+
+
 def allocate(
     max_batch: ArrayLike,
     time_intercept_s: ArrayLike,
@@ -119,24 +146,8 @@ def allocate(
         ConfigError: malformed input (lengths, negative values, unknown mode).
         InfeasiblePlanError: no rank reaches the minimum batch, or the global batch cannot be split.
     """
-    cap = _as_1d("max_batch", max_batch, None)
+    cap, t0, t1 = _checked_rank_arrays(max_batch, time_intercept_s, time_per_sample_s)
     n = len(cap)
-    if n == 0:
-        raise ConfigError("max_batch is empty: there is no rank to allocate")
-    t0 = _as_1d("time_intercept_s", time_intercept_s, n).astype(np.float64)
-    t1 = _as_1d("time_per_sample_s", time_per_sample_s, n).astype(np.float64)
-    whole_floats = np.issubdtype(cap.dtype, np.floating) and bool(np.all(np.isfinite(cap) & (cap == np.round(cap))))
-    if not (np.issubdtype(cap.dtype, np.integer) or whole_floats):
-        raise ConfigError(f"max_batch must hold whole numbers of samples, got {cap.dtype} values")
-    cap = cap.astype(np.int64)
-    for name, arr in (("max_batch", cap), ("time_intercept_s", t0), ("time_per_sample_s", t1)):
-        bad = np.nonzero(~np.isfinite(arr) | (arr < 0))[0]
-        if len(bad):
-            raise ConfigError(f"{name}[{bad[0]}] = {arr[bad[0]].item()!r}: must be finite and ≥ 0")
-    zero = np.nonzero((t0 == 0) & (t1 == 0))[0]
-    if len(zero):
-        raise ConfigError(f"rank {zero[0]} has step time 0 at every batch (time_intercept_s and "
-                          "time_per_sample_s both 0): give it a measured or estimated step time")
     if mode not in MODES:
         raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     k = _check_int("multiple_of", multiple_of, 1)
@@ -172,16 +183,17 @@ def allocate(
     bound = float(np.sum(cap_r / (t0[included] + t1[included] * cap_r)))
     idle = np.where(included, 1.0 - rank_time / step_time, 0.0)
 
-    alternatives, advice, notes = advise(rows, t0, t1, k, mode, global_batch, labels,
-                                         Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
+    alternatives, said = advise(rows, t0, t1, k, mode, global_batch, labels,
+                                Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
     efficiency = min(1.0, throughput / bound) if bound > 0 else 0.0
-    notes.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r))
+    said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r))
     return Allocation(
         batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
         step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
         rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
-        balance_efficiency=efficiency, idle_fraction=idle,
-        mode=mode, advice=tuple(advice), notes=tuple(notes), alternatives=alternatives)
+        balance_efficiency=efficiency, idle_fraction=idle, mode=mode,
+        advice=tuple(a for a in said if a.kind not in NOTE_KINDS),
+        notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)
 
 
 #: idle shares below this count as "no rank waits" for the efficiency note (what a table shows as 0%)
@@ -190,7 +202,7 @@ _NO_IDLE = 0.005
 _EXPLAIN_EFFICIENCY_BELOW = 0.95
 
 
-def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray) -> list[str]:
+def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray) -> list[Advice]:
     """Why the balance efficiency is below 1 when no rank waits: the ranks run below their caps, where the
     fixed part of a step (t0) weighs more per sample than at the cap the bound assumes."""
     if efficiency >= _EXPLAIN_EFFICIENCY_BELOW or len(idle) == 0 or float(idle.max()) >= _NO_IDLE:
@@ -199,6 +211,7 @@ def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, c
     if not below.any():
         return []
     share = float(np.mean(batches[below] / caps[below]))
-    return [f"balance efficiency {efficiency:.2f} with no rank waiting: the ranks run below their caps (on "
-            f"average at {share:.0%} of the cap), where the fixed cost of a step weighs more per sample; the "
-            "bound (1.00) is every GPU running alone at its cap"]
+    return [Advice(AdviceKind.EFFICIENCY,
+                   f"balance efficiency {efficiency:.2f} with no rank waiting: the ranks run below their caps (on "
+                   f"average at {share:.0%} of the cap), where the fixed cost of a step weighs more per sample; "
+                   "the bound (1.00) is every GPU running alone at its cap")]

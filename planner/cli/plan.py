@@ -7,8 +7,9 @@ import argparse
 from planner.cli.options import add_cluster_options, add_job_options, job_from_args
 from planner.cli.output import check_writable, note
 from planner.cli.planning import run_planning
-from planner.cli.render import print_plan
+from planner.cli.render import EMIT_FORMS, print_plan
 from planner.errors import ConfigError
+from planner.plan.types import Plan
 
 
 def add_parser(subparsers) -> None:
@@ -29,7 +30,7 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("-o", "--output", default="plan.json", help="where to write plan.json (default ./plan.json)")
     g.add_argument("--no-write", action="store_true", help="do not write plan.json")
     g.add_argument("--plot", metavar="FILE.png", help="draw the plan (needs the plot extra: matplotlib)")
-    g.add_argument("--emit", choices=("table", "env"), default="table",
+    g.add_argument("--emit", choices=EMIT_FORMS, default="table",
                    help="env: print per-node environment lines a scheduler can source")
 
 
@@ -43,7 +44,7 @@ def check_output_args(args: argparse.Namespace) -> None:
             check_writable(flag, value)
 
 
-def emit(plan: dict, args: argparse.Namespace) -> None:
+def emit(plan: Plan, args: argparse.Namespace) -> None:
     """Write plan.json, the picture, and print the result in the requested form."""
     from planner.plan.io import write_plan
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import ConfigError
+from planner.plan.types import Plan
 from torchkit.units import GIB
 
 
@@ -75,7 +76,7 @@ def _panel(ax, title: str, ncol: int) -> None:
               borderaxespad=0.2)
 
 
-def plot_plan(plan: dict, path: str) -> Path:
+def plot_plan(plan: Plan | dict, path: str) -> Path:
     """Draw ``plan_figure(plan)`` to ``path`` (PNG, written atomically)."""
     plt = _pyplot()
     fig = plan_figure(plan)
@@ -84,11 +85,13 @@ def plot_plan(plan: dict, path: str) -> Path:
     return path_out
 
 
-def plan_figure(plan: dict):
+def plan_figure(plan: Plan | dict):
     """One horizontal bar per rank (node / GPU type / device), three panels sharing the rows: the batch
     against its cap, memory predicted against budget and total, the predicted step time against the
-    step's. Numbers on the bars, legends outside them, model and cluster in the title."""
+    step's. Numbers on the bars, legends outside them, model and cluster in the title. Takes the plan or
+    its document (what ``plan.json`` holds)."""
     plt = _pyplot()
+    plan = plan.to_json() if isinstance(plan, Plan) else plan
     labels, rows = _bars(plan)
     y = list(range(len(rows)))
     height = max(3.2, 0.42 * len(rows) + 2.0)

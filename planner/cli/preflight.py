@@ -69,10 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
         write_plan(plan, args.output)
     if args.json:
-        print_json({"schema": SCHEMA, "ok": ok, "checks": [c.to_json() for c in checks], "plan": plan})
+        print_json({"schema": SCHEMA, "ok": ok, "checks": [c.to_json() for c in checks],
+                    "plan": plan.to_json() if plan is not None else None})
     else:
         for check in checks:
-            status = "FAIL" if not check.ok else "warn" if check.detail.startswith("warning: ") else "ok  "
+            status = "FAIL" if not check.ok else "warn" if check.warning else "ok  "
             echo(f"{status}  {check.name}: {check.detail.removeprefix('warning: ')}")
         echo("preflight: " + ("go" if ok else "no-go"))
     return 0 if ok else 1

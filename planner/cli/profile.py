@@ -8,6 +8,8 @@ import argparse
 from planner.cli.options import add_job_options, job_from_args
 from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
 from planner.errors import ConfigError
+from planner.job import JobSpec
+from planner.profiles.profile import DeviceProfile
 
 SCHEMA = "batchplan/profile@1"
 
@@ -49,7 +51,28 @@ def _local_device(spec: str):
     return index, int(total), int(free), torch.cuda.get_device_name(index)
 
 
-def _cached_profile(args: argparse.Namespace, job, gpu, method: str, device_index: int | None):
+def run(args: argparse.Namespace) -> int:
+    job = job_from_args(args)
+    if args.plot:
+        if not args.plot.lower().endswith(".png"):
+            raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
+        check_writable("--plot", args.plot)
+    result, profile = _gather(args, job)
+    if args.plot:
+        from planner.cli.plot import plot_profile
+
+        path = plot_profile(result["profile"], budget_bytes=result["memory_budget_bytes"],
+                            total_bytes=result["total_memory_bytes"], chosen_batch=result["chosen_batch"], path=args.plot,
+                            model=job.model)
+        note(f"wrote {path}")
+    if args.json:
+        print_json(result)
+    else:
+        _render(job, result, profile)
+    return 0 if result["chosen_batch"] else 1
+
+
+def _cached_profile(args: argparse.Namespace, job: JobSpec, gpu, method: str, device_index: int | None):
     """The profile from the cache ``plan`` shares, or made now (and cached)."""
     from planner.probing.make_profile import job_fingerprint, make_profile, resolve_method
     from planner.profiles.cache import ProfileCache
@@ -70,14 +93,10 @@ def _cached_profile(args: argparse.Namespace, job, gpu, method: str, device_inde
     return profile
 
 
-def run(args: argparse.Namespace) -> int:
+def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile]:
+    """Profile the GPU the flags name; the ``batchplan/profile@1`` document and the profile."""
     from torchkit.hardware.catalog import load_catalog
 
-    job = job_from_args(args)
-    if args.plot:
-        if not args.plot.lower().endswith(".png"):
-            raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
-        check_writable("--plot", args.plot)
     catalog = load_catalog()
     if args.cluster:
         from planner.cluster import load_cluster
@@ -115,15 +134,14 @@ def run(args: argparse.Namespace) -> int:
         "throughput_samples_per_s": chosen / profile.step_time_s(chosen) if chosen else 0.0,
         "profile": profile.to_json(),
     }
-    if args.plot:
-        from planner.cli.plot import plot_profile
+    return result, profile
 
-        note(f"wrote {plot_profile(result['profile'], budget_bytes=budget, total_bytes=total_bytes, chosen_batch=chosen, path=args.plot, model=job.model)}")
-    if args.json:
-        print_json(result)
-        return 0 if chosen else 1
+
+def _render(job: JobSpec, result: dict, profile: DeviceProfile) -> None:
+    chosen, budget = result["chosen_batch"], result["memory_budget_bytes"]
+    free_bytes, total_bytes = result["available_memory_bytes"], result["total_memory_bytes"]
     fit = profile.memory_fit.to_json()
-    echo(f"{job.model} on {gpu.name}, amp {profile.amp}, optimizer {job.optimizer}, {profile.method}d")
+    echo(f"{job.model} on {result['gpu']}, amp {profile.amp}, optimizer {job.optimizer}, {profile.method}d")
     time_at = dict(profile.time_points)
     print_table(
         "probe points",
@@ -146,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             f"{result['throughput_samples_per_s']:.0f} samples/s"
         )
     else:
-        echo(f"not even {job.multiple_of} sample(s) fit the {format_gib(budget, 2)} GiB budget on {gpu.name}")
+        echo(f"not even {job.multiple_of} sample(s) fit the {format_gib(budget, 2)} GiB budget on {result['gpu']}")
     if profile.breakdown_bytes:
         print_table(
             "memory by category at the largest probe (allocated, before CUDA overheads)",
@@ -155,4 +173,3 @@ def run(args: argparse.Namespace) -> int:
         )
     for line in profile.notes:
         note(f"warning: {line}")
-    return 0 if chosen else 1

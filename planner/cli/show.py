@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.render import print_plan
+from planner.cli.render import EMIT_FORMS, print_plan
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("show", help="show a saved plan.json", description="Validate and show a plan.json.")
     p.add_argument("plan", help="path of plan.json")
     p.add_argument("--json", action="store_true", help="print the validated plan as JSON")
-    p.add_argument("--emit", choices=("table", "env"), default="table", help="env: per-node environment lines")
+    p.add_argument("--emit", choices=EMIT_FORMS, default="table", help="env: per-node environment lines")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.plan.io import read_plan
+    from planner.plan.io import load_plan
 
-    print_plan(read_plan(args.plan), as_json=args.json, emit=args.emit)
+    print_plan(load_plan(args.plan), as_json=args.json, emit=args.emit)
     return 0

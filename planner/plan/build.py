@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from planner.allocate.allocation import allocate
+from planner.allocate.allocation import Allocation, allocate
+from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.io import SCHEMA
 from planner.plan.launch import DEFAULT_MASTER_PORT, torchrun_command
-from planner.plan.types import ExcludedDevice, RankSlot
-from planner.profiles.profile import DeviceProfile
+from planner.plan.types import ExcludedDevice, ExclusionKind, LaunchInfo, NodeEntry, Plan, RankEntry, RankSlot
+from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 
 
 def build_plan(
@@ -33,8 +34,8 @@ def build_plan(
     master_port: int = DEFAULT_MASTER_PORT,
     script: str = "train.py",
     extra: Mapping[str, Any] | None = None,
-) -> dict:
-    """Allocate per-rank batches over ``slots`` and assemble the plan.json document.
+) -> Plan:
+    """Allocate per-rank batches over ``slots`` and assemble the plan.
 
     Args:
         slots: candidate devices in node order (the order nodes will get ``--node-rank``).
@@ -52,8 +53,6 @@ def build_plan(
     first_seen = {node: i for i, node in reversed(list(enumerate(s.node for s in slots)))}
     slots = sorted(slots, key=lambda s: first_seen[s.node])
     if not slots:
-        from planner.errors import InfeasiblePlanError
-
         reasons = "; ".join(f"{e.node}[{e.device_index}]: {e.reason}" for e in excluded) or "no GPUs found"
         raise InfeasiblePlanError(f"no usable GPU to plan on ({reasons})")
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
@@ -67,105 +66,130 @@ def build_plan(
         min_batch=job.min_batch,
         groups=[s.group for s in slots],  # advice names GPU types, never profile keys
     )
-    all_excluded = [e.to_json() for e in excluded]
-    for index, reason in sorted(allocation.excluded_reasons.items()):
-        slot = slots[index]
-        all_excluded.append(
-            ExcludedDevice(node=slot.node, device_index=slot.device_index, gpu=slot.gpu, reason=reason).to_json()
-        )
+    all_excluded = list(excluded) + [
+        ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
+                       kind=ExclusionKind.BELOW_MIN_BATCH)
+        for i, reason in sorted(allocation.excluded_reasons.items())
+    ]
+    included = [slots[i] for i in range(len(slots)) if allocation.included[i]]
+    ranks = _rank_entries(included, [caps[i] for i in range(len(slots)) if allocation.included[i]],
+                          [int(b) for b, inc in zip(allocation.batches, allocation.included, strict=True) if inc],
+                          [float(f) for f, inc in zip(allocation.idle_fraction, allocation.included, strict=True) if inc],
+                          profiles, allocation.step_batch)
+    addresses = dict(node_addresses or {})
+    master_addr = addresses.get(ranks[0].node, ranks[0].node)
+    used_profiles = sorted({s.profile for s in slots})
+    return Plan(
+        schema=SCHEMA,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        job=job,
+        world_size=len(ranks),
+        global_batch=int(allocation.global_batch),
+        accumulate=int(allocation.accumulate),
+        step_batch=int(allocation.step_batch),
+        predicted_step_time_s=float(allocation.step_time_s),
+        throughput_samples_per_s=float(allocation.throughput_samples_per_s),
+        balance_efficiency=float(allocation.balance_efficiency),
+        mode=job.mode,
+        alternatives={k: float(v) for k, v in allocation.alternatives.items()},
+        ranks=tuple(ranks),
+        nodes=_node_entries(ranks, included, addresses, master_addr, master_port, script),
+        launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script),
+        excluded=tuple(all_excluded),
+        profiles={key: profiles[key] for key in used_profiles},
+        warnings=tuple(_plan_warnings(warnings, [profiles[k] for k in used_profiles], allocation, caps)),
+        notes=(*notes, *allocation.notes),
+        advice=allocation.advice,
+        extra=dict(extra or {}),
+    )
 
-    included = [i for i in range(len(slots)) if allocation.included[i]]
-    node_order: list[str] = []
-    for i in included:
-        if slots[i].node not in node_order:
-            node_order.append(slots[i].node)
-    world_size = len(included)
-    ranks = []
+
+def _rank_entries(
+    slots: Sequence[RankSlot],
+    caps: Sequence[int],
+    batches: Sequence[int],
+    idle_fractions: Sequence[float],
+    profiles: Mapping[str, DeviceProfile],
+    step_batch: int,
+) -> list[RankEntry]:
+    """One entry per included slot, numbered as torchrun will: node by node, local ranks in order."""
+    node_order = list(dict.fromkeys(s.node for s in slots))
+    world_size = len(slots)
     local_counts: dict[str, int] = {}
-    for rank, i in enumerate(included):
-        slot = slots[i]
+    ranks = []
+    for rank, (slot, cap, batch, idle) in enumerate(zip(slots, caps, batches, idle_fractions, strict=True)):
         profile = profiles[slot.profile]
-        batch = int(allocation.batches[i])
         local_rank = local_counts.get(slot.node, 0)
         local_counts[slot.node] = local_rank + 1
         ranks.append(
-            {
-                "rank": rank,
-                "node": slot.node,
-                "node_rank": node_order.index(slot.node),
-                "local_rank": local_rank,
-                "device_index": slot.device_index,
-                "gpu": slot.gpu,
-                "profile": slot.profile,
-                "batch": batch,
-                "max_batch": int(caps[i]),
-                "loss_weight": batch * world_size / allocation.step_batch,
-                "predicted_memory_bytes": profile.memory_bytes(batch),
-                "memory_budget_bytes": int(slot.memory_budget_bytes),
-                "total_memory_bytes": int(slot.total_memory_bytes),
-                "predicted_step_time_s": profile.step_time_s(batch) / slot.speed_factor,
-                "idle_fraction": float(allocation.idle_fraction[i]),
-                "speed_factor": float(slot.speed_factor),
-            }
+            RankEntry(
+                rank=rank,
+                node=slot.node,
+                node_rank=node_order.index(slot.node),
+                local_rank=local_rank,
+                device_index=slot.device_index,
+                gpu=slot.gpu,
+                profile=slot.profile,
+                batch=batch,
+                max_batch=int(cap),
+                loss_weight=batch * world_size / step_batch,
+                predicted_memory_bytes=profile.memory_bytes(batch),
+                memory_budget_bytes=int(slot.memory_budget_bytes),
+                total_memory_bytes=int(slot.total_memory_bytes),
+                predicted_step_time_s=profile.step_time_s(batch) / slot.speed_factor,
+                idle_fraction=idle,
+                speed_factor=float(slot.speed_factor),
+            )
         )
+    return ranks
 
-    addresses = dict(node_addresses or {})
-    master_addr = addresses.get(node_order[0], node_order[0])
+
+def _node_entries(
+    ranks: Sequence[RankEntry],
+    slots: Sequence[RankSlot],
+    addresses: Mapping[str, str],
+    master_addr: str,
+    master_port: int,
+    script: str,
+) -> tuple[NodeEntry, ...]:
+    """Each node with its CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank order) and torchrun line."""
+    node_order = list(dict.fromkeys(r.node for r in ranks))
     nodes = []
     for node_rank, name in enumerate(node_order):
-        node_ranks = [r for r in ranks if r["node"] == name]
-        visible = [slots[included[r["rank"]]].visible_id or str(r["device_index"]) for r in node_ranks]
+        visible = ",".join(slots[r.rank].visible_id or str(r.device_index) for r in ranks if r.node == name)
+        nproc = sum(1 for r in ranks if r.node == name)
         nodes.append(
-            {
-                "name": name,
-                "node_rank": node_rank,
-                "address": addresses.get(name, name),
-                "cuda_visible_devices": ",".join(visible),
-                "nproc_per_node": len(node_ranks),
-                "torchrun": torchrun_command(
+            NodeEntry(
+                name=name,
+                node_rank=node_rank,
+                address=addresses.get(name, name),
+                cuda_visible_devices=visible,
+                nproc_per_node=nproc,
+                torchrun=torchrun_command(
                     nnodes=len(node_order),
                     node_rank=node_rank,
-                    nproc_per_node=len(node_ranks),
+                    nproc_per_node=nproc,
                     master_addr=master_addr,
                     master_port=master_port,
-                    cuda_visible_devices=",".join(visible),
+                    cuda_visible_devices=visible,
                     script=script,
                 ),
-            }
+            )
         )
+    return tuple(nodes)
 
-    used_profiles = {s.profile for s in slots}
+
+def _plan_warnings(
+    warnings: Sequence[str], used_profiles: Sequence[DeviceProfile], allocation: Allocation, caps: Sequence[int]
+) -> list[str]:
+    """The caller's warnings, the profiles' notes (once each), the allocation's advice, the batch bound."""
     all_warnings = list(warnings)
-    for key in sorted(used_profiles):
-        all_warnings.extend(n for n in profiles[key].notes if n not in all_warnings)
+    for profile in used_profiles:
+        all_warnings.extend(n for n in profile.notes if n not in all_warnings)
     all_warnings.extend(allocation.advice)
-    from planner.profiles.profile import MAX_PLANNED_BATCH
-
     if any(cap >= MAX_PLANNED_BATCH for cap in caps):
         all_warnings.append(
             f"some caps reach {MAX_PLANNED_BATCH}, the largest per-rank batch batchplan plans: the model is tiny "
             "for these GPUs, and the plan is limited by that bound rather than by memory"
         )
-    plan = {
-        "schema": SCHEMA,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "job": job.to_json(),
-        "world_size": world_size,
-        "global_batch": int(allocation.global_batch),
-        "accumulate": int(allocation.accumulate),
-        "step_batch": int(allocation.step_batch),
-        "predicted_step_time_s": float(allocation.step_time_s),
-        "throughput_samples_per_s": float(allocation.throughput_samples_per_s),
-        "balance_efficiency": float(allocation.balance_efficiency),
-        "mode": job.mode,
-        "alternatives": {k: float(v) for k, v in allocation.alternatives.items()},
-        "ranks": ranks,
-        "nodes": nodes,
-        "launch": {"master_addr": master_addr, "master_port": master_port, "script": script},
-        "excluded": all_excluded,
-        "profiles": {key: profiles[key].to_json() for key in sorted(used_profiles)},
-        "warnings": all_warnings,
-        "notes": [*notes, *allocation.notes],
-    }
-    plan.update(extra or {})
-    return plan
+    return all_warnings

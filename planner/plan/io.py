@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.plan.types import Plan
 from planner.profiles.profile import DeviceProfile
 
 SCHEMA = "batchplan/plan@1"
 
 
-def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``plan`` as JSON to ``path`` atomically (temporary file in the same directory, then rename)."""
+def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``plan`` (a ``Plan`` or its JSON document) as JSON to ``path`` atomically (temporary file in
+    the same directory, then rename)."""
+    if isinstance(plan, Plan):
+        plan = plan.to_json()
     validate_plan(plan, where="plan to write")
     target = Path(path)
     try:
@@ -41,8 +45,13 @@ def write_plan(plan: Mapping[str, Any], path: str | os.PathLike) -> Path:
     return target
 
 
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Read, validate and type a plan.json (``read_plan``, then ``Plan.from_json``)."""
+    return Plan.from_json(read_plan(path), where=str(path))
+
+
 def read_plan(path: str | os.PathLike) -> dict:
-    """Read and validate a plan.json.
+    """Read and validate a plan.json: its JSON document (what the runtime and training scripts read).
 
     Raises:
         ConfigError: missing file, not JSON, wrong schema, missing or mistyped fields.

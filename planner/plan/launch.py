@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 
+from planner.plan.types import Plan
+
 #: torchrun's own default ``--master-port`` (torch.distributed.run), the plan's default
 DEFAULT_MASTER_PORT = 29500
 
@@ -27,3 +29,25 @@ def torchrun_command(
         f"--master-addr {shlex.quote(master_addr)} --master-port {master_port} "
         f"{script} --plan plan.json"
     )
+
+
+def env_lines(plan: Plan) -> list[str]:
+    """Per node, shell lines a scheduler can source (``batchplan plan --emit env``), values shell-quoted."""
+    launch = plan.launch
+    master = (launch.master_addr if launch else None) or (plan.nodes[0].name if plan.nodes else "")
+    port = launch.master_port if launch and launch.master_port is not None else DEFAULT_MASTER_PORT
+    lines = []
+    for node in plan.nodes:
+        lines.append(f"# node {node.name}")
+        lines.extend(
+            [
+                "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+                f"CUDA_VISIBLE_DEVICES={shlex.quote(node.cuda_visible_devices)}",
+                f"NNODES={len(plan.nodes)}",
+                f"NODE_RANK={node.node_rank}",
+                f"NPROC_PER_NODE={node.nproc_per_node}",
+                f"MASTER_ADDR={shlex.quote(master)}",
+                f"MASTER_PORT={port}",
+            ]
+        )
+    return lines

@@ -30,15 +30,6 @@ from torchkit.units import GIB
 MIN_SPEED_FACTOR = 0.05
 
 
-#: reasons ``torchkit.hardware.gpu_select.select_gpus`` gives for skipping a GPU that is idle enough, only not picked
-_NOT_A_THRESHOLD_BREACH = ("not requested", "less idle than the GPUs picked", "not used: selection")
-
-
-def is_threshold_breach(reason: str) -> bool:
-    """Whether a GPU selection's skip reason is an idle threshold it breaches (not merely "not picked")."""
-    return not reason.startswith(_NOT_A_THRESHOLD_BREACH)
-
-
 def speed_factor(stats: GpuStats) -> float:
     """The share of the GPU's speed a new job gets next to the work already on it: ``1 - utilisation``."""
     if stats.utilization_fraction is None:

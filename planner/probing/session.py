@@ -231,6 +231,52 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def _start_local(num_simulated_nodes: int, raylet_cap: int | None, started_env: dict[str, str]):
+    """Start Ray here and connect: a simulated cluster (returned, to be shut down) or an embedded Ray (None)."""
+    import ray
+
+    cap = raylet_cap or raylet_cap_from_env()
+    num_raylets = max(1, min(num_simulated_nodes, cap))
+    if num_simulated_nodes > 0:
+        from ray.cluster_utils import Cluster
+
+        common = {
+            "node_ip_address": LOOPBACK,
+            "num_cpus": 1,
+            "num_gpus": 0,
+            "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
+        }
+        log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
+        with _own_cluster_only(), _environment(started_env):
+            cluster = Cluster(
+                initialize_head=True,
+                head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
+                # stopped by ray_session's finally (exceptions, Ctrl-C); Ray's exit hook would delete the
+                # user's address file, out of _own_cluster_only()
+                shutdown_at_exit=False,
+            )
+            try:
+                for _ in range(num_raylets - 1):
+                    cluster.add_node(wait=False, **common)
+                cluster.wait_for_nodes()
+                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+            except BaseException:
+                with contextlib.suppress(Exception), _own_cluster_only():
+                    cluster.shutdown()
+                raise
+        return cluster
+    log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
+    with _own_cluster_only(), _environment(started_env):
+        ray.init(
+            address="local",  # a new instance: never a cluster found in RAY_ADDRESS or the address file
+            _node_ip_address=LOOPBACK,
+            include_dashboard=False,
+            object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+            **_init_kwargs(),
+        )
+    return None
+
+
 @contextlib.contextmanager
 def ray_session(
     *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None,
@@ -280,43 +326,10 @@ def ray_session(
             ray.shutdown()
         return
 
-    cap = raylet_cap or raylet_cap_from_env()
-    num_raylets = max(1, min(num_simulated_nodes, cap))
     cluster = None
     started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
     try:
-        if num_simulated_nodes > 0:
-            from ray.cluster_utils import Cluster
-
-            common = {
-                "node_ip_address": LOOPBACK,
-                "num_cpus": 1,
-                "num_gpus": 0,
-                "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
-            }
-            log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
-            with _own_cluster_only(), _environment(started_env):
-                cluster = Cluster(
-                    initialize_head=True,
-                    head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
-                    # stopped in the finally below (exceptions, Ctrl-C); Ray's exit hook would delete the
-                    # user's address file, out of _own_cluster_only()
-                    shutdown_at_exit=False,
-                )
-                for _ in range(num_raylets - 1):
-                    cluster.add_node(wait=False, **common)
-                cluster.wait_for_nodes()
-                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
-        else:
-            log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-            with _own_cluster_only(), _environment(started_env):
-                ray.init(
-                    address="local",  # a new instance: never a cluster found in RAY_ADDRESS or the address file
-                    _node_ip_address=LOOPBACK,
-                    include_dashboard=False,
-                    object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
-                    **_init_kwargs(),
-                )
+        cluster = _start_local(num_simulated_nodes, raylet_cap, started_env)
         yield RaySession(address="local", started_here=True, nodes=_alive_nodes(), worker_env=dict(worker_env or {}))
     finally:
         with contextlib.suppress(Exception):

@@ -30,7 +30,7 @@ from typing import Any
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
-from planner.plan.types import RankSlot
+from planner.plan.types import Plan, RankSlot
 from planner.profiles.key import job_profile_key
 from planner.profiles.profile import DeviceProfile
 
@@ -44,7 +44,8 @@ class DdpAutobatch:
     rank_plan: Any
     """this rank's ``planner.runtime.RankPlan`` (batch, loss weight, ...)"""
     plan: dict
-    """the whole plan (identical on every rank); ``planner.plan.io.write_plan`` can save it"""
+    """the whole plan's JSON document, as in plan.json (identical on every rank); ``planner.plan.io.write_plan``
+    can save it"""
     profiled_here: tuple[str, ...]
     """GPU types this rank profiled itself (not from the cache)"""
 
@@ -107,11 +108,9 @@ def autobatch_ddp(
     """
     import torch.distributed as dist
 
-    from planner.probing.make_profile import job_fingerprint, make_profile
-    from planner.profiles.cache import ProfileCache
+    from planner.probing.make_profile import job_fingerprint
     from planner.runtime.rank_plan import load_rank_plan
     from torchkit.hardware.catalog import load_catalog
-    from torchkit.seed_api.distributed import torch_distributed_zero_first
 
     if not dist.is_available() or not dist.is_initialized():
         raise InfeasiblePlanError("autobatch_ddp needs an initialised process group (call it inside torchrun)")
@@ -120,15 +119,12 @@ def autobatch_ddp(
     local_rank = int(environ.get("LOCAL_RANK", 0))
     device_index = local_rank if device_index is None else device_index
     catalog = catalog or load_catalog()
-    cache = ProfileCache(cache_dir)
 
     gpu_type, total_bytes, available_bytes, visible_id = _local_device_info(device_index, gpu, catalog)
-    node = _node_name(environ)
-    me = {"rank": rank, "node": node, "local_rank": local_rank, "device_index": device_index, "gpu": gpu_type,
-          "total": total_bytes, "available": available_bytes, "visible_id": visible_id}
+    me = {"rank": rank, "node": _node_name(environ), "local_rank": local_rank, "device_index": device_index,
+          "gpu": gpu_type, "total": total_bytes, "available": available_bytes, "visible_id": visible_id}
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
-
 
     fingerprint, torch_version = job_fingerprint(job)
     method = "estimate" if gpu is not None else job.method
@@ -137,27 +133,52 @@ def autobatch_ddp(
         return job_profile_key(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
                                torch_version=torch_version)
 
-    node_types = sorted({p["gpu"] for p in everyone if p["node"] == node})
-    profiles: dict[str, DeviceProfile] = {}
-    profiled_here: list[str] = []
-    with torch_distributed_zero_first(local_rank):
-        for gpu_name in node_types:
-            key = key_for(gpu_name)
-            cached = cache.get(key)
-            if cached is None:
-                if local_rank != 0:
-                    log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", rank, gpu_name)
-                local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
-                cached = make_profile(job, catalog.get(gpu_name), method=method,
-                                      device_index=None if gpu is not None else local_index)
-                cache.put(key, cached)
-                profiled_here.append(gpu_name)
-            profiles[key] = cached
-
+    profiles, profiled_here = _node_profiles(job, me, everyone, key_for, catalog, method=method, simulated=gpu is not None,
+                                             cache_dir=cache_dir)
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, {k: p.to_json() for k, p in profiles.items()})
     all_profiles = {k: DeviceProfile.from_json(v) for entry in gathered for k, v in entry.items()}
 
+    plan = _every_rank_plan(job, everyone, key_for, all_profiles)
+    # one timestamp for all ranks: the plans are then identical byte for byte
+    stamp: list[Any] = [plan.created]
+    dist.broadcast_object_list(stamp, src=0)
+    document = plan.replace(created=stamp[0]).with_extra(probing={"backend": "autobatch_ddp", "simulated": gpu is not None}).to_json()
+    rank_plan = load_rank_plan(document, rank=rank, env={"WORLD_SIZE": str(world_size)})
+    return DdpAutobatch(rank_plan=rank_plan, plan=document, profiled_here=tuple(profiled_here))
+
+
+def _node_profiles(
+    job: JobSpec, me: dict, everyone: list[dict], key_for, catalog, *, method: str, simulated: bool, cache_dir,
+) -> tuple[dict[str, DeviceProfile], list[str]]:
+    """The profile of every GPU type on this rank's node: the node's first rank makes (or finds) each one in
+    the node's cache while the others wait, then the others read it from the cache."""
+    from planner.probing.make_profile import make_profile
+    from planner.profiles.cache import ProfileCache
+    from torchkit.seed_api.distributed import torch_distributed_zero_first
+
+    cache = ProfileCache(cache_dir)
+    node, local_rank = me["node"], me["local_rank"]
+    profiles: dict[str, DeviceProfile] = {}
+    profiled_here: list[str] = []
+    with torch_distributed_zero_first(local_rank):
+        for gpu_name in sorted({p["gpu"] for p in everyone if p["node"] == node}):
+            key = key_for(gpu_name)
+            cached = cache.get(key)
+            if cached is None:
+                if local_rank != 0:
+                    log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", me["rank"], gpu_name)
+                local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
+                cached = make_profile(job, catalog.get(gpu_name), method=method,
+                                      device_index=None if simulated else local_index)
+                cache.put(key, cached)
+                profiled_here.append(gpu_name)
+            profiles[key] = cached
+    return profiles, profiled_here
+
+
+def _every_rank_plan(job: JobSpec, everyone: list[dict], key_for, profiles: dict[str, DeviceProfile]) -> Plan:
+    """The plan over every rank of the process group, checked to keep each rank in and in torchrun's order."""
     slots = [
         RankSlot(
             node=p["node"],
@@ -170,21 +191,15 @@ def autobatch_ddp(
         )
         for p in sorted(everyone, key=lambda p: p["rank"])
     ]
-    plan = build_plan(job, slots, all_profiles)
-    if plan["excluded"]:
-        reasons = "; ".join(f"{e['node']} GPU {e['device_index']} ({e['gpu']}): {e['reason']}" for e in plan["excluded"])
+    plan = build_plan(job, slots, profiles)
+    if plan.excluded:
+        reasons = "; ".join(f"{e.node} GPU {e.device_index} ({e.gpu}): {e.reason}" for e in plan.excluded)
         raise InfeasiblePlanError(f"every rank of a running job must take part, but some cannot: {reasons} "
                                   "(lower --min-batch/--multiple-of, or relaunch without those GPUs)")
-    # one timestamp for all ranks: the plans are then identical byte for byte
-    stamp: list[Any] = [plan["created"]]
-    dist.broadcast_object_list(stamp, src=0)
-    plan["created"] = stamp[0]
-    plan["probing"] = {"backend": "autobatch_ddp", "simulated": gpu is not None}
-    for entry in plan["ranks"]:
-        if (entry["node"], entry["local_rank"]) != (slots[entry["rank"]].node, everyone[entry["rank"]]["local_rank"]):
+    for entry in plan.ranks:
+        if (entry.node, entry.local_rank) != (slots[entry.rank].node, everyone[entry.rank]["local_rank"]):
             raise InfeasiblePlanError(
                 "ranks are not numbered node by node (as torchrun does): the plan's rank order would not match "
                 "the process group's"
             )
-    rank_plan = load_rank_plan(plan, rank=rank, env={"WORLD_SIZE": str(world_size)})
-    return DdpAutobatch(rank_plan=rank_plan, plan=plan, profiled_here=tuple(profiled_here))
+    return plan

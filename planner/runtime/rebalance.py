@@ -324,8 +324,9 @@ class Rebalancer:
             peak_bytes=None if any(p is None for p in peaks) else tuple(int(p) for p in peaks)))
         self._update_checking(split)
         usable = self._usable()
-        if self._pending is not None or self._at_split(split) < self.policy.min_points:
-            return  # the same on every rank: nothing to decide yet
+        if (self._pending is not None or self._at_split(split) < self.policy.min_points
+                or len(self.switches) >= self.policy.max_switches):
+            return  # the same on every rank: nothing to decide (yet)
         decision = self._decide(usable, self.limits, current=split, multiple_of=self.multiple_of,
                                 min_batch=self.min_batch, policy=self.policy)
         self._agree(decision)

@@ -56,15 +56,17 @@ class RebalancePolicy:
     """largest idle share (1 − own compute / slowest compute of the step) accepted as balanced"""
     warmup_steps: int = 2
     """first optimizer steps not used for fitting: allocator warm-up, DDP's bucket rebuild in step 2"""
-    min_points: int = 2
-    """measured steps at a split before deciding on it (medians resist one noisy step)"""
+    min_points: int = 3
+    """measured steps at a split before deciding on it (their median ignores one noisy step)"""
     min_gain: float = 0.03
     """a switch must cut the predicted step time by at least this share (noise must not cause switches)"""
     prior_weight: float = 1.0
     """weight of the plan's slope in the refit, in steps at batches 10% away from the mean measured batch"""
+    max_switches: int = 6
+    """switches at most in one job: noise must never make the split wander for good"""
 
     def __post_init__(self) -> None:
-        for name in ("probe_steps", "check_every_steps", "min_points"):
+        for name in ("probe_steps", "check_every_steps", "min_points", "max_switches"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"RebalancePolicy.{name} must be an integer >= 1, got {value!r}")
@@ -201,30 +203,59 @@ def decide(
 ) -> Decision | None:
     """A better split for the same step batch, or None (keep ``current``).
 
-    ``measures`` are the usable steps (warm-up left out), any split. The new split is the planner's
-    ``balanced`` allocation under the refitted curves and caps; it is taken only when it differs from
-    ``current`` and cuts the predicted step time by ``policy.min_gain``, or when ``current`` no longer fits
-    a cap (measured memory grew). None also when no allocation exists under these caps (then the current
-    split stays: it is the one that ran).
+    ``measures`` are the usable steps (warm-up left out), any split. Nothing changes while the steps measured
+    at ``current`` are balanced within ``policy.imbalance_threshold`` and fit every cap. Otherwise the new
+    split is the planner's ``balanced`` allocation under the curves refitted to all measured steps and the
+    caps; it is taken only when it differs from ``current`` and cuts the predicted step time by
+    ``policy.min_gain``, or when ``current`` no longer fits a cap (measured memory grew). When those curves
+    say "keep" although the latest steps are measured imbalanced, the older steps mislead (a burst of load
+    on the machine during them, a device that changed speed): the split is then solved from the steps at
+    ``current`` alone. None also when no allocation exists under these caps (the current split, the one
+    that ran, stays).
     """
     world_size = len(current)
     if not measures:
         return None
-    fits = tuple(
-        fit_rank_time(median_points(measures, r), limits[r].prior, policy.prior_weight) for r in range(world_size)
-    )
     caps = []
     for r in range(world_size):
         peaks = [(m.batches[r], m.peak_bytes[r]) for m in measures if m.peak_bytes is not None]
         caps.append(memory_cap(limits[r], peaks, multiple_of))
-    step_batch = sum(current)
+    over_cap = any(b > c for b, c in zip(current, caps, strict=True))
+    at_current = [m for m in measures if m.batches == current]
+    if at_current and not over_cap:
+        idle_now = max_idle([median_points(at_current, r)[0][1] for r in range(world_size)])
+        if idle_now <= policy.imbalance_threshold:
+            return None  # balanced as measured: nothing to correct
+    solve = dict(limits=limits, caps=tuple(caps), current=current, multiple_of=multiple_of, min_batch=min_batch,
+                 policy=policy, over_cap=over_cap)
+    decision = _solve(measures, **solve)
+    if decision is None and at_current and len(at_current) < len(measures):
+        decision = _solve(at_current, **solve)
+    return decision
+
+
+def _solve(
+    measures: Sequence[StepMeasure],
+    *,
+    limits: Sequence[RankLimits],
+    caps: tuple[int, ...],
+    current: tuple[int, ...],
+    multiple_of: int,
+    min_batch: int,
+    policy: RebalancePolicy,
+    over_cap: bool,
+) -> Decision | None:
+    """The solver's split under the curves fitted to ``measures``, if it is worth switching to."""
+    fits = tuple(
+        fit_rank_time(median_points(measures, r), limits[r].prior, policy.prior_weight) for r in range(len(current))
+    )
     try:
         allocation = allocate(
             np.array(caps, dtype=np.int64),
             [f.intercept_s for f in fits],
             [f.s_per_sample for f in fits],
             mode="balanced",
-            global_batch=step_batch,
+            global_batch=sum(current),
             multiple_of=multiple_of,
             min_batch=min_batch,
             accumulate=1,  # the same step batch in one step: what a running job can switch to
@@ -235,10 +266,9 @@ def decide(
         return None  # the same step batch in one step on every rank is the only switch a running job can make
     new = tuple(int(b) for b in allocation.batches)
     current_s = max(f.predict_s(b) for f, b in zip(fits, current, strict=True))
-    over_cap = any(b > c for b, c in zip(current, caps, strict=True))
     if new == current:
         return None
     if not over_cap and allocation.step_time_s > current_s * (1.0 - policy.min_gain):
         return None
-    return Decision(batches=new, caps=tuple(caps), fits=fits, predicted_step_s=float(allocation.step_time_s),
+    return Decision(batches=new, caps=caps, fits=fits, predicted_step_s=float(allocation.step_time_s),
                     current_step_s=float(current_s))

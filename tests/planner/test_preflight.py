@@ -1,8 +1,12 @@
-"""planner.preflight.run_checks over hand-made inventories and plan dicts: every check passing and failing."""
+"""planner.preflight.run_checks over hand-made inventories and plans: every check passing and failing."""
 
 from __future__ import annotations
 
+from planner.allocate.advice import Advice, AdviceKind
 from planner.cluster import NodeSpec, SimulatedGpu
+from planner.job import JobSpec
+from planner.plan.io import SCHEMA
+from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankEntry
 from planner.preflight import Check, Thresholds, run_checks
 from planner.probing.inventory import HostInfo, NodeInventory, simulated_inventory
 from torchkit.hardware.catalog import load_catalog
@@ -43,23 +47,24 @@ def gpu(index: int, type_name: str = "T4", used_gib: float = 0.0, utilization: f
 
 
 def make_plan(*, idle=(0.0, 0.02, 0.05, 0.1), job_global_batch=None, global_batch=None, accumulate=1,
-              excluded=(), alternatives=None, warnings=(), throughput=1000.0) -> dict:
-    """The fields of a plan.json that preflight reads."""
-    ranks = [{"rank": i, "gpu": "A100-SXM4-80GB", "batch": 64, "idle_fraction": f} for i, f in enumerate(idle)]
+              excluded=(), alternatives=None, advice=(), throughput=1000.0) -> Plan:
+    """A plan with the fields preflight reads."""
+    ranks = tuple(
+        RankEntry(rank=i, node="node-a", node_rank=0, local_rank=i, device_index=i, gpu="A100-SXM4-80GB", profile="p",
+                  batch=64, max_batch=64, loss_weight=1.0, predicted_memory_bytes=GIB, memory_budget_bytes=2 * GIB,
+                  total_memory_bytes=80 * GIB, predicted_step_time_s=0.1, idle_fraction=f)
+        for i, f in enumerate(idle)
+    )
     step = 64 * len(ranks)
-    return {
-        "job": {"model": "m", "global_batch": job_global_batch},
-        "world_size": len(ranks),
-        "step_batch": step,
-        "accumulate": accumulate,
-        "global_batch": step * accumulate if global_batch is None else global_batch,
-        "throughput_samples_per_s": throughput,
-        "alternatives": {"uniform": 900.0, "max": 950.0, "balanced": throughput} if alternatives is None
-        else alternatives,
-        "ranks": ranks,
-        "excluded": list(excluded),
-        "warnings": list(warnings),
-    }
+    return Plan(
+        schema=SCHEMA, created="2025-01-01T00:00:00+00:00", job=JobSpec(model="m", global_batch=job_global_batch),
+        world_size=len(ranks), step_batch=step, accumulate=accumulate,
+        global_batch=step * accumulate if global_batch is None else global_batch,
+        predicted_step_time_s=0.1, throughput_samples_per_s=throughput, balance_efficiency=1.0, mode="balanced",
+        alternatives={"uniform": 900.0, "max": 950.0, "balanced": throughput} if alternatives is None else alternatives,
+        ranks=ranks, nodes=(), launch=None, excluded=tuple(excluded), profiles={},
+        warnings=("note", *advice), advice=tuple(advice),
+    )
 
 
 def checks_of(*, inventories=None, failed_nodes=None, expected=("node-a", "node-b"), plan="default",
@@ -160,8 +165,9 @@ def test_no_gpu_selected_anywhere_fails_gpus_present():
 
 def test_expect_gpus_counts_the_ranks_of_the_plan():
     plan = make_plan(idle=(0.0, 0.0, 0.0),  # 3 ranks; the 4th selected GPU could not be profiled
-                     excluded=[{"node": "node-b", "device_index": 1, "gpu": "A100-SXM4-80GB",
-                                "reason": "its GPU type could not be profiled (see warnings)"}])
+                     excluded=[ExcludedDevice(node="node-b", device_index=1, gpu="A100-SXM4-80GB",
+                                              reason="its GPU type could not be profiled (see warnings)",
+                                              kind=ExclusionKind.NOT_PROFILED)])
     checks = checks_of(plan=plan, expect_gpus=4)
     assert not all(c.ok for c in checks.values())
 
@@ -249,8 +255,10 @@ def test_no_plan_without_an_error_message_still_fails():
 
 def test_a_device_below_the_minimum_batch_fails_min_batch_fits():
     excluded = [
-        {"node": "node-b", "device_index": 3, "gpu": "T4", "reason": "fits at most 3 samples < minimum batch 8"},
-        {"node": "node-b", "device_index": 1, "gpu": "T4", "reason": "busy: 97% utilisation > 50%"},
+        ExcludedDevice(node="node-b", device_index=3, gpu="T4", reason="fits at most 3 samples < minimum batch 8",
+                       kind=ExclusionKind.BELOW_MIN_BATCH),
+        ExcludedDevice(node="node-b", device_index=1, gpu="T4", reason="busy: 97% utilisation > 50%",
+                       kind=ExclusionKind.SKIPPED_BY_SELECTION),
     ]
     check = checks_of(plan=make_plan(excluded=excluded))["min_batch_fits"]
     assert not check.ok
@@ -258,7 +266,8 @@ def test_a_device_below_the_minimum_batch_fails_min_batch_fits():
 
 
 def test_exclusions_for_other_reasons_do_not_fail_min_batch_fits():
-    excluded = [{"node": "node-c", "device_index": None, "gpu": None, "reason": "probe failed: timed out"}]
+    excluded = [ExcludedDevice(node="node-c", device_index=None, gpu=None, reason="probe failed: timed out",
+                               kind=ExclusionKind.PROBE_FAILED)]
     assert checks_of(plan=make_plan(excluded=excluded))["min_batch_fits"].ok
 
 
@@ -294,9 +303,10 @@ def test_a_perfectly_balanced_plan_names_no_rank():
 
 
 def test_dropping_slow_gpus_being_much_faster_fails_with_the_advice():
-    advice = "dropping the 2 T4 ranks (ranks 2-3) would be 1.30× faster (1,300 vs 1,000 samples/s)"
+    advice = Advice(AdviceKind.DROP_GROUPS,
+                    "dropping the 2 T4 ranks (ranks 2-3) would be 1.30× faster (1,300 vs 1,000 samples/s)")
     plan = make_plan(alternatives={"balanced": 1000.0, "best_group_subset": 1300.0, "best_single_group": 1200.0},
-                     warnings=["note", advice])
+                     advice=[Advice(AdviceKind.MODE, "mode 'max' would be 1.10× faster"), advice])
     check = checks_of(plan=plan)["slow_gpus_worth_it"]
     assert not check.ok
     assert check.detail == advice

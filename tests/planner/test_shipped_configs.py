@@ -32,7 +32,7 @@ class Planned:
     @property
     def plan(self) -> dict:
         assert self.outcome.plan is not None, self.outcome.error
-        return self.outcome.plan
+        return self.outcome.plan.to_json()
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 Method = Literal["allocations", "memory_profile"]
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-shape")
     parser.add_argument("--amp", default="off")
     parser.add_argument("--optimizer", default="sgd")
-    parser.add_argument("--method", default="allocations", choices=("allocations", "memory_profile"))
+    parser.add_argument("--method", default="allocations", choices=get_args(Method))
     args = parser.parse_args(argv)
     from torchkit.workloads import get_workload
 

@@ -124,7 +124,7 @@ def estimate_step(
     """
     check_estimator_torch()
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from torchkit.estimate.memory_tracker import MemoryCategory, MemoryTracker
     from torchkit.estimate.overhead import cpu_kernel_workspace_bytes, cuda_kernel_workspace_bytes
@@ -142,27 +142,9 @@ def estimate_step(
     )
     with FakeTensorMode():
         model = _build(workload)
-        params = [p for p in model.parameters() if p.requires_grad]
-        real = [
-            n for n, t in [*model.named_parameters(), *model.named_buffers()] if not isinstance(t, FakeTensor)
-        ]
-        if real:
-            raise WorkloadError(
-                f"model {workload.name!r} holds real tensors ({', '.join(real[:3])}...) the estimator cannot use "
-                "(build the architecture in the factory; load weights elsewhere)"
-            )
-        if not params:
-            raise WorkloadError(
-                f"model {workload.name!r} has no trainable parameters (a training step needs some; check the factory)"
-            )
+        params = _fake_trainable_params(workload, model)
         opt = make_optimizer(optimizer, params)
-        try:
-            inputs, targets = workload.make_batch(batch)
-        except Exception as e:
-            raise WorkloadError(
-                f"input builder of {workload.name!r} failed at batch {batch}: {type(e).__name__}: {_first_line(e)} "
-                "(make_batch must build its tensors with torch.rand*/randint so that fake tensors can stand in)"
-            ) from e
+        inputs, targets = _fake_batch(workload, batch)
         tracker.register(model.parameters(), MemoryCategory.PARAMETERS)
         tracker.register(model.buffers(), MemoryCategory.BUFFERS)
         tracker.register(torch.utils._pytree.tree_flatten((inputs, targets))[0], MemoryCategory.INPUTS)
@@ -205,6 +187,35 @@ def estimate_step(
         kernels=kernels,
         num_params=int(num_params),
     )
+
+
+def _fake_trainable_params(workload: Any, model: Any) -> list:
+    """The model's trainable parameters, after checking that it holds only fake tensors and has some."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    real = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if not isinstance(t, FakeTensor)]
+    if real:
+        raise WorkloadError(
+            f"model {workload.name!r} holds real tensors ({', '.join(real[:3])}...) the estimator cannot use "
+            "(build the architecture in the factory; load weights elsewhere)"
+        )
+    if not params:
+        raise WorkloadError(
+            f"model {workload.name!r} has no trainable parameters (a training step needs some; check the factory)"
+        )
+    return params
+
+
+def _fake_batch(workload: Any, batch: int) -> tuple[Any, Any]:
+    """``workload.make_batch(batch)`` under the caller's fake mode, its failure as a WorkloadError."""
+    try:
+        return workload.make_batch(batch)
+    except Exception as e:
+        raise WorkloadError(
+            f"input builder of {workload.name!r} failed at batch {batch}: {type(e).__name__}: {_first_line(e)} "
+            "(make_batch must build its tensors with torch.rand*/randint so that fake tensors can stand in)"
+        ) from e
 
 
 def _first_line(e: BaseException) -> str:

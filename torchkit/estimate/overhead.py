@@ -6,8 +6,8 @@ inside itself. Two per-operator models add that scratch as transient bytes at th
 (``MemoryTracker`` reports the peak with them):
 
 * **CPU** (oneDNN / ATen kernels): calibrated against ``torch.profiler`` allocation records of real
-  steps (``cpu_truth.py``) on this project's machine (x86-64 AVX2, oneDNN as shipped with torch 2.13,
-  2 threads). It exists to validate the fake estimate on CPU, where a ground truth can be measured.
+  steps (``cpu_truth.py``) on this project's machines (x86-64 AVX2 and AVX-512, oneDNN as shipped with
+  torch 2.13, 2 threads). It exists to validate the fake estimate on CPU, where a ground truth can be measured.
 * **CUDA** (cuDNN / flash attention): the shape of the scratch is known, its size is not calibrated
   yet (no GPU was available when it was written); see ``CUDNN_WORKSPACE_FRACTION``.
 
@@ -17,8 +17,9 @@ cuBLASLt workspaces``. Every constant has its source next to it; the ones marked
 priors to be replaced by measurements on a real GPU (``bench/gpu_check``).
 
 Known limitations: the CPU model covers the operators of the reference workloads (convolution,
-batch-norm backward, nearest upsampling, BCE-with-logits); other ISAs (AVX-512, AMX, ARM) pick other
-oneDNN kernels with other scratch sizes (the oneDNN rules were fitted on AVX2 only); transposed,
+batch-norm backward, nearest upsampling, BCE-with-logits); other ISAs (AMX, ARM) pick other
+oneDNN kernels with other scratch sizes (the oneDNN rules were fitted on AVX2 and checked on AVX-512, where
+one rule differs); transposed,
 grouped and 3-d convolutions use the 2-d rules unverified.
 """
 
@@ -33,9 +34,22 @@ from torchkit.units import MIB
 
 # --- CPU kernel workspace ------------------------------------------------------------------------------
 CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD = 4
-"""oneDNN's GEMM-based backward-weights convolution (taken when the output is narrower than the kernel:
-3x3 on <= 2x2 outputs, ViT's 16x16/16 patch embedding) holds 4 weight-sized buffers per thread.
-Measured: 8.0x the weight bytes with 2 threads, 4.0x with 1 (cpu_truth profiles, torch 2.13)."""
+"""oneDNN's GEMM-based backward-weights convolution (taken on AVX2 when the output is narrower than the
+kernel: 3x3 on <= 2x2 outputs, ViT's 16x16/16 patch embedding) holds 4 weight-sized buffers per thread.
+Measured on AVX2: 8.0x the weight bytes with 2 threads, 4.0x with 1 (cpu_truth profiles, torch 2.13).
+On AVX-512 oneDNN's JIT kernel takes these shapes too and needs only the general ``max(x + y, w)``:
+measured on an AMD EPYC (AVX-512, torch 2.13 / oneDNN 3.12, 1 and 2 threads) at (4, 512, 2, 2),
+(64, 64, 2, 2), (256, 64, 2, 2) and (16, 128, 1, 1) inputs with 3x3 kernels, to the byte."""
+
+CPU_ISAS_WITH_JIT_NARROW_BACKWARD = frozenset({"AVX512"})
+"""``torch.backends.cpu.get_cpu_capability()`` values on which oneDNN's JIT backward-weights kernel takes
+outputs narrower than the kernel (see ``CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD``)."""
+
+
+def _cpu_narrow_backward_uses_gemm() -> bool:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() not in CPU_ISAS_WITH_JIT_NARROW_BACKWARD
 
 
 def _nbytes(t: Any) -> int:
@@ -128,7 +142,7 @@ def _cpu_conv_backward_bytes(args: tuple) -> int:
     output_mask = args[10] if len(args) > 10 else (True, True, True)
     gx, gy, gw = _nbytes(x), _nbytes(grad_out), _nbytes(w)
     needs_input_grad = bool(output_mask[0])
-    if grad_out.dim() >= 3 and grad_out.shape[-1] < w.shape[-1]:
+    if grad_out.dim() >= 3 and grad_out.shape[-1] < w.shape[-1] and _cpu_narrow_backward_uses_gemm():
         threads = torch.get_num_threads()
         return CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * threads * gw + max(gx, gy) // 2
     if not needs_input_grad:

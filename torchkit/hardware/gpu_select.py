@@ -121,6 +121,9 @@ class GpuSelection:
     ascending)"""
     skipped: tuple[tuple[int, str], ...]
     """(index, reason) for every GPU not selected, ascending by index"""
+    busy: tuple[int, ...] = ()
+    """the skipped GPUs that were left out for breaching an idle threshold (the others were idle enough, only
+    not asked for or not picked): what a go/no-go check reads instead of the reasons' wording"""
     warnings: tuple[str, ...] = ()
     """explicitly requested GPUs that are used although they breach a threshold"""
 
@@ -200,24 +203,7 @@ def select_gpus(
     check_fraction("min_free_memory_fraction", min_free_memory_fraction)
     check_fraction("max_utilization_fraction", max_utilization_fraction)
     request = parse_select_spec(spec)
-    by_index = {s.index: s for s in stats}
-    if len(by_index) != len(stats):
-        raise ValueError(f"GPU indices are not unique: {[s.index for s in stats]}")
-    breaches = {
-        s.index: threshold_breaches(
-            s,
-            min_free_memory_fraction=min_free_memory_fraction,
-            max_utilization_fraction=max_utilization_fraction,
-        )
-        for s in stats
-    }
-    missing = [i for i in request.explicit_indices if i not in by_index]
-    if missing:
-        have = ", ".join(str(i) for i in sorted(by_index)) or "none"
-        raise ConfigError(
-            f"GPU selection {spec!r} names GPU {missing[0]}, but this node's GPUs are: {have} "
-            "(use indices listed by 'batchplan devices')"
-        )
+    breaches = _checked_breaches(stats, request, spec, min_free_memory_fraction, max_utilization_fraction)
 
     selected = list(request.explicit_indices)
     warnings = [
@@ -254,8 +240,42 @@ def select_gpus(
             )
         selected += [s.index for s in candidates[: request.idle_count]]
 
+    return _selection(stats, request, selected, breaches, warnings)
+
+
+def _checked_breaches(
+    stats: Sequence[GpuStats], request: SelectSpec, spec: str, min_free_memory_fraction: float,
+    max_utilization_fraction: float,
+) -> dict[int, list[str]]:
+    """Each GPU's threshold breaches, after checking that the indices are unique and every named one exists."""
+    by_index = {s.index: s for s in stats}
+    if len(by_index) != len(stats):
+        raise ValueError(f"GPU indices are not unique: {[s.index for s in stats]}")
+    missing = [i for i in request.explicit_indices if i not in by_index]
+    if missing:
+        have = ", ".join(str(i) for i in sorted(by_index)) or "none"
+        raise ConfigError(
+            f"GPU selection {spec!r} names GPU {missing[0]}, but this node's GPUs are: {have} "
+            "(use indices listed by 'batchplan devices')"
+        )
+    return {
+        s.index: threshold_breaches(
+            s,
+            min_free_memory_fraction=min_free_memory_fraction,
+            max_utilization_fraction=max_utilization_fraction,
+        )
+        for s in stats
+    }
+
+
+def _selection(
+    stats: Sequence[GpuStats], request: SelectSpec, selected: list[int], breaches: dict[int, list[str]],
+    warnings: list[str],
+) -> GpuSelection:
+    """``selected`` with every other GPU skipped and its reason."""
     chosen = set(selected)
     skipped_list: list[tuple[int, str]] = []
+    busy: list[int] = []
     for s in sorted(stats, key=lambda s: s.index):
         if s.index in chosen:
             continue
@@ -263,10 +283,12 @@ def select_gpus(
             reason = "not requested"
         elif breaches[s.index]:
             reason = "; ".join(breaches[s.index])
+            busy.append(s.index)
         else:
             reason = "less idle than the GPUs picked"
         skipped_list.append((s.index, reason))
-    return GpuSelection(selected=tuple(selected), skipped=tuple(skipped_list), warnings=tuple(warnings))
+    return GpuSelection(selected=tuple(selected), skipped=tuple(skipped_list), busy=tuple(busy),
+                        warnings=tuple(warnings))
 
 
 def _shortfall_message(
@@ -323,5 +345,6 @@ def select_gpus_or_none(
                 (g.index, reasons.get(g.index, f"not used: selection {spec!r} cannot be met"))
                 for g in sorted(stats, key=lambda g: g.index)
             ),
+            busy=tuple(index for index, _ in exc.skipped),
             warnings=(str(exc),),
         )

@@ -251,6 +251,68 @@ def _envelope_for(model, imgsz: int, max_num_obj: int) -> Callable[[int], int]:
     return lambda batch: loss_envelope_bytes(batch, imgsz, strides, len(names), max_num_obj)
 
 
+def _device_memory(device: torch.device) -> tuple[Any, int, int, int, str]:
+    """(accelerator module, device index, total bytes, available bytes, label) of ``device``, logged.
+    Available = driver-free + what this process already reserved."""
+    from torchkit.seed_api.device import get_torch_device_backend
+
+    accelerator = get_torch_device_backend(device)
+    index = device.index if device.index is not None else accelerator.current_device()
+    properties = accelerator.get_device_properties(index)
+    total = int(properties.total_memory)
+    reserved = int(accelerator.memory_reserved(index))
+    available = (
+        reserved + int(accelerator.mem_get_info(index)[0]) if hasattr(accelerator, "mem_get_info") else total
+    )
+    label = f"{device.type.upper()}:{index}"
+    log.info(
+        f"{PREFIX}{label} ({properties.name}) {total / GIB:.2f}G total, {reserved / GIB:.2f}G reserved, "
+        f"{available / GIB:.2f}G available"
+    )
+    return accelerator, index, total, available, label
+
+
+def _choose_and_log(outcomes, *, total: int, available: int, fraction: float, fit: FitMethod, dataset_size: int,
+                    multiple_of: int, batch_size: int, label: str) -> int:
+    """The batch chosen from the probes' outcomes (``choose_batch``), with the seed's log lines."""
+    choice = choose_batch(
+        [o.batch for o in outcomes],
+        [o.peak_bytes for o in outcomes],
+        total_bytes=total,
+        available_bytes=available,
+        fraction=fraction,
+        fit=fit,
+        dataset_size=dataset_size,
+        multiple_of=multiple_of,
+        default_batch=batch_size,
+    )
+    for point in choice.outliers:
+        log.info(f"{PREFIX}batch {point.batch} ({point.value / GIB:.3f}G) is {point.reason}")
+    for note in choice.warnings:
+        log.warning(f"{PREFIX}{note}")
+    t, share = total / GIB, choice.predicted_fraction_of_total
+    if choice.predicted_bytes > 0:  # not after the seed rules' "error detected" fallback
+        log.info(
+            f"{PREFIX}Using batch-size {choice.batch} for {label} {t * share:.2f}G/{t:.2f}G ({share * 100:.0f}%) ✅"
+        )
+    return choice.batch
+
+
+def _can_probe(device: torch.device, batch_size: int) -> bool:
+    """False (with the seed's warning) where autobatch answers the default: CPU/MPS, or cudnn.benchmark on."""
+    import torch
+
+    if device.type in {"cpu", "mps"}:
+        log.warning(f"{PREFIX}intended for GPU devices, using default batch-size {batch_size}")
+        return False
+    if device.type == "cuda" and torch.backends.cudnn.benchmark:
+        log.warning(
+            f"{PREFIX}Requires torch.backends.cudnn.benchmark=False, using default batch-size {batch_size}"
+        )
+        return False
+    return True
+
+
 def autobatch(
     model: torch.nn.Module,
     imgsz: int = 640,
@@ -287,37 +349,16 @@ def autobatch(
     Raises:
         RuntimeError: no probe ran (the seed's message), or no multiple of ``multiple_of`` fits.
     """
-    import torch
-
-    from torchkit.seed_api.device import get_torch_device_backend
 
     log.info(
         f"{PREFIX}Computing optimal batch size for imgsz={imgsz} at {fraction * 100}% GPU memory utilization."
     )
     check_options(fit, fraction=fraction, dataset_size=dataset_size, multiple_of=multiple_of)
     device = _model_device(model)
-    if device.type in {"cpu", "mps"}:
-        log.warning(f"{PREFIX}intended for GPU devices, using default batch-size {batch_size}")
-        return batch_size
-    if device.type == "cuda" and torch.backends.cudnn.benchmark:
-        log.warning(
-            f"{PREFIX}Requires torch.backends.cudnn.benchmark=False, using default batch-size {batch_size}"
-        )
+    if not _can_probe(device, batch_size):
         return batch_size
 
-    accelerator = get_torch_device_backend(device)
-    index = device.index if device.index is not None else accelerator.current_device()
-    properties = accelerator.get_device_properties(index)
-    total = int(properties.total_memory)
-    reserved = int(accelerator.memory_reserved(index))
-    available = (
-        reserved + int(accelerator.mem_get_info(index)[0]) if hasattr(accelerator, "mem_get_info") else total
-    )
-    label = f"{device.type.upper()}:{index}"
-    log.info(
-        f"{PREFIX}{label} ({properties.name}) {total / GIB:.2f}G total, {reserved / GIB:.2f}G reserved, "
-        f"{available / GIB:.2f}G available"
-    )
+    accelerator, index, total, available, label = _device_memory(device)
     batches = probe_list(total, dataset_size)
     try:
         try:
@@ -341,27 +382,8 @@ def autobatch(
             return batch_size
         outcomes = run_probes(batches, measure, cleanup=cleanup)
         del measure, cleanup, probe_model
-        choice = choose_batch(
-            [o.batch for o in outcomes],
-            [o.peak_bytes for o in outcomes],
-            total_bytes=total,
-            available_bytes=available,
-            fraction=fraction,
-            fit=fit,
-            dataset_size=dataset_size,
-            multiple_of=multiple_of,
-            default_batch=batch_size,
-        )
-        for point in choice.outliers:
-            log.info(f"{PREFIX}batch {point.batch} ({point.value / GIB:.3f}G) is {point.reason}")
-        for note in choice.warnings:
-            log.warning(f"{PREFIX}{note}")
-        t, share = total / GIB, choice.predicted_fraction_of_total
-        if choice.predicted_bytes > 0:  # not after the seed rules' "error detected" fallback
-            log.info(
-                f"{PREFIX}Using batch-size {choice.batch} for {label} {t * share:.2f}G/{t:.2f}G ({share * 100:.0f}%) ✅"
-            )
-        return choice.batch
+        return _choose_and_log(outcomes, total=total, available=available, fraction=fraction, fit=fit,
+                               dataset_size=dataset_size, multiple_of=multiple_of, batch_size=batch_size, label=label)
     finally:
         gc.collect()
         accelerator.empty_cache()

@@ -214,11 +214,8 @@ def check_options(
         )
 
 
-def _choose_ours(
-    batches, peaks, *, total_bytes, available_bytes, fraction, kind, dataset_size, multiple_of, max_batch
-) -> BatchChoice:
-    budget = memory_target_bytes(fraction, available_bytes)
-    notes: list[str] = []
+def _usable_points(batches, peaks, total_bytes) -> tuple[list[tuple[int, float]], list[DroppedPoint], list[int]]:
+    """The (batch, peak) points a fit can use, the points dropped with why, and the batches whose probe failed."""
     dropped: list[DroppedPoint] = []
     points: list[tuple[int, float]] = []
     failed: list[int] = []
@@ -239,6 +236,36 @@ def _choose_ours(
             )
         else:
             points.append((batch, peak))
+    return points, dropped, failed
+
+
+def _below_ceiling(points, ceiling: int, budget: float, available_bytes: float, first_fit: int,
+                   predict: Callable[[float], float]) -> tuple[int, Callable[[float], float], str]:
+    """The batch below an out-of-memory ``ceiling`` the fit wrongly allowed, the curve used and why."""
+    # The fit says `ceiling` fits within fraction × available, yet it ran out of the whole available
+    # memory: memory grows faster than fitted above the last probe that ran. Read the batch off the chord
+    # from that probe to (ceiling, available) instead of trusting the fit (or dropping to the last probe).
+    last, last_bytes = max((b, p) for b, p in points if b < ceiling)
+    slope = (available_bytes - last_bytes) / (ceiling - last)
+    if budget >= last_bytes and slope > 0:
+        batch = min(last + math.floor((budget - last_bytes) / slope), ceiling - 1)
+    else:
+        within = [b for b, p in points if b < ceiling and p <= budget]
+        batch = max(within) if within else first_fit
+    note = (
+        f"batch {ceiling} ran out of memory although the fit predicts {predict(ceiling) / GIB:.2f}G for it: "
+        f"using the chord from batch {last} ({last_bytes / GIB:.2f}G) to batch {ceiling} "
+        f"({available_bytes / GIB:.2f}G available)"
+    )
+    return batch, _chord(last, last_bytes, slope), note
+
+
+def _choose_ours(
+    batches, peaks, *, total_bytes, available_bytes, fraction, kind, dataset_size, multiple_of, max_batch
+) -> BatchChoice:
+    budget = memory_target_bytes(fraction, available_bytes)
+    notes: list[str] = []
+    points, dropped, failed = _usable_points(batches, peaks, total_bytes)
     if not points:
         raise RuntimeError(no_usable_batch_message(batches))
     first_fit = points[0][0]
@@ -262,22 +289,8 @@ def _choose_ours(
     limited_by: LimitedBy = "budget" if batch < upper else upper_reason
 
     if ceiling is not None and batch >= ceiling:
-        # The fit says `ceiling` fits within fraction × available, yet it ran out of the whole available
-        # memory: memory grows faster than fitted above the last probe that ran. Read the batch off the chord
-        # from that probe to (ceiling, available) instead of trusting the fit (or dropping to the last probe).
-        last, last_bytes = max((b, p) for b, p in points if b < ceiling)
-        slope = (available_bytes - last_bytes) / (ceiling - last)
-        if budget >= last_bytes and slope > 0:
-            batch = min(last + math.floor((budget - last_bytes) / slope), ceiling - 1)
-        else:
-            within = [b for b, p in points if b < ceiling and p <= budget]
-            batch = max(within) if within else first_fit
-        notes.append(
-            f"batch {ceiling} ran out of memory although the fit predicts {predict(ceiling) / GIB:.2f}G for it: "
-            f"using the chord from batch {last} ({last_bytes / GIB:.2f}G) to batch {ceiling} "
-            f"({available_bytes / GIB:.2f}G available)"
-        )
-        predict = _chord(last, last_bytes, slope)
+        batch, predict, note = _below_ceiling(points, ceiling, budget, available_bytes, first_fit, predict)
+        notes.append(note)
         limited_by = "oom-ceiling"
 
     ran = [b for b, _ in points if ceiling is None or b < ceiling]
@@ -324,6 +337,70 @@ def _chord(batch0: int, bytes0: float, bytes_per_sample: float) -> Callable[[flo
     return lambda batch: bytes0 + (batch - batch0) * bytes_per_sample
 
 
+def _seed_points(batches, mems, total_gib: float) -> tuple[list[tuple[int, float]], list[DroppedPoint]]:
+    """The seed's point filter (GiB): in (0, total) and above the previous raw result; the others dropped."""
+    xy: list[tuple[int, float]] = []
+    dropped: list[DroppedPoint] = []
+    for i, (b, m) in enumerate(zip(batches, mems, strict=True)):
+        if m is None:
+            dropped.append(DroppedPoint(batch=b, value=math.nan, reason="probe failed"))
+        elif not 0 < m < total_gib:
+            dropped.append(DroppedPoint(batch=b, value=m * GIB, reason=f"{m:.3f}G not in (0, {total_gib:.2f}G)"))
+        elif i == 0 or mems[i - 1] is None or m > mems[i - 1]:  # compared with the previous *raw* result
+            xy.append((b, m))
+        else:
+            dropped.append(
+                DroppedPoint(
+                    batch=b, value=m * GIB, reason=f"not above the previous probe ({mems[i - 1]:.3f}G)"
+                )
+            )
+    return xy, dropped
+
+
+def _seed_polyfit(xy, loglog: bool) -> tuple[np.ndarray, MemoryFit]:
+    """The seed's polyfit (linear or log-log, in GiB) and its curve. Raises what numpy raises on a degenerate
+    fit (the seed then falls back to the default batch)."""
+    x = np.array([b for b, _ in xy], dtype=float)
+    y = np.array([m for _, m in xy], dtype=float)
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore", np.exceptions.RankWarning)  # one point: minimum-norm solution
+        if loglog:
+            if x.size and not x[x != 1].size:
+                # log(1) = 0 for every point: numpy's least squares fails in LAPACK (which also prints to
+                # stderr); raise what numpy raises, without the noise
+                raise np.linalg.LinAlgError("SVD did not converge in Linear Least Squares")
+            p = np.polyfit(np.log(x), np.log(y), deg=1)
+            return p, LogLogMemoryFit(log_slope=float(p[0]), log_intercept=float(p[1]) + math.log(GIB))
+        p = np.polyfit(x, y, deg=1)
+        return p, AffineMemoryFit(intercept_bytes=float(p[1]) * GIB, bytes_per_sample=float(p[0]) * GIB)
+
+
+def _seed_batch(p: np.ndarray, loglog: bool, target_gib: float) -> int:
+    """The batch the seed reads off its fit at ``target_gib`` (``int(round())`` log-log, ``int()`` linear)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if loglog:
+            return int(round(np.exp((np.log(target_gib) - p[1]) / p[0])))
+        return int((target_gib - p[1]) / p[0])
+
+
+def _seed_fallback(error: str, curve: MemoryFit | None, *, name: str, default_batch: int, used, dropped,
+                   budget_bytes: int) -> BatchChoice:
+    """The seed's answer when its arithmetic fails: the default batch, with its "error detected" warning."""
+    return BatchChoice(
+        batch=default_batch,
+        predicted_bytes=0,
+        predicted_fraction_of_total=0.0,
+        budget_bytes=budget_bytes,
+        fit=name,
+        memory_fit=curve,
+        used_points=used,
+        dropped=tuple(dropped),
+        oom_ceiling=None,
+        limited_by="default",
+        warnings=(f"error detected: {error},  using default batch-size {default_batch}.",),
+    )
+
+
 def _choose_seed(
     batches, peaks, *, total_bytes, available_bytes, fraction, loglog, dataset_size, max_batch, default_batch
 ) -> BatchChoice:
@@ -339,61 +416,19 @@ def _choose_seed(
     name = "seed-loglog" if loglog else "seed-linear"
     t, f = total_bytes / GIB, available_bytes / GIB
     mems = [None if p is None else p / GIB for p in peaks]
-    xy: list[tuple[int, float]] = []
-    dropped: list[DroppedPoint] = []
-    for i, (b, m) in enumerate(zip(batches, mems, strict=True)):
-        if m is None:
-            dropped.append(DroppedPoint(batch=b, value=math.nan, reason="probe failed"))
-        elif not 0 < m < t:
-            dropped.append(DroppedPoint(batch=b, value=m * GIB, reason=f"{m:.3f}G not in (0, {t:.2f}G)"))
-        elif i == 0 or mems[i - 1] is None or m > mems[i - 1]:  # compared with the previous *raw* result
-            xy.append((b, m))
-        else:
-            dropped.append(
-                DroppedPoint(
-                    batch=b, value=m * GIB, reason=f"not above the previous probe ({mems[i - 1]:.3f}G)"
-                )
-            )
+    xy, dropped = _seed_points(batches, mems, t)
     used = tuple((b, int(round(m * GIB))) for b, m in xy)
     if not xy and not loglog:
         raise RuntimeError(no_usable_batch_message(batches))
 
-    def fallback(error: str, curve: MemoryFit | None) -> BatchChoice:
-        return BatchChoice(
-            batch=default_batch,
-            predicted_bytes=0,
-            predicted_fraction_of_total=0.0,
-            budget_bytes=memory_budget_bytes(fraction, available_bytes),
-            fit=name,
-            memory_fit=curve,
-            used_points=used,
-            dropped=tuple(dropped),
-            oom_ceiling=None,
-            limited_by="default",
-            warnings=(f"error detected: {error},  using default batch-size {default_batch}.",),
-        )
-
     notes: list[str] = []
     curve: MemoryFit | None = None
     try:
-        x = np.array([b for b, _ in xy], dtype=float)
-        y = np.array([m for _, m in xy], dtype=float)
-        with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
-            warnings.simplefilter("ignore", np.exceptions.RankWarning)  # one point: minimum-norm solution
-            if loglog:
-                if x.size and not x[x != 1].size:
-                    # log(1) = 0 for every point: numpy's least squares fails in LAPACK (which also prints to
-                    # stderr); raise what numpy raises, without the noise
-                    raise np.linalg.LinAlgError("SVD did not converge in Linear Least Squares")
-                p = np.polyfit(np.log(x), np.log(y), deg=1)
-                curve = LogLogMemoryFit(log_slope=float(p[0]), log_intercept=float(p[1]) + math.log(GIB))
-                b = int(round(np.exp((np.log(f * fraction) - p[1]) / p[0])))
-            else:
-                p = np.polyfit(x, y, deg=1)
-                curve = AffineMemoryFit(intercept_bytes=float(p[1]) * GIB, bytes_per_sample=float(p[0]) * GIB)
-                b = int((f * fraction - p[1]) / p[0])
+        p, curve = _seed_polyfit(xy, loglog)
+        b = _seed_batch(p, loglog, f * fraction)
     except (TypeError, ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
-        return fallback(str(exc), curve)
+        return _seed_fallback(str(exc), curve, name=name, default_batch=default_batch, used=used, dropped=dropped,
+                              budget_bytes=memory_budget_bytes(fraction, available_bytes))
 
     limited_by: LimitedBy = "budget"
     ceiling = None

@@ -72,7 +72,7 @@ def measure_curve(
     import torch
 
     from torchkit.step.oom import is_out_of_memory_error
-    from torchkit.step.train_step import make_optimizer, run_training_iterations, to_device
+    from torchkit.step.train_step import make_optimizer, to_device
 
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -90,21 +90,9 @@ def measure_curve(
             inputs = to_device(inputs, device)
             targets = to_device(targets, device)
             try:
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-                # two iterations: the second one has the optimizer state of a real training loop
-                run_training_iterations(model, opt, inputs, targets, workload.loss_fn, amp=amp,
-                                        num_iterations=2, device_type="cuda")
-                torch.cuda.synchronize(device)
-                peak_reserved = torch.cuda.max_memory_reserved(device)
-                peak_allocated = torch.cuda.max_memory_allocated(device)
-                samples = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    run_training_iterations(model, opt, inputs, targets, workload.loss_fn, amp=amp,
-                                            num_iterations=1, device_type="cuda")
-                    torch.cuda.synchronize(device)
-                    samples.append(time.perf_counter() - start)
+                peak_reserved, peak_allocated, samples = _measure_batch(
+                    model, opt, inputs, targets, workload.loss_fn, amp=amp, device=device, repeats=repeats
+                )
             except Exception as exc:
                 if not is_out_of_memory_error(exc):
                     raise
@@ -131,3 +119,24 @@ def measure_curve(
         memory_points=tuple(memory), time_points=tuple(times), oom_batch=oom_batch, allocated_points=tuple(allocated)
     )
 
+
+def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, repeats: int) -> tuple[int, int, list[float]]:
+    """Peak reserved and allocated bytes of two training iterations, then ``repeats`` timed iterations."""
+    import torch
+
+    from torchkit.step.train_step import run_training_iterations
+
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    # two iterations: the second one has the optimizer state of a real training loop
+    run_training_iterations(model, opt, inputs, targets, loss_fn, amp=amp, num_iterations=2, device_type="cuda")
+    torch.cuda.synchronize(device)
+    peak_reserved = torch.cuda.max_memory_reserved(device)
+    peak_allocated = torch.cuda.max_memory_allocated(device)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run_training_iterations(model, opt, inputs, targets, loss_fn, amp=amp, num_iterations=1, device_type="cuda")
+        torch.cuda.synchronize(device)
+        samples.append(time.perf_counter() - start)
+    return peak_reserved, peak_allocated, samples

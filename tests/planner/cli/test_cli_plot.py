@@ -25,7 +25,7 @@ def plan(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=768)
     cache = ProfileCache(tmp_path_factory.mktemp("cache"))
-    return plan_without_ray(job, load_cluster(DEMO_MIXED), options=DriverOptions(cache=cache)).plan
+    return plan_without_ray(job, load_cluster(DEMO_MIXED), options=DriverOptions(cache=cache)).plan.to_json()
 
 
 def _texts(ax) -> list[str]:

@@ -13,13 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.allocate.advice import AdviceKind
 from planner.allocate.allocation import allocate
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.io import SCHEMA, read_plan, validate_plan, write_plan
 from planner.plan.launch import DEFAULT_MASTER_PORT
-from planner.plan.types import ExcludedDevice, RankSlot
+from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 from torchkit.errors import ConfigError
 
@@ -63,7 +64,8 @@ UPSTREAM = (ExcludedDevice(node="node-b", device_index=1, gpu="T4", reason="busy
 
 
 def make_plan(job=None, slots=SLOTS, **kwargs) -> dict:
-    return build_plan(job or JobSpec(model="m"), slots, PROFILES, **kwargs)
+    """The plan's JSON document: what plan.json holds (most tests check the file format)."""
+    return build_plan(job or JobSpec(model="m"), slots, PROFILES, **kwargs).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -225,7 +227,7 @@ def test_sentences_name_gpu_types_never_profile_keys():
     slots = [RankSlot(node=f"n{i // 2}", device_index=i % 2, gpu=profiles[key].gpu, profile=key,
                       memory_budget_bytes=9 * GIB, total_memory_bytes=16 * GIB)
              for i, key in enumerate(["e44fc649330660a4"] * 2 + ["354dd5c550a590fa"] * 2)]
-    plan = build_plan(JobSpec(model="m"), slots, profiles)
+    plan = build_plan(JobSpec(model="m"), slots, profiles).to_json()
     assert any(w.startswith("dropping the 2 T4 ranks (ranks 2-3) would be") for w in plan["warnings"]), plan
     for sentence in plan["warnings"] + plan["notes"]:
         assert not any(key in sentence for key in profiles), sentence
@@ -235,7 +237,7 @@ def test_caps_at_the_planned_batch_bound_are_warned_about():
     tiny = {"k": affine_profile("H100-SXM5-80GB", t0=0.01, t1=1e-6, intercept=GIB, per_sample=1)}
     plan = build_plan(JobSpec(model="m"), [RankSlot(node="n", device_index=0, gpu="H100-SXM5-80GB", profile="k",
                                                     memory_budget_bytes=48 * GIB, total_memory_bytes=80 * GIB)],
-                      tiny)
+                      tiny).to_json()
     assert plan["ranks"][0]["max_batch"] == MAX_PLANNED_BATCH
     assert any(f"some caps reach {MAX_PLANNED_BATCH}" in w for w in plan["warnings"])
 
@@ -468,3 +470,38 @@ def test_every_figure_in_a_plan_is_a_plain_python_value(base_plan):
             assert not isinstance(value, np.generic), value
 
     walk(base_plan)
+
+
+# ---------------------------------------------------------------------------------------------- the typed plan
+
+
+def test_the_typed_plan_round_trips_through_its_json_document(base_plan):
+    again = Plan.from_json(base_plan)
+    assert again.to_json() == base_plan
+    assert json.loads(json.dumps(again.to_json())) == base_plan
+    assert again.ranks[0].rank == 0 and again.job == JobSpec(model="m")
+
+
+def test_exclusions_carry_their_kind_in_the_program_and_only_the_reason_in_the_file():
+    tiny = slot("node-d", 0, "k-t4", 0.5, 15)
+    plan = build_plan(JobSpec(model="m"), (*SLOTS, tiny), PROFILES, excluded=(
+        ExcludedDevice(node="node-b", device_index=1, gpu="T4", reason="busy", kind=ExclusionKind.SKIPPED_BY_SELECTION),
+    ))
+    kinds = {(e.node, e.device_index): e.kind for e in plan.excluded}
+    assert kinds == {("node-b", 1): ExclusionKind.SKIPPED_BY_SELECTION, ("node-d", 0): ExclusionKind.BELOW_MIN_BATCH}
+    assert all(set(e) == {"node", "device_index", "gpu", "reason"} for e in plan.to_json()["excluded"])
+    assert all(e.kind is None for e in Plan.from_json(plan.to_json()).excluded)
+
+
+def test_the_advice_is_typed_and_also_among_the_warnings():
+    # a T4 with a large fixed step cost beside A100s: dropping the T4s is advised
+    profiles = {"a": affine_profile("A100-SXM4-80GB", t0=0.01, t1=0.0005), "t": affine_profile("T4", t0=0.3, t1=0.002)}
+    slots = [RankSlot(node=f"n{i // 2}", device_index=i % 2, gpu=profiles[key].gpu, profile=key,
+                      memory_budget_bytes=9 * GIB, total_memory_bytes=16 * GIB) for i, key in enumerate("aatt")]
+    plan = build_plan(JobSpec(model="m"), slots, profiles)
+    assert plan.advice, "a mixed cluster with a very slow type gets advice"
+    assert all(isinstance(a.kind, AdviceKind) for a in plan.advice)
+    assert all(a in plan.warnings for a in plan.advice)
+    # notes are typed too, and are not warnings
+    assert plan.notes and all(isinstance(n.kind, AdviceKind) for n in plan.notes)
+    assert not set(plan.notes) & set(plan.warnings)

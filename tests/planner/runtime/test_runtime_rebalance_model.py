@@ -132,3 +132,22 @@ def test_a_plan_of_the_wrong_shape_is_corrected_by_the_second_decision():
     second = decide(history, lim, current=first.batches, multiple_of=4, min_batch=4, policy=policy)
     final = second.batches if second is not None else first.batches
     assert final == (32, 16, 8)
+
+
+def test_a_burst_of_load_in_the_first_steps_does_not_leave_the_split_stuck():
+    true = (0.003, 0.006, 0.012)
+    lim = limits([64] * 3, true)
+    policy = RebalancePolicy()
+    # a burst of load made rank 2 look 20% slower at (32, 16, 8); the first decision moved it down
+    burst = [StepMeasure(step=s, batches=(32, 16, 8), compute_s=(0.096, 0.096, 0.115)) for s in (3, 4, 5)]
+    moved = (36, 16, 4)
+    later = measures(moved, true)
+    decision = decide(burst + later, lim, current=moved, multiple_of=4, min_batch=4, policy=policy)
+    assert decision is not None and decision.batches == (32, 16, 8)
+
+
+def test_a_split_measured_balanced_is_kept_whatever_the_curves_say():
+    wrong_prior = limits([64] * 3, (0.003, 0.003, 0.003))
+    balanced = measures((32, 16, 8), (0.003, 0.006, 0.012))
+    assert decide(balanced, wrong_prior, current=(32, 16, 8), multiple_of=4, min_batch=4,
+                  policy=RebalancePolicy()) is None

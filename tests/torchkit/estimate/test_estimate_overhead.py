@@ -58,9 +58,46 @@ def test_cpu_convolution_backward_scratch_rules() -> None:
     # the first layer: no input gradient, the output-gradient reorder only
     ws, x, y, w = _conv_backward_workspace((8, 3, 128, 128), (64, 3, 7, 7), 2, 3, needs_input_grad=False)
     assert ws == y
-    # output narrower than the kernel: per-thread weight-gradient buffers (measured 8.0x w with 2 threads)
+
+
+@pytest.mark.parametrize(("isa", "gemm"), [("AVX2", True), ("DEFAULT", True), ("AVX512", False)])
+def test_cpu_narrow_output_convolution_backward_rule_follows_the_isa(monkeypatch, isa, gemm) -> None:
+    # output narrower than the kernel: on AVX2 oneDNN's GEMM path holds per-thread weight-gradient buffers
+    # (measured 8.0x w with 2 threads); on AVX-512 its JIT kernel needs the general max(x + y, w)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: isa)
     ws, x, y, w = _conv_backward_workspace((4, 512, 2, 2), (512, 512, 3, 3), 1, 1)
-    assert ws == CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * torch.get_num_threads() * w + max(x, y) // 2
+    if gemm:
+        assert ws == CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * torch.get_num_threads() * w + max(x, y) // 2
+    else:
+        assert ws == max(x + y, w) == w
+
+
+def _real_conv_backward_scratch_bytes(x_shape: tuple, w_shape: tuple) -> int:
+    """Peak allocator bytes inside one real CPU convolution backward, minus its two outputs (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x, w = torch.randn(*x_shape), torch.randn(*w_shape)
+    grad_out = torch.ones(x_shape[0], w_shape[0], x_shape[2], x_shape[3])
+    args = (grad_out, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        aten.convolution_backward.default(*args)
+    records = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
+    live = peak = 0
+    for _, delta in records:
+        live += delta
+        peak = max(peak, live)
+    return peak - x.numel() * 4 - w.numel() * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("x_shape", [(4, 64, 2, 2), (256, 64, 2, 2)])
+def test_cpu_narrow_output_convolution_backward_rule_matches_this_machine(x_shape) -> None:
+    # the rule chosen for this machine's ISA against the real kernel's scratch (2x2 outputs, 3x3 kernel)
+    w_shape = (64, 64, 3, 3)
+    ws, _, _, _ = _conv_backward_workspace(x_shape, w_shape, 1, 1)
+    assert ws == pytest.approx(_real_conv_backward_scratch_bytes(x_shape, w_shape), rel=0.02)
 
 
 def test_convolutions_aten_keeps_from_onednn_use_im2col_columns() -> None:
