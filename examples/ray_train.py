@@ -157,12 +157,17 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
     """On the driver: the updated plan to ``plan_path`` and the measured profiles to the cache."""
     from planner.plan.io import write_plan
     from planner.profiles.cache import ProfileCache
+    from planner.profiles.measured import measured_key_inputs
     from planner.profiles.profile import DeviceProfile
 
     feedback = json.loads(feedback_json)
     cache = ProfileCache(cache_dir)
     written = [write_plan(feedback["plan"], plan_path)]
-    written.extend(cache.put(key, DeviceProfile.from_json(p)) for key, p in feedback["profiles"].items())
+    job = feedback["plan"].get("job") or {}
+    for key, data in feedback["profiles"].items():
+        profile = DeviceProfile.from_json(data)
+        # the cache records what the key is made of, so that it can check the entry when it is read
+        written.append(cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp)))
     return written
 
 

@@ -55,6 +55,12 @@ from torchkit.units import GIB
 
 MAX_GPUS_PER_NODE = 256
 """sanity bound: the largest real single-host systems have 16 GPUs; a count beyond this is a typo"""
+MAX_NODES = 16_384
+"""most nodes a config may list: 5,000-node configs plan in seconds; this bounds what a hostile file costs"""
+MAX_CPU_COUNT = 65_536
+"""most logical cores a node may claim (the largest hosts have under 2,000)"""
+MAX_HOST_MEMORY_GIB = 2**20
+"""most host memory a node may claim, GiB (1 PiB; the largest hosts have tens of TiB)"""
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # usable as a hostname label and a Ray resource
 
@@ -198,6 +204,8 @@ def parse_cluster(
     nodes_raw: list = []
     with problems.collect():
         nodes_raw = expect_list(data["nodes"], nodes_where, what="a list of nodes")
+        if len(nodes_raw) > MAX_NODES:
+            raise nodes_where.error(f"lists {len(nodes_raw)} nodes, over the limit of {MAX_NODES} (split the config)")
     nodes: list[NodeSpec] = []
     first_index_of: dict[str, int] = {}
     for i, node_raw in enumerate(nodes_raw):
@@ -293,11 +301,12 @@ def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: 
         )
     cpu_count = None
     if node.get("cpu_count") is not None:
-        cpu_count = expect_int(node["cpu_count"], where.key("cpu_count"), minimum=1)
+        cpu_count = expect_int(node["cpu_count"], where.key("cpu_count"), minimum=1, maximum=MAX_CPU_COUNT)
     host_memory_bytes = None
     if node.get("host_memory_gib") is not None:
         gib = expect_number(
-            node["host_memory_gib"], where.key("host_memory_gib"), positive=True, hint="in GiB"
+            node["host_memory_gib"], where.key("host_memory_gib"), positive=True, maximum=MAX_HOST_MEMORY_GIB,
+            hint="in GiB",
         )
         host_memory_bytes = round(gib * GIB)
 
@@ -332,18 +341,23 @@ def _parse_gpu_entry(
         spec = catalog.get(type_name)
     except ConfigError as exc:
         raise type_where.error(str(exc)) from None
-    count = expect_int(entry.get("count", 1), where.key("count"), minimum=1)
+    # checked before a single SimulatedGpu is built: `count: 1000000000000` must cost nothing
+    room = MAX_GPUS_PER_NODE - first_index
+    count = expect_int(
+        entry.get("count", 1), where.key("count"), minimum=1, maximum=room,
+        hint=f"a node holds at most {MAX_GPUS_PER_NODE} GPUs; split it into nodes if it really has more",
+    )
 
     used_memory_bytes = 0
     if entry.get("used_memory_gib") is not None:
         used_where = where.key("used_memory_gib")
         used_gib = expect_number(entry["used_memory_gib"], used_where, minimum=0, hint="memory in use, GiB")
-        used_memory_bytes = round(used_gib * GIB)
-        if used_memory_bytes > spec.memory_bytes:
+        if used_gib * GIB > spec.memory_bytes:  # compared before rounding: 1e308 GiB would overflow round()
             raise used_where.error(
                 f"{used_gib:g} GiB in use exceeds the {spec.memory_bytes / GIB:.2f} GiB total of a {spec.name} "
                 f"(use at most {spec.memory_bytes / GIB:.2f})"
             )
+        used_memory_bytes = round(used_gib * GIB)
     utilization = 0.0
     if entry.get("utilization") is not None:
         utilization = expect_number(

@@ -24,7 +24,7 @@ from planner.errors import InfeasiblePlanError
 from planner.events import Event, EventSink, ignore_event
 from planner.job import JobSpec
 from planner.plan.build import build_plan
-from planner.plan.launch import DEFAULT_MASTER_PORT
+from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH
 from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.probing.backends import (
     DEFAULT_PROBE_TIMEOUT_S,
@@ -40,7 +40,7 @@ from planner.probing.busy import busy_summary, is_shared, speed_factor
 from planner.probing.inventory import NodeInventory
 from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
-from planner.profiles.key import job_profile_key
+from planner.profiles.key import job_key_inputs, key_of_inputs
 from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
 from torchkit.hardware.catalog import GpuCatalog
@@ -62,6 +62,8 @@ class DriverOptions:
     """data-loader workers each rank will run; used to warn when a node's ranks oversubscribe its cores"""
     script: str = "train.py"
     master_port: int = DEFAULT_MASTER_PORT
+    plan_path: str = DEFAULT_PLAN_PATH
+    """the plan file the launch lines name (``--plan``): where the plan is written"""
 
 
 @dataclass(kw_only=True)
@@ -105,12 +107,14 @@ def _profile_requests(
             method = "measure" if measure else "estimate"
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
-            key = job_profile_key(job, catalog.get(gpu_type), method=method, fingerprint=fingerprint,
-                                  torch_version=torch_version)
+            inputs = job_key_inputs(job, catalog.get(gpu_type), method=method, fingerprint=fingerprint,
+                                    torch_version=torch_version)
+            key = key_of_inputs(inputs)
             device_keys[(inventory.name, index)] = key
             if key not in requests:
                 requests[key] = ProfileRequest(
                     key=key,
+                    key_inputs=inputs,
                     gpu_type=gpu_type,
                     method=method,
                     node=inventory.name if method == "measure" else None,
@@ -219,7 +223,7 @@ def _profile_all(
         profile_calls += 1
         profiles[key] = profile
         if options.cache is not None:
-            options.cache.put(key, profile)
+            options.cache.put(key, profile, inputs=request.key_inputs)
     return profiles, profile_calls
 
 
@@ -341,7 +345,7 @@ def run_plan(
         plan = build_plan(
             job, slots, profiles, excluded=excluded, warnings=warnings,
             node_addresses={inv.name: inv.host.hostname for inv in inventories if not inv.simulated},
-            master_port=options.master_port, script=options.script,
+            master_port=options.master_port, script=options.script, plan_path=options.plan_path,
         )
     except InfeasiblePlanError as exc:
         if not allow_infeasible:

@@ -34,6 +34,8 @@ AMP_CHOICES: tuple[str, ...] = get_args(AmpChoice)
 MODES: tuple[str, ...] = get_args(Mode)
 METHODS: tuple[str, ...] = get_args(Method)
 FIT_KINDS: tuple[str, ...] = get_args(FitKind)
+INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "int64", "int32")
+"""``--input-dtype`` choices: ``torchkit.workloads.INPUT_DTYPES``, named here without importing torch"""
 
 
 
@@ -63,13 +65,18 @@ class JobSpec:
     """Everything that shapes a plan apart from the cluster."""
 
     model: str
-    """built-in workload name (``resnet50``, ...) or ``package.module:factory``"""
+    """built-in workload name (``resnet50``, ...), a library model (``timm:NAME``, ``torchvision:NAME``,
+    ``hf:ARCH``, ``ultralytics:FILE.yaml``) or ``package.module:factory``"""
     imgsz: int | None = None
     """square image side for image workloads (default: the workload's own)"""
     input_shape: tuple[int, ...] | None = None
     """per-sample input shape, e.g. ``(3, 224, 224)``; required for a user factory"""
     seq_len: int | None = None
     """sequence length for token workloads"""
+    vocab_size: int | None = None
+    """a user factory's input is integer token ids in ``[0, vocab_size)``"""
+    input_dtype: str | None = None
+    """a user factory's input dtype (one of ``INPUT_DTYPES``; default float32, int64 with ``vocab_size``)"""
     amp: AmpChoice = "auto"
     """mixed precision: ``auto`` takes bf16 where the GPU supports it, else fp16"""
     optimizer: OptimizerName = "sgd"
@@ -101,7 +108,7 @@ class JobSpec:
 
         if not isinstance(self.model, str) or not self.model.strip():
             raise bad("model", self.model, "give a built-in workload name or package.module:factory")
-        for name in ("imgsz", "seq_len"):
+        for name in ("imgsz", "seq_len", "vocab_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise bad(name, value, "use a positive integer")
@@ -109,6 +116,8 @@ class JobSpec:
             not self.input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in self.input_shape)
         ):
             raise bad("input_shape", self.input_shape, "use positive integers, e.g. 3,224,224")
+        if self.input_dtype is not None and self.input_dtype not in INPUT_DTYPES:
+            raise bad("input_dtype", self.input_dtype, f"use one of {', '.join(INPUT_DTYPES)}")
         if self.amp not in AMP_CHOICES:
             raise bad("amp", self.amp, f"use one of {', '.join(AMP_CHOICES)}")
         if self.optimizer not in OPTIMIZERS:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from planner.plan.launch import NodeLaunch
 from planner.runtime.weights import loss_weights
 
 
@@ -19,16 +20,21 @@ def make_plan(batches=(5, 3, 8), nodes=(("node-a", 3),), accumulate=1, gpus=None
                 "memory_budget_bytes": 2_000_000, "total_memory_bytes": 4_000_000, "predicted_step_time_s": 0.1,
             })
             rank += 1
+        launch = NodeLaunch(nnodes=len(nodes), node_rank=node_rank, nproc_per_node=nproc, master_addr=nodes[0][0],
+                            master_port=29500, cuda_visible_devices=",".join(map(str, range(nproc))),
+                            script="train.py", plan_path="plan.json")
         node_entries.append({
-            "name": name, "node_rank": node_rank, "cuda_visible_devices": ",".join(map(str, range(nproc))),
-            "nproc_per_node": nproc, "torchrun": f"torchrun --node-rank {node_rank} --nproc-per-node {nproc}",
+            "name": name, "node_rank": node_rank, "cuda_visible_devices": launch.cuda_visible_devices,
+            "nproc_per_node": nproc, "torchrun": launch.torchrun_line(), "env": launch.env(),
         })
     step_batch = sum(batches)
     return {
         "schema": "batchplan/plan@1", "created": "2025-01-01T00:00:00+00:00", "job": {"model": "mlp"},
         "world_size": len(batches), "global_batch": step_batch * accumulate, "accumulate": accumulate,
         "step_batch": step_batch, "predicted_step_time_s": 0.1, "throughput_samples_per_s": 160.0,
-        "balance_efficiency": 1.0, "mode": "balanced", "ranks": ranks, "nodes": node_entries, "excluded": [],
+        "balance_efficiency": 1.0, "mode": "balanced", "ranks": ranks, "nodes": node_entries,
+        "launch": {"master_addr": nodes[0][0], "master_port": 29500, "script": "train.py", "plan_path": "plan.json"},
+        "excluded": [],
         "profiles": {"p0": {
             "gpu": "T4", "method": "estimate", "amp": "off",
             "memory_points": [[1, 1_000_000], [8, 1_700_000]],

@@ -182,16 +182,18 @@ def run(args: argparse.Namespace) -> int:
     args.select = args.select if explicit else DEFAULT_SELECT
     validate_selection_options(args.select, args.min_memory_fraction, args.max_utilization)
     if args.cluster or args.address:
+        from planner.cli.stdout_guard import stdout_to_stderr
         from planner.cluster import load_cluster
         from planner.probing.cluster_devices import cluster_inventory
 
-        nodes = cluster_inventory(
-            cluster=load_cluster(args.cluster) if args.cluster else None,
-            address=args.address,
-            select=args.select,
-            min_free_memory_fraction=args.min_memory_fraction,
-            max_utilization_fraction=args.max_utilization,
-        )
+        with stdout_to_stderr():  # Ray's "(raylet) ..." lines must not precede the result
+            nodes = cluster_inventory(
+                cluster=load_cluster(args.cluster) if args.cluster else None,
+                address=args.address,
+                select=args.select,
+                min_free_memory_fraction=args.min_memory_fraction,
+                max_utilization_fraction=args.max_utilization,
+            )
     else:
         nodes = [local_node_inventory(args.select, args.min_memory_fraction, args.max_utilization)]
     for node in nodes:

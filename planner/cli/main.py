@@ -2,7 +2,8 @@
 
 stdout carries the result (a table, or exact JSON with ``--json``); stderr carries logs and progress. A user
 error is one line ``error: <what> (<how to fix>)`` and exit code 2 (1 for an infeasible plan or a failed
-preflight); ``--debug`` shows the traceback too, with the same exit code.
+preflight); ``--debug`` shows the traceback too, with the same exit code. Ctrl-C and SIGTERM stop a run the
+same way: one ``error:`` line, everything it started torn down, exit 128 + the signal (130, 143).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from planner.cli.signals import exit_code_and_line, handle_sigterm_like_sigint
+
+    handle_sigterm_like_sigint()
     parser = build_parser()
     args = parser.parse_args(_join_spec_values(list(sys.argv[1:] if argv is None else argv)))
     logging.basicConfig(
@@ -92,9 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.render(flag_of) if isinstance(exc, JobFieldError) else str(exc)
         sys.stderr.write(f"error: {message}\n")
         return exc.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (planner.cli.signals): everything started is stopped
+        if args.debug:
+            traceback.print_exc()
+        code, line = exit_code_and_line(exc)
+        sys.stderr.write(line + "\n")
+        return code
     except BrokenPipeError:  # `batchplan plan | head`: not an error of ours
         return 0
 

@@ -16,6 +16,7 @@ from planner.job import (
     DEFAULT_MAX_UTILIZATION_FRACTION,
     DEFAULT_MIN_FREE_MEMORY_FRACTION,
     FIT_KINDS,
+    INPUT_DTYPES,
     METHODS,
     MODES,
     OPTIMIZERS,
@@ -65,11 +66,15 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
             g.add_argument(*names, action=_PlanningOnly, help=argparse.SUPPRESS, **kwargs)
 
     g.add_argument("--model", required=model_required, help="workload name (resnet18, resnet50, yolo-n, yolo-s, "
-                   "vit-b16, gpt2-small) or package.module:factory")
+                   "vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or hf:config.json, "
+                   "ultralytics:FILE.yaml, or package.module:factory")
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--imgsz", type=int, help="square image size for image models")
     shape.add_argument("--input-shape", help="per-sample input shape, e.g. 3,224,224 (needed for a factory)")
     shape.add_argument("--seq-len", type=int, help="sequence length for token models")
+    g.add_argument("--vocab-size", type=int, help="a factory's input is integer token ids in [0, N) (with --seq-len)")
+    g.add_argument("--input-dtype", choices=INPUT_DTYPES, help="a factory's input dtype (default float32; int64 "
+                   "with --vocab-size)")
     g.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 where supported, else fp16")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="optimizer whose state is counted (default sgd)")
     g.add_argument("--fraction", type=float, default=DEFAULT_FRACTION,
@@ -95,6 +100,8 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
         imgsz=args.imgsz,
         input_shape=parse_input_shape(args.input_shape) if args.input_shape else None,
         seq_len=args.seq_len,
+        vocab_size=args.vocab_size,
+        input_dtype=args.input_dtype,
         amp=args.amp,
         optimizer=args.optimizer,
         fraction=args.fraction,
@@ -142,3 +149,8 @@ def check_cluster_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--workers {args.workers} is invalid (use 0 or more)")
     if not 1 <= args.master_port <= 65535:
         raise ConfigError(f"--master-port {args.master_port} is invalid (use 1-65535)")
+    from planner.plan.launch import check_path_word
+
+    check_path_word(args.script, "--script")
+    if getattr(args, "output", None):
+        check_path_word(args.output, "-o")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from planner.cli.emit_env import add_node_options, check_node_options
 from planner.cli.options import add_cluster_options, add_job_options, job_from_args
 from planner.cli.output import check_writable, note
 from planner.cli.planning import run_planning
@@ -31,11 +32,13 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-write", action="store_true", help="do not write plan.json")
     g.add_argument("--plot", metavar="FILE.png", help="draw the plan (needs the plot extra: matplotlib)")
     g.add_argument("--emit", choices=EMIT_FORMS, default="table",
-                   help="env: print per-node environment lines a scheduler can source")
+                   help="env: print one node's environment as export lines (choose it with --node or --node-rank)")
+    add_node_options(g)
 
 
 def check_output_args(args: argparse.Namespace) -> None:
     """Fail on an unusable output path before any planning work."""
+    check_node_options(args)
     if args.plot and not args.plot.lower().endswith(".png"):
         raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot plan.png)")
     targets = [("--plot", args.plot)] + ([] if args.no_write else [("-o", args.output)])
@@ -55,7 +58,7 @@ def emit(plan: Plan, args: argparse.Namespace) -> None:
         from planner.cli.plot import plot_plan
 
         note(f"wrote {plot_plan(plan, args.plot)}")
-    print_plan(plan, as_json=args.json, emit=args.emit)
+    print_plan(plan, as_json=args.json, emit=args.emit, node=args.node, node_rank=args.node_rank)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import argparse
 from planner.cli.options import add_cluster_options, add_job_options, job_from_args
 from planner.cli.output import echo, print_json
 from planner.cli.planning import run_planning
+from planner.cli.user_code import user_code_summary
 from planner.errors import ConfigError, InfeasiblePlanError
 
 
@@ -63,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
             thresholds=thresholds,
         )
         plan = outcome.plan
+    summary = user_code_summary(job)
+    if summary:  # the user's module was imported and run, before anything else: a scheduler's log says so
+        checks.insert(0, Check(name="user_code", ok=True, detail=summary))
     ok = all(c.ok for c in checks)
     if ok and plan is not None and args.output:
         from planner.plan.io import write_plan

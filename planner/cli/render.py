@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from planner.cli.output import echo, format_gib, print_json, print_table
-from planner.plan.launch import env_lines
 from planner.plan.types import Plan
 
 #: how ``plan`` and ``show`` print a plan: the table, or per-node environment lines (``--emit``)
@@ -61,12 +60,18 @@ def render_plan(plan: Plan) -> None:
                 echo(f"  - {line}")
 
 
-def print_plan(plan: Plan, *, as_json: bool, emit: EmitForm) -> None:
-    """A plan on stdout in the form asked for: exact JSON, per-node environment lines, or the table."""
+def print_plan(
+    plan: Plan, *, as_json: bool, emit: EmitForm, node: str | None = None, node_rank: int | None = None
+) -> None:
+    """A plan on stdout in the form asked for: exact JSON, one node's environment (``--emit env``, the node
+    chosen by name or node rank; see ``planner.cli.emit_env``), or the table."""
     if as_json:
         print_json(plan.to_json())
     elif emit == "env":
-        for line in env_lines(plan):
+        from planner.cli.emit_env import env_lines, selected_node_rank
+
+        document = plan.to_json()
+        for line in env_lines(document, selected_node_rank(document, node, node_rank)):
             echo(line)
     else:
         render_plan(plan)

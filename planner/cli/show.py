@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from planner.cli.emit_env import add_node_options, check_node_options
 from planner.cli.render import EMIT_FORMS, print_plan
 
 
@@ -11,12 +12,15 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("show", help="show a saved plan.json", description="Validate and show a plan.json.")
     p.add_argument("plan", help="path of plan.json")
     p.add_argument("--json", action="store_true", help="print the validated plan as JSON")
-    p.add_argument("--emit", choices=EMIT_FORMS, default="table", help="env: per-node environment lines")
+    p.add_argument("--emit", choices=EMIT_FORMS, default="table",
+                   help="env: one node's environment as export lines (choose it with --node or --node-rank)")
+    add_node_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from planner.plan.io import load_plan
 
-    print_plan(load_plan(args.plan), as_json=args.json, emit=args.emit)
+    check_node_options(args)
+    print_plan(load_plan(args.plan), as_json=args.json, emit=args.emit, node=args.node, node_rank=args.node_rank)
     return 0

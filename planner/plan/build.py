@@ -17,7 +17,7 @@ from planner.allocate.allocation import Allocation, allocate
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.io import SCHEMA
-from planner.plan.launch import DEFAULT_MASTER_PORT, torchrun_command
+from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH, DEFAULT_SCRIPT, NodeLaunch
 from planner.plan.types import ExcludedDevice, ExclusionKind, LaunchInfo, NodeEntry, Plan, RankEntry, RankSlot
 from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 
@@ -32,7 +32,8 @@ def build_plan(
     notes: Sequence[str] = (),
     node_addresses: Mapping[str, str] | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
-    script: str = "train.py",
+    script: str = DEFAULT_SCRIPT,
+    plan_path: str = DEFAULT_PLAN_PATH,
     extra: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Allocate per-rank batches over ``slots`` and assemble the plan.
@@ -43,6 +44,7 @@ def build_plan(
         excluded: devices already left out upstream (busy, probe failed), with reasons.
         warnings, notes: said upstream; the plan adds its own after them.
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
+        script, plan_path: the training script and the plan file the launch lines name (``--plan``).
         extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
 
     Raises:
@@ -93,8 +95,8 @@ def build_plan(
         mode=job.mode,
         alternatives={k: float(v) for k, v in allocation.alternatives.items()},
         ranks=tuple(ranks),
-        nodes=_node_entries(ranks, included, addresses, master_addr, master_port, script),
-        launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script),
+        nodes=_node_entries(ranks, included, addresses, master_addr, master_port, script, plan_path),
+        launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script, plan_path=plan_path),
         excluded=tuple(all_excluded),
         profiles={key: profiles[key] for key in used_profiles},
         warnings=tuple(_plan_warnings(warnings, [profiles[k] for k in used_profiles], allocation, caps)),
@@ -151,29 +153,32 @@ def _node_entries(
     master_addr: str,
     master_port: int,
     script: str,
+    plan_path: str,
 ) -> tuple[NodeEntry, ...]:
-    """Each node with its CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank order) and torchrun line."""
+    """Each node with its CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank order), its torchrun line and
+    its environment, built from checked values (``planner.plan.launch.NodeLaunch``)."""
     node_order = list(dict.fromkeys(r.node for r in ranks))
     nodes = []
     for node_rank, name in enumerate(node_order):
-        visible = ",".join(slots[r.rank].visible_id or str(r.device_index) for r in ranks if r.node == name)
-        nproc = sum(1 for r in ranks if r.node == name)
+        launch = NodeLaunch(
+            nnodes=len(node_order),
+            node_rank=node_rank,
+            nproc_per_node=sum(1 for r in ranks if r.node == name),
+            master_addr=master_addr,
+            master_port=master_port,
+            cuda_visible_devices=",".join(slots[r.rank].visible_id or str(r.device_index) for r in ranks if r.node == name),
+            script=script,
+            plan_path=plan_path,
+        )
         nodes.append(
             NodeEntry(
                 name=name,
                 node_rank=node_rank,
                 address=addresses.get(name, name),
-                cuda_visible_devices=visible,
-                nproc_per_node=nproc,
-                torchrun=torchrun_command(
-                    nnodes=len(node_order),
-                    node_rank=node_rank,
-                    nproc_per_node=nproc,
-                    master_addr=master_addr,
-                    master_port=master_port,
-                    cuda_visible_devices=visible,
-                    script=script,
-                ),
+                cuda_visible_devices=launch.cuda_visible_devices,
+                nproc_per_node=launch.nproc_per_node,
+                torchrun=launch.torchrun_line(),
+                env=launch.env(),
             )
         )
     return tuple(nodes)

@@ -1,4 +1,5 @@
-"""plan.json (``batchplan/plan@1``) at the edges: writing it atomically, reading it back, validating it."""
+"""plan.json (``batchplan/plan@1``) at the edges: writing it atomically and reading it back, both through the
+one validator (``planner.plan.validate``)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.jsonio import read_json_file
 from planner.plan.types import Plan
-from planner.profiles.profile import DeviceProfile
+from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
 
-SCHEMA = "batchplan/plan@1"
+__all__ = ["SCHEMA", "load_plan", "read_plan", "validate_plan", "write_plan"]
 
 
 def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
@@ -51,104 +53,16 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 def read_plan(path: str | os.PathLike) -> dict:
-    """Read and validate a plan.json: its JSON document (what the runtime and training scripts read).
+    """Read and validate a plan.json, its JSON document (what the runtime and training scripts read): size
+    and nesting limits first (``planner.jsonio``), then every rule of ``planner.plan.validate``.
 
     Raises:
-        ConfigError: missing file, not JSON, wrong schema, missing or mistyped fields.
+        ConfigError: missing file, too large or deep, not strict JSON, or breaking a rule of the plan.
     """
     source = Path(path)
     if not source.is_file():
         raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
-    try:
-        plan = json.loads(source.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source} is not valid JSON: {exc} (regenerate it with batchplan plan -o {source})") from exc
+    plan = read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES,
+                          fix=f"regenerate it with batchplan plan -o {source}")
     validate_plan(plan, where=str(source))
     return plan
-
-
-_TOP_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "schema": str,
-    "created": str,
-    "job": dict,
-    "world_size": int,
-    "global_batch": int,
-    "accumulate": int,
-    "step_batch": int,
-    "predicted_step_time_s": (int, float),
-    "throughput_samples_per_s": (int, float),
-    "balance_efficiency": (int, float),
-    "mode": str,
-    "ranks": list,
-    "nodes": list,
-    "excluded": list,
-    "profiles": dict,
-    "warnings": list,
-}
-_RANK_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "rank": int,
-    "node": str,
-    "node_rank": int,
-    "local_rank": int,
-    "device_index": int,
-    "gpu": str,
-    "profile": str,
-    "batch": int,
-    "max_batch": int,
-    "loss_weight": (int, float),
-    "predicted_memory_bytes": int,
-    "memory_budget_bytes": int,
-    "total_memory_bytes": int,
-    "predicted_step_time_s": (int, float),
-}
-_NODE_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "name": str,
-    "node_rank": int,
-    "cuda_visible_devices": str,
-    "nproc_per_node": int,
-    "torchrun": str,
-}
-
-
-def _check_fields(obj: Any, fields: Mapping[str, type | tuple[type, ...]], where: str) -> None:
-    if not isinstance(obj, dict):
-        raise ConfigError(f"{where} must be an object, got {type(obj).__name__}")
-    for name, kind in fields.items():
-        if name not in obj:
-            raise ConfigError(f"{where} lacks the field '{name}' (regenerate the plan with batchplan plan)")
-        value = obj[name]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            expected = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-            raise ConfigError(f"{where}.{name} must be {expected}, got {value!r}")
-
-
-def validate_plan(plan: Any, where: str = "plan") -> None:
-    """Check the schema and the fields a scheduler and the runtime read, and their consistency."""
-    if not isinstance(plan, dict):
-        raise ConfigError(f"{where} must be a JSON object, got {type(plan).__name__}")
-    if plan.get("schema") != SCHEMA:
-        raise ConfigError(
-            f"{where} has schema {plan.get('schema')!r}, expected {SCHEMA!r} (is it a batchplan plan?)"
-        )
-    _check_fields(plan, _TOP_FIELDS, where)
-    for i, rank in enumerate(plan["ranks"]):
-        _check_fields(rank, _RANK_FIELDS, f"{where}: ranks[{i}]")
-        if rank["rank"] != i:
-            raise ConfigError(f"{where}: ranks[{i}].rank is {rank['rank']}, expected {i} (ranks must be in order)")
-        if rank["profile"] not in plan["profiles"]:
-            raise ConfigError(f"{where}: ranks[{i}].profile {rank['profile']!r} is not a key of profiles")
-        if rank["batch"] < 1:
-            raise ConfigError(f"{where}: ranks[{i}].batch must be >= 1, got {rank['batch']}")
-    for i, node in enumerate(plan["nodes"]):
-        _check_fields(node, _NODE_FIELDS, f"{where}: nodes[{i}]")
-    if plan["world_size"] != len(plan["ranks"]):
-        raise ConfigError(f"{where}: world_size {plan['world_size']} != number of ranks {len(plan['ranks'])}")
-    step = sum(r["batch"] for r in plan["ranks"])
-    if step != plan["step_batch"]:
-        raise ConfigError(f"{where}: step_batch {plan['step_batch']} != sum of rank batches {step}")
-    if plan["global_batch"] != plan["step_batch"] * plan["accumulate"]:
-        raise ConfigError(f"{where}: global_batch != step_batch × accumulate")
-    if sum(n["nproc_per_node"] for n in plan["nodes"]) != plan["world_size"]:
-        raise ConfigError(f"{where}: nodes' nproc_per_node do not add up to world_size")
-    for key, profile in plan["profiles"].items():
-        DeviceProfile.from_json(profile, where=f"{where}: profiles[{key!r}]")

@@ -149,6 +149,8 @@ class NodeEntry:
     cuda_visible_devices: str
     nproc_per_node: int
     torchrun: str
+    env: dict[str, str] | None = None
+    """the node's launch environment (``--emit env``); None in plans written without it"""
 
     def to_json(self) -> dict:
         data: dict[str, Any] = {"name": self.name, "node_rank": self.node_rank}
@@ -156,13 +158,15 @@ class NodeEntry:
             data["address"] = self.address
         data.update(cuda_visible_devices=self.cuda_visible_devices, nproc_per_node=self.nproc_per_node,
                     torchrun=self.torchrun)
+        if self.env is not None:
+            data["env"] = dict(self.env)
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodeEntry:
         return cls(name=data["name"], node_rank=data["node_rank"], address=data.get("address"),
                    cuda_visible_devices=data["cuda_visible_devices"], nproc_per_node=data["nproc_per_node"],
-                   torchrun=data["torchrun"])
+                   torchrun=data["torchrun"], env=dict(data["env"]) if data.get("env") is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,13 +176,19 @@ class LaunchInfo:
     master_addr: str | None
     master_port: int | None
     script: str | None
+    plan_path: str | None = None
+    """the plan file the lines name (``--plan``); None in plans written without it (then ``plan.json``)"""
 
     def to_json(self) -> dict:
-        return {"master_addr": self.master_addr, "master_port": self.master_port, "script": self.script}
+        data: dict[str, Any] = {"master_addr": self.master_addr, "master_port": self.master_port, "script": self.script}
+        if self.plan_path is not None:
+            data["plan_path"] = self.plan_path
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LaunchInfo:
-        return cls(master_addr=data.get("master_addr"), master_port=data.get("master_port"), script=data.get("script"))
+        return cls(master_addr=data.get("master_addr"), master_port=data.get("master_port"), script=data.get("script"),
+                   plan_path=data.get("plan_path"))
 
 
 @dataclass(frozen=True, kw_only=True)

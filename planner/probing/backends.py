@@ -31,6 +31,8 @@ DEFAULT_PROFILE_TIMEOUT_S = 900.0
 @dataclass(frozen=True, kw_only=True)
 class ProfileRequest:
     key: str
+    key_inputs: dict[str, str]
+    """what the key is made of (``planner.profiles.key.job_key_inputs``), recorded in the cache entry"""
     gpu_type: str
     method: str
     """``estimate`` or ``measure``"""
@@ -105,15 +107,13 @@ class LocalBackend:
 
 
 def probe_env(model: str) -> dict[str, str]:
-    """Environment variables a probe process needs (``planner.probing.probe.PROBE_ENV_VARS``; for a user
-    factory also its search directories on PYTHONPATH, so that it imports in the probe as it does here)."""
+    """Environment variables a probe process needs (``planner.probing.probe.PROBE_ENV_VARS``; a user factory's
+    directories travel as an argument of the probe, not in the environment). ``model`` is unused since then
+    but kept so that callers say whose probes these are."""
     from planner.probing.probe import PROBE_ENV_VARS
 
-    env_vars = dict(PROBE_ENV_VARS)
-    factory_dirs = factory_search_dirs(model)
-    if factory_dirs:
-        env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (*factory_dirs, os.environ.get("PYTHONPATH")) if p)
-    return env_vars
+    del model
+    return dict(PROBE_ENV_VARS)
 
 
 class RayBackend:
@@ -144,6 +144,9 @@ class RayBackend:
         env_vars = probe_env(model)
         # a cluster started here gave its workers these already: no runtime_env, so idle workers are reused
         runtime_env = {} if session.worker_env == env_vars else {"runtime_env": {"env_vars": env_vars}}
+        # a user factory must be importable in the probe as it is here: the probe appends these to its
+        # sys.path (not PYTHONPATH, which comes before the standard library: a json.py there would win)
+        factory_dirs = factory_search_dirs(model)
         remote_probe = ray.remote(NodeProbe)
 
         # group -> (ray node, simulated node specs or None for a real node)
@@ -176,7 +179,7 @@ class RayBackend:
                 max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node.node_id, soft=False),
                 **runtime_env,
-            ).remote(sim_nodes, catalog)
+            ).remote(sim_nodes, catalog, factory_dirs)
             self.group_nodes[group_id] = [n.name for n in sim_nodes] if sim_nodes else []
         self.dead_groups: dict[str, str] = {}
         self.node_group: dict[str, str] = {}
@@ -278,10 +281,10 @@ class RayBackend:
         live = [actor for group, actor in self.actors.items() if group not in self.dead_groups]
         answers, _ = self._wait({i: actor.torch_imported.remote() for i, actor in enumerate(live)}, timeout_s=10.0)
         return {
+            "probes_imported_torch": sum(1 for imported in answers.values() if imported is True),
             "backend": "ray",
             "simulated": self.simulated,
             "raylets": self.num_raylets,
             "probe_processes": len(self.actors),
             "shared_probes": any(len(nodes) > 1 for nodes in self.group_nodes.values()),
-            "probes_imported_torch": sum(1 for imported in answers.values() if imported is True),
         }

@@ -23,19 +23,30 @@ log = logging.getLogger(__name__)
 
 def factory_search_dirs(model: str) -> tuple[str, ...]:
     """Where a user factory (``package.module:factory``) is imported from besides ``sys.path``: the current
-    directory, as ``uvicorn app:app`` does (the console script's ``sys.path`` does not include it). A probe
-    on another process gets these on its PYTHONPATH. None for a built-in workload."""
+    directory, as ``uvicorn app:app`` does (the console script's ``sys.path`` does not include it), searched
+    after everything else. A probe appends these to its ``sys.path`` too (never PYTHONPATH, which comes
+    before the standard library). None for a built-in workload."""
     return (os.getcwd(),) if ":" in model else ()
 
 
 def workload_for(job: JobSpec):
-    """The torchkit workload the job names (built-in or ``package.module:factory``, see ``factory_search_dirs``)."""
+    """The torchkit workload the job names (built-in or ``package.module:factory``, see ``factory_search_dirs``).
+
+    The search directories are appended to ``sys.path``, not prepended: a ``json.py`` lying in the working
+    directory must not replace the standard library's."""
     from torchkit.workloads import get_workload
 
     for directory in factory_search_dirs(job.model):
         if directory not in sys.path:
-            sys.path.insert(0, directory)
-    return get_workload(job.model, imgsz=job.imgsz, input_shape=job.input_shape, seq_len=job.seq_len)
+            sys.path.append(directory)
+    return get_workload(
+        job.model,
+        imgsz=job.imgsz,
+        input_shape=job.input_shape,
+        seq_len=job.seq_len,
+        vocab_size=job.vocab_size,
+        input_dtype=job.input_dtype,
+    )
 
 
 def job_fingerprint(job: JobSpec) -> tuple[str, str]:
@@ -112,6 +123,7 @@ def make_profile(
             workload, gpu, amp=amp, optimizer=job.optimizer, estimates_cache=estimates_cache
         )
         notes = [f"{gpu.name}: no free GPU of this type to measure on; estimated"] if method == "auto" else []
+        notes += workload.notes  # what the model source stands in for or leaves out (e.g. YOLO's loss)
         return DeviceProfile.from_points(
             gpu=gpu.name,
             method="estimate",

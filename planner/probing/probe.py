@@ -31,7 +31,18 @@ class NodeProbe:
     ``NodeAffinitySchedulingStrategy(node_id, soft=False)``.
     """
 
-    def __init__(self, simulated_nodes: Sequence[NodeSpec] | None, catalog: GpuCatalog) -> None:
+    def __init__(
+        self, simulated_nodes: Sequence[NodeSpec] | None, catalog: GpuCatalog, user_dirs: Sequence[str] = ()
+    ) -> None:
+        import sys
+
+        # where the driver found the user's factory: searched after everything else, never before the
+        # standard library. Ray itself puts the driver's working directory first on every worker's path
+        # (job_config py_driver_sys_path); move it to the end, where a json.py lying there replaces nothing
+        for directory in user_dirs:
+            while directory in sys.path:
+                sys.path.remove(directory)
+            sys.path.append(directory)
         self._simulated = {n.name: n for n in simulated_nodes} if simulated_nodes is not None else None
         self._catalog = catalog
         self._estimates_cache: dict = {}

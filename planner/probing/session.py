@@ -3,9 +3,8 @@ embedded single-node Ray (neither).
 
 A simulated cluster runs one raylet per simulated node, every raylet on 127.0.0.1 with the dashboard off
 (Ray has no authentication of its own: CVE-2023-48022). Every Ray worker that imports torch costs a few
-hundred MiB and each raylet seconds of start-up, so past ``raylet_cap`` raylets (default 1, see
-``DEFAULT_RAYLET_CAP``; ``--raylet-cap``, ``BATCHPLAN_RAYLET_CAP``) simulated nodes share raylets: nodes are
-dealt round-robin onto the raylets, and one probe process answers for each group. A
+hundred MiB, so past ``raylet_cap`` raylets (default 8; ``BATCHPLAN_RAYLET_CAP``) simulated nodes share
+raylets: nodes are dealt round-robin onto the raylets, and one probe process answers for each group. A
 real cluster always gets one probe per node.
 
 A Ray cluster already running on this machine (a user's ``ray start --head``, found as ``ray.init()`` finds
@@ -179,6 +178,7 @@ class RaySession:
     started_here: bool
     """whether this session started the Ray processes (and will stop them)"""
     nodes: list[RayNode] = field(default_factory=list)
+
     worker_env: dict[str, str] = field(default_factory=dict)
     """environment variables every Ray worker of this session already has (set before a cluster started
     here spawned its raylets): actors need no ``runtime_env`` for them, so they reuse the idle workers Ray
@@ -231,52 +231,6 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _start_local(num_simulated_nodes: int, raylet_cap: int | None, started_env: dict[str, str]):
-    """Start Ray here and connect: a simulated cluster (returned, to be shut down) or an embedded Ray (None)."""
-    import ray
-
-    cap = raylet_cap or raylet_cap_from_env()
-    num_raylets = max(1, min(num_simulated_nodes, cap))
-    if num_simulated_nodes > 0:
-        from ray.cluster_utils import Cluster
-
-        common = {
-            "node_ip_address": LOOPBACK,
-            "num_cpus": 1,
-            "num_gpus": 0,
-            "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
-        }
-        log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
-        with _own_cluster_only(), _environment(started_env):
-            cluster = Cluster(
-                initialize_head=True,
-                head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
-                # stopped by ray_session's finally (exceptions, Ctrl-C); Ray's exit hook would delete the
-                # user's address file, out of _own_cluster_only()
-                shutdown_at_exit=False,
-            )
-            try:
-                for _ in range(num_raylets - 1):
-                    cluster.add_node(wait=False, **common)
-                cluster.wait_for_nodes()
-                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
-            except BaseException:
-                with contextlib.suppress(Exception), _own_cluster_only():
-                    cluster.shutdown()
-                raise
-        return cluster
-    log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-    with _own_cluster_only(), _environment(started_env):
-        ray.init(
-            address="local",  # a new instance: never a cluster found in RAY_ADDRESS or the address file
-            _node_ip_address=LOOPBACK,
-            include_dashboard=False,
-            object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
-            **_init_kwargs(),
-        )
-    return None
-
-
 @contextlib.contextmanager
 def ray_session(
     *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None,
@@ -314,7 +268,8 @@ def ray_session(
     if address is not None:
         _check_reachable(address)
         try:
-            ray.init(address=address, **_init_kwargs())
+            with _keeping_sigterm_handler():
+                ray.init(address=address, **_init_kwargs())
         except Exception as exc:  # Ray raises ConnectionError, RuntimeError or ValueError by version
             raise ClusterUnreachableError(
                 f"cannot reach the Ray cluster at {address!r}: {exc} "
@@ -326,17 +281,102 @@ def ray_session(
             ray.shutdown()
         return
 
-    cluster = None
+    cap = raylet_cap or raylet_cap_from_env()
     started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
-    try:
-        cluster = _start_local(num_simulated_nodes, raylet_cap, started_env)
+    with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0, started_env):
         yield RaySession(address="local", started_here=True, nodes=_alive_nodes(), worker_env=dict(worker_env or {}))
-    finally:
+
+
+@contextlib.contextmanager
+def _local_ray(num_raylets: int, started_env: dict[str, str]) -> Iterator[None]:
+    """A Ray this process starts and stops: ``num_raylets`` simulated raylets on 127.0.0.1, or with 0 an
+    embedded one; watched (``planner.probing.watchdog``) so that it stops even if this process is killed."""
+    import ray
+
+    from planner.probing.watchdog import ray_watchdog
+
+    cluster = None
+    sigterm = _sigterm_handler()
+    with ray_watchdog():  # stops what is started below if this process dies without stopping it
+        try:
+            if num_raylets > 0:
+                with _own_cluster_only(), _environment(started_env):
+                    cluster = _start_simulated_cluster(num_raylets)
+                    ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+            else:
+                log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
+                with _own_cluster_only(), _environment(started_env):
+                    ray.init(
+                        address="local",  # a new instance: never one found in RAY_ADDRESS or the address file
+                        _node_ip_address=LOOPBACK,
+                        include_dashboard=False,
+                        object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                        **_init_kwargs(),
+                    )
+            _restore_sigterm_handler(sigterm)  # Ray's in-process cluster nodes and ray.init replaced it
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            if cluster is not None:
+                with contextlib.suppress(Exception), _own_cluster_only():
+                    cluster.shutdown()
+            _restore_sigterm_handler(sigterm)
+
+
+def _start_simulated_cluster(num_raylets: int):
+    """``ray.cluster_utils.Cluster`` with ``num_raylets`` raylets, all on 127.0.0.1, dashboard off."""
+    from ray.cluster_utils import Cluster
+
+    common = {
+        "node_ip_address": LOOPBACK,
+        "num_cpus": 1,
+        "num_gpus": 0,
+        "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
+    }
+    log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
+    # stopped by _local_ray (exceptions, Ctrl-C, SIGTERM, the watchdog); Ray's own exit hook would delete the
+    # user's address file outside _own_cluster_only()
+    cluster = Cluster(initialize_head=True, head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
+                      shutdown_at_exit=False)
+    try:
+        for _ in range(num_raylets - 1):
+            cluster.add_node(wait=False, **common)
+        cluster.wait_for_nodes()
+    except BaseException:
         with contextlib.suppress(Exception):
-            ray.shutdown()
-        if cluster is not None:
-            with contextlib.suppress(Exception), _own_cluster_only():
-                cluster.shutdown()
+            cluster.shutdown()
+        raise
+    return cluster
+
+
+def _sigterm_handler():
+    """This process's SIGTERM handler, to put back after starting Ray (None off the main thread)."""
+    import signal
+    import threading
+
+    return signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+
+
+def _restore_sigterm_handler(handler) -> None:
+    """Put back a SIGTERM handler this process had before starting Ray. ``ray.init`` replaces it (with
+    ``sys.exit(15)``, and its core worker with a C++ handler that dumps a stack and aborts), and so does each
+    in-process ``ray.cluster_utils`` node (drain 30 s, then ``sys.exit(1)``). The CLI's handler turns SIGTERM
+    into a clean teardown like Ctrl-C (``planner.cli.signals``)."""
+    import signal
+
+    if callable(handler):
+        signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def _keeping_sigterm_handler() -> Iterator[None]:
+    """Keep this process's SIGTERM handler across ``ray.init`` (see ``_restore_sigterm_handler``)."""
+    handler = _sigterm_handler()
+    try:
+        yield
+    finally:
+        _restore_sigterm_handler(handler)
 
 
 def deal_round_robin(names: Sequence[str], nodes: Sequence[RayNode]) -> dict[str, RayNode]:

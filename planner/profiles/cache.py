@@ -1,9 +1,20 @@
 """On-disk cache of device profiles, one JSON file per content key.
 
-An entry records its schema version and a SHA-256 checksum of the profile it holds. A file that does not
-parse, has another schema, or whose checksum does not match is never trusted: it is reported, ignored and
-rewritten by the next profile of that key. Writes are atomic (temporary file + rename), so a crash or two
-planners writing at once cannot leave a half-written entry.
+An entry records its schema version, what its key is made of (the workload fingerprint, input, amp,
+optimizer, GPU type, method, fit and torch version: ``planner.profiles.key.job_key_inputs``), and a SHA-256
+checksum of the profile it holds. The checksum only catches accidents (anyone can recompute a plain hash),
+so an entry is trusted only when, besides parsing strictly within size and nesting limits:
+
+- its key, recomputed from the inputs it records, is its file's key, and the profile's GPU type, method and
+  amp are those inputs' (a T4 profile filed under an A100's key is refused);
+- its profile is physically possible (``planner.profiles.checks``: positive finite points, memory growing
+  with the batch, ``oom_batch`` above a batch that fitted).
+
+An entry failing any of these is reported (a warning in the plan and on stderr), ignored, and rewritten by
+the fresh profile. Writes are atomic (temporary file + rename), so a crash or two planners writing at once
+cannot leave a half-written entry. A cache directory that is a regular file is a ConfigError before any
+work; a directory where an entry's file should be is a problem when read and a ConfigError when the fresh
+profile is written: nothing can be cached there until the user moves it.
 """
 
 from __future__ import annotations
@@ -15,11 +26,19 @@ import os
 import tempfile
 from pathlib import Path
 
+from planner.errors import ConfigError
+from planner.jsonio import read_json_file
+from planner.profiles.checks import checked_profile
+from planner.profiles.key import key_of_inputs
+from planner.profiles.measured import MEASURED_METHOD, MEASURED_SCHEME
 from planner.profiles.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
 
-CACHE_SCHEMA = "batchplan/profile-cache@1"
+#: @2: entries record their key's inputs (entries of @1 are re-profiled once)
+CACHE_SCHEMA = "batchplan/profile-cache@2"
+#: largest entry read: a profile is a few KiB (points, fits, notes)
+MAX_ENTRY_BYTES = 4 * 2**20
 
 
 def default_cache_dir() -> Path:
@@ -44,31 +63,46 @@ class ProfileCache:
     def path_for(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
+    def check_directory(self, what: str = "the profile cache directory") -> None:
+        """The cache directory is a directory or can become one (no regular file on its path)."""
+        for path in (self.directory, *self.directory.parents):
+            if path.exists():
+                if not path.is_dir():
+                    raise ConfigError(
+                        f"{what} {self.directory} is not a directory ({path} is a file; choose another --cache-dir "
+                        "or remove the file)"
+                    )
+                return
+
     def get(self, key: str) -> DeviceProfile | None:
-        """The cached profile, or None if absent or not to be trusted (then noted in ``problems``)."""
+        """The cached profile, or None if absent or not to be trusted (then noted in ``problems``).
+
+        A directory where the entry's file should be is a problem here, and an error when ``put`` writes.
+        """
         path = self.path_for(key)
         if not path.exists():
             return None
         try:
-            entry = json.loads(path.read_text())
-            if entry.get("schema") != CACHE_SCHEMA:
-                raise ValueError(f"schema {entry.get('schema')!r} is not {CACHE_SCHEMA!r}")
-            if entry.get("key") != key:
-                raise ValueError(f"entry is for key {entry.get('key')!r}")
-            if entry.get("checksum") != _checksum(entry["profile"]):
-                raise ValueError("checksum mismatch")
-            return DeviceProfile.from_json(entry["profile"], where=str(path))
-        except Exception as exc:  # any defect means: do not trust, re-profile, overwrite
+            entry = read_json_file(path, what="entry", max_bytes=MAX_ENTRY_BYTES, fix="it will be profiled again")
+            return _trusted_profile(entry, key, str(path))
+        except (ConfigError, ValueError, KeyError, TypeError, AttributeError) as exc:
             message = f"profile cache entry {path} is corrupt ({exc}); ignoring it and profiling again"
             log.warning(message)
             self.problems.append(message)
             return None
 
-    def put(self, key: str, profile: DeviceProfile) -> Path:
+    def put(self, key: str, profile: DeviceProfile, *, inputs: dict[str, str]) -> Path:
+        """Store ``profile`` under ``key``, with the ``inputs`` the key was made from."""
+        if key_of_inputs(inputs) != key:
+            raise ValueError(f"key {key} is not the key of its inputs {inputs}")  # our own invariant
         profile_json = profile.to_json()
-        entry = {"schema": CACHE_SCHEMA, "key": key, "checksum": _checksum(profile_json), "profile": profile_json}
+        entry = {"schema": CACHE_SCHEMA, "key": key, "inputs": dict(inputs), "checksum": _checksum(profile_json),
+                 "profile": profile_json}
+        self.check_directory()
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path_for(key)
+        if path.is_dir():
+            raise ConfigError(f"profile cache entry {path} is a directory (remove it, or choose another --cache-dir)")
         fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(fd, "w") as handle:
@@ -78,3 +112,28 @@ class ProfileCache:
             Path(tmp).unlink(missing_ok=True)
             raise
         return path
+
+
+def _trusted_profile(entry: object, key: str, where: str) -> DeviceProfile:
+    """The profile of a parsed entry, if every rule of the module docstring holds; else ValueError/ConfigError."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"entry is not a JSON object but a {type(entry).__name__}")
+    if entry.get("schema") != CACHE_SCHEMA:
+        raise ValueError(f"schema {entry.get('schema')!r} is not {CACHE_SCHEMA!r}")
+    if entry.get("key") != key:
+        raise ValueError(f"entry is for key {entry.get('key')!r}")
+    if entry.get("checksum") != _checksum(entry["profile"]):
+        raise ValueError("checksum mismatch")
+    inputs = entry.get("inputs")
+    if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
+        raise ValueError("entry does not record what its key is made of")
+    if key_of_inputs(inputs) != key:
+        raise ValueError(f"its key recomputed from its own inputs is {key_of_inputs(inputs)}, not {key}")
+    profile = checked_profile(entry["profile"], "profile")
+    # a measured-in-job key names no method: its profiles are all of method "job"
+    method = MEASURED_METHOD if inputs.get("scheme") == MEASURED_SCHEME else inputs.get("method")
+    for field, wanted, value in (("gpu", inputs.get("gpu"), profile.gpu), ("method", method, profile.method),
+                                 ("amp", inputs.get("amp"), profile.amp)):
+        if wanted != value:
+            raise ValueError(f"its profile is for {field} {value!r} but its key is for {wanted!r}")
+    return profile

@@ -18,10 +18,29 @@ def profile_key(*parts: object) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: what a profile key is made of, in the order ``profile_key`` hashes it; a cache entry records these, so its
+#: key can be recomputed from the job and GPU it claims to describe
+KEY_FIELDS = ("fingerprint", "imgsz", "input_shape", "seq_len", "amp", "optimizer", "gpu", "method", "fit",
+              "torch_version")
+
+
+def job_key_inputs(
+    job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str
+) -> dict[str, str]:
+    """The named parts of the key of ``job``'s profile on ``gpu`` made by ``method`` (``estimate``/
+    ``measure``), for the workload whose content fingerprint is ``fingerprint`` under torch
+    ``torch_version``: the strings ``profile_key`` hashes."""
+    values = (fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer, gpu.name,
+              method, job.fit, torch_version)
+    return {name: str(value) for name, value in zip(KEY_FIELDS, values, strict=True)}
+
+
+def key_of_inputs(inputs: dict[str, str]) -> str:
+    """``profile_key`` of named parts, in their order (``job_key_inputs``, or
+    ``planner.profiles.measured.measured_key_inputs``)."""
+    return profile_key(*inputs.values())
+
+
 def job_profile_key(job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str) -> str:
-    """The key of ``job``'s profile on ``gpu`` made by ``method`` (``estimate``/``measure``), for the
-    workload whose content fingerprint is ``fingerprint`` under torch ``torch_version``."""
-    return profile_key(
-        fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer,
-        gpu.name, method, job.fit, torch_version,
-    )
+    """The key of ``job``'s profile on ``gpu`` (see ``job_key_inputs``)."""
+    return key_of_inputs(job_key_inputs(job, gpu, method=method, fingerprint=fingerprint, torch_version=torch_version))

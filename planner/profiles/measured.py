@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner.profiles.key import profile_key
+from planner.profiles.key import key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
-__all__ = ["MEASURED_METHOD", "find_measured", "measured_profile_key"]
+__all__ = ["MEASURED_METHOD", "MEASURED_SCHEME", "find_measured", "measured_key_inputs", "measured_profile_key"]
 
 #: ``DeviceProfile.method`` of a profile measured inside a running job
 MEASURED_METHOD = "job"
@@ -24,13 +24,25 @@ MEASURED_METHOD = "job"
 _STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
 
 
+#: the first part of a measured-in-job key, which tells it from a planning key (``planner.profiles.key``)
+MEASURED_SCHEME = "measured-in-job"
+
+
+def measured_key_inputs(job: Mapping[str, Any], gpu: str, amp: str) -> dict[str, str]:
+    """The named parts of :func:`measured_profile_key`, in the order it hashes them (the profile cache records
+    them so that an entry's key can be recomputed from what it claims to describe)."""
+    parts = [job.get(name) for name in _STEP_FIELDS]
+    values = [MEASURED_SCHEME, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu]
+    names = ["scheme", *_STEP_FIELDS, "amp", "gpu"]
+    return {name: str(value) for name, value in zip(names, values, strict=True)}
+
+
 def measured_profile_key(job: Mapping[str, Any], gpu: str, amp: str) -> str:
     """Cache key of the in-job measured profile of (the job's model, input and optimizer; ``amp``; ``gpu``).
 
     ``job`` is a ``JobSpec.to_json()`` (as in plan.json's ``job``); missing fields count as unset.
     """
-    parts = [job.get(name) for name in _STEP_FIELDS]
-    return profile_key("measured-in-job", *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu)
+    return key_of_inputs(measured_key_inputs(job, gpu, amp))
 
 
 def find_measured(cache: Any, job: Mapping[str, Any], gpu: str, amp: str) -> DeviceProfile | None:

@@ -31,7 +31,7 @@ from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.types import Plan, RankSlot
-from planner.profiles.key import job_profile_key
+from planner.profiles.key import job_key_inputs, key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -129,12 +129,15 @@ def autobatch_ddp(
     fingerprint, torch_version = job_fingerprint(job)
     method = "estimate" if gpu is not None else job.method
 
-    def key_for(gpu_name: str) -> str:
-        return job_profile_key(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
-                               torch_version=torch_version)
+    def inputs_for(gpu_name: str) -> dict[str, str]:
+        return job_key_inputs(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
+                              torch_version=torch_version)
 
-    profiles, profiled_here = _node_profiles(job, me, everyone, key_for, catalog, method=method, simulated=gpu is not None,
-                                             cache_dir=cache_dir)
+    def key_for(gpu_name: str) -> str:
+        return key_of_inputs(inputs_for(gpu_name))
+
+    profiles, profiled_here = _node_profiles(job, me, everyone, inputs_for, catalog, method=method,
+                                             simulated=gpu is not None, cache_dir=cache_dir)
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, {k: p.to_json() for k, p in profiles.items()})
     all_profiles = {k: DeviceProfile.from_json(v) for entry in gathered for k, v in entry.items()}
@@ -149,7 +152,7 @@ def autobatch_ddp(
 
 
 def _node_profiles(
-    job: JobSpec, me: dict, everyone: list[dict], key_for, catalog, *, method: str, simulated: bool, cache_dir,
+    job: JobSpec, me: dict, everyone: list[dict], inputs_for, catalog, *, method: str, simulated: bool, cache_dir,
 ) -> tuple[dict[str, DeviceProfile], list[str]]:
     """The profile of every GPU type on this rank's node: the node's first rank makes (or finds) each one in
     the node's cache while the others wait, then the others read it from the cache."""
@@ -163,7 +166,8 @@ def _node_profiles(
     profiled_here: list[str] = []
     with torch_distributed_zero_first(local_rank):
         for gpu_name in sorted({p["gpu"] for p in everyone if p["node"] == node}):
-            key = key_for(gpu_name)
+            inputs = inputs_for(gpu_name)
+            key = key_of_inputs(inputs)
             cached = cache.get(key)
             if cached is None:
                 if local_rank != 0:
@@ -171,7 +175,7 @@ def _node_profiles(
                 local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
                 cached = make_profile(job, catalog.get(gpu_name), method=method,
                                       device_index=None if simulated else local_index)
-                cache.put(key, cached)
+                cache.put(key, cached, inputs=inputs)
                 profiled_here.append(gpu_name)
             profiles[key] = cached
     return profiles, profiled_here

@@ -4,10 +4,10 @@ Pure Python (no torch): ``load_rank_plan`` can run before ``init_process_group``
 match the plan (wrong number of processes, nodes started in a different order) fails with a message that
 says how to launch, before any collective could hang.
 
-The structure of the plan is checked by ``planner.plan.io.validate_plan`` (the one reader of plan.json); this
-module adds what only the running job can check: the launcher's environment against the plan, and that
-each rank's ``loss_weight`` is still ``batch · world_size / step_batch`` (a batch edited by hand without
-its weight would silently give a wrong gradient).
+The plan is checked by ``planner.plan.validate.validate_plan``, the one validator ``show`` and the writer use too
+(finite numbers, every cross-field identity including each rank's ``loss_weight = batch · world_size /
+step_batch``); this module adds what only the running job can check: the launcher's environment against
+the plan.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from planner.runtime.weights import loss_weight as expected_loss_weight
 
 __all__ = ["RankPlan", "load_rank_plan"]
 
-# a weight read back from JSON is the float the planner wrote; allow for a writer that rounded it
-_WEIGHT_REL_TOLERANCE = 1e-9
+from planner.plan.validate import WEIGHT_REL_TOLERANCE as _WEIGHT_REL_TOLERANCE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,7 +117,6 @@ def load_rank_plan(
     world_size: int = data["world_size"]
     ranks: list[dict[str, Any]] = data["ranks"]
     batches = tuple(int(r["batch"]) for r in ranks)
-    _check_loss_weights(ranks, world_size, data["step_batch"], where)
 
     env_world_size = _env_int(environ, "WORLD_SIZE")
     if env_world_size is not None and env_world_size != world_size:
@@ -160,17 +158,6 @@ def load_rank_plan(
         gpu=str(entry["gpu"]),
         batches=batches,
     )
-
-
-def _check_loss_weights(ranks: list[dict[str, Any]], world_size: int, step_batch: int, where: str) -> None:
-    for i, entry in enumerate(ranks):
-        wanted = expected_loss_weight(entry["batch"], world_size, step_batch)
-        if not math.isclose(float(entry["loss_weight"]), wanted, rel_tol=_WEIGHT_REL_TOLERANCE):
-            raise ConfigError(
-                f"{where}: ranks[{i}].loss_weight is {entry['loss_weight']!r} but its batch {entry['batch']} needs "
-                f"batch × world_size / step_batch = {entry['batch']} × {world_size} / {step_batch} = {wanted!r} "
-                f"(were batches edited by hand? regenerate the plan with batchplan plan, or fix the weights)"
-            )
 
 
 def _check_launch_position(environ: Mapping[str, str], entry: Mapping[str, Any], where: str, data: Mapping) -> None:

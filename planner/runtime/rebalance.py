@@ -429,11 +429,15 @@ class Rebalancer:
             return []
         from planner.plan.io import write_plan
         from planner.profiles.cache import ProfileCache
+        from planner.profiles.measured import measured_key_inputs
 
         plan, profiles = self.feedback()
         written = []
         if plan_path is not None:
             written.append(write_plan(plan, plan_path))
         cache = ProfileCache(cache_dir)
-        written.extend(cache.put(key, profile) for key, profile in profiles.items())
+        written.extend(
+            cache.put(key, profile, inputs=measured_key_inputs(self.plan.get("job") or {}, profile.gpu, profile.amp))
+            for key, profile in profiles.items()
+        )
         return written

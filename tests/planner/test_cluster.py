@@ -257,7 +257,7 @@ BAD_CONFIGS = [
         node_b_gpu("{type: T4, count: true}"),
         r"nodes\[1\]\.gpus\[0\]\.count: expected an integer, got bool True",
     ),
-    (node_b_gpu("{type: T4, count: 300}"), r"nodes\[1\]\.gpus: node 'node-b' has more than 256 GPUs"),
+    (node_b_gpu("{type: T4, count: 300}"), r"nodes\[1\]\.gpus\[0\]\.count: must be at most 256, got int 300 \(a node holds at most 256"),
     # fractions and memory
     (
         node_b_gpu("{type: T4, utilization: 1.5}"),

@@ -212,3 +212,21 @@ def test_from_json_validates_the_values_it_reads():
 def test_from_json_without_the_model_is_a_config_error():
     with pytest.raises(ConfigError, match="model"):
         JobSpec.from_json({"imgsz": 224})
+
+
+def test_input_dtypes_are_the_estimators_own() -> None:
+    from planner.job import INPUT_DTYPES
+    from torchkit.workloads import INPUT_DTYPES as TORCHKIT_INPUT_DTYPES
+
+    assert INPUT_DTYPES == TORCHKIT_INPUT_DTYPES
+
+
+def test_token_input_options_round_trip_and_are_checked() -> None:
+    from planner.job import JobSpec
+
+    job = JobSpec(model="pkg.mod:lstm", seq_len=32, vocab_size=1000, input_dtype="int64")
+    assert JobSpec.from_json(job.to_json()) == job
+    with pytest.raises(ConfigError, match=r"vocab_size 0 is invalid"):
+        JobSpec(model="pkg.mod:lstm", seq_len=32, vocab_size=0)
+    with pytest.raises(ConfigError, match=r"input_dtype .int8. is invalid \(use one of float32"):
+        JobSpec(model="pkg.mod:lstm", input_shape=(4,), input_dtype="int8")

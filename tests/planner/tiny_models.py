@@ -47,3 +47,43 @@ def hang_where_marked() -> nn.Module:
         if node_id and os.path.exists(os.path.join(fault_dir, node_id)):
             time.sleep(3600)
     return convnet()
+
+
+class _LstmClassifier(nn.Module):
+    """Token ids -> embedding -> 2-layer LSTM -> class logits of the last step."""
+
+    def __init__(self, vocab_size: int = 1000, dim: int = 64, num_classes: int = 5) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.lstm = nn.LSTM(dim, dim, num_layers=2, batch_first=True)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(tokens))
+        return self.head(out[:, -1])
+
+
+def lstm_classifier() -> nn.Module:
+    """For ``--seq-len 32 --vocab-size 1000``: a recurrent model on integer token ids."""
+    torch.manual_seed(0)
+    return _LstmClassifier()
+
+
+class _EncoderClassifier(nn.Module):
+    """Token ids -> embedding -> stock nn.TransformerEncoder (2 layers, deep-copied by its constructor)."""
+
+    def __init__(self, vocab_size: int = 1000, dim: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, dim)
+        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=128, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)).mean(1))
+
+
+def transformer_encoder() -> nn.Module:
+    """For ``--seq-len 32 --vocab-size 1000``: the stock encoder whose constructor deep-copies its layer."""
+    torch.manual_seed(0)
+    return _EncoderClassifier()

@@ -107,6 +107,8 @@ def measure_cpu_peak_in_subprocess(
     imgsz: int | None = None,
     seq_len: int | None = None,
     input_shape: tuple[int, ...] | None = None,
+    vocab_size: int | None = None,
+    input_dtype: str | None = None,
     amp: str = "off",
     optimizer: str = "sgd",
     method: Method = "allocations",
@@ -121,6 +123,10 @@ def measure_cpu_peak_in_subprocess(
         cmd += ["--seq-len", str(seq_len)]
     if input_shape is not None:
         cmd += ["--input-shape", ",".join(str(d) for d in input_shape)]
+    if vocab_size is not None:
+        cmd += ["--vocab-size", str(vocab_size)]
+    if input_dtype is not None:
+        cmd += ["--input-dtype", input_dtype]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
     if done.returncode != 0:
         raise RuntimeError(f"ground-truth run failed ({' '.join(cmd)}):\n{done.stderr[-4000:]}")
@@ -137,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--imgsz", type=int)
     parser.add_argument("--seq-len", type=int)
     parser.add_argument("--input-shape")
+    parser.add_argument("--vocab-size", type=int)
+    parser.add_argument("--input-dtype")
     parser.add_argument("--amp", default="off")
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--method", default="allocations", choices=get_args(Method))
@@ -144,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     from torchkit.workloads import get_workload
 
     shape = tuple(int(d) for d in args.input_shape.split(",")) if args.input_shape else None
-    workload = get_workload(args.model, imgsz=args.imgsz, seq_len=args.seq_len, input_shape=shape)
+    workload = get_workload(
+        args.model,
+        imgsz=args.imgsz,
+        seq_len=args.seq_len,
+        input_shape=shape,
+        vocab_size=args.vocab_size,
+        input_dtype=args.input_dtype,
+    )
     truth = measure_cpu_peak(workload, args.batch, amp=args.amp, optimizer=args.optimizer, method=args.method)
     print(json.dumps(asdict(truth)))
     return 0

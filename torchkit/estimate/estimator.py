@@ -1,7 +1,9 @@
 """The estimator's public functions: one fake pass of a training step → memory, FLOPs and bytes; then, for
 any catalog GPU, device memory and step time, and the curves over batch size.
 
-A fake pass builds the model, optimizer and batch under ``FakeTensorMode`` (no memory, no compute), runs
+A fake pass copies the model, built once outside fake mode (:mod:`torchkit.workloads.construct`: on the
+meta device, else on the CPU, so constructors that read values work), with fake parameters and buffers,
+builds the optimizer and batch under ``FakeTensorMode`` (no memory, no compute), runs
 the training step of :mod:`torchkit.step.train_step` under :class:`MemoryTracker` (an optimizer step on zero
 gradients creates the optimizer state, then one full iteration: forward, backward, step), and records every
 operator's FLOPs and bytes of that iteration. It does not depend on the GPU: a ``StepEstimate``
@@ -97,6 +99,9 @@ class StepEstimate:
     """every kernel of the step in order (what the roofline prices)"""
     num_params: int = 0
     """trainable parameter elements"""
+    margin_bytes: int = 0
+    """the workload's margin for memory the simulated step does not hold (``Workload.margin_bytes``);
+    added to the device bytes, not to the CPU peak (a real CPU step does not hold it either)"""
 
 
 def check_estimator_torch(version: str | None = None) -> None:
@@ -128,7 +133,9 @@ def estimate_step(
 
     from torchkit.estimate.memory_tracker import MemoryCategory, MemoryTracker
     from torchkit.estimate.overhead import cpu_kernel_workspace_bytes, cuda_kernel_workspace_bytes
+    from torchkit.estimate.rnn_workspace import RnnWorkspaceMode
     from torchkit.step.train_step import make_optimizer, run_training_iterations
+    from torchkit.workloads.construct import fake_copy
 
     check_options(amp, optimizer)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
@@ -140,8 +147,10 @@ def estimate_step(
         workspace_block_bytes={"cpu": 1, "cuda": 512},
         op_observer=recorder,
     )
-    with FakeTensorMode():
-        model = _build(workload)
+    template = _template(workload)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = fake_copy(template, mode)
+    with mode:
         params = _fake_trainable_params(workload, model)
         opt = make_optimizer(optimizer, params)
         inputs, targets = _fake_batch(workload, batch)
@@ -150,7 +159,7 @@ def estimate_step(
         tracker.register(torch.utils._pytree.tree_flatten((inputs, targets))[0], MemoryCategory.INPUTS)
         hooks = _TrackerHooks(tracker, recorder)
         try:
-            with tracker:
+            with RnnWorkspaceMode(), tracker:
                 run_training_iterations(
                     model, opt, inputs, targets, workload.loss_fn, amp=amp, hooks=hooks, warm_start=True
                 )
@@ -186,6 +195,7 @@ def estimate_step(
         optimizer_peak_bytes=result.phase_peak_bytes.get("optimizer", 0),
         kernels=kernels,
         num_params=int(num_params),
+        margin_bytes=int(getattr(workload, "margin_bytes", 0)),
     )
 
 
@@ -223,16 +233,11 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _build(workload: Any) -> Any:
-    try:
-        return workload.build_model()
-    except WorkloadError:
-        raise
-    except Exception as e:
-        raise WorkloadError(
-            f"model factory of {workload.name!r} failed: {type(e).__name__}: {_first_line(e)} "
-            "(it must build the model with no arguments)"
-        ) from e
+def _template(workload: Any) -> Any:
+    """The model built outside fake mode (see :mod:`torchkit.workloads.construct`)."""
+    from torchkit.workloads import model_template
+
+    return model_template(workload)
 
 
 class _TrackerHooks(StepHooks):
@@ -285,7 +290,7 @@ def cuda_device_bytes(estimate: StepEstimate, gpu: GpuSpec, *, overhead: Any = N
         estimate.cuda_rounded_peak_bytes,
         estimate.peak_allocated_bytes,
     )
-    return device_bytes_from_peak(peak, gpu, overhead or DEFAULT_CUDA_OVERHEAD)
+    return device_bytes_from_peak(peak + estimate.margin_bytes, gpu, overhead or DEFAULT_CUDA_OVERHEAD)
 
 
 def step_time_s(estimate: StepEstimate, gpu: GpuSpec) -> float:
@@ -351,7 +356,7 @@ def curves_from_estimates(
 
     overhead = overhead or DEFAULT_CUDA_OVERHEAD
     ordered = sorted(estimates, key=lambda e: e.batch)
-    floor = device_bytes_from_peak(ordered[0].optimizer_peak_bytes, gpu, overhead)
+    floor = device_bytes_from_peak(ordered[0].optimizer_peak_bytes + ordered[0].margin_bytes, gpu, overhead)
     return EstimatedCurves(
         memory_points=tuple((e.batch, cuda_device_bytes(e, gpu, overhead=overhead)) for e in ordered),
         time_points=tuple((e.batch, step_time_s(e, gpu)) for e in ordered),

@@ -99,9 +99,23 @@ def _cpu_flash_attention_flops(func: Any, args: tuple, kwargs: dict) -> int:
     return flops // 2 if causal else flops
 
 
+def _lstm_layer_flops(func: Any, args: tuple, kwargs: dict) -> int:
+    """One LSTM layer over the whole sequence (oneDNN's ``mkldnn_rnn_layer``, what ``nn.LSTM`` runs on a CPU
+    tensor, fake ones included): the gate GEMMs ``2·T·B·4H·(I + H)`` forward, twice that backward (input
+    and weight gradients). The registry has no formula, so without this an LSTM was charged its bytes
+    only and looked almost free on every GPU. Elementwise gate math is left to the bytes, as elsewhere."""
+    x, w_ih, w_hh = args[:3]
+    gates, in_features = int(w_ih.shape[0]), int(w_ih.shape[1])
+    steps_times_batch = x.numel() // max(in_features, 1)
+    forward = 2 * steps_times_batch * gates * (in_features + int(w_hh.shape[1]))
+    return 2 * forward if func._overloadpacket.__name__.endswith("_backward") else forward
+
+
 _EXTRA_FLOPS = {
     "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_attention_flops,
     "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_attention_flops,
+    "mkldnn_rnn_layer": _lstm_layer_flops,
+    "mkldnn_rnn_layer_backward": _lstm_layer_flops,
 }
 
 
@@ -151,7 +165,21 @@ class OpCostRecorder:
         if self.enabled:
             cost = kernel_cost(func, args, kwargs, out)
             if cost is not None:
-                self.kernels.append(cost)
+                self.kernels.extend(_per_step_kernels(cost, func, args))
+
+
+def _per_step_kernels(cost: KernelCost, func: Any, args: tuple) -> list[KernelCost]:
+    """A recurrent layer is one operator but T dependent steps (cuDNN launches per-step GEMMs): charge
+    it as T kernels sharing its FLOPs and bytes, so the launch-bound time of a long sequence at a small
+    batch is not one kernel's."""
+    if func._overloadpacket.__name__ not in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
+        return [cost]
+    steps = max(1, int(args[0].shape[0]))  # ATen passes the input time-major whatever batch_first says
+    share = KernelCost(
+        name=cost.name, flops=cost.flops // steps, bytes_moved=cost.bytes_moved // steps,
+        compute=cost.compute, kind=cost.kind,
+    )
+    return [share] * steps
 
 
 def aggregate(kernels: tuple[KernelCost, ...] | list[KernelCost]) -> tuple[OpCost, ...]:

@@ -90,6 +90,13 @@ GPU_SPEC_OPTIONAL_KEYS: tuple[str, ...] = ("aliases", "compute_capability", "sou
 _COMPUTE_CAPABILITY = re.compile(r"^\d+\.\d+$")
 
 
+#: bounds on a GPU entry's figures, far above any real GPU (H200: 141 GiB, ~990 dense TFLOP/s, 4.8 TB/s), so
+#: a typo or a hostile figure cannot overflow the arithmetic built on them
+MAX_MEMORY_MIB = 2**30
+MAX_TFLOPS = 1e6
+MAX_BANDWIDTH_GB_S = 1e6
+
+
 def parse_gpu_spec(name: str, data: Any, where: ConfigLocation) -> GpuSpec:
     """Build a GpuSpec from one catalog entry (the keys of ``gpus.yaml``; units converted to bytes)."""
     entry = expect_mapping(
@@ -99,18 +106,20 @@ def parse_gpu_spec(name: str, data: Any, where: ConfigLocation) -> GpuSpec:
         optional=GPU_SPEC_OPTIONAL_KEYS,
         what="a GPU entry mapping",
     )
-    memory_mib = expect_int(entry["memory_mib"], where.key("memory_mib"), minimum=1)
-    fp16 = expect_number(entry["fp16_tflops"], where.key("fp16_tflops"), positive=True)
+    memory_mib = expect_int(entry["memory_mib"], where.key("memory_mib"), minimum=1, maximum=MAX_MEMORY_MIB)
+    fp16 = expect_number(entry["fp16_tflops"], where.key("fp16_tflops"), positive=True, maximum=MAX_TFLOPS)
     bf16_raw = entry["bf16_tflops"]
     bf16 = (
         None
         if bf16_raw is None
         else expect_number(
-            bf16_raw, where.key("bf16_tflops"), positive=True, hint="null if the GPU has no BF16"
+            bf16_raw, where.key("bf16_tflops"), positive=True, maximum=MAX_TFLOPS, hint="null if the GPU has no BF16"
         )
     )
-    fp32 = expect_number(entry["fp32_tflops"], where.key("fp32_tflops"), positive=True)
-    bandwidth_gb_s = expect_number(entry["bandwidth_gb_s"], where.key("bandwidth_gb_s"), positive=True)
+    fp32 = expect_number(entry["fp32_tflops"], where.key("fp32_tflops"), positive=True, maximum=MAX_TFLOPS)
+    bandwidth_gb_s = expect_number(
+        entry["bandwidth_gb_s"], where.key("bandwidth_gb_s"), positive=True, maximum=MAX_BANDWIDTH_GB_S
+    )
 
     aliases_raw = entry.get("aliases", [])
     aliases_where = where.key("aliases")

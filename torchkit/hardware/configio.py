@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,15 @@ from typing import Any
 import yaml
 
 from torchkit.errors import ConfigError
+
+#: largest config file read: the biggest shipped config is a few KiB, a 5,000-node one about 400 KiB
+MAX_CONFIG_BYTES = 16 * 2**20
+#: deepest nesting of a config: a cluster config needs 5 levels (nodes, node, gpus, entry, value); PyYAML
+#: composes recursively, so a few thousand '[' would otherwise end in RecursionError
+MAX_YAML_DEPTH = 32
+#: a float in exponent notation without a '.' or a sign in the exponent (``1e3``, ``1.0e300``): YAML 1.2 and
+#: JSON read it as a number, YAML 1.1 (PyYAML) as a string
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+")
 
 
 @dataclass(frozen=True)
@@ -80,9 +90,30 @@ def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping)
 
 
+def yaml_depth(text: str, limit: int = MAX_YAML_DEPTH) -> int:
+    """Deepest nesting of collections in YAML text, from the event stream (no recursion, nothing built);
+    stops counting as soon as it passes ``limit`` (PyYAML's scanner slows down with deep flow nesting)."""
+    depth = deepest = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                break
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return deepest
+
+
 def parse_yaml_text(text: str, source: str) -> Any:
-    """Parse YAML text strictly (no duplicate keys); a syntax error becomes a ConfigError with its line."""
+    """Parse YAML text strictly (no duplicate keys, at most ``MAX_YAML_DEPTH`` levels); a syntax error becomes
+    a ConfigError with its line."""
     try:
+        if yaml_depth(text) > MAX_YAML_DEPTH:
+            raise ConfigError(
+                f"{source}: nested more than {MAX_YAML_DEPTH} levels deep, over the limit of {MAX_YAML_DEPTH} (a "
+                "config needs about 5)"
+            )
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -91,6 +122,10 @@ def parse_yaml_text(text: str, source: str) -> Any:
         raise ConfigError(f"{where}: YAML syntax error: {problem} (fix the YAML on that line)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: YAML error: {exc} (fix the YAML)") from None
+    except ConfigError:
+        raise
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.int_info)
+        raise ConfigError(f"{source}: a value batchplan cannot read: {exc} (fix the YAML)") from None
 
 
 def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
@@ -103,6 +138,11 @@ def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(f"{what} {file_path} does not exist (check the path)")
     if not file_path.is_file():
         raise ConfigError(f"{what} {file_path} is not a file (give the path of a .yaml file)")
+    size = file_path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{what} {file_path} is {size} bytes, over the limit of {MAX_CONFIG_BYTES} bytes (is it the right file?)"
+        )
     try:
         text = file_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -155,12 +195,17 @@ def expect_str(value: Any, where: ConfigLocation) -> str:
     return value.strip()
 
 
-def expect_int(value: Any, where: ConfigLocation, *, minimum: int | None = None) -> int:
-    """An integer (not a bool, not a float) of at least ``minimum``."""
+def expect_int(
+    value: Any, where: ConfigLocation, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
+) -> int:
+    """An integer (not a bool, not a float) in ``[minimum, maximum]``."""
+    suffix = f" ({hint})" if hint else ""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise where.error(f"expected an integer, got {describe_value(value)}")
+        raise where.error(f"expected an integer, got {describe_value(value)}{suffix}")
     if minimum is not None and value < minimum:
-        raise where.error(f"must be at least {minimum}, got {value}")
+        raise where.error(f"must be at least {minimum}, got {value}{suffix}")
+    if maximum is not None and value > maximum:
+        raise where.error(f"must be at most {maximum}, got {describe_value(value)}{suffix}")
     return value
 
 
@@ -173,8 +218,12 @@ def expect_number(
     positive: bool = False,
     hint: str = "",
 ) -> float:
-    """A finite int or float (not a bool) within ``[minimum, maximum]``, > 0 if ``positive``."""
+    """A finite int or float (not a bool) within ``[minimum, maximum]``, > 0 if ``positive``.
+
+    ``1e3`` or ``1.0e300``, which YAML 1.1 reads as strings, are taken as the numbers they spell."""
     suffix = f" ({hint})" if hint else ""
+    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise where.error(f"expected a number, got {describe_value(value)}{suffix}")
     if positive and value <= 0:
@@ -198,6 +247,8 @@ def expect_list(value: Any, where: ConfigLocation, *, what: str = "a list", non_
 def describe_value(value: Any) -> str:
     if value is None:
         return "nothing (null)"
+    if isinstance(value, int) and value.bit_length() > 192:  # repr of a huge int is slow, or refused
+        return f"int of about {int(value.bit_length() * math.log10(2))} digits"
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."

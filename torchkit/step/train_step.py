@@ -141,13 +141,16 @@ def run_training_iterations(
     device_type: str = "cpu",
     warm_start: bool = False,
 ) -> None:
-    """Run ``num_iterations`` training iterations (real or fake tensors, any device the inputs are on).
+    """Run ``num_iterations`` training iterations (real or fake tensors, any device the inputs are on). A
+    dict of inputs is passed as keyword arguments.
 
     ``warm_start`` replaces the first iteration by an optimizer step on zero gradients: it creates the
     optimizer state the first iteration would (same tensors, any optimizer) without a forward and
     backward. The fake pass uses it (half the work); the memory of every later iteration is the same,
     which the CPU ground-truth comparisons check byte for byte.
     """
+    from torchkit.workloads import call_model
+
     hooks = hooks or StepHooks()
     params = [p for group in optimizer.param_groups for p in group["params"]]
     model.train()
@@ -164,7 +167,9 @@ def run_training_iterations(
         first = 1
     for index in range(first, num_iterations):
         hooks.iteration(index)
-        train_step(model, optimizer, inputs, targets, loss_fn, amp=amp, hooks=hooks, device_type=device_type)
+        train_step(
+            model, optimizer, inputs, targets, loss_fn, amp=amp, hooks=hooks, device_type=device_type, forward=call_model
+        )
 
 
 def to_device(value: Any, device: Any) -> Any:

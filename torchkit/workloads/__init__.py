@@ -1,10 +1,18 @@
-"""Reference workloads (plain torch, no torchvision) and user workloads, as one ``Workload`` type.
+"""Reference workloads (plain torch, no torchvision), library models and user workloads, as one ``Workload``
+type.
 
-A workload is what a training step needs: a model factory, a batch builder and a loss. Built-in names:
-``resnet18``, ``resnet50`` (224), ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224), ``gpt2-small``
-(sequence length 1024). A user workload is ``package.module:factory``: the factory returns an
-``nn.Module`` (its input is a float tensor of ``input_shape`` per sample, loss
-``output.float().pow(2).mean()``) or a ``Workload`` itself.
+A workload is what a training step needs: a model factory, a batch builder and a loss. Model sources:
+
+- built-in names: ``resnet18``, ``resnet50`` (224), ``yolo-n``, ``yolo-s`` (640), ``vit-b16`` (224),
+  ``gpt2-small`` (sequence length 1024);
+- ``timm:NAME``, ``torchvision:NAME`` (image classifiers, :mod:`.image_models`), ``hf:ARCH`` or
+  ``hf:path/config.json`` (:mod:`.hf_models`), ``ultralytics:FILE.yaml`` (:mod:`.ultralytics_models`):
+  the ``[models]`` extra, each library imported only when asked for, fresh weights, nothing downloaded;
+- ``package.module:factory`` (:mod:`.user_models`): the factory returns an ``nn.Module`` (its input is
+  described by ``input_shape``/``seq_len``/``vocab_size``/``input_dtype``, loss
+  ``output.float().pow(2).mean()``) or a ``Workload`` itself.
+
+Inputs that are a dict are passed to the model as keyword arguments (``model(**inputs)``).
 
 Every ``make_batch`` builds its tensors with ``torch.rand*``/``torch.randint`` and no real data, so it
 works under ``FakeTensorMode`` (the estimator's fake passes) as well as for real. Importing this package
@@ -14,14 +22,14 @@ imports torch; the model modules are imported when a workload is built.
 from __future__ import annotations
 
 import hashlib
-import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from torchkit.errors import WorkloadError
+from torchkit.workloads.inputs import INPUT_DTYPES, USER_INPUT_LOSS, InputSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +51,11 @@ class Workload:
     fingerprint"""
     description: str = ""
     """one line for people"""
+    notes: tuple[str, ...] = ()
+    """what the estimate of this workload leaves out or stands in for (shown with the profile)"""
+    margin_bytes: int = 0
+    """device bytes added to every estimate for memory the simulated step does not hold (e.g. the EMA
+    copy of the weights an Ultralytics trainer keeps); stated in ``notes``"""
 
     def __post_init__(self) -> None:
         if not self.sample_shape or any(int(d) <= 0 for d in self.sample_shape):
@@ -55,8 +68,8 @@ class Workload:
 WORKLOAD_NAMES: tuple[str, ...] = ("resnet18", "resnet50", "yolo-n", "yolo-s", "vit-b16", "gpt2-small")
 DEFAULT_IMGSZ = {"resnet18": 224, "resnet50": 224, "yolo-n": 640, "yolo-s": 640, "vit-b16": 224}
 DEFAULT_SEQ_LEN = 1024
-USER_INPUT_LOSS = "output.float().pow(2).mean()"
-"""the loss of a user factory that returns a bare nn.Module"""
+LIBRARY_PREFIXES: tuple[str, ...] = ("timm:", "torchvision:", "hf:", "ultralytics:")
+"""model sources of the ``[models]`` extra; they take precedence over ``package.module:factory``"""
 
 
 def get_workload(
@@ -65,30 +78,40 @@ def get_workload(
     imgsz: int | None = None,
     input_shape: tuple[int, ...] | None = None,
     seq_len: int | None = None,
+    vocab_size: int | None = None,
+    input_dtype: str | None = None,
 ) -> Workload:
-    """The workload called ``name``: a built-in name or ``package.module:factory``.
+    """The workload called ``name``: a built-in name, a library model (``timm:``, ``torchvision:``, ``hf:``,
+    ``ultralytics:``) or ``package.module:factory``.
 
     Args:
-        imgsz: square image size for the image workloads (default 224 or 640).
-        input_shape: per-sample input shape; required for a factory returning an ``nn.Module``; for a
-            built-in image workload ``(3, H, W)`` with H == W is the same as ``imgsz``.
-        seq_len: sequence length for ``gpt2-small`` (default 1024, at most 1024).
+        imgsz: square image size for image models (default: the model's own, 224 or 640).
+        input_shape: per-sample input shape; for a factory returning an ``nn.Module``, this or ``seq_len``
+            is required; for an image model ``(3, H, W)`` is the same as ``imgsz``.
+        seq_len: sequence length of token models (``gpt2-small``, ``hf:``, a factory with ``vocab_size``).
+        vocab_size: a factory's input is integer token ids in ``[0, vocab_size)``.
+        input_dtype: a factory's input dtype (``float32`` default; ``int64`` with ``vocab_size``; see
+            ``inputs.INPUT_DTYPES``).
 
     Raises:
-        WorkloadError: unknown name, a factory that cannot be imported or fails, a model without
-            parameters, an input shape the model cannot take, an invalid size.
+        WorkloadError: unknown name, a library that is missing, a factory that cannot be imported or fails,
+            a model without parameters, an input the model cannot take, an invalid size, an option the
+            source does not take.
     """
+    _check_options(name, imgsz=imgsz, seq_len=seq_len, vocab_size=vocab_size, input_dtype=input_dtype)
+    prefix = next((p for p in LIBRARY_PREFIXES if name.startswith(p)), None)
+    if prefix is not None:
+        return _library_workload(name, prefix, imgsz=imgsz, input_shape=input_shape, seq_len=seq_len)
     if ":" in name:
-        if imgsz is not None or seq_len is not None:
-            raise WorkloadError(
-                f"model {name!r} is a user factory: give its per-sample input with --input-shape "
-                "(--imgsz and --seq-len are for the built-in workloads)"
-            )
-        return _user_workload(name, input_shape)
+        from torchkit.workloads.user_models import user_workload
+
+        return user_workload(
+            name, input_shape=input_shape, seq_len=seq_len, vocab_size=vocab_size, input_dtype=input_dtype
+        )
     if name not in WORKLOAD_NAMES:
         raise WorkloadError(
-            f"unknown workload {name!r} (known: {', '.join(WORKLOAD_NAMES)}; or give package.module:factory "
-            "with --input-shape)"
+            f"unknown workload {name!r} (known: {', '.join(WORKLOAD_NAMES)}; or timm:NAME, torchvision:NAME, "
+            "hf:ARCH, ultralytics:FILE.yaml, package.module:factory)"
         )
     if name == "gpt2-small":
         return _gpt2_workload(seq_len, input_shape)
@@ -185,120 +208,155 @@ def _gpt2_workload(seq_len: int | None, input_shape: tuple[int, ...] | None) -> 
     )
 
 
-def _user_workload(spec: str, input_shape: tuple[int, ...] | None) -> Workload:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise WorkloadError(f"model {spec!r} is not package.module:factory (e.g. mypkg.models:build_net)")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # any import failure is the user's module, report it with its cause
+def _check_options(
+    name: str, *, imgsz: int | None, seq_len: int | None, vocab_size: int | None, input_dtype: str | None
+) -> None:
+    """Refuse options the source does not take (they would be silently ignored otherwise)."""
+    user = ":" in name and not name.startswith(LIBRARY_PREFIXES)
+    if (vocab_size is not None or input_dtype is not None) and not user:
+        flag = "--vocab-size" if vocab_size is not None else "--input-dtype"
         raise WorkloadError(
-            f"cannot import {module_name!r} for model {spec!r}: {type(e).__name__}: {e} "
-            "(check the module is on PYTHONPATH / installed)"
-        ) from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
+            f"{flag} describes the input of a package.module:factory model; {name!r} brings its own input "
+            "(drop the flag)"
+        )
+    if user and imgsz is not None:
         raise WorkloadError(
-            f"{module_name!r} has no callable {attr!r} (model {spec!r}; name a function returning an nn.Module)"
+            f"model {name!r} is a user factory: give its per-sample input with --input-shape (or --seq-len N "
+            "--vocab-size V for token ids); --imgsz is for the image models"
         )
+    token_models = ("gpt2-small",)
+    if seq_len is not None and not user and not name.startswith("hf:") and name not in token_models:
+        raise WorkloadError(f"--seq-len is for token models (gpt2-small, hf:, a factory); {name!r} takes images")
+    if imgsz is not None and (name.startswith("hf:") or name in token_models):
+        raise WorkloadError(f"--imgsz is for image models; {name!r} takes token ids (use --seq-len)")
 
-    def build() -> torch.nn.Module:
-        try:
-            model = factory()
-        except Exception as e:
-            raise WorkloadError(
-                f"factory {spec!r} failed: {type(e).__name__}: {e} (it must build the model with no arguments)"
-            ) from e
-        if isinstance(model, Workload):
-            return model.build_model()
-        if not isinstance(model, torch.nn.Module):
-            raise WorkloadError(
-                f"factory {spec!r} returned {type(model).__name__}, not an nn.Module or a Workload"
-            )
-        return model
 
-    # a factory may return a whole Workload; find out once, on fake tensors (no memory, no compute)
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _library_workload(
+    name: str, prefix: str, *, imgsz: int | None, input_shape: tuple[int, ...] | None, seq_len: int | None
+) -> Workload:
+    target = name[len(prefix):]
+    if not target:
+        raise WorkloadError(f"model {name!r} names no model after {prefix!r} (e.g. {prefix}{_EXAMPLES[prefix]})")
+    if prefix == "timm:":
+        from torchkit.workloads.image_models import timm_workload
 
-    with FakeTensorMode():
-        probe = _call_factory(factory, spec)
-        if isinstance(probe, Workload):
-            return probe
-        if input_shape is None:
-            raise WorkloadError(
-                f"model {spec!r} needs its per-sample input shape (use --input-shape C,H,W, e.g. 3,224,224)"
-            )
-        shape = tuple(int(d) for d in input_shape)
-        workload = Workload(
-            name=spec,
-            sample_shape=shape,
-            build_model=build,
-            make_batch=lambda b: (torch.randn(b, *shape), None),
-            loss_fn=_default_loss,
-            description=f"user model {spec}, input {shape}, loss {USER_INPUT_LOSS}",
-        )
-        check_model(probe, workload)
+        workload = timm_workload(name, target, imgsz=imgsz, input_shape=input_shape)
+    elif prefix == "torchvision:":
+        from torchkit.workloads.image_models import torchvision_workload
+
+        workload = torchvision_workload(name, target, imgsz=imgsz, input_shape=input_shape)
+    elif prefix == "hf:":
+        from torchkit.workloads.hf_models import hf_workload
+
+        workload = hf_workload(name, target, seq_len=seq_len, input_shape=input_shape)
+    else:
+        from torchkit.workloads.ultralytics_models import ultralytics_workload
+
+        workload = ultralytics_workload(name, target, imgsz=imgsz, input_shape=input_shape)
+    check_model(model_template(workload), workload)
     return workload
 
 
-def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
+_EXAMPLES = {"timm:": "resnet18", "torchvision:": "mobilenet_v3_small", "hf:": "gpt2", "ultralytics:": "yolov8n.yaml"}
+
+
+def model_template(workload: Workload) -> torch.nn.Module:
+    """The workload's model built outside fake mode (meta device, else CPU; cached for the last two), what
+    the estimator and the fingerprint copy with fake parameters (:mod:`torchkit.workloads.construct`).
+
+    Raises:
+        WorkloadError: the factory fails or returns no ``nn.Module``.
+    """
+    from torchkit.workloads.construct import template_for
+
     try:
-        model = factory()
+        model, _ = template_for(workload.build_model)
     except WorkloadError:
         raise
     except Exception as e:
+        text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise WorkloadError(
-            f"factory {spec!r} failed: {type(e).__name__}: {e} (it must build the model with no arguments)"
+            f"model factory of {workload.name!r} failed: {type(e).__name__}: {text} "
+            "(it must build the model with no arguments)"
         ) from e
-    if not isinstance(model, Workload | torch.nn.Module):
-        raise WorkloadError(
-            f"factory {spec!r} returned {type(model).__name__}, not an nn.Module or a Workload"
-        )
+    if not isinstance(model, torch.nn.Module):
+        raise WorkloadError(f"model factory of {workload.name!r} returned {type(model).__name__}, not an nn.Module")
     return model
 
 
-def _default_loss(output: Any, targets: Any) -> torch.Tensor:
-    if isinstance(output, tuple | list):
-        output = output[0]
-    return output.float().pow(2).mean()
+def call_model(model: Any, inputs: Any) -> Any:
+    """``model(**inputs)`` for a dict of named inputs (Hugging Face), else ``model(inputs)``."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    return model(inputs)
 
 
-def check_model(model: torch.nn.Module, workload: Workload) -> None:
-    """Check that ``model`` has trainable parameters and that a batch of 2 of ``workload`` goes through
-    forward and loss. Meant to run under ``FakeTensorMode`` (no memory, no compute).
+def check_model(model: torch.nn.Module, workload: Workload, *, inputs: Any = None) -> None:
+    """Check that ``model`` (a template, built outside fake mode) has trainable parameters and that a batch
+    of 2 of ``workload`` goes through forward and loss, on a fake copy (no memory, no compute).
+
+    Args:
+        inputs: the ``InputSpec`` of a user model, to say whether a failure is the dtype or the shape.
 
     Raises:
-        WorkloadError: no trainable parameters, or the input shape does not fit the model.
+        WorkloadError: no trainable parameters, or the input does not fit the model (dtype or shape).
     """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torchkit.workloads.construct import fake_copy
+
     if not any(p.requires_grad for p in model.parameters()):
         raise WorkloadError(
             f"model {workload.name!r} has no trainable parameters (a training step needs some; check the factory)"
         )
-    inputs, targets = workload.make_batch(2)
-    try:
-        loss = workload.loss_fn(model(inputs), targets)
-    except Exception as e:
-        raise WorkloadError(
-            f"model {workload.name!r} cannot take input shape {workload.sample_shape} per sample: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-            "(give the shape the model's first layer expects with --input-shape)"
-        ) from e
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = fake_copy(model, mode)
+    with mode:
+        batch, targets = workload.make_batch(2)
+        try:
+            loss = workload.loss_fn(call_model(fake.train(), batch), targets)
+        except WorkloadError:
+            raise
+        except Exception as e:
+            raise WorkloadError(_input_mismatch(workload, e, inputs)) from e
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise WorkloadError(f"loss of workload {workload.name!r} is not a scalar tensor")
+
+
+#: words of torch's dtype complaints ("expected scalar type Long", "not implemented for 'Long'",
+#: "Input type (long int) and bias type (float)", "must have the same dtype")
+_DTYPE_WORDS = ("scalar type", "dtype", "not implemented for", "type (", "indices")
+
+
+def _input_mismatch(workload: Workload, e: Exception, inputs: Any) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    cause = f"{type(e).__name__}: {text}"
+    if inputs is None:
+        return f"model {workload.name!r} cannot take its input {workload.sample_shape}: {cause} (check the model's input options)"
+    if any(word in text for word in _DTYPE_WORDS):
+        if not inputs.is_tokens and ("indices" in text or "Long" in text or "Int" in text):
+            fix = "it takes integer token ids: give --seq-len N --vocab-size V, or --input-dtype int64 --vocab-size V"
+        elif inputs.is_tokens:
+            fix = "it takes floating-point inputs: drop --vocab-size and give --input-shape (and --input-dtype)"
+        else:
+            fix = "give the dtype it expects with --input-dtype"
+        return f"model {workload.name!r} cannot take input dtype {inputs.dtype} ({inputs.describe()}): {cause} ({fix})"
+    return (
+        f"model {workload.name!r} cannot take input shape {inputs.shape} per sample ({inputs.describe()}): {cause} "
+        "(give the shape the model's first layer expects with --input-shape)"
+    )
 
 
 def workload_fingerprint(workload: Workload) -> str:
     """Content key of a workload (model structure, parameter shapes/dtypes, input, config), 16 hex digits.
 
-    The model is built on fake tensors, so this costs no memory. Two workloads with the same key train the
-    same architecture on the same input shape; the key is what profile caches are indexed by.
+    The model is the template (built on the meta device where it can be), so this costs little memory.
+    Two workloads with the same key train the same architecture on the same input; the key is what
+    profile caches are indexed by.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        model = workload.build_model()
-        params = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()]
-        buffers = [(n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
+    model = model_template(workload)
+    params = [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()]
+    buffers = [(n, tuple(b.shape), str(b.dtype)) for n, b in model.named_buffers()]
     text = repr((str(model), params, buffers, tuple(workload.sample_shape), workload.config))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -306,6 +364,12 @@ def workload_fingerprint(workload: Workload) -> str:
 __all__ = [
     "DEFAULT_IMGSZ",
     "DEFAULT_SEQ_LEN",
+    "INPUT_DTYPES",
+    "LIBRARY_PREFIXES",
+    "USER_INPUT_LOSS",
+    "InputSpec",
+    "call_model",
+    "model_template",
     "WORKLOAD_NAMES",
     "Workload",
     "check_model",

@@ -164,14 +164,16 @@ def ultralytics_loss_envelope_bytes(
     return batch * anchors * 6 * (max_obj + 2 * nc) * 4
 
 
-def _anchors(feats: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    points, strides = [], []
-    for feat, stride in zip(feats, STRIDES, strict=True):
+def _anchors(
+    feats: list[torch.Tensor], strides: tuple[int, ...] = STRIDES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    points, stride_rows = [], []
+    for feat, stride in zip(feats, strides, strict=True):
         h, w = feat.shape[2:]
         sy, sx = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing="ij")
         points.append(torch.stack((sx, sy), -1).view(-1, 2))
-        strides.append(torch.full((h * w, 1), float(stride)))
-    return torch.cat(points), torch.cat(strides)
+        stride_rows.append(torch.full((h * w, 1), float(stride)))
+    return torch.cat(points), torch.cat(stride_rows)
 
 
 def _ciou(box1: torch.Tensor, box2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
@@ -239,23 +241,41 @@ def _assign(
 
 def detection_loss(preds: Any, targets: Any) -> torch.Tensor:
     """YOLOv8-style loss: 7.5·CIoU + 0.5·BCE + 1.5·DFL, times the batch size (as Ultralytics)."""
-    gt_labels, gt_boxes, gt_valid = targets
     batch = preds[0].shape[0]
     nc = preds[0].shape[1] - 4 * REG_MAX
     flat = torch.cat([p.view(batch, p.shape[1], -1) for p in preds], 2)
     pred_dist, pred_scores = flat.split((4 * REG_MAX, nc), 1)
-    pred_dist = pred_dist.permute(0, 2, 1).contiguous()  # [B,A,64]
+    return dense_detection_loss(pred_dist, pred_scores, preds, targets)
+
+
+def dense_detection_loss(
+    pred_dist: torch.Tensor,
+    pred_scores: torch.Tensor,
+    feats: list[torch.Tensor],
+    targets: Any,
+    strides: tuple[int, ...] = STRIDES,
+) -> torch.Tensor:
+    """The loss of :func:`detection_loss` on head outputs already flattened over anchors: box distributions
+    ``[B, 4·reg_max, A]``, class logits ``[B, nc, A]``, and the feature maps they came from (for the anchor
+    grid). ``reg_max`` 1 means the head predicts distances directly (no DFL term)."""
+    gt_labels, gt_boxes, gt_valid = targets
+    batch = pred_dist.shape[0]
+    reg_max = pred_dist.shape[1] // 4
+    pred_dist = pred_dist.permute(0, 2, 1).contiguous()  # [B,A,4·reg_max]
     pred_scores = pred_scores.permute(0, 2, 1).contiguous()  # [B,A,nc]
-    points, strides = _anchors(preds)
-    bins = torch.arange(REG_MAX, dtype=torch.float32)
-    dist = pred_dist.view(batch, -1, 4, REG_MAX).softmax(3).matmul(bins.to(pred_dist.dtype))  # [B,A,4]
+    points, strides_per_anchor = _anchors(feats, strides)
+    if reg_max > 1:
+        bins = torch.arange(reg_max, dtype=torch.float32)
+        dist = pred_dist.view(batch, -1, 4, reg_max).softmax(3).matmul(bins.to(pred_dist.dtype))  # [B,A,4]
+    else:
+        dist = pred_dist
     lt, rb = dist.chunk(2, -1)
     pred_boxes = torch.cat((points - lt, points + rb), -1)  # grid units
 
     target_boxes, target_scores, fg = _assign(
         pred_scores.detach().sigmoid(),
-        (pred_boxes.detach() * strides).to(gt_boxes.dtype),
-        points * strides,
+        (pred_boxes.detach() * strides_per_anchor).to(gt_boxes.dtype),
+        points * strides_per_anchor,
         gt_labels,
         gt_boxes,
         gt_valid,
@@ -264,16 +284,18 @@ def detection_loss(preds: Any, targets: Any) -> torch.Tensor:
     loss_cls = F.binary_cross_entropy_with_logits(
         pred_scores, target_scores.to(pred_scores.dtype), reduction="sum"
     )
-    target_boxes = target_boxes / strides
+    target_boxes = target_boxes / strides_per_anchor
     weight = target_scores.sum(-1) * fg  # [B,A]
     loss_box = ((1.0 - _ciou(pred_boxes, target_boxes)) * weight).sum()
+    if reg_max == 1:
+        return (7.5 * loss_box + 0.5 * loss_cls) / score_sum * batch
     target_ltrb = torch.cat((points - target_boxes[..., :2], target_boxes[..., 2:] - points), -1).clamp(
-        0, REG_MAX - 1.01
+        0, reg_max - 1.01
     )
     left = target_ltrb.long()
     right = left + 1
     w_left = right - target_ltrb
-    logits = pred_dist.view(-1, REG_MAX)
+    logits = pred_dist.view(-1, reg_max)
     dfl = F.cross_entropy(logits, left.view(-1), reduction="none").view(
         left.shape
     ) * w_left + F.cross_entropy(logits, right.view(-1), reduction="none").view(left.shape) * (1 - w_left)

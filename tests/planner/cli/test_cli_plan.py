@@ -17,6 +17,7 @@ from tests.planner.cli_helpers import (
     SHARED_NODE,
     TINY_MODEL,
     assert_ok,
+    assert_user_error,
     check_plan,
     describe,
     is_png,
@@ -144,23 +145,19 @@ def test_table_on_stdout_and_plan_json_in_the_working_directory(tmp_path: Path, 
 
 
 @pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s
-def test_emit_env_prints_per_node_environment_lines(tmp_path: Path, cache_dir: Path) -> None:
-    result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--emit", "env", "--master-port", "29611", "--no-write",
-                     cwd=tmp_path)
-    assert_ok(result)
-    assert not (tmp_path / "plan.json").exists(), "--no-write"
-    blocks: dict[str, dict[str, str]] = {}
-    current = None
-    for line in result.stdout.splitlines():
-        if line.startswith("# node "):
-            current = blocks.setdefault(line.removeprefix("# node "), {})
-            continue
-        key, _, value = line.partition("=")
-        assert re.fullmatch(r"[A-Z_]+", key) and value, f"not a KEY=VALUE line: {line!r}"
-        assert current is not None
-        current[key] = value
-    assert list(blocks) == ["node-a100", "node-v100", "node-t4"]
-    for node_rank, env in enumerate(blocks.values()):
+def test_emit_env_prints_one_nodes_export_lines(tmp_path: Path, cache_dir: Path) -> None:
+    for node_rank, name in enumerate(["node-a100", "node-v100", "node-t4"]):
+        result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--emit", "env", "--node", name, "--master-port", "29611",
+                         "--no-write", cwd=tmp_path)
+        assert_ok(result)
+        assert not (tmp_path / "plan.json").exists(), "--no-write"
+        header, *lines = result.stdout.splitlines()
+        assert header.startswith(f"# batchplan: environment of node {name} (node rank {node_rank} of 3)")
+        env = {}
+        for line in lines:
+            key, _, value = line.removeprefix("export ").partition("=")
+            assert line.startswith("export ") and re.fullmatch(r"[A-Z_]+", key) and value, line
+            env[key] = value
         assert env == {
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             "CUDA_VISIBLE_DEVICES": "0,1",
@@ -170,6 +167,12 @@ def test_emit_env_prints_per_node_environment_lines(tmp_path: Path, cache_dir: P
             "MASTER_ADDR": "node-a100",
             "MASTER_PORT": "29611",
         }
+
+
+@pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s
+def test_emit_env_without_a_node_on_a_multi_node_plan_names_the_flags(tmp_path: Path, cache_dir: Path) -> None:
+    result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--emit", "env", "--no-write", cwd=tmp_path)
+    assert_user_error(result, 2, "--node NAME", "--node-rank N", "node-a100", "node-t4")
 
 
 @pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s

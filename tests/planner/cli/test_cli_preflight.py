@@ -25,8 +25,9 @@ from tests.planner.cli_helpers import (
 )
 
 #: the checks of a run that produced a plan with a global batch, in order
+#: the checks of a go, in order; "user_code" first: the runs below build a user factory (TINY_MODEL)
 ALL_CHECKS = [
-    "cluster_reachable", "nodes_present", "gpus_present", "idle_thresholds", "versions_consistent",
+    "user_code", "cluster_reachable", "nodes_present", "gpus_present", "idle_thresholds", "versions_consistent",
     "plan_feasible", "min_batch_fits", "global_batch_reachable", "imbalance", "slow_gpus_worth_it",
 ]
 

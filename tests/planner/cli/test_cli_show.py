@@ -43,7 +43,7 @@ def test_show_prints_the_same_table_plan_printed(saved) -> None:
     assert result.stdout == planned.stdout
     assert result.stderr == ""
     assert "global batch 480 = 480 per step × accumulate 1" in result.stdout
-    assert "train_ddp.py --plan plan.json" in result.stdout
+    assert "train_ddp.py --plan plans/demo.json" in result.stdout  # the path -o named
 
 
 @slow
@@ -61,15 +61,17 @@ def test_show_json_is_the_saved_plan(saved) -> None:
 @slow
 def test_show_emit_env_gives_each_node_its_launch_environment(saved) -> None:
     path, _ = saved
-    result = run_cli("show", path, "--emit", "env", cwd=path.parent)
-    assert_ok(result)
     plan = json.loads(path.read_text())
-    lines = result.stdout.splitlines()
-    assert [line for line in lines if line.startswith("# node ")] == [f"# node {n['name']}" for n in plan["nodes"]]
-    assert [line for line in lines if line.startswith("NODE_RANK=")] == ["NODE_RANK=0", "NODE_RANK=1", "NODE_RANK=2"]
-    assert lines.count("CUDA_VISIBLE_DEVICES=0,1") == 3
-    assert lines.count("MASTER_ADDR=node-a100") == 3 and lines.count("MASTER_PORT=29500") == 3
-    assert lines.count("NNODES=3") == 3 and lines.count("NPROC_PER_NODE=2") == 3
+    for node in plan["nodes"]:
+        result = run_cli("show", path, "--emit", "env", "--node", node["name"], cwd=path.parent)
+        assert_ok(result)
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith(f"# batchplan: environment of node {node['name']} (node rank {node['node_rank']}")
+        assert lines[1:] == [
+            "export CUDA_DEVICE_ORDER=PCI_BUS_ID", "export CUDA_VISIBLE_DEVICES=0,1", "export NNODES=3",
+            f"export NODE_RANK={node['node_rank']}", "export NPROC_PER_NODE=2", "export MASTER_ADDR=node-a100",
+            "export MASTER_PORT=29500",
+        ]
 
 
 def _damage(plan: dict, how: str) -> tuple[dict, str]:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from planner.job import JobSpec
 from planner.profiles.cache import ProfileCache
-from planner.profiles.measured import MEASURED_METHOD, find_measured, measured_profile_key
+from planner.profiles.measured import (
+    MEASURED_METHOD,
+    find_measured,
+    measured_key_inputs,
+    measured_profile_key,
+)
 from planner.profiles.profile import DeviceProfile
 
 
@@ -29,9 +34,10 @@ def test_only_a_profile_made_in_a_job_is_taken(tmp_path):
     job = JobSpec(model="resnet18").to_json()
     key = measured_profile_key(job, "T4", "fp16")
     assert find_measured(cache, job, "T4", "fp16") is None
-    cache.put(key, profile("estimate"))
+    inputs = measured_key_inputs(job, "T4", "fp16")
+    cache.put(key, profile("estimate"), inputs=inputs)  # an estimate filed under a measured key: not trusted
     assert find_measured(cache, job, "T4", "fp16") is None
-    cache.put(key, profile(MEASURED_METHOD))
+    cache.put(key, profile(MEASURED_METHOD), inputs=inputs)
     found = find_measured(cache, job, "T4", "fp16")
     assert found is not None and found.method == "job"
     assert find_measured(None, job, "T4", "fp16") is None

@@ -12,10 +12,19 @@ import pytest
 
 import planner.profiles.cache as cache_module
 from planner.profiles.cache import CACHE_SCHEMA, ProfileCache, default_cache_dir
+from planner.profiles.key import KEY_FIELDS, key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
 GIB = 2**30
-KEY = "0123456789abcdef"
+
+
+def inputs_for(gpu: str = "T4", fingerprint: str = "f0") -> dict[str, str]:
+    """What a key is made of, for a profile of ``gpu`` as make_profile builds it."""
+    values = (fingerprint, None, (3, 32, 32), None, "fp16", "sgd", gpu, "estimate", "affine", "2.13.0")
+    return {name: str(value) for name, value in zip(KEY_FIELDS, values, strict=True)}
+
+
+KEY = key_of_inputs(inputs_for())
 
 
 def make_profile(gpu: str = "T4", per_sample: int = 2**24) -> DeviceProfile:
@@ -41,21 +50,22 @@ def others(directory: Path, key: str = KEY) -> list[str]:
 
 def test_put_then_get_gives_the_same_profile(cache):
     profile = make_profile()
-    path = cache.put(KEY, profile)
+    path = cache.put(KEY, profile, inputs=inputs_for())
     assert path == cache.path_for(KEY) == cache.directory / f"{KEY}.json"
     assert cache.get(KEY) == profile
     assert cache.problems == []
 
 
 def test_a_fresh_cache_object_reads_what_another_wrote(cache):
-    cache.put(KEY, make_profile())
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     assert ProfileCache(cache.directory).get(KEY) == make_profile()
 
 
 def test_an_entry_records_schema_key_checksum_and_profile(cache):
-    cache.put(KEY, make_profile())
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     entry = json.loads(cache.path_for(KEY).read_text())
-    assert set(entry) == {"schema", "key", "checksum", "profile"}
+    assert set(entry) == {"schema", "key", "inputs", "checksum", "profile"}
+    assert key_of_inputs(entry["inputs"]) == KEY
     assert entry["schema"] == CACHE_SCHEMA
     assert entry["key"] == KEY
     assert len(entry["checksum"]) == 64
@@ -69,22 +79,22 @@ def test_an_absent_key_is_none_and_not_a_problem(cache):
 
 def test_put_creates_the_directory_and_leaves_no_temporary_file(tmp_path):
     cache = ProfileCache(tmp_path / "a" / "b")
-    cache.put(KEY, make_profile())
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     assert others(cache.directory) == []
 
 
 def test_put_replaces_an_entry_of_the_same_key(cache):
-    cache.put(KEY, make_profile(per_sample=2**24))
-    cache.put(KEY, make_profile(per_sample=2**25))
+    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for())
+    cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     assert cache.get(KEY) == make_profile(per_sample=2**25)
     assert others(cache.directory) == []
 
 
 def test_keys_are_independent(cache):
-    cache.put("aaaaaaaaaaaaaaaa", make_profile("T4"))
-    cache.put("bbbbbbbbbbbbbbbb", make_profile("L4"))
-    assert cache.get("aaaaaaaaaaaaaaaa").gpu == "T4"
-    assert cache.get("bbbbbbbbbbbbbbbb").gpu == "L4"
+    cache.put(key_of_inputs(inputs_for("T4")), make_profile("T4"), inputs=inputs_for("T4"))
+    cache.put(key_of_inputs(inputs_for("L4")), make_profile("L4"), inputs=inputs_for("L4"))
+    assert cache.get(key_of_inputs(inputs_for("T4"))).gpu == "T4"
+    assert cache.get(key_of_inputs(inputs_for("L4"))).gpu == "L4"
 
 
 # ---------------------------------------------------------------------------------------------- corrupt entries
@@ -131,7 +141,7 @@ CORRUPTIONS = {
 @pytest.mark.parametrize(("corrupt", "why"), CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_a_corrupt_entry_is_ignored_reported_and_rewritten_by_the_next_put(cache, caplog, corrupt, why):
     profile = make_profile()
-    path = cache.put(KEY, profile)
+    path = cache.put(KEY, profile, inputs=inputs_for())
     corrupt(path)
 
     with caplog.at_level(logging.WARNING, logger="planner.profiles.cache"):
@@ -143,14 +153,14 @@ def test_a_corrupt_entry_is_ignored_reported_and_rewritten_by_the_next_put(cache
     assert problem.endswith("ignoring it and profiling again")
     assert problem in caplog.text
 
-    cache.put(KEY, profile)
+    cache.put(KEY, profile, inputs=inputs_for())
     assert cache.get(KEY) == profile
     assert len(cache.problems) == 1  # the rewritten entry is trusted again
     assert others(cache.directory) == []
 
 
 def test_an_entry_copied_under_another_key_is_not_trusted(cache):
-    cache.put(KEY, make_profile())
+    cache.put(KEY, make_profile(), inputs=inputs_for())
     other = "1111111111111111"
     cache.path_for(other).write_bytes(cache.path_for(KEY).read_bytes())
     assert cache.get(other) is None
@@ -167,7 +177,7 @@ def test_a_directory_in_place_of_an_entry_is_a_problem_not_a_crash(cache):
 
 
 def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache, monkeypatch):
-    cache.put(KEY, make_profile(per_sample=2**24))
+    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for())
     before = cache.path_for(KEY).read_bytes()
 
     def failing_replace(src, dst):
@@ -175,7 +185,7 @@ def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache,
 
     monkeypatch.setattr(cache_module.os, "replace", failing_replace)
     with pytest.raises(OSError, match="No space left"):
-        cache.put(KEY, make_profile(per_sample=2**25))
+        cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     monkeypatch.undo()
 
     assert cache.path_for(KEY).read_bytes() == before
@@ -184,7 +194,7 @@ def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache,
 
 
 def test_a_write_interrupted_while_dumping_leaves_no_partial_entry(cache, monkeypatch):
-    cache.put(KEY, make_profile(per_sample=2**24))
+    cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for())
     before = cache.path_for(KEY).read_bytes()
     real_dump = json.dump
 
@@ -194,7 +204,7 @@ def test_a_write_interrupted_while_dumping_leaves_no_partial_entry(cache, monkey
 
     monkeypatch.setattr(cache_module.json, "dump", half_dump)
     with pytest.raises(KeyboardInterrupt):
-        cache.put(KEY, make_profile(per_sample=2**25))
+        cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     monkeypatch.setattr(cache_module.json, "dump", real_dump)
 
     assert cache.path_for(KEY).read_bytes() == before

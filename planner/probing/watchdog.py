@@ -1,0 +1,111 @@
+"""A watchdog that stops the Ray processes a planning run started when the run dies without stopping them.
+
+``ray_session`` stops everything it starts on a normal exit, an exception, Ctrl-C and SIGTERM. A SIGKILL (or
+the OOM killer) runs no handler, and Ray's raylets, GCS, dashboard and runtime-env agents then live on. So
+before it starts Ray, the session starts this watchdog, a small separate process, and marks its own
+environment with a fresh token (``BATCHPLAN_RAY_SESSION``) that every Ray process it starts inherits. The
+watchdog blocks reading a pipe from the session:
+
+- the session ends normally: it writes ``done`` and the watchdog exits, touching nothing;
+- the session dies: the pipe reaches end-of-file, and the watchdog terminates every process carrying the
+  token (SIGTERM, then SIGKILL after ``GRACE_S``), then exits.
+
+Only processes with this run's token are ever signalled, so other Ray clusters on the machine (another
+user's, another run's) are never touched. The watchdog runs in its own session, so a Ctrl-C meant for the
+planner does not stop it before the planner's own teardown is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+SESSION_ENV = "BATCHPLAN_RAY_SESSION"
+#: seconds between SIGTERM and SIGKILL for an orphaned Ray process (Ray's own shutdown waits about as long)
+GRACE_S = 3.0
+#: rounds of looking again: a raylet may start a worker while it is being stopped
+ROUNDS = 5
+_DONE = b"done\n"
+
+
+@contextlib.contextmanager
+def ray_watchdog() -> Iterator[str]:
+    """Mark this process's environment with a fresh token and watch it until the block ends; yields the token."""
+    token = uuid.uuid4().hex
+    previous = os.environ.get(SESSION_ENV)
+    env = {k: v for k, v in os.environ.items() if k != SESSION_ENV}
+    watchdog = subprocess.Popen(
+        [sys.executable, "-m", "planner.probing.watchdog", token],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+    )
+    os.environ[SESSION_ENV] = token
+    try:
+        yield token
+    finally:
+        if previous is None:
+            os.environ.pop(SESSION_ENV, None)
+        else:
+            os.environ[SESSION_ENV] = previous
+        with contextlib.suppress(OSError):
+            watchdog.stdin.write(_DONE)
+            watchdog.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            watchdog.wait(timeout=5)
+
+
+def stop_session_processes(token: str, *, grace_s: float = GRACE_S) -> int:
+    """Terminate every process whose environment carries ``token``; returns how many were signalled."""
+    import psutil
+
+    signalled = 0
+    for _ in range(ROUNDS):
+        found = _with_token(psutil, token)
+        if not found:
+            break
+        for proc in found:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(found, timeout=grace_s)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        signalled += len(found)
+    return signalled
+
+
+def _with_token(psutil, token: str) -> list:
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.Error):
+            if proc.environ().get(SESSION_ENV) == token and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+    return found
+
+
+def main(argv: list[str]) -> int:
+    [token] = argv
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    line = sys.stdin.buffer.readline()  # blocks until the session says done, or dies (end of file)
+    if line == _DONE:
+        return 0
+    time.sleep(0.5)  # let a dying session's own fate-sharing children go first
+    count = stop_session_processes(token)
+    if count:
+        sys.stderr.write(f"batchplan: the planner died; stopped {count} Ray process(es) it had started\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,117 @@
+"""Is a device profile physically possible? Checked wherever a profile comes from a file (plan.json, the
+profile cache), because a checksum only proves that a file was not damaged by accident, never that its
+numbers make sense: anyone can recompute a plain hash.
+
+A training step's memory and time are positive and finite, memory grows with the batch (weights, gradients
+and optimizer state are fixed; activations grow per sample), and a batch that ran out of memory lies above
+a batch that did not. A profile breaking one of these would give nonsense caps: a negative
+``bytes_per_sample`` made an A100's cap 65,536 and ``oom_batch: 0`` excluded every A100.
+
+Known limitations: a profile that is physically possible but measured on another GPU is not detected here;
+the cache catches that by recomputing the entry's key from the job and GPU it records.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, get_args
+
+from planner.errors import ConfigError
+from planner.profiles.profile import DeviceProfile, ProfileMethod
+
+METHODS = get_args(ProfileMethod)
+AMP_MODES = ("fp16", "bf16", "off")
+#: most points a profile holds (the estimator uses 3, a measurement about 10): a bound for hostile files
+MAX_PROFILE_POINTS = 1024
+#: more device memory than any GPU has (H200: 141 GB) by far: 1 PiB
+MAX_DEVICE_BYTES = 2**50
+#: no training step takes a day
+MAX_STEP_SECONDS = 86_400.0
+
+
+def checked_profile(data: Any, where: str) -> DeviceProfile:
+    """Parse ``data`` (``DeviceProfile.to_json()`` form) and check it is physically possible.
+
+    Raises:
+        ConfigError: malformed or impossible, naming ``where`` and the field.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be an object, got {type(data).__name__}")
+    for name in ("memory_points", "time_points"):
+        points = data.get(name)
+        if not isinstance(points, list) or not points or len(points) > MAX_PROFILE_POINTS:
+            raise ConfigError(f"{where}.{name} must be a list of 1 to {MAX_PROFILE_POINTS} [batch, value] points")
+        for i, point in enumerate(points):
+            if not (isinstance(point, list) and len(point) == 2 and all(_is_number(v) for v in point)):
+                raise ConfigError(f"{where}.{name}[{i}] must be a [batch, value] pair of numbers, got {point!r}")
+    profile = DeviceProfile.from_json(data, where=where)
+    check_profile(profile, where)
+    return profile
+
+
+def check_profile(profile: DeviceProfile, where: str) -> None:
+    """The physics of an already parsed profile (see the module docstring)."""
+    if not profile.gpu.strip():
+        raise ConfigError(f"{where}.gpu is empty")
+    if profile.method not in METHODS:
+        raise ConfigError(f"{where}.method {profile.method!r} is not one of {', '.join(METHODS)}")
+    if profile.amp not in AMP_MODES:
+        raise ConfigError(f"{where}.amp {profile.amp!r} is not one of {', '.join(AMP_MODES)}")
+    for batch, num_bytes in profile.memory_points:
+        _check_point(where, "memory_points", batch, num_bytes, MAX_DEVICE_BYTES, "bytes")
+    for batch, seconds in profile.time_points:
+        _check_point(where, "time_points", batch, seconds, MAX_STEP_SECONDS, "seconds")
+    _check_memory_fit(profile, where)
+    fit = profile.time_fit
+    if not (_finite(fit.intercept_s) and _finite(fit.s_per_sample)) or fit.intercept_s < 0 or fit.s_per_sample < 0:
+        raise ConfigError(
+            f"{where}.time_fit must have finite intercept_s >= 0 and s_per_sample >= 0, got {fit.to_json()}"
+        )
+    if not profile.step_time_s(1) > 0:
+        raise ConfigError(f"{where}.time_fit predicts {profile.step_time_s(1)} s for one sample; a step takes time")
+    if not 0 <= profile.min_memory_bytes <= MAX_DEVICE_BYTES:
+        raise ConfigError(f"{where}.min_memory_bytes {profile.min_memory_bytes} is not in 0..{MAX_DEVICE_BYTES}")
+    if profile.oom_batch is not None:
+        smallest = min(b for b, _ in profile.memory_points)
+        if profile.oom_batch <= smallest:
+            raise ConfigError(
+                f"{where}.oom_batch {profile.oom_batch} is not above the smallest probed batch {smallest} (a batch "
+                "that ran out of memory lies above one that fitted)"
+            )
+    for name, num_bytes in (profile.breakdown_bytes or {}).items():
+        if not 0 <= num_bytes <= MAX_DEVICE_BYTES:
+            raise ConfigError(f"{where}.breakdown_bytes.{name} {num_bytes} is not in 0..{MAX_DEVICE_BYTES}")
+
+
+def _check_memory_fit(profile: DeviceProfile, where: str) -> None:
+    fit = profile.memory_fit
+    values = list(fit.to_json().values())[1:]
+    if not all(_finite(v) for v in values):
+        raise ConfigError(f"{where}.memory_fit must hold finite numbers, got {fit.to_json()}")
+    if fit.kind == "affine":
+        grows = fit.bytes_per_sample > 0 and fit.intercept_bytes >= 0
+    else:
+        grows = fit.log_slope > 0 and abs(fit.log_intercept) < math.log(MAX_DEVICE_BYTES)
+    if not grows:
+        raise ConfigError(
+            f"{where}.memory_fit {fit.to_json()} does not grow with the batch from a non-negative base "
+            "(activations make every extra sample cost memory)"
+        )
+    if not 0 < fit.predict_bytes(1) <= MAX_DEVICE_BYTES:
+        raise ConfigError(f"{where}.memory_fit predicts {fit.predict_bytes(1):.4g} bytes at batch 1")
+
+
+def _check_point(where: str, name: str, batch: int, value: float, limit: float, unit: str) -> None:
+    if batch < 1 or not _finite(value) or not 0 < value <= limit:
+        raise ConfigError(
+            f"{where}.{name} has the point [{batch}, {value}]: batches must be >= 1 and values positive, finite "
+            f"and at most {limit:g} {unit}"
+        )
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,149 @@
+"""Hostile and damaged profile-cache entries, through ``batchplan plan`` as a user runs it twice: an entry whose
+numbers are impossible, or that describes another GPU than its key, is ignored, reported and rewritten, and
+the plan is the one a clean cache gives. Unusable cache paths are one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.planner.cli_helpers import assert_ok, assert_user_error, parse_json_stdout, run_cli
+
+pytestmark = pytest.mark.slow  # each case plans twice (an estimate, then a cache read): 5-15 s
+
+#: the tiny convnet at 64×64: about 4× the activations of 32×32, so even an A100's cap stays under the
+#: 65,536 clamp and a tampered memory curve shows in the caps
+MODEL = ("--model", "tests.planner.tiny_models:convnet", "--input-shape", "3,64,64")
+TWO_TYPES = """name: two-types
+nodes:
+  - name: node-a100
+    gpus: [{type: A100-SXM4-80GB, count: 1}]
+  - name: node-t4
+    gpus: [{type: T4, count: 1}]
+"""
+
+
+def _plan(tmp_path: Path, cache: Path) -> dict:
+    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", cache, *MODEL,
+                     "--json", "--no-write", cwd=tmp_path)
+    assert_ok(result)
+    return parse_json_stdout(result)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict[str, dict]]:
+    """A plan made with an empty cache, and the cache entries it left: gpu type -> entry."""
+    where = tmp_path_factory.mktemp("clean_cache")
+    (where / "two.yaml").write_text(TWO_TYPES)
+    plan = _plan(where, where / "cache")
+    entries = {}
+    for path in (where / "cache").glob("*.json"):
+        entry = json.loads(path.read_text())
+        entries[entry["profile"]["gpu"]] = entry
+    assert sorted(entries) == ["A100-SXM4-80GB", "T4"]
+    return where, plan, entries
+
+
+def _checksum(profile: dict) -> str:
+    """The cache's checksum, recomputed as anyone can: a plain SHA-256 of the canonical JSON."""
+    return hashlib.sha256(json.dumps(profile, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _caps(plan: dict) -> dict[str, int]:
+    return {r["gpu"]: r["max_batch"] for r in plan["ranks"]}
+
+
+def _tamper_a100(entries: dict[str, dict], edit: Callable[[dict, dict[str, dict]], dict]) -> dict:
+    entry = json.loads(json.dumps(entries["A100-SXM4-80GB"]))
+    entry = edit(entry, entries)
+    entry["checksum"] = _checksum(entry["profile"])
+    return entry
+
+
+def _negative_bytes_per_sample(entry: dict, _) -> dict:
+    entry["profile"]["memory_fit"]["bytes_per_sample"] = -abs(entry["profile"]["memory_fit"]["bytes_per_sample"])
+    return entry
+
+
+def _oom_at_zero(entry: dict, _) -> dict:
+    entry["profile"]["oom_batch"] = 0
+    return entry
+
+
+def _nan_fit(entry: dict, _) -> dict:
+    entry["profile"]["time_fit"]["s_per_sample"] = float("nan")
+    return entry
+
+
+def _t4_profile_under_a100_key(_: dict, entries: dict[str, dict]) -> dict:
+    swapped = json.loads(json.dumps(entries["T4"]))
+    swapped["key"] = entries["A100-SXM4-80GB"]["key"]
+    return swapped
+
+
+CASES = {
+    "negative bytes_per_sample": _negative_bytes_per_sample,
+    "oom_batch 0": _oom_at_zero,
+    "NaN in the time fit": _nan_fit,
+    "a T4 profile under the A100's key": _t4_profile_under_a100_key,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_an_impossible_cache_entry_is_ignored_reported_and_rewritten(clean, tmp_path, case) -> None:
+    where, clean_plan, entries = clean
+    (tmp_path / "two.yaml").write_text(TWO_TYPES)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for entry in entries.values():
+        (cache / f"{entry['key']}.json").write_text(json.dumps(entry))
+    a100_path = cache / f"{entries['A100-SXM4-80GB']['key']}.json"
+    a100_path.write_text(json.dumps(_tamper_a100(entries, CASES[case])))
+
+    plan = _plan(tmp_path, cache)
+
+    assert _caps(plan) == _caps(clean_plan), case
+    assert {r["gpu"] for r in plan["ranks"]} == {"A100-SXM4-80GB", "T4"}
+    reported = [w for w in plan["warnings"] if a100_path.name in w]
+    assert len(reported) == 1 and "ignor" in reported[0], plan["warnings"]
+    rewritten = json.loads(a100_path.read_text())
+    assert rewritten["profile"]["gpu"] == "A100-SXM4-80GB"
+    assert rewritten["profile"]["memory_fit"] == entries["A100-SXM4-80GB"]["profile"]["memory_fit"]
+    again = _plan(tmp_path, cache)  # the rewritten entry is trusted: no warning the second time
+    assert not [w for w in again["warnings"] if "cache" in w]
+    assert _caps(again) == _caps(clean_plan)
+
+
+def test_a_directory_at_an_entry_path_is_a_one_line_error(clean, tmp_path) -> None:
+    _, _, entries = clean
+    (tmp_path / "two.yaml").write_text(TWO_TYPES)
+    cache = tmp_path / "cache"
+    (cache / f"{entries['T4']['key']}.json").mkdir(parents=True)
+    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", cache, *MODEL,
+                     "--no-write", cwd=tmp_path)
+    assert_user_error(result, 2, f"{entries['T4']['key']}.json", "directory")
+
+
+def test_a_regular_file_as_cache_dir_is_a_one_line_error(tmp_path) -> None:
+    (tmp_path / "two.yaml").write_text(TWO_TYPES)
+    (tmp_path / "not-a-dir").write_text("x")
+    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", tmp_path / "not-a-dir",
+                     *MODEL, "--no-write", cwd=tmp_path)
+    assert_user_error(result, 2, "--cache-dir", "not-a-dir", "not a directory")
+
+
+def test_a_huge_or_deep_cache_entry_is_ignored_not_parsed(clean, tmp_path) -> None:
+    where, clean_plan, entries = clean
+    (tmp_path / "two.yaml").write_text(TWO_TYPES)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / f"{entries['T4']['key']}.json").write_text("[" * 100_000 + "]" * 100_000)
+    with (cache / f"{entries['A100-SXM4-80GB']['key']}.json").open("wb") as handle:
+        handle.truncate(200 << 20)  # sparse: no disk, and must cost no memory
+    plan = _plan(tmp_path, cache)
+    assert _caps(plan) == _caps(clean_plan)
+    assert len([w for w in plan["warnings"] if "cache entry" in w]) == 2, plan["warnings"]

@@ -1,0 +1,266 @@
+"""Hostile and damaged plan.json files: nothing in a plan can run a command when its output is sourced or
+pasted, and ``show``, ``--emit env`` and the runtime's ``load_rank_plan`` refuse exactly the same plans.
+
+The base plan is a real one (``batchplan plan --no-ray`` on demo-mixed); each case edits it as an attacker
+or a careless hand would, and the shell side runs in a sandbox whose ``torchrun`` only records its argv.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from planner.errors import ConfigError
+from planner.runtime import load_rank_plan
+from tests.hostile.shell_sandbox import Sandbox, launch_lines
+from tests.planner.cli_helpers import DEMO_MIXED, TINY_MODEL, assert_ok, assert_user_error, run_cli
+
+pytestmark = pytest.mark.slow  # one real plan per module (a model build and an estimate: 4-10 s)
+
+SCRIPT = "my jobs/train.py"
+PLAN_PATH = "out dir/my plan.json"
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A real 3-node plan written with a script path and a plan path that both hold a space."""
+    where = tmp_path_factory.mktemp("base_plan")
+    result = run_cli("plan", "--no-ray", "--cluster", DEMO_MIXED, "--no-cache", *TINY_MODEL, "--global-batch", "480",
+                     "--script", SCRIPT, "-o", PLAN_PATH, cwd=where)
+    assert_ok(result)
+    return json.loads((where / PLAN_PATH).read_text())
+
+
+def _write(tmp_path: Path, plan: dict | str, name: str = "plan.json") -> Path:
+    path = tmp_path / name
+    path.write_text(plan if isinstance(plan, str) else json.dumps(plan, indent=1))
+    return path
+
+
+# --- injection: what a sourced env file or a pasted launch line could run -------------------------------
+
+
+def _inject_devices(plan: dict, cmd: str) -> None:
+    plan["nodes"][0]["cuda_visible_devices"] += f"; {cmd} #"
+
+
+def _inject_master(plan: dict, cmd: str) -> None:
+    plan["launch"]["master_addr"] = f"x; {cmd} #"
+
+
+def _rename_node(plan: dict, name: str) -> None:
+    old = plan["nodes"][0]["name"]
+    plan["nodes"][0]["name"] = name
+    for rank in plan["ranks"]:
+        if rank["node"] == old:
+            rank["node"] = name
+
+
+def _inject_newline_name(plan: dict, cmd: str) -> None:
+    _rename_node(plan, f"node-a\n{cmd} #\n")
+
+
+def _inject_substitution_name(plan: dict, cmd: str) -> None:
+    _rename_node(plan, f"node-$({cmd})")
+
+
+def _inject_torchrun_line(plan: dict, cmd: str) -> None:
+    plan["nodes"][1]["torchrun"] += f"; {cmd}"
+
+
+def _inject_script(plan: dict, cmd: str) -> None:
+    # what today's writer stores for --script 'x.py; CMD': the script unquoted in every line
+    for node in plan["nodes"]:
+        node["torchrun"] = node["torchrun"].replace(shlex.quote(SCRIPT), SCRIPT).replace(SCRIPT, f"x.py; {cmd} #")
+    plan["launch"]["script"] = f"x.py; {cmd} #"
+
+
+INJECTIONS: dict[str, Callable[[dict, str], None]] = {
+    "cuda_visible_devices": _inject_devices,
+    "master_addr": _inject_master,
+    "node name with newlines": _inject_newline_name,
+    "node name with $(...)": _inject_substitution_name,
+    "torchrun line": _inject_torchrun_line,
+    "script": _inject_script,
+}
+
+
+@pytest.mark.parametrize("case", sorted(INJECTIONS))
+def test_a_plan_that_would_run_a_command_is_refused_and_nothing_runs(planned, tmp_path, case) -> None:
+    marker = tmp_path / "INJECTED"
+    plan = copy.deepcopy(planned)
+    INJECTIONS[case](plan, f"touch {marker}")
+    path = _write(tmp_path, plan)
+    sandbox = Sandbox(tmp_path / "sandbox")
+
+    env_runs = [run_cli("show", path, "--emit", "env", *node, cwd=tmp_path) for node in ((), ("--node-rank", "0"))]
+    table_run = run_cli("show", path, cwd=tmp_path)
+    for i, env_run in enumerate(env_runs):
+        sandbox.bash(f"set -a; . {shlex.quote(str(_write(tmp_path, env_run.stdout, f'env{i}.sh')))}")
+    for line in launch_lines(table_run.stdout):
+        sandbox.bash(line)
+
+    assert not marker.exists(), f"{case}: a command injected into the plan ran"
+    for env_run in env_runs:
+        assert_user_error(env_run, 2, "error: ")
+    assert_user_error(table_run, 2, "error: ")
+    with pytest.raises(ConfigError):
+        load_rank_plan(path, rank=0, env={})
+
+
+def test_control_characters_in_any_string_are_refused(planned, tmp_path) -> None:
+    """An ANSI escape in a warning or a newline in a GPU name would forge lines of the table."""
+    for edit in (lambda p: p["warnings"].append("\x1b[2J\x1b[Hall good"),
+                 lambda p: p["ranks"][0].__setitem__("gpu", "T4\nrank 9 fake"),
+                 lambda p: p["excluded"].append({"node": "n", "device_index": None, "gpu": None, "reason": "\r"})):
+        plan = copy.deepcopy(planned)
+        edit(plan)
+        line = assert_user_error(run_cli("show", _write(tmp_path, plan), cwd=tmp_path), 2, "control character")
+        assert "\x1b" not in line
+
+
+# --- quoting: awkward but legitimate values survive the shell intact ------------------------------------
+
+
+def test_launch_lines_and_env_keep_paths_with_spaces_as_one_word(planned, tmp_path) -> None:
+    path = _write(tmp_path, planned)
+    sandbox = Sandbox(tmp_path / "sandbox")
+    table = run_cli("show", path, cwd=tmp_path)
+    assert_ok(table)
+    lines = launch_lines(table.stdout)
+    assert len(lines) == len(planned["nodes"]) == 3
+    for line in lines:
+        assert_ok(sandbox.bash(line))
+    calls = sandbox.calls()
+    assert [c["argv"][-3:] for c in calls] == [[SCRIPT, "--plan", PLAN_PATH]] * 3
+    assert [c["argv"][c["argv"].index("--node-rank") + 1] for c in calls] == ["0", "1", "2"]
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in calls] == [n["cuda_visible_devices"] for n in planned["nodes"]]
+    assert [n["torchrun"] for n in planned["nodes"]] == lines  # plan.json holds the very lines printed
+
+
+def test_emit_env_for_one_node_exports_what_torchrun_needs(planned, tmp_path) -> None:
+    path = _write(tmp_path, planned)
+    sandbox = Sandbox(tmp_path / "sandbox")
+    for selector in (("--node", "node-v100"), ("--node-rank", "1")):
+        result = run_cli("show", path, "--emit", "env", *selector, cwd=tmp_path)
+        assert_ok(result)
+        env_file = _write(tmp_path, result.stdout, "env.sh")
+        # plain `.` (no set -a): the lines export themselves; then a launcher started from that shell sees them
+        ran = sandbox.bash(f'. {shlex.quote(str(env_file))} && torchrun --nnodes "$NNODES" {shlex.quote(SCRIPT)}')
+        assert_ok(ran)
+    calls = sandbox.calls()
+    node = planned["nodes"][1]
+    expected = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": node["cuda_visible_devices"], "NNODES": "3",
+                "NODE_RANK": "1", "NPROC_PER_NODE": str(node["nproc_per_node"]),
+                "MASTER_ADDR": planned["launch"]["master_addr"], "MASTER_PORT": "29500"}
+    assert [c["env"] for c in calls] == [expected, expected]
+    assert calls[0]["argv"] == ["--nnodes", "3", SCRIPT]
+    assert node["env"] == expected  # plan.json holds each node's environment too
+
+
+def test_emit_env_on_a_multi_node_plan_asks_which_node(planned, tmp_path) -> None:
+    path = _write(tmp_path, planned)
+    line = assert_user_error(run_cli("show", path, "--emit", "env", cwd=tmp_path), 2, "--node", "--node-rank")
+    for name in ("node-a100", "node-v100", "node-t4"):
+        assert name in line
+    assert_user_error(run_cli("show", path, "--emit", "env", "--node", "nope", cwd=tmp_path), 2, "nope", "node-t4")
+    assert_user_error(run_cli("show", path, "--emit", "env", "--node-rank", "3", cwd=tmp_path), 2, "0..2")
+
+
+# --- numbers and identities: show refuses what the runtime refuses --------------------------------------
+
+
+def _set(path: tuple, value) -> Callable[[dict], None]:
+    def edit(plan: dict) -> None:
+        target = plan
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return edit
+
+
+def _stale_weights(plan: dict) -> None:
+    plan["ranks"][0]["batch"] += 8
+    plan["step_batch"] += 8
+    plan["global_batch"] = plan["step_batch"] * plan["accumulate"]
+
+
+def _accumulate(value: int) -> Callable[[dict], None]:
+    def edit(plan: dict) -> None:
+        plan["accumulate"] = value
+        plan["global_batch"] = plan["step_batch"] * value
+    return edit
+
+
+def _no_ranks(plan: dict) -> None:
+    plan.update(world_size=0, ranks=[], nodes=[], step_batch=0, global_batch=0)
+
+
+def _duplicate_local_rank(plan: dict) -> None:
+    plan["ranks"][1]["local_rank"] = plan["ranks"][0]["local_rank"]
+
+
+def _more_procs(plan: dict) -> None:
+    plan["nodes"][0]["nproc_per_node"] += 1
+
+
+NUMERIC_CASES: dict[str, tuple[Callable[[dict], None], str]] = {
+    "NaN loss weight": (_set(("ranks", 0, "loss_weight"), float("nan")), "NaN"),
+    "Infinity step time": (_set(("predicted_step_time_s",), float("inf")), "Infinity"),
+    "loss weight 2.5": (_set(("ranks", 0, "loss_weight"), 2.5), "loss_weight"),
+    "stale loss weights": (_stale_weights, "loss_weight"),
+    "accumulate 0": (_accumulate(0), "accumulate"),
+    "accumulate -2": (_accumulate(-2), "accumulate"),
+    "world size 0": (_no_ranks, "world_size"),
+    "nproc_per_node contradicts the ranks": (_more_procs, "nproc_per_node"),
+    "duplicate local_rank": (_duplicate_local_rank, "local_rank"),
+    "NaN in a profile fit": (lambda p: next(iter(p["profiles"].values()))["memory_fit"].__setitem__(
+        "bytes_per_sample", float("nan")), "NaN"),
+    "negative bytes per sample": (lambda p: next(iter(p["profiles"].values()))["memory_fit"].__setitem__(
+        "bytes_per_sample", -1.0), "memory_fit"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NUMERIC_CASES))
+def test_show_and_the_runtime_refuse_the_same_broken_plans(planned, tmp_path, case) -> None:
+    edit, word = NUMERIC_CASES[case]
+    plan = copy.deepcopy(planned)
+    edit(plan)
+    path = _write(tmp_path, plan)  # json.dumps writes NaN and Infinity as the bare words a hand editor would
+    shown = assert_user_error(run_cli("show", path, cwd=tmp_path), 2, word)
+    assert_user_error(run_cli("show", path, "--emit", "env", "--node-rank", "0", cwd=tmp_path), 2, word)
+    with pytest.raises(ConfigError) as refused:
+        load_rank_plan(path, rank=0, env={})
+    assert shown == f"error: {refused.value}"
+
+
+def test_the_plan_as_saved_passes_all_three(planned, tmp_path) -> None:
+    path = _write(tmp_path, planned)
+    assert_ok(run_cli("show", path, cwd=tmp_path))
+    assert_ok(run_cli("show", path, "--emit", "env", "--node", "node-a100", cwd=tmp_path))
+    assert load_rank_plan(path, rank=5, env={}).rank == 5
+
+
+# --- size and nesting: limits checked before parsing -----------------------------------------------------
+
+
+def test_a_deeply_nested_plan_is_an_error_naming_the_limit(planned, tmp_path) -> None:
+    text = json.dumps(planned).replace('"job": {', '"job": {"deep": ' + "[" * 100_000 + "]" * 100_000 + ", ", 1)
+    path = _write(tmp_path, text)
+    assert_user_error(run_cli("show", path, cwd=tmp_path), 2, "nested", "limit")
+    with pytest.raises(ConfigError, match="nested .* limit"):
+        load_rank_plan(path, rank=0, env={})
+
+
+def test_a_huge_plan_file_is_refused_before_it_is_read(tmp_path) -> None:
+    path = tmp_path / "huge.json"
+    with path.open("wb") as handle:
+        handle.truncate(200 << 20)  # sparse: 200 MiB that cost no disk, and must cost no memory either
+    assert_user_error(run_cli("show", path, cwd=tmp_path), 2, "over the limit")
+    with pytest.raises(ConfigError, match="over the limit"):
+        load_rank_plan(path, rank=0, env={})

@@ -1,0 +1,89 @@
+"""User models: ``package.module:factory``, a function of no arguments returning an ``nn.Module`` (trained on
+the input the user describes, loss ``output.float().pow(2).mean()``) or a whole ``Workload``.
+
+The factory is called outside fake mode (on the meta device, else on the CPU; see
+:mod:`torchkit.workloads.construct`), once, to find out which of the two it returns; that build is the
+template the estimator copies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchkit.errors import WorkloadError
+from torchkit.workloads.inputs import USER_INPUT_LOSS, input_spec, output_loss
+
+
+def user_workload(
+    spec: str,
+    *,
+    input_shape: tuple[int, ...] | None,
+    seq_len: int | None,
+    vocab_size: int | None,
+    input_dtype: str | None,
+):
+    """The workload of ``package.module:factory`` with the input the flags describe."""
+    from torchkit.workloads import Workload, check_model
+    from torchkit.workloads.construct import template_for
+
+    factory = _import_factory(spec)
+
+    def call() -> Any:
+        return _call_factory(factory, spec)
+
+    probe, _ = template_for(call)
+    if isinstance(probe, Workload):
+        return probe
+    inputs = input_spec(
+        input_shape=input_shape, seq_len=seq_len, vocab_size=vocab_size, input_dtype=input_dtype, model=spec
+    )
+    workload = Workload(
+        name=spec,
+        sample_shape=inputs.shape,
+        build_model=call,
+        make_batch=lambda b: (inputs.make(b), None),
+        loss_fn=output_loss,
+        config=inputs.config(),
+        description=f"user model {spec}, input {inputs.describe()}, loss {USER_INPUT_LOSS}",
+    )
+    check_model(probe, workload, inputs=inputs)
+    return workload
+
+
+def _import_factory(spec: str) -> Callable[[], Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise WorkloadError(f"model {spec!r} is not package.module:factory (e.g. mypkg.models:build_net)")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # any import failure is the user's module, report it with its cause
+        raise WorkloadError(
+            f"cannot import {module_name!r} for model {spec!r}: {type(e).__name__}: {e} "
+            "(check the module is on PYTHONPATH / installed)"
+        ) from e
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise WorkloadError(
+            f"{module_name!r} has no callable {attr!r} (model {spec!r}; name a function returning an nn.Module)"
+        )
+    return factory
+
+
+def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
+    from torchkit.workloads import Workload
+
+    try:
+        model = factory()
+    except WorkloadError:
+        raise
+    except Exception as e:
+        raise WorkloadError(
+            f"factory {spec!r} failed: {type(e).__name__}: {e} (it must build the model with no arguments)"
+        ) from e
+    if not isinstance(model, Workload | torch.nn.Module):
+        raise WorkloadError(f"factory {spec!r} returned {type(model).__name__}, not an nn.Module or a Workload")
+    return model
