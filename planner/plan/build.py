@@ -39,10 +39,8 @@ def build_plan(
     """Allocate per-rank batches over ``slots`` and assemble the plan.
 
     Args:
-        slots: candidate devices in node order (the order nodes will get ``--node-rank``).
-        profiles: every profile a slot names.
-        excluded: devices already left out upstream (busy, probe failed), with reasons.
-        warnings, notes: said upstream; the plan adds its own after them.
+        slots, profiles: candidate devices in node order (the nodes' ``--node-rank`` order); every profile they name.
+        excluded, warnings, notes: said upstream (devices left out with reasons); the plan adds its own.
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
         script, plan_path: the training script and the plan file the launch lines name (``--plan``).
         extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
