@@ -76,12 +76,13 @@ def _cached_profile(args: argparse.Namespace, job: JobSpec, gpu, method: str, de
     """The profile from the cache ``plan`` shares, or made now (and cached)."""
     from planner.probing.make_profile import job_fingerprint, make_profile, resolve_method
     from planner.profiles.cache import ProfileCache
-    from planner.profiles.key import job_profile_key
+    from planner.profiles.key import job_key_inputs, key_of_inputs
 
     cache = None if args.no_cache else ProfileCache(args.cache_dir)
     resolved = resolve_method(method, device_index)
     fingerprint, torch_version = job_fingerprint(job)
-    key = job_profile_key(job, gpu, method=resolved, fingerprint=fingerprint, torch_version=torch_version)
+    inputs = job_key_inputs(job, gpu, method=resolved, fingerprint=fingerprint, torch_version=torch_version)
+    key = key_of_inputs(inputs)
     cached = cache.get(key) if cache is not None else None
     if cached is not None:
         note(f"profile of {job.model} on {gpu.name} ({resolved}) from the cache {cache.path_for(key)}")
@@ -89,7 +90,7 @@ def _cached_profile(args: argparse.Namespace, job: JobSpec, gpu, method: str, de
     note(f"{'estimating' if resolved == 'estimate' else 'measuring'} {job.model} on {gpu.name}")
     profile = make_profile(job, gpu, method=method, device_index=device_index)
     if cache is not None:
-        cache.put(key, profile)
+        cache.put(key, profile, inputs=inputs)
     return profile
 
 

@@ -13,7 +13,7 @@ from planner.cluster import load_cluster
 from planner.job import JobSpec
 from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
-from planner.profiles.key import job_profile_key
+from planner.profiles.key import job_key_inputs, key_of_inputs
 from planner.profiles.profile import DeviceProfile
 from tests.planner.cli_helpers import (
     DEMO_MIXED,
@@ -41,8 +41,9 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
             time_points=[(b, 0.01 + per_sample_s * b) for b in (32, 128, 512)],
         )
         fingerprint, torch_version = job_fingerprint(job)
-        key = job_profile_key(job, gpu, method="estimate", fingerprint=fingerprint, torch_version=torch_version)
-        ProfileCache(cache_dir).put(key, profile)
+        inputs = job_key_inputs(job, gpu, method="estimate", fingerprint=fingerprint, torch_version=torch_version)
+        key = key_of_inputs(inputs)
+        ProfileCache(cache_dir).put(key, profile, inputs=inputs)
         keys[gpu_name] = key
     return keys
 
