@@ -1,16 +1,25 @@
 """End-to-end ``plan`` over Ray on simulated clusters of 2/4/8 nodes (plus the demo config): wall time split
 into Ray start, probing, profiling and allocation. Goal (issue #5): 4 nodes < 60 s on a 2-core machine.
 
-    python bench/bench_e2e.py [--model resnet50] [--nodes 2 4 8]
+    python bench/bench_e2e.py [--model resnet50] [--nodes 2 4 8] [--warm-cold-only]
 
-Each run starts its own local Ray cluster on 127.0.0.1 (one raylet per node up to the raylet cap) and
-profiles without the cache, so every figure includes the fake passes. Writes bench/results/e2e.json.
+Each run starts its own local Ray cluster on 127.0.0.1 (up to the raylet cap) and profiles without the
+cache, so every figure includes the fake passes. Writes bench/results/e2e.json.
+
+First, warm and cold side by side (issue #15): the README's command on demo-mixed as a user runs it, the
+``batchplan`` console script in a fresh process (interpreter, imports, Ray start and stop included), four
+runs in a row: cold with Ray (empty profile cache), warm with Ray (the same cache), cold and warm with
+``--no-ray``. Printed as ``name=value``; targets: warm ≤ 8 s with Ray, ≤ 3 s with ``--no-ray``, cold ≤ 25 s.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,12 +63,49 @@ def run_one(label: str, config: Path, job: JobSpec) -> dict:
     }
 
 
+#: issue #15's targets for the demo-mixed plan (seconds of wall time, console script to exit)
+TARGETS_S = {"warm_ray": 8.0, "warm_no_ray": 3.0, "cold_ray": 25.0, "cold_no_ray": 25.0}
+
+
+def _timed_cli(argv: list[str], env: dict[str, str]) -> float:
+    script = shutil.which("batchplan", path=str(Path(sys.executable).parent)) or "batchplan"
+    start = time.monotonic()
+    subprocess.run([script, *argv], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   cwd=REPO)
+    return time.monotonic() - start
+
+
+def warm_and_cold(model: str, global_batch: int) -> dict[str, float]:
+    """The demo-mixed plan cold then warm, with Ray and without, each in a fresh ``batchplan`` process."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = ["plan", "--cluster", "cluster_configs/demo-mixed.yaml", "--model", model, "--global-batch",
+                str(global_batch), "--no-write"]
+        for no_ray in (False, True):
+            cache = ["--cache-dir", str(Path(tmp) / ("no-ray" if no_ray else "ray"))]
+            flags = ["--no-ray"] if no_ray else []
+            for state in ("cold", "warm"):
+                name = f"{state}_{'no_ray' if no_ray else 'ray'}"
+                figures[name] = round(_timed_cli([*base, *flags, *cache], env), 2)
+                target = TARGETS_S[name]
+                print(f"demo_mixed_{name}_s={figures[name]} target_s={target} "
+                      f"met={'yes' if figures[name] <= target else 'no'}", flush=True)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--global-batch", type=int, default=512)
+    parser.add_argument("--warm-cold-only", action="store_true", help="only the warm/cold demo-mixed figures")
     args = parser.parse_args()
+    load = os.getloadavg()[0]
+    print(f"load_average_1min={load:.1f} cpus={os.cpu_count()}", flush=True)
+    warm_cold = warm_and_cold(args.model, 768)
+    if args.warm_cold_only:
+        return
     job = JobSpec(model=args.model, global_batch=args.global_batch)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,7 +122,8 @@ def main() -> None:
             )
     out = REPO / "bench" / "results" / "e2e.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "global_batch": args.global_batch, "runs": rows}, indent=2))
+    out.write_text(json.dumps({"model": args.model, "global_batch": args.global_batch, "runs": rows,
+                               "demo_mixed_warm_cold_s": warm_cold, "load_average_1min": load}, indent=2))
     print(f"wrote {out}")
 
 

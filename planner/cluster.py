@@ -5,9 +5,8 @@ A config names GPU types from the catalog (``cluster_configs/gpus.yaml``) and ma
 selection can be exercised without GPUs. Format (DESIGN.md, "Cluster config")::
 
     name: mixed-lab
-    gpu_types:                 # optional: extra catalog entries (gpus.yaml keys plus name)
-      - {name: MY-GPU, memory_mib: 24576, fp16_tflops: 71, bf16_tflops: 71, fp32_tflops: 35.6,
-         bandwidth_gb_s: 936}
+    gpu_types:                 # optional: extra catalog entries, as in gpus.yaml (a list with name: works too)
+      MY-GPU: {memory_mib: 24576, fp16_tflops: 71, bf16_tflops: 71, fp32_tflops: 35.6, bandwidth_gb_s: 936}
     nodes:
       - name: node-a
         cpu_count: 64          # optional: host CPU cores, for the ranks x data-loader workers check
@@ -18,15 +17,17 @@ selection can be exercised without GPUs. Format (DESIGN.md, "Cluster config")::
           - {type: V100-SXM2-16GB, count: 4}
           - {type: T4, count: 1, used_memory_gib: 9.5, utilization: 0.85}   # a busy card
 
-Every error is a ConfigError naming the file, the path (``nodes[1].gpus[0].type``) and the fix. Pure
+Every error is a ConfigError naming the file, the path (``nodes[1].gpus[0].type``) and the fix; the errors of
+one file come together in one ConfigError (``3 problems: [1] ...; [2] ...``). Pure
 Python + PyYAML: importing this module imports no torch, Ray or pynvml.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,52 +196,102 @@ def parse_cluster(
         expect_str(data["name"], top.key("name")) if "name" in data else (default_name or Path(source).stem)
     )
 
-    catalog = _with_config_types(load_catalog() if catalog is None else catalog, data.get("gpu_types"), top)
+    problems = _Problems(source)
+    catalog = _with_config_types(load_catalog() if catalog is None else catalog, data.get("gpu_types"), top,
+                                 problems)
 
     nodes_where = top.key("nodes")
-    nodes_raw = expect_list(data["nodes"], nodes_where, what="a list of nodes")
-    if len(nodes_raw) > MAX_NODES:
-        raise nodes_where.error(f"lists {len(nodes_raw)} nodes, over the limit of {MAX_NODES} (split the config)")
+    nodes_raw: list = []
+    with problems.collect():
+        nodes_raw = expect_list(data["nodes"], nodes_where, what="a list of nodes")
+        if len(nodes_raw) > MAX_NODES:
+            raise nodes_where.error(f"lists {len(nodes_raw)} nodes, over the limit of {MAX_NODES} (split the config)")
     nodes: list[NodeSpec] = []
     first_index_of: dict[str, int] = {}
     for i, node_raw in enumerate(nodes_raw):
-        node = _parse_node(node_raw, nodes_where.index(i), catalog)
-        if node.name in first_index_of:
-            first = first_index_of[node.name]
-            name_where = nodes_where.index(i).key("name")
-            raise name_where.error(
-                f"duplicate node name {node.name!r} (also nodes[{first}]; names must be unique)"
-            )
-        first_index_of[node.name] = i
-        nodes.append(node)
+        with problems.collect():
+            node = _parse_node(node_raw, nodes_where.index(i), catalog, problems)
+            if node.name in first_index_of:
+                first = first_index_of[node.name]
+                name_where = nodes_where.index(i).key("name")
+                raise name_where.error(
+                    f"duplicate node name {node.name!r} (also nodes[{first}]; names must be unique)"
+                )
+            first_index_of[node.name] = i
+            nodes.append(node)
+    problems.raise_any()
     return ClusterSpec(name=name, nodes=tuple(nodes), source_path=source, catalog=catalog)
 
 
-def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation) -> GpuCatalog:
-    """The catalog plus the config's ``gpu_types`` entries (each: gpus.yaml keys plus ``name``)."""
+class _Problems:
+    """Config errors collected instead of raised one at a time, so that one run names all of them."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.messages: list[str] = []
+        self.broken_types: set[str] = set()
+        """``gpu_types`` names (lower case) whose entry is already reported: a node naming one is not
+        reported again as not in the catalog"""
+
+    @contextlib.contextmanager
+    def collect(self) -> Iterator[None]:
+        try:
+            yield
+        except ConfigError as exc:
+            self.messages.append(str(exc))
+
+    def raise_any(self) -> None:
+        if len(self.messages) == 1:
+            raise ConfigError(self.messages[0])
+        if self.messages:
+            prefix = f"{self.source}: "
+            listed = "; ".join(f"[{i}] {m.removeprefix(prefix)}" for i, m in enumerate(self.messages, 1))
+            raise ConfigError(f"{self.source}: {len(self.messages)} problems: {listed}")
+
+
+def _gpu_type_entries(raw: Any, where: ConfigLocation) -> list[tuple[ConfigLocation, Any, Any, bool]]:
+    """``(location, name, entry, listed)`` of each ``gpu_types`` entry, in either form: the mapping
+    ``gpus.yaml`` uses (``{MY-GPU: {memory_mib: ...}}``, so an entry can be copied from there) or a list of
+    entries with a ``name`` key (``listed``)."""
+    if isinstance(raw, dict):
+        return [(where.key(name), name, entry, False) for name, entry in raw.items()]
+    entries = expect_list(raw, where, what="a mapping of GPU type name -> entry (as in gpus.yaml) or a list of "
+                          "entries with name:", non_empty=False)
+    return [(where.index(i), entry.get("name") if isinstance(entry, dict) else None, entry, True)
+            for i, entry in enumerate(entries)]
+
+
+def _parse_config_type(where: ConfigLocation, name: Any, entry: Any, listed: bool, catalog: GpuCatalog) -> GpuCatalog:
+    name_where = where.key("name") if listed else where
+    fields = entry
+    if listed:
+        expect_mapping(entry, where, required={"name": "the new type's name, e.g. name: MY-GPU", **GPU_SPEC_REQUIRED_KEYS},
+                       optional=GPU_SPEC_OPTIONAL_KEYS, what="a GPU type entry mapping")
+        fields = {key: value for key, value in entry.items() if key != "name"}
+    spec = parse_gpu_spec(expect_str(name, name_where), fields, where)
+    try:
+        return catalog.with_types([spec])
+    except ConfigError as exc:
+        raise name_where.error(str(exc)) from None
+
+
+def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation, problems: _Problems) -> GpuCatalog:
+    """The catalog plus the config's ``gpu_types`` entries (gpus.yaml keys; see ``_gpu_type_entries``)."""
     if raw is None:
         return catalog
-    types_where = top.key("gpu_types")
-    entries = expect_list(raw, types_where, what="a list of GPU type entries", non_empty=False)
-    for i, entry in enumerate(entries):
-        where = types_where.index(i)
-        expect_mapping(
-            entry,
-            where,
-            required={"name": "the new type's name, e.g. name: MY-GPU", **GPU_SPEC_REQUIRED_KEYS},
-            optional=GPU_SPEC_OPTIONAL_KEYS,
-            what="a GPU type entry mapping",
-        )
-        fields = {key: value for key, value in entry.items() if key != "name"}
-        spec = parse_gpu_spec(expect_str(entry["name"], where.key("name")), fields, where)
-        try:
-            catalog = catalog.with_types([spec])
-        except ConfigError as exc:
-            raise where.key("name").error(str(exc)) from None
+    entries: list[tuple[ConfigLocation, Any, Any, bool]] = []
+    with problems.collect():
+        entries = _gpu_type_entries(raw, top.key("gpu_types"))
+    for where, name, entry, listed in entries:
+        before = len(problems.messages)
+        with problems.collect():
+            catalog = _parse_config_type(where, name, entry, listed, catalog)
+        if len(problems.messages) > before and isinstance(name, str):
+            problems.broken_types.add(name.strip().lower())
     return catalog
 
 
-def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog) -> NodeSpec:
+def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: _Problems) -> NodeSpec:
     node = expect_mapping(raw, where, required=_NODE_REQUIRED, optional=_NODE_OPTIONAL, what="a node mapping")
     name = expect_str(node["name"], where.key("name"))
     if not _NODE_NAME.match(name):
@@ -263,7 +314,10 @@ def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog) -> NodeSpe
     entries = expect_list(node["gpus"], gpus_where, what="a list of {type, count} entries")
     gpus: list[SimulatedGpu] = []
     for j, entry in enumerate(entries):
-        gpus.extend(_parse_gpu_entry(entry, gpus_where.index(j), catalog, first_index=len(gpus)))
+        if isinstance(entry, dict) and str(entry.get("type", "")).strip().lower() in problems.broken_types:
+            continue
+        with problems.collect():  # a bad GPU entry is reported with the others; the node stays checked
+            gpus.extend(_parse_gpu_entry(entry, gpus_where.index(j), catalog, first_index=len(gpus)))
         if len(gpus) > MAX_GPUS_PER_NODE:
             raise gpus_where.error(
                 f"node {name!r} has more than {MAX_GPUS_PER_NODE} GPUs (check the counts, or split it into nodes)"

@@ -14,6 +14,7 @@ times out has its node excluded (with the reason) and its work re-sent to anothe
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +34,9 @@ from planner.probing.backends import (
     ProbeFailure,
     ProfileRequest,
     RayBackend,
+    probe_env,
 )
+from planner.probing.busy import busy_summary, is_shared, speed_factor
 from planner.probing.inventory import NodeInventory
 from planner.probing.make_profile import job_fingerprint
 from planner.profiles.cache import ProfileCache
@@ -42,6 +45,8 @@ from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
 from torchkit.estimate.time_model import time_model_id
 from torchkit.hardware.catalog import GpuCatalog
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +143,8 @@ def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlo
 
 def _probe(job: JobSpec, backend: Backend, options: DriverOptions, on_event: EventSink, expected: int):
     """Every node's inventory and the nodes whose probe failed ``{node: reason}``."""
-    on_event(Event(stage="probe", status="start", item=f"{expected or '?'} nodes"))
+    count = expected or backend.num_probes()
+    on_event(Event(stage="probe", status="start", item=f"{count} node{'s' if count != 1 else ''}"))
     inventories, failed_nodes = backend.inventories(
         job.gpus, job.min_free_memory_fraction, job.max_utilization_fraction
     )
@@ -247,7 +253,8 @@ def _rank_slots(
                                                kind=ExclusionKind.NOT_PROFILED))
                 continue
             stats = inventory.device(index)
-            # budget = fraction × available; a fresh training process has the driver-free memory available
+            # budget = fraction × available; a fresh training process has the driver-free memory available,
+            # and other processes' work leaves it a share of the GPU's time (planner.probing.busy)
             slots.append(
                 RankSlot(
                     node=inventory.name,
@@ -257,9 +264,21 @@ def _rank_slots(
                     memory_budget_bytes=job.memory_budget_bytes(stats.memory_free_bytes),
                     total_memory_bytes=stats.memory_total_bytes,
                     visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
+                    speed_factor=speed_factor(stats),
                 )
             )
     return slots, excluded
+
+
+def _shared_gpus_line(job: JobSpec, inventories: Sequence[NodeInventory], slots: Sequence[RankSlot]) -> str | None:
+    """What the busy-GPU policy did (planner.probing.busy): the shared GPUs skipped and those derated."""
+    by_node = {inv.name: inv for inv in inventories}
+    skipped = [(inv.name, inv.device(i), reason) for inv in inventories for i, reason in inv.selection.skipped
+               if i in inv.selection.busy and is_shared(inv.device(i))]
+    derated = [(s.node, by_node[s.node].device(s.device_index), s.memory_budget_bytes) for s in slots
+               if is_shared(by_node[s.node].device(s.device_index))]
+    return busy_summary(skipped, derated, min_free_memory_fraction=job.min_free_memory_fraction,
+                        max_utilization_fraction=job.max_utilization_fraction)
 
 
 def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog, cache: ProfileCache | None):
@@ -280,6 +299,7 @@ def run_plan(
     timings_s: dict[str, float] | None = None,
     extra_warnings: Sequence[str] = (),
     allow_infeasible: bool = False,
+    cluster_label: str = "",
 ) -> PlanOutcome:
     """Probe, profile, allocate over ``backend``. See the module docstring for the policy.
 
@@ -316,6 +336,9 @@ def run_plan(
         for node in dead_nodes if not any(e.node == node for e in excluded)
     )
     warnings.extend(_host_warnings(inventories, slots, options.workers_per_rank))
+    shared = _shared_gpus_line(job, inventories, slots)
+    if shared:
+        warnings.append(shared)
     on_event(Event(stage="allocate", status="start", item=f"{len(slots)} devices"))
     outcome = PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
                           failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
@@ -333,7 +356,9 @@ def run_plan(
         return outcome
     timings["allocate_s"] = time.monotonic() - start
     on_event(Event(stage="allocate", status="done"))
-    outcome.plan = plan.with_extra(probing={**backend.probing_metadata(), "profile_calls": profile_calls,
+    # cluster: what the plan was made for (the config's name, or the Ray address), e.g. in a plot's title
+    outcome.plan = plan.with_extra(cluster=cluster_label,
+                                   probing={**backend.probing_metadata(), "profile_calls": profile_calls,
                                             "timings_s": {k: round(v, 3) for k, v in timings.items()}})
     return outcome
 
@@ -355,7 +380,13 @@ def plan_without_ray(
         on_event=on_event,
         expected_nodes=[n.name for n in cluster.nodes],
         allow_infeasible=allow_infeasible,
+        cluster_label=cluster.name,
     )
+
+
+def _session_label(address: str) -> str:
+    """How a plot title names a real cluster: by its address (the session's ``address`` field)."""
+    return {"local": "this machine", "existing": "the connected Ray cluster"}.get(address, f"Ray at {address}")
 
 
 def plan_with_ray(
@@ -381,17 +412,16 @@ def plan_with_ray(
         address=address if cluster is None else None,
         num_simulated_nodes=len(cluster.nodes) if cluster is not None else 0,
         raylet_cap=raylet_cap,
+        worker_env=probe_env(job.model),
     ) as session:
         backend = RayBackend(session, catalog, cluster=cluster, on_event=on_event, model=job.model,
                              probe_timeout_s=options.probe_timeout_s, profile_timeout_s=options.profile_timeout_s)
         timings = {"ray_start_s": time.monotonic() - start}
         on_event(Event(stage="ray", status="done", detail={"raylets": len(session.nodes)}))
-        extra = []
         if cluster is not None and len(backend.actors) < len(cluster.nodes):
-            extra.append(
-                f"{len(cluster.nodes)} simulated nodes share {len(backend.actors)} probe processes on "
-                f"{len(session.nodes)} raylets (raylet cap; BATCHPLAN_RAYLET_CAP)"
-            )
+            # run metadata, not part of the plan (the same whatever the raylets): said with the progress
+            log.info("%d simulated nodes share %d probe process(es) on %d raylet(s) (--raylet-cap; "
+                     "BATCHPLAN_RAYLET_CAP)", len(cluster.nodes), len(backend.actors), len(session.nodes))
         return run_plan(
             job,
             backend,
@@ -400,6 +430,6 @@ def plan_with_ray(
             on_event=on_event,
             expected_nodes=[n.name for n in cluster.nodes] if cluster is not None else (),
             timings_s=timings,
-            extra_warnings=extra,
             allow_infeasible=allow_infeasible,
+            cluster_label=cluster.name if cluster is not None else _session_label(session.address),
         )

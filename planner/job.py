@@ -17,6 +17,13 @@ from torchkit.seed_api.batch_choice import DEFAULT_FRACTION, memory_budget_bytes
 from torchkit.step.fit import MemoryFitKind
 from torchkit.step.options import OPTIMIZERS, AmpMode, OptimizerName
 
+#: a GPU with less free memory than this share is someone else's: the seed's idle criterion
+#: (Ultralytics ``select_device`` → ``GPUInfo.select_idle_gpu(min_memory_fraction=0.2)``); planner.probing.busy
+DEFAULT_MIN_FREE_MEMORY_FRACTION = 0.2
+#: a GPU busier than this leaves a new job at most half of it, and every DDP step waits for that rank
+#: (planner.probing.busy derates the GPUs kept by their utilisation)
+DEFAULT_MAX_UTILIZATION_FRACTION = 0.5
+
 # The job's vocabulary, each written once: the CLI's choices and every check read these Literals.
 AmpChoice = Literal["auto", AmpMode]
 Mode = Literal["balanced", "max", "uniform"]
@@ -88,10 +95,10 @@ class JobSpec:
     """how profiles are made: measure on a real GPU, estimate on fake tensors, or auto (measure where possible)"""
     gpus: str = "all"
     """per node: ``all``, ``-1,-1`` (that many most idle GPUs) or explicit indices ``0,2``"""
-    min_free_memory_fraction: float = 0.0
+    min_free_memory_fraction: float = DEFAULT_MIN_FREE_MEMORY_FRACTION
     """a GPU with less free memory than this share of its total is skipped as busy"""
-    max_utilization_fraction: float = 1.0
-    """a GPU busier than this utilisation is skipped"""
+    max_utilization_fraction: float = DEFAULT_MAX_UTILIZATION_FRACTION
+    """a GPU busier than this utilisation is skipped (the GPUs kept are derated by theirs: planner.probing.busy)"""
     fit: FitKind = "affine"
     """memory curve model"""
     channels_last: bool = False

@@ -22,6 +22,8 @@ class Check:
     name: str
     ok: bool
     detail: str
+    warning: bool = False
+    """ok, but worth a look (printed as ``warn``; in JSON the detail starts with ``warning:``)"""
 
     def to_json(self) -> dict:
         return {"name": self.name, "ok": self.ok, "detail": self.detail}
@@ -162,6 +164,18 @@ def _subset_check(plan: Plan, thresholds: Thresholds) -> Check:
     return Check(name="slow_gpus_worth_it", ok=gain < thresholds.min_subset_gain, detail=str(detail))
 
 
+def _shared_gpus_check(plan: Plan | None) -> Check | None:
+    """A warning (ok, detail ``warning: ...``), not a failure, for ranks on GPUs other work keeps busy: the
+    plan already expects less of them (``RankEntry.speed_factor``, planner.probing.busy)."""
+    derated = [r for r in (plan.ranks if plan is not None else ()) if r.speed_factor < 1.0]
+    if not derated:
+        return None
+    said = "; ".join(f"{r.node} GPU {r.device_index} at {r.speed_factor:.0%} speed" for r in derated)
+    return Check(name="shared_gpus", ok=True, warning=True,
+                 detail=f"warning: shared GPUs: planned at reduced speed {said} (other work uses them; see the "
+                 "plan's warnings)")
+
+
 def run_checks(
     *,
     inventories: Sequence[NodeInventory],
@@ -174,6 +188,9 @@ def run_checks(
     """Every check, in the order ``batchplan preflight`` prints them."""
     checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds)
     checks.append(_versions_check(inventories))
+    shared = _shared_gpus_check(plan)
+    if shared is not None:
+        checks.append(shared)
     if plan is None:
         checks.append(Check(name="plan_feasible", ok=False, detail=plan_error or "no plan"))
         return checks

@@ -1,9 +1,12 @@
 """The advice of an allocation: the options ``allocate`` compares and the sentences it says about them.
 
-Options (``Allocation.alternatives``): the three modes, up to ``_ACCUMULATE_LOOKAHEAD`` larger
-accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
+Options (``Allocation.alternatives``): the three modes (each at its fastest accumulation), the fastest
+groups (dropping the slowest one by one, by cap / t(cap) per rank) and each
 group alone, all at the same global batch when one is given; each is solved with ``planner.allocate.solver``'s
-solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%).
+solver to ``_ADVICE_TOLERANCE`` (1%; the advice speaks only from ``ADVICE_MIN_SPEEDUP``, 5%). A sentence is
+advice (a warning: another choice would be faster) or a note (``NOTE_KINDS``: the comparison with plain DDP,
+an option that could not be compared and why); the plan never advises against its own accumulation, which is
+already the fastest.
 
 Pure numpy: no torch, no Ray.
 """
@@ -15,7 +18,7 @@ from enum import Enum
 
 import numpy as np
 
-from planner.allocate.solver import Rows, split_units, valid_accumulates
+from planner.allocate.solver import Rows, split_units
 from planner.errors import InfeasiblePlanError
 from planner.job import MODES
 
@@ -25,8 +28,6 @@ ADVICE_MIN_SPEEDUP = 1.05
 # Branch and bound stops within 1% of the optimum for the options the advice compares (it speaks only
 # above 5%); the plan itself is solved to 0.1% (``planner.allocate.solver._THROUGHPUT_TOLERANCE``).
 _ADVICE_TOLERANCE = 1e-2
-# With a global batch, the advice also tries this many larger accumulations than the plan's smallest one.
-_ACCUMULATE_LOOKAHEAD = 4
 # Group advice (drop the slowest groups, keep one) costs two solves per group: at most this many groups.
 # Default groups are identical (cap, t0, t1); with more of them than this, identical (t0, t1).
 _MAX_ADVICE_GROUPS = 32
@@ -39,14 +40,21 @@ class AdviceKind(Enum):
     """another mode would be faster"""
     VERSUS_UNIFORM = "versus_uniform"
     """how much faster this mode is than plain DDP"""
-    ACCUMULATE = "accumulate"
-    """a larger gradient accumulation would be faster"""
+    UNIFORM_NOT_COMPARED = "uniform_not_compared"
+    """plain DDP cannot reach the global batch, so it is not compared (and why)"""
+    EFFICIENCY = "efficiency"
+    """what a balance efficiency below 1 with no rank waiting means"""
     DROP_GROUPS = "drop_groups"
     """dropping the slowest GPU groups would be faster"""
     SINGLE_GROUP = "single_group"
     """one GPU group alone would be faster"""
     NO_GROUP_ADVICE = "no_group_advice"
     """too many groups to compare"""
+
+
+#: kinds that are information, not warnings: they go to a plan's ``notes``
+NOTE_KINDS = frozenset({AdviceKind.VERSUS_UNIFORM, AdviceKind.UNIFORM_NOT_COMPARED, AdviceKind.NO_GROUP_ADVICE,
+                        AdviceKind.EFFICIENCY})
 
 
 class Advice(str):
@@ -116,6 +124,19 @@ def _versus(new: Option, cur: Option, global_batch: int | None) -> str:
     return f"{new.global_time_s:.4g} s vs {cur.global_time_s:.4g} s per global batch of {global_batch}"
 
 
+def _uniform_missing(rows: Rows, k: int, global_batch: int | None) -> str:
+    """Why plain DDP (``uniform``) has no option to compare: one sentence with the numbers."""
+    n = len(rows.ranks)
+    if global_batch is not None and global_batch % (n * k):
+        below, above = global_batch // (n * k) * n * k, (global_batch // (n * k) + 1) * n * k
+        near = f"{below} or {above}" if below else f"{above}"
+        return (f"'uniform' (plain DDP) is not compared: global batch {global_batch} does not split into {n} "
+                f"equal per-rank batches{f' of multiples of {k}' if k > 1 else ''} (a multiple of {n * k} "
+                f"would, e.g. {near})")
+    return (f"'uniform' (plain DDP) is not compared: no accumulation splits global batch {global_batch} into "
+            f"{n} equal per-rank batches of at most {int(rows.cap.min()) * k} (the smallest cap)")
+
+
 def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
             labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[Advice]]:
     """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
@@ -135,19 +156,8 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
                                  f"{int(options['uniform'].batches[0])}): "
                                  f"{_versus(current, options['uniform'], global_batch)}"))
 
-    if global_batch is not None and mode != "uniform":
-        # The smallest accumulate is the plan's rule, but fewer, bigger steps are not always faster: when
-        # the fast ranks are full, a larger accumulate can balance better. Look a few steps further.
-        tried = [_option(rows, t0, t1, k, mode, global_batch, a)
-                 for a in valid_accumulates(rows, mode, k, global_batch)[1:1 + _ACCUMULATE_LOOKAHEAD]]
-        better = max((o for o in tried if o is not None), key=lambda o: o.throughput, default=None)
-        if better is not None and better.throughput / current.throughput >= ADVICE_MIN_SPEEDUP:
-            alternatives["best_accumulate"] = better.throughput
-            step = global_batch // better.accumulate
-            advice.append(Advice(AdviceKind.ACCUMULATE,
-                                 f"accumulate {better.accumulate} (steps of {step}) would be "
-                                 f"{better.throughput / current.throughput:.2f}× faster than accumulate "
-                                 f"{current.accumulate} ({_versus(better, current, global_batch)})"))
+    if options["uniform"] is None:
+        advice.append(Advice(AdviceKind.UNIFORM_NOT_COMPARED, _uniform_missing(rows, k, global_batch)))
 
     _group_advice(rows, t0, t1, k, mode, global_batch, labels, current, alternatives, advice)
     return alternatives, advice

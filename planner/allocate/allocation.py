@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from planner.allocate.advice import Advice, Option, advise
+from planner.allocate.advice import NOTE_KINDS, Advice, AdviceKind, Option, advise
 from planner.allocate.solver import MAX_GLOBAL_BATCH, make_rows, split_units
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.job import MODES, Mode
@@ -50,13 +50,16 @@ class Allocation:
     mode: str
     """The mode that produced ``batches``."""
     advice: tuple[Advice, ...]
-    """Sentences saying when another mode or a subset of the GPUs would be faster, by how much, and which
-    ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
+    """Warnings: sentences saying when another mode or a subset of the GPUs would be faster, by how much, and
+    which ranks to drop (only for a speed-up of at least ``ADVICE_MIN_SPEEDUP``)."""
+    notes: tuple[Advice, ...]
+    """Information, not warnings (``planner.allocate.advice.NOTE_KINDS``): how much faster this allocation
+    is than plain DDP (``uniform``), why an option could not be compared, what the balance efficiency means
+    when no rank waits."""
     alternatives: dict[str, float]
     """Throughput in samples/s of the options compared (at the same global batch when one is given, i.e.
-    global batch / time per global batch). Keys: ``uniform``, ``max``, ``balanced`` (all ranks in that
-    mode); ``best_accumulate`` when a larger accumulate (up to 4 more valid ones tried) is at least
-    ``ADVICE_MIN_SPEEDUP`` faster in this mode; with two or more groups also ``best_group_subset`` (the best of: the fastest group alone, the
+    global batch / time per global batch, each at its fastest accumulation). Keys: ``uniform``, ``max``,
+    ``balanced`` (all ranks in that mode); with two or more groups also ``best_group_subset`` (the best of: the fastest group alone, the
     two fastest, ... short of all; groups ranked by cap / t(cap) per rank) and ``best_single_group`` (the
     best one group alone), both in this allocation's mode. An option that cannot reach the global batch is
     left out."""
@@ -123,6 +126,7 @@ def allocate(
     multiple_of: int = 1,
     min_batch: int = 1,
     groups: ArrayLike | None = None,
+    accumulate: int | None = None,
 ) -> Allocation:
     """Per-rank batches for one data-parallel step (see the module docstring for modes and algorithms).
 
@@ -135,6 +139,8 @@ def allocate(
         min_batch: smallest batch a rank may take (rounded up to ``multiple_of``); smaller caps are excluded.
         groups: per rank, a label of its GPU type/profile for the advice; default: identical (cap, t0, t1),
             or identical (t0, t1) when that makes more than ``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups.
+        accumulate: with ``global_batch``, use this accumulation (a running job re-splitting its step batch
+            needs 1); default: the fastest valid one.
 
     Raises:
         ConfigError: malformed input (lengths, negative values, unknown mode).
@@ -163,7 +169,9 @@ def allocate(
             f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
             "use a smaller model or input")
     rows = make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, lo)
-    units, accumulate = split_units(rows, mode, k, global_batch, f"in mode '{mode}'")
+    if accumulate is not None:
+        accumulate = _check_int("accumulate", accumulate, 1)
+    units, accumulate = split_units(rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate)
 
     batches = np.zeros(n, dtype=np.int64)
     batches[rows.ranks] = units * k
@@ -175,11 +183,35 @@ def allocate(
     bound = float(np.sum(cap_r / (t0[included] + t1[included] * cap_r)))
     idle = np.where(included, 1.0 - rank_time / step_time, 0.0)
 
-    alternatives, advice = advise(rows, t0, t1, k, mode, global_batch, labels,
-                                   Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
+    alternatives, said = advise(rows, t0, t1, k, mode, global_batch, labels,
+                                Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
+    efficiency = min(1.0, throughput / bound) if bound > 0 else 0.0
+    said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r))
     return Allocation(
         batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
         step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
         rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
-        balance_efficiency=min(1.0, throughput / bound) if bound > 0 else 0.0, idle_fraction=idle,
-        mode=mode, advice=tuple(advice), alternatives=alternatives)
+        balance_efficiency=efficiency, idle_fraction=idle, mode=mode,
+        advice=tuple(a for a in said if a.kind not in NOTE_KINDS),
+        notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)
+
+
+#: idle shares below this count as "no rank waits" for the efficiency note (what a table shows as 0%)
+_NO_IDLE = 0.005
+#: efficiencies from here up need no explanation (the design goal for a balanced plan is 0.95)
+_EXPLAIN_EFFICIENCY_BELOW = 0.95
+
+
+def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray) -> list[Advice]:
+    """Why the balance efficiency is below 1 when no rank waits: the ranks run below their caps, where the
+    fixed part of a step (t0) weighs more per sample than at the cap the bound assumes."""
+    if efficiency >= _EXPLAIN_EFFICIENCY_BELOW or len(idle) == 0 or float(idle.max()) >= _NO_IDLE:
+        return []
+    below = batches < caps
+    if not below.any():
+        return []
+    share = float(np.mean(batches[below] / caps[below]))
+    return [Advice(AdviceKind.EFFICIENCY,
+                   f"balance efficiency {efficiency:.2f} with no rank waiting: the ranks run below their caps (on "
+                   f"average at {share:.0%} of the cap), where the fixed cost of a step weighs more per sample; "
+                   "the bound (1.00) is every GPU running alone at its cap")]

@@ -12,9 +12,11 @@ Modes (K = ``multiple_of``, every b_i is a multiple of K and ``min_batch ≤ b_i
 - ``balanced`` (default): without a global batch, the b_i that maximise throughput Σ b_i / max_i t_i(b_i);
   with a global batch B, Σ b_i = B / accumulate and the b_i minimise the step time max_i t_i(b_i).
 
-With a global batch B, ``accumulate`` is the smallest a ≥ 1 with B/a an integer step batch that the mode
-can split: ``uniform`` needs B/a = N·b with one per-rank b; ``balanced`` and ``max`` need B/a between
-N·min and Σ caps. ``max`` with a global batch cannot give every rank its whole cap, so it keeps the
+With a global batch B, ``accumulate`` is the fastest a ≥ 1 (least time per global batch, a · step time;
+the smaller a on ties; for ``uniform`` that is always the smallest; ``max``, memory first, takes the smallest)
+with B/a an integer step batch that the mode can split: ``uniform`` needs B/a = N·b with one per-rank b;
+``balanced`` and ``max`` need B/a between N·min and Σ caps. Fewer, bigger steps are not always faster: when
+the fast ranks are full, more accumulation lets the split balance (see ``_fastest_accumulate``). ``max`` with a global batch cannot give every rank its whole cap, so it keeps the
 spirit of "as much as memory allows": every rank fills the same share of its cap (a memory-proportional
 split; the largest fill share b_i/c_i is minimised, exactly, in integers). No split → InfeasiblePlanError
 naming the nearest valid global batch sizes.
@@ -36,14 +38,14 @@ F(T) = Σ u_i(T) only changes at the times where some rank steps up.
 Ranks whose time does not depend on the batch (t1 = 0) keep every sample they can hold at the optimal
 step time (those samples are free); the other ranks are lowered as evenly in time as integers allow.
 
-Advice (``Allocation.advice``/``alternatives``, in ``planner.allocate.advice``): the three modes, up to
-four larger accumulations, the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank)
+Advice (``Allocation.advice``/``notes``/``alternatives``, in ``planner.allocate.advice``): the three modes,
+the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank)
 and each group alone, all at the same global batch when one is given; the options are solved to 1% (the
 advice speaks from 5%).
 
 Known limitations: the step time model has no communication term (all-reduce time is the same for every
-split, so it shifts every option alike); accumulation micro-steps are assumed to cost one step each; the
-smallest accumulate is not always the fastest (the advice names a faster one when it finds it); more than
+split, so it shifts every option alike); accumulation micro-steps are assumed to cost one step each; only
+the ``_MAX_ACCUMULATE_TRIALS`` smallest valid accumulations are compared; more than
 ``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups get no group advice (a line says so).
 """
 
@@ -66,6 +68,9 @@ _THROUGHPUT_TOLERANCE = 1e-3
 _MAX_EVALUATIONS = 2000
 # Global batches above this are refused: divisor search enumerates up to sqrt(B / multiple_of).
 MAX_GLOBAL_BATCH = 10**12
+# The fastest accumulation is searched among this many valid ones, smallest first (a global batch has at most
+# a few thousand divisors; past the first hundreds the per-step overhead t0 makes more steps slower anyway).
+_MAX_ACCUMULATE_TRIALS = 256
 
 
 @dataclass(frozen=True)
@@ -293,7 +298,7 @@ def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: s
            tolerance: float = _THROUGHPUT_TOLERANCE, accumulate: int | None = None) -> tuple[np.ndarray, int]:
     """Per-rank units (in rows.ranks order) and accumulate for one mode; raises when B cannot be split.
 
-    ``accumulate`` forces one of the valid accumulations (default: the smallest)."""
+    ``accumulate`` forces one of the valid accumulations (default: the fastest, see the module docstring)."""
     n, lo = len(rows.ranks), rows.lo
     cap_rank = rows.cap[rows.row].astype(np.int64)
     if global_batch is None:
@@ -316,17 +321,63 @@ def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: s
         raise InfeasiblePlanError(
             f"global batch {global_batch} cannot be split {what}: each step holds {rule}, repeated by "
             f"gradient accumulation; nearest valid global batch sizes: {near}")
-    accumulate = valid[0] if accumulate is None else accumulate
-    assert accumulate in valid, (accumulate, valid)
-    q = global_batch // unit // accumulate
+    if accumulate is None and mode == "max":
+        accumulate = valid[0]  # "as much as memory allows": the biggest steps, whatever they cost in time
+    if accumulate is not None:
+        if accumulate not in valid:
+            raise InfeasiblePlanError(
+                f"global batch {global_batch} cannot be split {what} in {accumulate} step(s) (valid "
+                f"accumulations: {', '.join(map(str, valid[:8]))}{', ...' if len(valid) > 8 else ''})")
+        return _split_step(rows, mode, global_batch // unit // accumulate), accumulate
+    return _fastest_accumulate(rows, mode, k, global_batch, unit, valid[:_MAX_ACCUMULATE_TRIALS])
+
+
+def _split_step(rows: Rows, mode: str, q: int) -> np.ndarray:
+    """Per-rank units of one step of ``q`` (uniform: per rank; else in all) units."""
     if mode == "uniform":
-        return np.full(n, q, dtype=np.int64), accumulate
+        return np.full(len(rows.ranks), q, dtype=np.int64)
     if mode == "max":
         # Memory-proportional: minimise the largest fill share u/cap (time model t0 = 0, s = 1/cap).
         fill = Rows(ranks=rows.ranks, row=rows.row, t0=np.zeros_like(rows.cap), s=1.0 / rows.cap,
-                     cap=rows.cap, weight=rows.weight, lo=lo)
-        return _min_max_time(fill, q), accumulate
-    return _min_max_time(rows, q), accumulate
+                    cap=rows.cap, weight=rows.weight, lo=rows.lo)
+        return _min_max_time(fill, q)
+    return _min_max_time(rows, q)
+
+
+def _relaxed_step_time(rows: Rows, units: float) -> float:
+    """A lower bound on the step time of any split of ``units`` units: the smallest T at which the continuous
+    relaxation (fractional units, each rank within [lo, cap]) holds them, by bisection."""
+    lo_t = float(np.max(rows.t0 + rows.s * rows.lo))
+    hi_t = float(np.max(rows.t0 + rows.s * rows.cap))
+    if rows.relaxed_at(lo_t)[0] >= units:
+        return lo_t
+    for _ in range(60):  # halves (hi - lo) each time: far below float resolution of a step time
+        mid = 0.5 * (lo_t + hi_t)
+        if rows.relaxed_at(mid)[0] >= units:
+            hi_t = mid
+        else:
+            lo_t = mid
+    return lo_t
+
+
+def _fastest_accumulate(rows: Rows, mode: str, k: int, global_batch: int, unit: int,
+                        valid: list[int]) -> tuple[np.ndarray, int]:
+    """The split and accumulation with the least time per global batch (a · step time) among ``valid``.
+
+    Each a is bounded below by a · (relaxed step time of its step batch); candidates are solved in order of
+    that bound until the bound passes the best time found, so usually only one or two are solved exactly.
+    Ties (within 1e-9) go to the smaller accumulation."""
+    bounds = sorted((a * _relaxed_step_time(rows, global_batch // a // k), a) for a in valid)
+    best: tuple[float, int, np.ndarray] | None = None
+    for bound, a in bounds:
+        if best is not None and bound > best[0] * (1.0 + 1e-9):
+            break
+        units = _split_step(rows, mode, global_batch // unit // a)
+        total_s = a * float(np.max(rows.t0[rows.row] + rows.s[rows.row] * units))
+        if best is None or total_s < best[0] * (1.0 - 1e-9) or (total_s <= best[0] * (1.0 + 1e-9) and a < best[1]):
+            best = (total_s, a, units)
+    assert best is not None
+    return best[2], best[1]
 
 
 def _step_bounds(rows: Rows, mode: str, k: int) -> tuple[int, int, int]:
@@ -336,6 +387,3 @@ def _step_bounds(rows: Rows, mode: str, k: int) -> tuple[int, int, int]:
         return k * n, rows.lo, int(rows.cap.min())
     return k, n * rows.lo, int(rows.total(rows.cap))
 
-
-def valid_accumulates(rows: Rows, mode: str, k: int, global_batch: int) -> list[int]:
-    return _accumulates(global_batch, *_step_bounds(rows, mode, k))

@@ -15,6 +15,7 @@ from typing import Any
 
 from planner.cli.output import echo, format_gib, note, print_json, print_table
 from planner.errors import ConfigError
+from planner.job import DEFAULT_MAX_UTILIZATION_FRACTION, DEFAULT_MIN_FREE_MEMORY_FRACTION
 
 SCHEMA = "batchplan/devices@1"
 
@@ -45,16 +46,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--min-memory-fraction",
         type=float,
-        default=0.0,
+        default=DEFAULT_MIN_FREE_MEMORY_FRACTION,
         metavar="F",
-        help="only GPUs with at least this share of their memory free (0..1, default 0)",
+        help=f"only GPUs with at least this share of their memory free (0..1, default {DEFAULT_MIN_FREE_MEMORY_FRACTION}"
+        ", as plan)",
     )
     p.add_argument(
         "--max-utilization",
         type=float,
-        default=1.0,
+        default=DEFAULT_MAX_UTILIZATION_FRACTION,
         metavar="F",
-        help="only GPUs at most this busy (0..1, default 1)",
+        help=f"only GPUs at most this busy (0..1, default {DEFAULT_MAX_UTILIZATION_FRACTION}, as plan)",
     )
     p.add_argument("--json", action="store_true", help=f"print JSON ({SCHEMA}) instead of a table")
     p.set_defaults(func=run)
@@ -141,10 +143,10 @@ def render_nodes(nodes: Sequence[dict[str, Any]], *, select: str, explicit: bool
         if number:
             echo()
         host = node["host"]
-        line = (
-            f"{node['name']}: {host['cpu']}, {host['cpu_count']} CPUs, "
-            f"{format_gib(host['memory_total_bytes'])} GiB memory"
-        )
+        cpus = "CPU count unknown" if host["cpu_count"] is None else f"{host['cpu_count']} CPUs"
+        memory = ("memory unknown" if host["memory_total_bytes"] is None
+                  else f"{format_gib(host['memory_total_bytes'])} GiB memory")
+        line = f"{node['name']}: {host['cpu']}, {cpus}, {memory}"
         driver = node["driver"]
         if driver:
             line += f"; NVIDIA driver {driver['driver_version'] or '?'}, CUDA {driver['cuda_driver_version'] or '?'}"

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_ArgumentParser)
     for command in COMMANDS:
         command.add_parser(sub)
+    for command_parser in sub.choices.values():
+        # also after the command (`batchplan plan --debug`); SUPPRESS keeps a --debug given before it
+        command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                    help="show tracebacks and debug logs")
     return parser
 
 

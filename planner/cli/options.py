@@ -13,6 +13,8 @@ from planner.errors import ConfigError
 from planner.job import (
     AMP_CHOICES,
     DEFAULT_FRACTION,
+    DEFAULT_MAX_UTILIZATION_FRACTION,
+    DEFAULT_MIN_FREE_MEMORY_FRACTION,
     FIT_KINDS,
     INPUT_DTYPES,
     METHODS,
@@ -43,8 +45,26 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+class _PlanningOnly(argparse.Action):
+    """A job option that shapes a plan over many GPUs but not one GPU's profile: refused with the reason
+    (rather than accepted and silently ignored) by ``batchplan profile``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} applies to plan and preflight, not to profile, which draws one GPU type's "
+                     f"curve: drop {option_string}, or run batchplan plan")
+
+
+def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = True, planning: bool = True) -> None:
+    """The job flags. With ``planning=False`` (``profile``) the flags that only shape a plan over many GPUs
+    (mode, global batch, minimum batch, GPU selection and its thresholds) are refused when given."""
     g = parser.add_argument_group("job")
+
+    def planning_flag(*names: str, help: str, **kwargs) -> None:  # noqa: A002 (argparse's own name)
+        if planning:
+            g.add_argument(*names, help=help, **kwargs)
+        else:  # keeps its default; a value given is refused
+            g.add_argument(*names, action=_PlanningOnly, help=argparse.SUPPRESS, **kwargs)
+
     g.add_argument("--model", required=model_required, help="workload name (resnet18, resnet50, resnext101-32x4d, "
                    "se-resnext101-32x4d, yolo-n, yolo-s, vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or "
                    "hf:config.json, ultralytics:FILE.yaml, or package.module:factory")
@@ -59,18 +79,21 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="optimizer whose state is counted (default sgd)")
     g.add_argument("--fraction", type=float, default=DEFAULT_FRACTION,
                    help=f"share of each GPU's available memory to plan for (default {DEFAULT_FRACTION})")
-    g.add_argument("--mode", choices=MODES, default="balanced", help="allocation mode (default balanced)")
-    g.add_argument("--global-batch", type=int, help="samples per optimizer step over all ranks (default: max throughput)")
+    planning_flag("--mode", choices=MODES, default="balanced", help="allocation mode (default balanced)")
+    planning_flag("--global-batch", type=int, help="samples per optimizer step over all ranks (default: max throughput)")
     g.add_argument("--multiple-of", type=int, default=1, help="every rank's batch is a multiple of this")
-    g.add_argument("--min-batch", type=int, default=1, help="exclude ranks that cannot fit this many samples")
+    planning_flag("--min-batch", type=int, default=1, help="exclude ranks that cannot fit this many samples")
     g.add_argument("--method", choices=METHODS, default="auto", help="profile by measuring, estimating, or auto")
     g.add_argument("--fit", choices=FIT_KINDS, default="affine", help="memory curve model (default affine)")
     g.add_argument("--channels-last", action="store_true",
                    help="the script trains in NHWC memory format (torch.channels_last): changes the estimated step time")
-    g.add_argument("--gpus", default="all", help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2")
-    g.add_argument("--min-memory-fraction", type=float, default=0.0,
-                   help="skip GPUs with less free memory than this share of their total")
-    g.add_argument("--max-utilization", type=float, default=1.0, help="skip GPUs busier than this utilisation (0-1)")
+    planning_flag("--gpus", default="all", help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2")
+    planning_flag("--min-memory-fraction", type=float, default=DEFAULT_MIN_FREE_MEMORY_FRACTION,
+                  help="skip GPUs with less free memory than this share of their total "
+                  f"(default {DEFAULT_MIN_FREE_MEMORY_FRACTION}; 0 keeps them)")
+    planning_flag("--max-utilization", type=float, default=DEFAULT_MAX_UTILIZATION_FRACTION,
+                  help=f"skip GPUs busier than this utilisation, 0-1 (default {DEFAULT_MAX_UTILIZATION_FRACTION}); "
+                  "the GPUs kept are planned at (1 - utilisation) of their speed")
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec:
@@ -103,7 +126,8 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--cluster", metavar="FILE", help="simulated cluster config (YAML); Ray runs on 127.0.0.1")
     where.add_argument("--address", metavar="ADDR", help="join a running Ray cluster (auto, host:6379, ray://host:10001)")
     g.add_argument("--no-ray", action="store_true", help="with --cluster: probe the simulated nodes in this process")
-    g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 8)")
+    g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 1: one probe "
+                   "process answers for all nodes; up to about 8 gives each node its own)")
     g.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT_S, help="seconds a node's probe may take to answer")
     g.add_argument("--profile-timeout", type=float, default=DEFAULT_PROFILE_TIMEOUT_S, help="seconds one profile may take")
     g.add_argument("--require-all-nodes", action="store_true", help="fail (exit 1) if any node cannot be probed")

@@ -33,41 +33,111 @@ def _save(fig, path: str) -> Path:
     return target
 
 
-def plot_plan(plan: Plan, path: str) -> Path:
-    """Per rank: batch (and cap), memory predicted vs budget vs total, predicted step time."""
+#: one bar per rank up to this many ranks; past it one bar per GPU type (and speed), or the labels would be
+#: too small to read
+MAX_RANK_BARS = 48
+_COLOURS = {"cap": "#d9d9d9", "batch": "#4c72b0", "total": "#eeeeee", "budget": "#c6dbef",
+            "predicted": "#dd8452", "step": "#55a868"}
+
+
+def _bars(plan: dict) -> tuple[list[str], list[dict]]:
+    """Labels and figures of the bars: one per rank ("r0 node-a100 · A100-SXM4-80GB #0"), or per GPU type
+    (and speed) with its rank and node counts when there are more than ``MAX_RANK_BARS`` ranks (the group's
+    slowest rank is shown: it sets the step time)."""
+    ranks = plan["ranks"]
+    if len(ranks) <= MAX_RANK_BARS:
+        return [f"r{r['rank']}  {r['node']} · {r['gpu']} #{r['device_index']}{_speed(r)}" for r in ranks], list(ranks)
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in ranks:
+        groups.setdefault((r["gpu"], _speed(r)), []).append(r)
+    labels = [f"{gpu}{speed} ×{len(members)} on {len({m['node'] for m in members})} nodes (slowest shown)"
+              for (gpu, speed), members in groups.items()]
+    return labels, [max(members, key=lambda r: r["predicted_step_time_s"]) for members in groups.values()]
+
+
+def _speed(rank: dict) -> str:
+    """" (90% speed)" for a rank on a GPU other work keeps busy (planner.probing.busy)."""
+    factor = rank.get("speed_factor", 1.0)
+    return f" ({factor:.0%} speed)" if factor < 1.0 else ""
+
+
+def _annotate(ax, values: list[float], texts: list[str], *, past: float = 0.0) -> None:
+    """The number at the end of each bar (or past ``past``, a line it must not cross), inside the axes: the
+    x range leaves room for it."""
+    for y, (value, text) in enumerate(zip(values, texts, strict=True)):
+        ax.text(max(value, past), y, f" {text}", va="center", ha="left", fontsize=8)
+    ax.set_xlim(0, max([*values, past], default=1) * 1.5 or 1)
+
+
+def _panel(ax, title: str, ncol: int) -> None:
+    """The panel's title, and under it, above the bars (outside them, clear of the tick labels), its legend."""
+    ax.set_title(title, fontsize=10, pad=20)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=ncol, fontsize=8, frameon=False,
+              borderaxespad=0.2)
+
+
+def plot_plan(plan: Plan | dict, path: str) -> Path:
+    """Draw ``plan_figure(plan)`` to ``path`` (PNG, written atomically)."""
     plt = _pyplot()
-    ranks = plan.ranks
-    labels = [f"{r.rank}\n{r.gpu}" for r in ranks]
-    x = range(len(ranks))
-    fig, axes = plt.subplots(3, 1, figsize=(max(6.0, 0.6 * len(ranks) + 2), 9), sharex=True)
-    axes[0].bar(x, [r.max_batch for r in ranks], color="#d9d9d9", label="cap (max batch)")
-    axes[0].bar(x, [r.batch for r in ranks], color="#4c72b0", label="planned batch")
-    axes[0].set_ylabel("samples / step")
-    axes[0].legend(loc="upper right")
-    axes[0].set_title(
-        f"{plan.job.model}: global batch {plan.global_batch}, "
-        f"{plan.throughput_samples_per_s:.0f} samples/s, balance {plan.balance_efficiency:.2f}"
-    )
-    axes[1].bar(x, [r.total_memory_bytes / GIB for r in ranks], color="#eeeeee", label="total")
-    axes[1].bar(x, [r.memory_budget_bytes / GIB for r in ranks], color="#c6dbef", label="budget")
-    axes[1].bar(x, [r.predicted_memory_bytes / GIB for r in ranks], color="#dd8452", width=0.5, label="predicted")
-    axes[1].set_ylabel("GiB")
-    axes[1].legend(loc="upper right")
-    axes[2].bar(x, [r.predicted_step_time_s * 1000 for r in ranks], color="#55a868")
-    axes[2].axhline(plan.predicted_step_time_s * 1000, color="black", linestyle="--", linewidth=1,
-                    label="step time (slowest rank)")
-    axes[2].set_ylabel("step ms")
-    axes[2].legend(loc="upper right")
-    axes[2].set_xticks(list(x))
-    axes[2].set_xticklabels(labels, fontsize=8)
-    fig.tight_layout()
+    fig = plan_figure(plan)
     path_out = _save(fig, path)
     plt.close(fig)
     return path_out
 
 
-def plot_profile(profile_json: dict, *, budget_bytes: int, total_bytes: int, chosen_batch: int, path: str) -> Path:
-    """The memory curve with its probe points, the budget line and the chosen batch."""
+def plan_figure(plan: Plan | dict):
+    """One horizontal bar per rank (node / GPU type / device), three panels sharing the rows: the batch
+    against its cap, memory predicted against budget and total, the predicted step time against the
+    step's. Numbers on the bars, legends outside them, model and cluster in the title. Takes the plan or
+    its document (what ``plan.json`` holds)."""
+    plt = _pyplot()
+    plan = plan.to_json() if isinstance(plan, Plan) else plan
+    labels, rows = _bars(plan)
+    y = list(range(len(rows)))
+    height = max(3.2, 0.42 * len(rows) + 2.0)
+    # constrained layout keeps the title, the panels' titles and their legends apart
+    fig, (ax_batch, ax_mem, ax_time) = plt.subplots(1, 3, figsize=(16, height), sharey=True, layout="constrained")
+
+    caps = [r["max_batch"] for r in rows]
+    batches = [r["batch"] for r in rows]
+    ax_batch.barh(y, caps, color=_COLOURS["cap"], label="cap (largest batch that fits)")
+    ax_batch.barh(y, batches, color=_COLOURS["batch"], height=0.6, label="planned batch")
+    _annotate(ax_batch, caps, [f"{b} of {c}" for b, c in zip(batches, caps, strict=True)])
+    _panel(ax_batch, "batch per step (samples)", 2)
+
+    gib = {k: [r[f"{k}_bytes"] / GIB for r in rows] for k in ("total_memory", "memory_budget", "predicted_memory")}
+    ax_mem.barh(y, gib["total_memory"], color=_COLOURS["total"], label="total")
+    ax_mem.barh(y, gib["memory_budget"], color=_COLOURS["budget"], label="budget")
+    ax_mem.barh(y, gib["predicted_memory"], color=_COLOURS["predicted"], height=0.5, label="predicted")
+    _annotate(ax_mem, gib["total_memory"], [f"{p:.1f} / {b:.1f} / {t:.0f} GiB" for p, b, t in
+                                             zip(gib["predicted_memory"], gib["memory_budget"], gib["total_memory"],
+                                                 strict=True)])
+    _panel(ax_mem, "memory, GiB (predicted / budget / total)", 3)
+
+    step_ms = [r["predicted_step_time_s"] * 1000 for r in rows]
+    ax_time.barh(y, step_ms, color=_COLOURS["step"], label="rank's step time")
+    ax_time.axvline(plan["predicted_step_time_s"] * 1000, color="black", linestyle="--", linewidth=1,
+                    label="step time (slowest rank)")
+    _annotate(ax_time, step_ms, [f"{t:.0f} ms, idle {r.get('idle_fraction', 0.0):.0%}"
+                                 for t, r in zip(step_ms, rows, strict=True)], past=plan["predicted_step_time_s"] * 1000)
+    _panel(ax_time, "predicted step time, ms", 2)
+
+    ax_batch.set_yticks(y)
+    ax_batch.set_yticklabels(labels, fontsize=8)
+    ax_batch.invert_yaxis()  # rank 0 on top, as in the table
+    where = plan.get("cluster") or "cluster"
+    fig.suptitle(
+        f"{plan['job']['model']} on {where} ({plan['mode']}): {plan['world_size']} ranks, global batch "
+        f"{plan['global_batch']} = {plan['step_batch']} × accumulate {plan['accumulate']}, "
+        f"{plan['throughput_samples_per_s']:,.0f} samples/s, balance efficiency {plan['balance_efficiency']:.2f}",
+        fontsize=11,
+    )
+    return fig
+
+
+def plot_profile(profile_json: dict, *, budget_bytes: int, total_bytes: int, chosen_batch: int, path: str,
+                 model: str = "") -> Path:
+    """The memory curve of ``model`` with its probe points, the budget line and the chosen batch."""
     from planner.profiles.profile import DeviceProfile
 
     plt = _pyplot()
@@ -78,13 +148,13 @@ def plot_profile(profile_json: dict, *, budget_bytes: int, total_bytes: int, cho
     ax.plot(xs, [profile.memory_fit.predict_bytes(b) / GIB for b in xs], label=f"{profile.memory_fit.kind} fit")
     ax.scatter([b for b, _ in profile.memory_points], [v / GIB for _, v in profile.memory_points],
                color="black", zorder=3, label=f"{profile.method} points")
-    ax.axhline(budget_bytes / GIB, color="#dd8452", linestyle="--", label="budget")
-    ax.axhline(total_bytes / GIB, color="grey", linestyle=":", label="total")
+    ax.axhline(budget_bytes / GIB, color="#dd8452", linestyle="--", label=f"budget {budget_bytes / GIB:.1f} GiB")
+    ax.axhline(total_bytes / GIB, color="grey", linestyle=":", label=f"total {total_bytes / GIB:.1f} GiB")
     ax.axvline(chosen_batch, color="#55a868", label=f"chosen batch {chosen_batch}")
     ax.set_xlabel("batch")
     ax.set_ylabel("GiB")
-    ax.set_title(f"{profile.gpu} ({profile.amp})")
-    ax.legend()
+    ax.set_title(f"{model + ' on ' if model else ''}{profile.gpu}: memory per step ({profile.amp}, {profile.method}d)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)  # outside the curve
     path_out = _save(fig, path)
     plt.close(fig)
     return path_out

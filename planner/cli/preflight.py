@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
                     "plan": plan.to_json() if plan is not None else None})
     else:
         for check in checks:
-            echo(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+            status = "FAIL" if not check.ok else "warn" if check.warning else "ok  "
+            echo(f"{status}  {check.name}: {check.detail.removeprefix('warning: ')}")
         echo("preflight: " + ("go" if ok else "no-go"))
     return 0 if ok else 1

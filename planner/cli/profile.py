@@ -25,10 +25,12 @@ def add_parser(subparsers) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpu", metavar="TYPE", help="catalog GPU type, e.g. T4 or A100-SXM4-80GB")
     where.add_argument("--device", metavar="SPEC", help="local CUDA device: 0, cuda:1, or -1 for the most idle")
-    add_job_options(p)
+    add_job_options(p, planning=False)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the memory curve (needs matplotlib)")
     p.add_argument("--cluster", metavar="FILE", help="cluster config whose gpu_types extend the catalog")
+    p.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles, as plan)")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
     p.set_defaults(func=run)
 
 
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         from planner.cli.plot import plot_profile
 
         path = plot_profile(result["profile"], budget_bytes=result["memory_budget_bytes"],
-                            total_bytes=result["total_memory_bytes"], chosen_batch=result["chosen_batch"], path=args.plot)
+                            total_bytes=result["total_memory_bytes"], chosen_batch=result["chosen_batch"], path=args.plot,
+                            model=job.model)
         note(f"wrote {path}")
     if args.json:
         print_json(result)
@@ -70,9 +73,30 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["chosen_batch"] else 1
 
 
+def _cached_profile(args: argparse.Namespace, job: JobSpec, gpu, method: str, device_index: int | None):
+    """The profile from the cache ``plan`` shares, or made now (and cached)."""
+    from planner.probing.make_profile import job_fingerprint, make_profile, resolve_method
+    from planner.profiles.cache import ProfileCache
+    from planner.profiles.key import job_key_inputs, key_of_inputs
+
+    cache = None if args.no_cache else ProfileCache(args.cache_dir)
+    resolved = resolve_method(method, device_index)
+    fingerprint, torch_version = job_fingerprint(job)
+    inputs = job_key_inputs(job, gpu, method=resolved, fingerprint=fingerprint, torch_version=torch_version)
+    key = key_of_inputs(inputs)
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None:
+        note(f"profile of {job.model} on {gpu.name} ({resolved}) from the cache {cache.path_for(key)}")
+        return cached
+    note(f"{'estimating' if resolved == 'estimate' else 'measuring'} {job.model} on {gpu.name}")
+    profile = make_profile(job, gpu, method=method, device_index=device_index)
+    if cache is not None:
+        cache.put(key, profile, inputs=inputs)
+    return profile
+
+
 def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile]:
     """Profile the GPU the flags name; the ``batchplan/profile@1`` document and the profile."""
-    from planner.probing.make_profile import make_profile
     from torchkit.hardware.catalog import load_catalog
 
     catalog = load_catalog()
@@ -95,8 +119,7 @@ def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile
         if gpu is None:
             raise ConfigError(f"local GPU '{name}' is not in the GPU catalog (add it with a cluster config's gpu_types:)")
         method = job.method
-    note(f"profiling {job.model} on {gpu.name} ({method})")
-    profile = make_profile(job, gpu, method=method, device_index=device_index)
+    profile = _cached_profile(args, job, gpu, method, device_index)
     budget = job.memory_budget_bytes(free_bytes)
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {

@@ -8,11 +8,14 @@ from collections.abc import Iterator
 
 from planner.events import Event, EventSink
 
-_LABELS = {
+# (stage, status) or, where the wording depends on it, (stage, status, method)
+_LABELS: dict[tuple[str, ...], str] = {
     ("ray", "start"): "starting Ray ({item})",
     ("ray", "done"): "Ray up: {raylets} raylet(s)",
     ("probe", "start"): "probing {item}",
     ("probe", "done"): "probed {nodes} node(s), {failed} failed",
+    ("profile", "start", "estimate"): "estimating {item} on fake tensors (in the probe on {node})",
+    ("profile", "start", "measure"): "measuring {item} on {node}",
     ("profile", "start"): "profiling {item} ({method}) on {node}",
     ("profile", "done"): "profiled {item}",
     ("profile", "cached"): "profile of {item} from cache",
@@ -23,7 +26,8 @@ _LABELS = {
 
 
 def describe(event: Event) -> str:
-    template = _LABELS.get((event.stage, event.status), "{stage} {status} {item}")
+    template = _LABELS.get((event.stage, event.status, event.detail.get("method")),
+                           _LABELS.get((event.stage, event.status), "{stage} {status} {item}"))
     values = {"stage": event.stage, "status": event.status, "item": event.item, "node": "?", "method": "?",
               "reason": "?", "raylets": "?", "nodes": "?", "failed": "?", **event.detail}
     return template.format(**values)

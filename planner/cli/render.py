@@ -52,11 +52,12 @@ def render_plan(plan: Plan) -> None:
         for e in plan.excluded:
             where = e.node if e.device_index is None else f"{e.node} GPU {e.device_index} ({e.gpu})"
             echo(f"  {where}: {e.reason}")
-    if plan.warnings:
-        echo()
-        echo("warnings:")
-        for w in plan.warnings:
-            echo(f"  - {w}")
+    for title, lines in (("notes", plan.notes), ("warnings", plan.warnings)):
+        if lines:
+            echo()
+            echo(f"{title}:")
+            for line in lines:
+                echo(f"  - {line}")
 
 
 def print_plan(

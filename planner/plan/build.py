@@ -30,6 +30,7 @@ def build_plan(
     *,
     excluded: Sequence[ExcludedDevice] = (),
     warnings: Sequence[str] = (),
+    notes: Sequence[str] = (),
     node_addresses: Mapping[str, str] | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
     script: str = DEFAULT_SCRIPT,
@@ -39,9 +40,8 @@ def build_plan(
     """Allocate per-rank batches over ``slots`` and assemble the plan.
 
     Args:
-        slots: candidate devices in node order (the order nodes will get ``--node-rank``).
-        profiles: every profile a slot names.
-        excluded: devices already left out upstream (busy, probe failed), with reasons.
+        slots, profiles: candidate devices in node order (the nodes' ``--node-rank`` order); every profile they name.
+        excluded, warnings, notes: said upstream (devices left out with reasons); the plan adds its own.
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
         script, plan_path: the training script and the plan file the launch lines name (``--plan``).
         extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
@@ -59,13 +59,13 @@ def build_plan(
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
     allocation = allocate(
         caps,
-        [profiles[s.profile].time_fit.intercept_s for s in slots],
-        [profiles[s.profile].time_fit.s_per_sample for s in slots],
+        [profiles[s.profile].time_fit.intercept_s / s.speed_factor for s in slots],
+        [profiles[s.profile].time_fit.s_per_sample / s.speed_factor for s in slots],
         mode=job.mode,
         global_batch=job.global_batch,
         multiple_of=job.multiple_of,
         min_batch=job.min_batch,
-        groups=[s.profile for s in slots],
+        groups=[s.group for s in slots],  # advice names GPU types, never profile keys
     )
     efficiency_range = _expected_balance_range(slots, profiles, caps, allocation, job.multiple_of)
     all_excluded = list(excluded) + [
@@ -101,6 +101,7 @@ def build_plan(
         excluded=tuple(all_excluded),
         profiles={key: profiles[key] for key in used_profiles},
         warnings=tuple(_plan_warnings(warnings, [profiles[k] for k in used_profiles], allocation, caps)),
+        notes=(*notes, *allocation.notes),
         advice=allocation.advice,
         extra=dict(extra or {}),
     )
@@ -155,8 +156,9 @@ def _rank_entries(
                 predicted_memory_bytes=profile.memory_bytes(batch),
                 memory_budget_bytes=int(slot.memory_budget_bytes),
                 total_memory_bytes=int(slot.total_memory_bytes),
-                predicted_step_time_s=profile.step_time_s(batch),
+                predicted_step_time_s=profile.step_time_s(batch) / slot.speed_factor,
                 idle_fraction=idle,
+                speed_factor=float(slot.speed_factor),
             )
         )
     return ranks

@@ -54,6 +54,14 @@ class RankSlot:
     """the device's total memory"""
     visible_id: str = ""
     """what CUDA_VISIBLE_DEVICES should name for it (UUID on real nodes; the index otherwise)"""
+    speed_factor: float = 1.0
+    """share of the profiled speed a rank gets here, in (0, 1]: below 1 on a GPU other work keeps busy
+    (``planner.probing.busy``); its step time is the profile's divided by this"""
+
+    @property
+    def group(self) -> str:
+        """How sentences name this device's kind: the GPU type, with its speed when it is shared."""
+        return self.gpu if self.speed_factor >= 1.0 else f"{self.gpu} at {self.speed_factor:.0%} speed"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +103,9 @@ class RankEntry:
     predicted_step_time_s: float
     idle_fraction: float | None = None
     """share of a step this rank waits for the slowest; None in plans written without it"""
+    speed_factor: float = 1.0
+    """share of the profiled speed the rank gets on its GPU (below 1 where other work keeps it busy:
+    ``planner.probing.busy``); ``predicted_step_time_s`` is the profile's time divided by it"""
 
     def to_json(self) -> dict:
         data = {
@@ -115,14 +126,16 @@ class RankEntry:
         }
         if self.idle_fraction is not None:
             data["idle_fraction"] = self.idle_fraction
+        data["speed_factor"] = self.speed_factor
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RankEntry:
-        return cls(**{name: data[name] for name in _RANK_REQUIRED}, idle_fraction=data.get("idle_fraction"))
+        return cls(**{name: data[name] for name in _RANK_REQUIRED}, idle_fraction=data.get("idle_fraction"),
+                   speed_factor=data.get("speed_factor", 1.0))
 
 
-_RANK_REQUIRED = tuple(f for f in RankEntry.__dataclass_fields__ if f != "idle_fraction")
+_RANK_REQUIRED = tuple(f for f in RankEntry.__dataclass_fields__ if f not in ("idle_fraction", "speed_factor"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,6 +219,9 @@ class Plan:
     balance_efficiency_range: tuple[float, float] | None = None
     """(low, high) balance efficiency to expect at real speed: each GPU type's step time off by ±1σ of the
     calibrated time model (``planner.allocate.uncertainty``); None in plans written without it"""
+    notes: tuple[str, ...] = ()
+    """information, not warnings: the comparison with plain DDP, an option not compared and why, what the
+    balance efficiency means (``planner.allocate.advice.NOTE_KINDS``); empty in plans written without it"""
     advice: tuple[Advice, ...] = ()
     """the allocation's advice, typed (also in ``warnings``); not written to the file"""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -246,6 +262,7 @@ class Plan:
         data["excluded"] = [e.to_json() for e in self.excluded]
         data["profiles"] = {key: p.to_json() for key, p in self.profiles.items()}
         data["warnings"] = list(self.warnings)
+        data["notes"] = list(self.notes)
         data.update(self.extra)
         return data
 
@@ -266,6 +283,7 @@ class Plan:
             excluded=tuple(ExcludedDevice.from_json(e) for e in data["excluded"]),
             profiles={k: DeviceProfile.from_json(p, where=f"{where}: profiles[{k!r}]") for k, p in data["profiles"].items()},
             warnings=tuple(data["warnings"]),
+            notes=tuple(data.get("notes", ())),
             extra={k: v for k, v in data.items() if k not in _PLAN_FIELDS},
         )
 

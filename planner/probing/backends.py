@@ -64,6 +64,9 @@ class Backend(Protocol):
     def probing_metadata(self) -> dict:
         ...
 
+    def num_probes(self) -> int:
+        """How many nodes (probes, for a real cluster) will answer: what the progress line counts."""
+
 
 class LocalBackend:
     """Runs the probe functions in this process for a cluster config (no Ray)."""
@@ -99,6 +102,19 @@ class LocalBackend:
     def probing_metadata(self) -> dict:
         return {"backend": "local", "simulated": True, "probe_processes": 1}
 
+    def num_probes(self) -> int:
+        return len(self.cluster.nodes)
+
+
+def probe_env(model: str) -> dict[str, str]:
+    """Environment variables a probe process needs (``planner.probing.probe.PROBE_ENV_VARS``; a user factory's
+    directories travel as an argument of the probe, not in the environment). ``model`` is unused since then
+    but kept so that callers say whose probes these are."""
+    from planner.probing.probe import PROBE_ENV_VARS
+
+    del model
+    return dict(PROBE_ENV_VARS)
+
 
 class RayBackend:
     """One NodeProbe actor per node (per raylet group for large simulated clusters), hard-pinned."""
@@ -117,7 +133,7 @@ class RayBackend:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from planner.probing.probe import PROBE_ENV_VARS, NodeProbe
+        from planner.probing.probe import NodeProbe
         from planner.probing.session import deal_round_robin
 
         self._ray = ray
@@ -125,7 +141,9 @@ class RayBackend:
         self.profile_timeout_s = profile_timeout_s
         self.on_event = on_event
         self.run_id = uuid.uuid4().hex[:8]
-        env_vars = dict(PROBE_ENV_VARS)
+        env_vars = probe_env(model)
+        # a cluster started here gave its workers these already: no runtime_env, so idle workers are reused
+        runtime_env = {} if session.worker_env == env_vars else {"runtime_env": {"env_vars": env_vars}}
         # a user factory must be importable in the probe as it is here: the probe appends these to its
         # sys.path (not PYTHONPATH, which comes before the standard library: a json.py there would win)
         factory_dirs = factory_search_dirs(model)
@@ -160,7 +178,7 @@ class RayBackend:
                 num_cpus=0,
                 max_restarts=0,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node.node_id, soft=False),
-                runtime_env={"env_vars": env_vars},
+                **runtime_env,
             ).remote(sim_nodes, catalog, factory_dirs)
             self.group_nodes[group_id] = [n.name for n in sim_nodes] if sim_nodes else []
         self.dead_groups: dict[str, str] = {}
@@ -256,8 +274,14 @@ class RayBackend:
         self._fail(group_id, reason)
         raise ProbeFailure(node, reason)
 
+    def num_probes(self) -> int:
+        return sum(len(nodes) or 1 for nodes in self.group_nodes.values())
+
     def probing_metadata(self) -> dict:
+        live = [actor for group, actor in self.actors.items() if group not in self.dead_groups]
+        answers, _ = self._wait({i: actor.torch_imported.remote() for i, actor in enumerate(live)}, timeout_s=10.0)
         return {
+            "probes_imported_torch": sum(1 for imported in answers.values() if imported is True),
             "backend": "ray",
             "simulated": self.simulated,
             "raylets": self.num_raylets,

@@ -51,13 +51,32 @@ def workload_for(job: JobSpec):
 
 
 def job_fingerprint(job: JobSpec) -> tuple[str, str]:
-    """Content fingerprint of the job's model and input, and the torch version: the parts of a profile key
-    (``planner.profiles.key``) that need torch to compute."""
-    import torch
+    """``(workload fingerprint, torch version)``: the parts of a profile key (``planner.profiles.key``) that
+    name the model and the torch that traces it.
 
-    from torchkit.workloads import workload_fingerprint
+    A built-in workload is defined by its name, its input options and the source of ``torchkit.workloads``:
+    those are hashed, so a cache hit costs no torch import and no model build (the warm path of ``plan``).
+    A user factory (``package.module:factory``) can depend on anything it imports: its model is built on fake
+    tensors and fingerprinted (``torchkit.workloads.workload_fingerprint``).
+    """
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
 
-    return workload_fingerprint(workload_for(job)), torch.__version__
+    if ":" in job.model:
+        import torch
+
+        from torchkit.workloads import workload_fingerprint
+
+        return workload_fingerprint(workload_for(job)), torch.__version__
+    # the name is checked where the model is built (a probe, on a cache miss); an unknown one has no profile
+    spec = importlib.util.find_spec("torchkit.workloads")  # the package's files, without importing it (torch)
+    sources = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.py"))
+    digest = hashlib.sha256(repr((job.model, job.imgsz, job.input_shape, job.seq_len)).encode())
+    for source in sources:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return f"src-{digest.hexdigest()[:16]}", importlib.metadata.version("torch")
 
 
 def _uncalibrated_note(gpu_name: str, uncertainty: TimeUncertainty) -> str:

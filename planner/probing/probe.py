@@ -52,6 +52,13 @@ class NodeProbe:
 
         return {"ray_node_id": ray.get_runtime_context().get_node_id(), "probe_pid": os.getpid()}
 
+    def torch_imported(self) -> bool:
+        """Whether this probe process has imported torch: a plan from cached profiles should not need it
+        (importing torch costs seconds and a few hundred MiB per probe)."""
+        import sys
+
+        return "torch" in sys.modules
+
     def inventory(
         self, select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
     ) -> list[NodeInventory]:

@@ -7,6 +7,12 @@ hundred MiB, so past ``raylet_cap`` raylets (default 8; ``BATCHPLAN_RAYLET_CAP``
 raylets: nodes are dealt round-robin onto the raylets, and one probe process answers for each group. A
 real cluster always gets one probe per node.
 
+A Ray cluster already running on this machine (a user's ``ray start --head``, found as ``ray.init()`` finds
+it: ``RAY_ADDRESS``, else the address file ``ray start`` leaves) is joined when neither ``--cluster`` nor
+``--address`` is given, as ``--address auto`` would, and a line on stderr says so. A simulated cluster is
+started beside it on ports of its own, and that cluster's address is not written over the user's address
+file (Ray's test ``Cluster`` would, and then delete it on shutdown).
+
 Everything this module starts it stops again: on leaving the ``with`` block, on an exception and on Ctrl-C.
 """
 
@@ -23,7 +29,11 @@ from planner.errors import ClusterUnreachableError, ConfigError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RAYLET_CAP = 8
+#: raylets of a simulated cluster by default: planning needs one probe per node, not one raylet (a probe
+#: process answers for the simulated nodes dealt to its raylet, and the plan is the same however many there
+#: are), while each raylet with its agents and idle worker costs seconds of CPU to start on a small machine.
+#: ``--raylet-cap``/``BATCHPLAN_RAYLET_CAP`` raise it for a one-raylet-per-node run (memory bounds it near 8).
+DEFAULT_RAYLET_CAP = 1
 #: object store per simulated raylet: probes exchange kilobytes, so the 150 MiB Cluster default is plenty
 SIMULATED_OBJECT_STORE_BYTES = 80 * 2**20
 LOOPBACK = "127.0.0.1"
@@ -70,6 +80,75 @@ def _check_reachable(address: str) -> None:
         ) from exc
 
 
+def _ray_address_file() -> str:
+    """Where ``ray start --head`` records the cluster address for ``ray.init()`` on this machine.
+
+    The same rule as Ray's ``ray._common.utils.get_default_ray_temp_dir`` (Ray 2.60), repeated here so that the
+    check runs before ``ray`` is imported (the import fixes whether 127.0.0.1 is kept, see above):
+    ``$RAY_TMPDIR``, else ``$TMPDIR`` on Linux, else ``/tmp``; then ``ray/ray_current_cluster``.
+    """
+    if "RAY_TMPDIR" in os.environ:
+        base = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        base = os.environ["TMPDIR"]
+    else:
+        base = "/tmp"
+    return os.path.join(base, "ray", "ray_current_cluster")
+
+
+def _accepts_connections(address: str) -> bool:
+    host, _, port_text = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port_text.isdigit():
+        return False
+    import socket
+
+    try:
+        with socket.create_connection((host.strip("[]"), int(port_text)), timeout=CONNECT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def running_local_cluster() -> tuple[str, str] | None:
+    """``(address, where it was found)`` of a Ray cluster ``ray.init()`` would join here, or None.
+
+    ``RAY_ADDRESS`` first (as Ray does), then the address file ``ray start`` writes, if its GCS still accepts
+    connections (a cluster stopped without ``ray stop`` leaves a stale file behind).
+    """
+    env_address = os.environ.get("RAY_ADDRESS", "").strip()
+    if env_address:
+        return env_address, "RAY_ADDRESS"
+    path = _ray_address_file()
+    try:
+        with open(path) as handle:
+            address = handle.read().strip()
+    except OSError:
+        return None
+    if address and _accepts_connections(address):
+        return address, path
+    return None
+
+
+@contextlib.contextmanager
+def _own_cluster_only() -> Iterator[None]:
+    """While Ray processes of our own start: ignore ``RAY_ADDRESS`` (Ray would join that cluster instead) and
+    leave the user's address file alone (``ray.cluster_utils.Cluster`` writes its own address there, logs
+    "Overwriting previous Ray address" and deletes the file on shutdown, so ``ray status`` would then miss
+    the user's cluster)."""
+    from ray._common import utils as ray_common_utils
+    from ray._private import utils as ray_utils
+
+    saved_address = os.environ.pop("RAY_ADDRESS", None)
+    write, reset = ray_utils.write_ray_address, ray_common_utils.reset_ray_address
+    ray_utils.write_ray_address = ray_common_utils.reset_ray_address = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        ray_utils.write_ray_address, ray_common_utils.reset_ray_address = write, reset
+        if saved_address is not None:
+            os.environ["RAY_ADDRESS"] = saved_address
+
+
 def raylet_cap_from_env() -> int:
     text = os.environ.get("BATCHPLAN_RAYLET_CAP", str(DEFAULT_RAYLET_CAP))
     try:
@@ -100,6 +179,11 @@ class RaySession:
     """whether this session started the Ray processes (and will stop them)"""
     nodes: list[RayNode] = field(default_factory=list)
 
+    worker_env: dict[str, str] = field(default_factory=dict)
+    """environment variables every Ray worker of this session already has (set before a cluster started
+    here spawned its raylets): actors need no ``runtime_env`` for them, so they reuse the idle workers Ray
+    starts with each raylet instead of starting new ones"""
+
     def gpu_nodes(self) -> list[RayNode]:
         """Nodes that report GPUs (a real cluster's CPU-only head is not probed)."""
         return [n for n in self.nodes if n.num_gpus > 0]
@@ -126,9 +210,31 @@ def _init_kwargs() -> dict:
     return {"logging_level": logging.ERROR, "log_to_driver": False, "configure_logging": False}
 
 
+#: a cluster started here runs for one plan: no autoscaler monitor (its size is fixed), no log monitor
+#: (workers' logs are not streamed to the driver: log_to_driver is off), no usage-stats reporting. Each is a
+#: Python process importing Ray, seconds of CPU on a small machine.
+_TRIMMED_HEAD_ARGS = {"no_monitor": True, "include_log_monitor": False}
+
+
+@contextlib.contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` set in this process (inherited by the Ray processes it starts), restored afterwards."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @contextlib.contextmanager
 def ray_session(
-    *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None
+    *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None,
+    worker_env: dict[str, str] | None = None,
 ) -> Iterator[RaySession]:
     """Yield a connected :class:`RaySession`.
 
@@ -136,12 +242,21 @@ def ray_session(
         address: join this cluster (``auto``, ``ray://host:10001``, ``host:6379``).
         num_simulated_nodes: start a local cluster with ``min(num_simulated_nodes, raylet_cap)`` raylets
             (ignored with ``address``). If this process is already connected to Ray (a test fixture, a
-            notebook), that connection is used as it is.
-        raylet_cap: most raylets to start (default ``BATCHPLAN_RAYLET_CAP`` or 8).
+            notebook), that connection is used as it is. With neither (0 and no address), a Ray cluster
+            already running here (:func:`running_local_cluster`) is joined, else an embedded one started.
+        raylet_cap: most raylets to start (default ``BATCHPLAN_RAYLET_CAP`` or ``DEFAULT_RAYLET_CAP``).
+        worker_env: environment the probes need; a cluster started here gets it in its workers'
+            environment from the start (``RaySession.worker_env``), a joined one does not.
 
     Raises:
         ClusterUnreachableError: ``address`` cannot be reached.
     """
+    if address is None and num_simulated_nodes == 0:
+        found = running_local_cluster()
+        if found is not None:
+            address = found[0]
+            log.info("found a running Ray cluster at %s (from %s): joining it, as --address auto would "
+                     "(give --cluster FILE to plan a simulated cluster instead)", *found)
     if address is None:
         _keep_ray_on_loopback()
     import ray
@@ -167,12 +282,13 @@ def ray_session(
         return
 
     cap = raylet_cap or raylet_cap_from_env()
-    with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0):
-        yield RaySession(address="local", started_here=True, nodes=_alive_nodes())
+    started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+    with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0, started_env):
+        yield RaySession(address="local", started_here=True, nodes=_alive_nodes(), worker_env=dict(worker_env or {}))
 
 
 @contextlib.contextmanager
-def _local_ray(num_raylets: int) -> Iterator[None]:
+def _local_ray(num_raylets: int, started_env: dict[str, str]) -> Iterator[None]:
     """A Ray this process starts and stops: ``num_raylets`` simulated raylets on 127.0.0.1, or with 0 an
     embedded one; watched (``planner.probing.watchdog``) so that it stops even if this process is killed."""
     import ray
@@ -184,23 +300,26 @@ def _local_ray(num_raylets: int) -> Iterator[None]:
     with ray_watchdog():  # stops what is started below if this process dies without stopping it
         try:
             if num_raylets > 0:
-                cluster = _start_simulated_cluster(num_raylets)
-                ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+                with _own_cluster_only(), _environment(started_env):
+                    cluster = _start_simulated_cluster(num_raylets)
+                    ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
             else:
                 log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
-                ray.init(
-                    _node_ip_address=LOOPBACK,
-                    include_dashboard=False,
-                    object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
-                    **_init_kwargs(),
-                )
+                with _own_cluster_only(), _environment(started_env):
+                    ray.init(
+                        address="local",  # a new instance: never one found in RAY_ADDRESS or the address file
+                        _node_ip_address=LOOPBACK,
+                        include_dashboard=False,
+                        object_store_memory=SIMULATED_OBJECT_STORE_BYTES,
+                        **_init_kwargs(),
+                    )
             _restore_sigterm_handler(sigterm)  # Ray's in-process cluster nodes and ray.init replaced it
             yield
         finally:
             with contextlib.suppress(Exception):
                 ray.shutdown()
             if cluster is not None:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception), _own_cluster_only():
                     cluster.shutdown()
             _restore_sigterm_handler(sigterm)
 
@@ -216,7 +335,10 @@ def _start_simulated_cluster(num_raylets: int):
         "object_store_memory": SIMULATED_OBJECT_STORE_BYTES,
     }
     log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
-    cluster = Cluster(initialize_head=True, head_node_args={**common, "include_dashboard": False}, shutdown_at_exit=True)
+    # stopped by _local_ray (exceptions, Ctrl-C, SIGTERM, the watchdog); Ray's own exit hook would delete the
+    # user's address file outside _own_cluster_only()
+    cluster = Cluster(initialize_head=True, head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
+                      shutdown_at_exit=False)
     try:
         for _ in range(num_raylets - 1):
             cluster.add_node(wait=False, **common)

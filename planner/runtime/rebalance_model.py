@@ -258,6 +258,7 @@ def _solve(
             global_batch=sum(current),
             multiple_of=multiple_of,
             min_batch=min_batch,
+            accumulate=1,  # the same step batch in one step: what a running job can switch to
         )
     except (InfeasiblePlanError, ConfigError):
         return None

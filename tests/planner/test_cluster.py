@@ -191,7 +191,9 @@ def test_gpu_type_repeating_a_catalog_entry_unchanged_is_accepted() -> None:
 def test_gpu_type_clashing_with_the_catalog_is_an_error(tmp_path: Path) -> None:
     text = CUSTOM.replace("name: MY-GPU", "name: T4")
     with pytest.raises(
-        ConfigError, match=r"lab\.yaml: gpu_types\[0\]\.name: GPU type 'T4' clashes with catalog type T4"
+        # the nodes still name MY-GPU: that is the second of the problems reported together
+        ConfigError, match=r"lab\.yaml: 2 problems: \[1\] gpu_types\[0\]\.name: GPU type 'T4' clashes with catalog "
+        r"type T4 .*; \[2\] nodes\[0\]\.gpus\[0\]\.type: GPU type 'my-gpu' is not in the catalog"
     ):
         load_cluster(write(tmp_path, text))
 

@@ -87,6 +87,9 @@ def test_three_nodes_of_one_type_are_profiled_once_and_cached(ray_cluster, tmp_p
     second = plan_with_ray(JOB, cluster=cluster, options=DriverOptions(cache=ProfileCache(tmp_path / "cache")))
     assert second.profile_calls == 0
     assert _comparable(second.plan.to_json()) == _comparable(first.plan.to_json())
+    # the profiling probe imported torch for its fake passes; from the cache no probe needs it
+    assert first.plan.extra["probing"]["probes_imported_torch"] >= 1
+    assert second.plan.extra["probing"]["probes_imported_torch"] == 0
 
 
 def _mark_first_probe_node_to_hang() -> str:
@@ -155,11 +158,10 @@ def test_more_simulated_nodes_than_raylets_share_probes_and_plan_the_same(ray_cl
     with_ray = plan_with_ray(JOB, cluster=cluster, options=DriverOptions())
     plan = with_ray.plan.to_json()
     assert plan["probing"]["probe_processes"] == 3 and plan["probing"]["shared_probes"] is True
-    shared = [w for w in plan["warnings"] if "share 3 probe processes" in w]
-    assert shared == ["5 simulated nodes share 3 probe processes on 3 raylets (raylet cap; BATCHPLAN_RAYLET_CAP)"]
+    # run metadata, not part of the plan (the same whatever the raylets): said on stderr with the progress
+    assert not any("probe process" in line for line in plan["warnings"] + plan["notes"])
     # nodes keep the config's order, whichever raylet answered for them
     assert [n["name"] for n in plan["nodes"]] == ["n0", "n1", "n2", "n3", "n4"]
     assert len({inv.probe_pid for inv in with_ray.inventories}) == 3
     without = plan_without_ray(JOB, cluster).plan.to_json()
-    plan["warnings"] = [w for w in plan["warnings"] if w not in shared]
     assert _comparable(plan) == _comparable(without)

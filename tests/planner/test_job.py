@@ -32,7 +32,8 @@ def test_defaults_are_valid_and_documented_values():
     assert (job.amp, job.optimizer, job.mode, job.method, job.fit) == ("auto", "sgd", "balanced", "auto", "affine")
     assert job.fraction == DEFAULT_FRACTION == 0.60
     assert (job.global_batch, job.multiple_of, job.min_batch, job.gpus) == (None, 1, 1, "all")
-    assert (job.min_free_memory_fraction, job.max_utilization_fraction) == (0.0, 1.0)
+    # a shared machine's defaults (planner.probing.busy): the seed's 20% free memory, at most half busy
+    assert (job.min_free_memory_fraction, job.max_utilization_fraction) == (0.2, 0.5)
     assert job.channels_last is False
 
 

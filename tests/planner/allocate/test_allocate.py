@@ -18,7 +18,7 @@ from planner.allocate.advice import ADVICE_MIN_SPEEDUP
 from planner.allocate.allocation import Allocation, allocate
 from planner.errors import ConfigError, InfeasiblePlanError
 
-ALTERNATIVE_KEYS = {"uniform", "max", "balanced", "best_accumulate", "best_group_subset", "best_single_group"}
+ALTERNATIVE_KEYS = {"uniform", "max", "balanced", "best_group_subset", "best_single_group"}
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -110,9 +110,17 @@ def test_allocation_respects_bounds_sums_and_is_deterministic(cluster, k, min_ba
         assert result.accumulate == 1
     else:
         assert result.global_batch == global_batch
-        # the smallest accumulate: no smaller divisor of B gives a splittable step
-        assert not any(splittable(cap, k, min_batch, global_batch // a, mode)
-                       for a in range(1, result.accumulate) if global_batch % a == 0)
+        # the fastest accumulate: no other accumulation a (the best plan of a step of B/a, repeated a times)
+        # takes less time per global batch; max (memory first) takes the smallest
+        total_s = result.accumulate * result.step_time_s
+        if mode == "max":
+            assert not any(splittable(cap, k, min_batch, global_batch // a, mode)
+                           for a in range(1, result.accumulate) if global_batch % a == 0)
+        for a in range(1, global_batch + 1) if mode != "max" else ():
+            if global_batch % a == 0 and splittable(cap, k, min_batch, global_batch // a, mode):
+                other = allocate(cap, t0, t1, mode=mode, global_batch=global_batch // a, multiple_of=k,
+                                 min_batch=min_batch)
+                assert total_s <= a * other.accumulate * other.step_time_s * (1 + 1e-9), (a, other.accumulate)
     if mode == "uniform":
         assert len(set(b[included].tolist())) == 1
     if mode == "max" and global_batch is None:
@@ -209,24 +217,48 @@ def test_max_gives_every_rank_its_own_cap():
     assert result.batches.tolist() == [96, 32, 64]
 
 
-def test_accumulation_picks_the_smallest_accumulate_that_fits():
-    # one step holds at most 20 samples: 60 → 3 steps of 20; 50 → 50/3, 50/4 are not whole: 5 steps of 10
+def test_accumulation_picks_the_fastest_valid_accumulate():
+    # one step holds at most 20 samples: 60 → 3 steps of 20 (more steps only add t0); 50 → 50/3, 50/4 are
+    # not whole: 5 steps of 10
     assert allocate([10, 10], [0.1, 0.1], [0.01, 0.01], global_batch=60).accumulate == 3
     result = allocate([10, 10], [0.1, 0.1], [0.01, 0.01], global_batch=50)
     assert result.accumulate == 5 and result.batches.tolist() == [5, 5] and result.global_batch == 50
 
 
-def test_advice_names_a_larger_accumulate_when_smaller_steps_balance_better():
+def test_a_larger_accumulate_is_chosen_when_smaller_steps_balance_better_and_never_advised_against():
     # 2112 fits one step (Σ caps 2512) but then the A100s carry 792 each; two steps of 1056 are faster
     cap = [896, 896, 184, 184, 176, 176]
     t0 = [0.010, 0.010, 0.015, 0.015, 0.025, 0.025]
     t1 = [1 / 2600] * 2 + [1 / 1100] * 2 + [1 / 300] * 2
     result = allocate(cap, t0, t1, multiple_of=8, global_batch=2112)
-    two_steps = allocate(cap, t0, t1, multiple_of=8, global_batch=1056)
-    assert result.accumulate == 1
-    assert result.alternatives["best_accumulate"] == pytest.approx(two_steps.throughput_samples_per_s, rel=1e-9)
-    gain = two_steps.throughput_samples_per_s / result.throughput_samples_per_s
-    assert f"accumulate 2 (steps of 1056) would be {gain:.2f}× faster than accumulate 1" in "\n".join(result.advice)
+    one_step = allocate(cap, t0, t1, multiple_of=8, global_batch=2112 // result.accumulate)
+    assert result.accumulate >= 2
+    assert one_step.accumulate == 1 and result.batches.tolist() == one_step.batches.tolist()
+    single = float(np.max(np.asarray(t0) + np.asarray(t1) * np.minimum(np.asarray(cap) // 8 * 8, 792)))
+    assert result.accumulate * result.step_time_s < single  # faster than the one-step split
+    assert not any("accumulate" in sentence for sentence in result.advice + result.notes)
+
+
+def test_comparison_with_uniform_is_a_note_not_advice():
+    result = allocate([896, 896, 184, 184], [0.01] * 4, [1 / 2600] * 2 + [1 / 300] * 2, global_batch=768)
+    assert any(n.startswith("'balanced' is ") and "faster than 'uniform'" in n for n in result.notes)
+    assert not any("faster than 'uniform'" in a for a in result.advice)
+
+
+def test_uniform_left_out_says_why():
+    result = allocate([100, 100, 100], [0.01] * 3, [0.001] * 3, global_batch=200)
+    assert "uniform" not in result.alternatives
+    assert ("'uniform' (plain DDP) is not compared: global batch 200 does not split into 3 equal per-rank "
+            "batches (a multiple of 3 would, e.g. 198 or 201)") in result.notes
+
+
+def test_balance_efficiency_below_one_with_no_idle_rank_is_explained():
+    # two identical ranks with a large fixed step cost, far below their caps: nobody waits, efficiency < 1
+    result = allocate([1000, 1000], [0.05, 0.05], [0.001, 0.001], global_batch=100)
+    assert np.all(result.idle_fraction == 0) and result.balance_efficiency < 0.9
+    note = next(n for n in result.notes if n.startswith("balance efficiency"))
+    assert f"balance efficiency {result.balance_efficiency:.2f} with no rank waiting" in note
+    assert "below their caps" in note
 
 
 def test_global_batch_that_fits_in_one_step_needs_no_accumulation():
@@ -351,9 +383,9 @@ def test_default_groups_fall_back_to_time_profiles_when_caps_all_differ():
     assert any(a.startswith("dropping ranks 40-41 would be") for a in result.advice)
 
 
-def test_too_many_labelled_groups_are_not_compared_and_the_advice_says_so():
+def test_too_many_labelled_groups_are_not_compared_and_a_note_says_so():
     result = allocate([64] * 40, [0.02] * 40, [0.001] * 40, groups=list(range(40)))
-    assert result.advice == ("no advice on dropping GPU groups: the ranks form 40 groups (more than 32); pass "
+    assert result.notes == ("no advice on dropping GPU groups: the ranks form 40 groups (more than 32); pass "
                              "groups= (e.g. the GPU type per rank) to compare them",)
 
 
@@ -385,7 +417,8 @@ def test_demo_mix_a100_v100_t4_balanced_beats_uniform():
     assert uniform.balance_efficiency < 0.25
     assert result.batches[0] > result.batches[2] > result.batches[4]
     assert result.alternatives["uniform"] == pytest.approx(uniform.throughput_samples_per_s)
-    assert result.advice[0].startswith("'balanced' is 4.30× faster than 'uniform'")
+    assert result.notes[0].startswith("'balanced' is 4.30× faster than 'uniform'")
+    assert result.advice == ()
 
 
 # ------------------------------------------------------------------------------------------- bad input
@@ -424,3 +457,15 @@ def test_importing_allocate_imports_neither_torch_nor_ray():
     code = "import sys, planner.allocate.solver; print(any(m in sys.modules for m in ('torch', 'ray', 'pynvml')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_forced_accumulation_is_kept_or_refused_with_the_valid_ones():
+    # what a running job re-splitting its step batch needs: one step, even where two would be faster
+    cap = [896, 896, 184, 184, 176, 176]
+    t0 = [0.010, 0.010, 0.015, 0.015, 0.025, 0.025]
+    t1 = [1 / 2600] * 2 + [1 / 1100] * 2 + [1 / 300] * 2
+    assert allocate(cap, t0, t1, multiple_of=8, global_batch=2112).accumulate >= 2
+    forced = allocate(cap, t0, t1, multiple_of=8, global_batch=2112, accumulate=1)
+    assert forced.accumulate == 1 and forced.step_batch == 2112
+    with pytest.raises(InfeasiblePlanError, match=r"in 1 step\(s\) \(valid accumulations: 2, "):
+        allocate([10, 10], [0.1, 0.1], [0.01, 0.01], global_batch=40, accumulate=1)

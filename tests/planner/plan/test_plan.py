@@ -211,12 +211,28 @@ def test_warnings_are_the_given_ones_then_profile_notes_once_then_the_advice(bas
     assert warnings[1:4] == ["A100-SXM4-80GB: estimated", "T4: estimated", "shared note"]
     assert warnings.count("shared note") == 1
     caps = [PROFILES[s.profile].max_batch(s.memory_budget_bytes) for s in SLOTS]
-    advice = allocate(caps, [PROFILES[s.profile].time_fit.intercept_s for s in SLOTS],
-                      [PROFILES[s.profile].time_fit.s_per_sample for s in SLOTS],
-                      groups=[s.profile for s in SLOTS]).advice
-    assert advice, "mixed speeds should give advice"
-    assert warnings[-len(advice):] == list(advice)
-    assert any("faster than 'uniform'" in w for w in warnings)
+    allocation = allocate(caps, [PROFILES[s.profile].time_fit.intercept_s for s in SLOTS],
+                          [PROFILES[s.profile].time_fit.s_per_sample for s in SLOTS],
+                          groups=[s.gpu for s in SLOTS])
+    advice = list(allocation.advice)
+    assert warnings[len(warnings) - len(advice):] == advice
+    # the comparison with plain DDP is good news: a note, not a warning
+    assert any("faster than 'uniform'" in n for n in base_plan["notes"])
+    assert not any("faster than 'uniform'" in w for w in warnings)
+    assert base_plan["notes"] == list(allocation.notes)
+
+
+def test_sentences_name_gpu_types_never_profile_keys():
+    # a T4 with a large fixed step cost: dropping the T4s is advised, by type (the keys are opaque hashes)
+    profiles = {"e44fc649330660a4": affine_profile("A100-SXM4-80GB", t0=0.01, t1=0.0005),
+                "354dd5c550a590fa": affine_profile("T4", t0=0.3, t1=0.002)}
+    slots = [RankSlot(node=f"n{i // 2}", device_index=i % 2, gpu=profiles[key].gpu, profile=key,
+                      memory_budget_bytes=9 * GIB, total_memory_bytes=16 * GIB)
+             for i, key in enumerate(["e44fc649330660a4"] * 2 + ["354dd5c550a590fa"] * 2)]
+    plan = build_plan(JobSpec(model="m"), slots, profiles).to_json()
+    assert any(w.startswith("dropping the 2 T4 ranks (ranks 2-3) would be") for w in plan["warnings"]), plan
+    for sentence in plan["warnings"] + plan["notes"]:
+        assert not any(key in sentence for key in profiles), sentence
 
 
 def test_caps_at_the_planned_batch_bound_are_warned_about():
@@ -499,7 +515,14 @@ def test_exclusions_carry_their_kind_in_the_program_and_only_the_reason_in_the_f
 
 
 def test_the_advice_is_typed_and_also_among_the_warnings():
-    plan = build_plan(JobSpec(model="m"), SLOTS, PROFILES)
-    assert plan.advice, "a mixed cluster gets advice"
+    # a T4 with a large fixed step cost beside A100s: dropping the T4s is advised
+    profiles = {"a": affine_profile("A100-SXM4-80GB", t0=0.01, t1=0.0005), "t": affine_profile("T4", t0=0.3, t1=0.002)}
+    slots = [RankSlot(node=f"n{i // 2}", device_index=i % 2, gpu=profiles[key].gpu, profile=key,
+                      memory_budget_bytes=9 * GIB, total_memory_bytes=16 * GIB) for i, key in enumerate("aatt")]
+    plan = build_plan(JobSpec(model="m"), slots, profiles)
+    assert plan.advice, "a mixed cluster with a very slow type gets advice"
     assert all(isinstance(a.kind, AdviceKind) for a in plan.advice)
     assert all(a in plan.warnings for a in plan.advice)
+    # notes are typed too, and are not warnings
+    assert plan.notes and all(isinstance(n.kind, AdviceKind) for n in plan.notes)
+    assert not set(plan.notes) & set(plan.warnings)

@@ -24,7 +24,7 @@ def planned_slopes(wrong_by: float, speeds: Sequence[float] = SPEEDS, sample_s: 
 def optimum(caps: Sequence[int], speeds: Sequence[float] = SPEEDS, sample_s: float = SAMPLE_S) -> tuple[int, ...]:
     """The solver's split for the simulated speeds themselves (what re-balancing should reach)."""
     allocation = allocate(list(caps), [0.0] * len(caps), [k * sample_s for k in speeds], global_batch=STEP_BATCH,
-                          multiple_of=MULTIPLE_OF, min_batch=MULTIPLE_OF)
+                          multiple_of=MULTIPLE_OF, min_batch=MULTIPLE_OF, accumulate=1)  # a job's one step
     return tuple(int(b) for b in allocation.batches)
 
 

@@ -1,0 +1,113 @@
+"""Pictures a person reads at a glance (issue #15, item 8): one bar per rank labelled node and GPU, the
+numbers on the bars, legends outside the bars, model and cluster in the title; the profile's curve names the
+model. Checked on the figure matplotlib builds (its texts and where its legends sit), then the PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.cluster import load_cluster
+from planner.driver import DriverOptions, plan_without_ray
+from planner.job import JobSpec
+from tests.planner.cli_helpers import DEMO_MIXED, TINY_MODEL, assert_ok, is_png, run_cli
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+
+from planner.cli.plot import MAX_RANK_BARS, plan_figure  # noqa: E402 (after the Agg backend is chosen)
+
+
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    from planner.profiles.cache import ProfileCache
+
+    job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=768)
+    cache = ProfileCache(tmp_path_factory.mktemp("cache"))
+    return plan_without_ray(job, load_cluster(DEMO_MIXED), options=DriverOptions(cache=cache)).plan.to_json()
+
+
+def _texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def test_one_labelled_bar_per_rank_with_its_numbers(plan: dict) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = plan_figure(plan)
+    try:
+        ax_batch, ax_mem, ax_time = fig.axes[:3]
+        labels = [t.get_text() for t in ax_batch.get_yticklabels()]
+        assert labels == [f"r{r['rank']}  {r['node']} · {r['gpu']} #{r['device_index']}" for r in plan["ranks"]]
+        assert labels[0] == "r0  node-a100 · A100-SXM4-80GB #0" and labels[-1] == "r5  node-t4 · T4 #1"
+        assert _texts(ax_batch) == [f" {r['batch']} of {r['max_batch']}" for r in plan["ranks"]]
+        assert len(_texts(ax_mem)) == len(_texts(ax_time)) == len(plan["ranks"])
+        assert all(t.endswith(" GiB") for t in _texts(ax_mem))
+        assert all(" ms, idle " in t for t in _texts(ax_time))
+    finally:
+        plt.close(fig)
+
+
+def test_title_names_model_and_cluster_and_legends_sit_outside_the_bars(plan: dict) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = plan_figure(plan)
+    try:
+        fig.canvas.draw()
+        title = fig._suptitle.get_text()
+        assert title.startswith("tests.planner.tiny_models:convnet on demo-mixed (balanced): 6 ranks, global batch 768")
+        renderer = fig.canvas.get_renderer()
+        for ax in fig.axes[:3]:
+            legend = ax.get_legend()
+            assert legend is not None
+            box, area = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+            assert box.y0 >= area.y1 - 1, "the legend lies above the bars, not over them"
+    finally:
+        plt.close(fig)
+
+
+def test_a_large_cluster_gets_one_bar_per_gpu_type(plan: dict) -> None:
+    import matplotlib.pyplot as plt
+
+    many = dict(plan, ranks=[dict(r, rank=i, node=f"n{i // 8}") for i, r in
+                              enumerate(plan["ranks"] * (MAX_RANK_BARS // len(plan["ranks"]) + 1))])
+    fig = plan_figure(many)
+    try:
+        labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        assert len(labels) == 3
+        assert labels[0].startswith("A100-SXM4-80GB ×") and "nodes (slowest shown)" in labels[0]
+    finally:
+        plt.close(fig)
+
+
+def test_plot_files_are_written_and_the_profile_title_names_the_model(tmp_path: Path) -> None:
+    picture = tmp_path / "plan.png"
+    result = run_cli("plan", "--no-ray", "--cluster", DEMO_MIXED, *TINY_MODEL, "--cache-dir", tmp_path / "cache",
+                     "--no-write", "--plot", picture, cwd=tmp_path)
+    assert_ok(result)
+    assert is_png(picture)
+
+    from matplotlib.figure import Figure
+
+    titles: list[str] = []
+    original = Figure.savefig
+
+    def spy(self, *args, **kwargs):  # the title of the figure being saved, then the real save
+        titles.extend(ax.get_title() for ax in self.axes)
+        return original(self, *args, **kwargs)
+
+    from planner.cli.plot import plot_profile
+    from planner.profiles.profile import DeviceProfile
+
+    profile = DeviceProfile.from_points(gpu="T4", method="estimate", amp="fp16",
+                                        memory_points=[(1, 2**30), (8, 2 * 2**30), (32, 5 * 2**30)],
+                                        time_points=[(1, 0.01), (8, 0.02), (32, 0.05)])
+    Figure.savefig = spy
+    try:
+        plot_profile(profile.to_json(), budget_bytes=9 * 2**30, total_bytes=15 * 2**30, chosen_batch=30,
+                     path=str(tmp_path / "curve.png"), model="resnet50")
+    finally:
+        Figure.savefig = original
+    assert titles == ["resnet50 on T4: memory per step (fp16, estimated)"]
+    assert is_png(tmp_path / "curve.png")
