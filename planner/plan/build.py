@@ -49,24 +49,9 @@ def build_plan(
     Raises:
         InfeasiblePlanError: no device fits the minimum batch, or the global batch is unreachable.
     """
-    # torchrun's static rendezvous numbers ranks node by node: keep each node's devices together, nodes in
-    # the order they first appear
-    first_seen = {node: i for i, node in reversed(list(enumerate(s.node for s in slots)))}
-    slots = sorted(slots, key=lambda s: first_seen[s.node])
-    if not slots:
-        reasons = "; ".join(f"{e.node}[{e.device_index}]: {e.reason}" for e in excluded) or "no GPUs found"
-        raise InfeasiblePlanError(f"no usable GPU to plan on ({reasons})")
+    slots = _node_ordered(slots, excluded)
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
-    allocation = allocate(
-        caps,
-        [profiles[s.profile].time_fit.intercept_s / s.speed_factor for s in slots],
-        [profiles[s.profile].time_fit.s_per_sample / s.speed_factor for s in slots],
-        mode=job.mode,
-        global_batch=job.global_batch,
-        multiple_of=job.multiple_of,
-        min_batch=job.min_batch,
-        groups=[s.group for s in slots],  # advice names GPU types, never profile keys
-    )
+    allocation = _allocate(job, slots, profiles, caps)
     efficiency_range = _expected_balance_range(slots, profiles, caps, allocation, job.multiple_of)
     all_excluded = list(excluded) + [
         ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
@@ -104,6 +89,33 @@ def build_plan(
         notes=(*notes, *allocation.notes),
         advice=allocation.advice,
         extra=dict(extra or {}),
+    )
+
+
+def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice]) -> list[RankSlot]:
+    """``slots`` with each node's devices together, nodes in the order they first appear: torchrun's static
+    rendezvous numbers ranks node by node."""
+    first_seen = {node: i for i, node in reversed(list(enumerate(s.node for s in slots)))}
+    ordered = sorted(slots, key=lambda s: first_seen[s.node])
+    if not ordered:
+        reasons = "; ".join(f"{e.node}[{e.device_index}]: {e.reason}" for e in excluded) or "no GPUs found"
+        raise InfeasiblePlanError(f"no usable GPU to plan on ({reasons})")
+    return ordered
+
+
+def _allocate(
+    job: JobSpec, slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], caps: Sequence[int]
+) -> Allocation:
+    """The job's allocation over ``slots``: each device's profiled time curve at its speed factor."""
+    return allocate(
+        caps,
+        [profiles[s.profile].time_fit.intercept_s / s.speed_factor for s in slots],
+        [profiles[s.profile].time_fit.s_per_sample / s.speed_factor for s in slots],
+        mode=job.mode,
+        global_batch=job.global_batch,
+        multiple_of=job.multiple_of,
+        min_batch=job.min_batch,
+        groups=[s.group for s in slots],  # advice names GPU types, never profile keys
     )
 
 

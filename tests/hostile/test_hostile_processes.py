@@ -180,7 +180,9 @@ def _start(runs: list[Run], tmp_path: Path, *args: str, hang: bool = True, shado
 @pytest.mark.parametrize("command", ["plan", "preflight"])
 def test_json_stdout_survives_a_probe_killed_mid_profile(runs, tmp_path, command) -> None:
     extra = ("--no-write",) if command == "plan" else ()
-    run = _start(runs, tmp_path, command, "--cluster", "three.yaml", *MODEL, "--no-cache", "--json", *extra)
+    # one raylet per node (--raylet-cap 3): with the default single raylet the killed probe answers for all
+    run = _start(runs, tmp_path, command, "--cluster", "three.yaml", *MODEL, "--no-cache", "--json",
+                 "--raylet-cap", "3", *extra)
     os.kill(run.wait_for_hung_probe(), signal.SIGKILL)
     result = run.finish()
     assert result.returncode in (0, 1), describe(result)

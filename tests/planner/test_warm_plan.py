@@ -24,6 +24,7 @@ from tests.planner.cli_helpers import (
     parse_json_stdout,
     run_cli,
 )
+from torchkit.estimate.time_model import time_model_id
 
 GIB = 2**30
 MIB = 2**20
@@ -41,7 +42,8 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
             time_points=[(b, 0.01 + per_sample_s * b) for b in (32, 128, 512)],
         )
         fingerprint, torch_version = job_fingerprint(job)
-        inputs = job_key_inputs(job, gpu, method="estimate", fingerprint=fingerprint, torch_version=torch_version)
+        inputs = job_key_inputs(job, gpu, method="estimate", fingerprint=fingerprint, torch_version=torch_version,
+                                time_model=time_model_id())
         key = key_of_inputs(inputs)
         ProfileCache(cache_dir).put(key, profile, inputs=inputs)
         keys[gpu_name] = key
