@@ -118,7 +118,9 @@ def test_the_estimate_is_priced_by_the_calibration_and_says_so(tmp_path: Path) -
 
     from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, TIME_MODEL_ENV
 
-    args = ("profile", "--gpu", "V100-SXM2-16GB", *TINY_MODEL, "--amp", "fp16", "--json")
+    # a cache of its own: profile reads the shared cache, and an entry of an earlier run names its own file
+    args = ("profile", "--gpu", "V100-SXM2-16GB", *TINY_MODEL, "--amp", "fp16", "--json",
+            "--cache-dir", str(tmp_path / "cache"))
     shipped = check_profile(parse_json_stdout(run_cli(*args, cwd=tmp_path)))
     assert shipped["profile"]["time_log_sigma"] > 0 and "volta" in shipped["profile"]["time_model"]
     doc = json.loads(DEFAULT_TIME_MODEL_PATH.read_text())
