@@ -38,12 +38,11 @@ from planner.probing.backends import (
 )
 from planner.probing.busy import busy_summary, is_shared, speed_factor
 from planner.probing.inventory import NodeInventory
-from planner.probing.make_profile import job_fingerprint
+from planner.probing.make_profile import job_fingerprint, profile_key_inputs
 from planner.profiles.cache import ProfileCache
-from planner.profiles.key import job_key_inputs, key_of_inputs
+from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
-from torchkit.estimate.time_model import time_model_id
 from torchkit.hardware.catalog import GpuCatalog
 
 log = logging.getLogger(__name__)
@@ -108,8 +107,8 @@ def _profile_requests(
             method = "measure" if measure else "estimate"
             if job.method == "measure" and inventory.simulated:
                 method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
-            inputs = job_key_inputs(job, catalog.get(gpu_type), method=method, fingerprint=fingerprint,
-                                    torch_version=torch_version, time_model=time_model_id())
+            inputs = profile_key_inputs(job, catalog.get(gpu_type), method=method,
+                                        identity=(fingerprint, torch_version))
             key = key_of_inputs(inputs)
             device_keys[(inventory.name, index)] = key
             if key not in requests:

@@ -75,16 +75,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _cached_profile(args: argparse.Namespace, job: JobSpec, gpu, method: str, device_index: int | None):
     """The profile from the cache ``plan`` shares, or made now (and cached)."""
-    from planner.probing.make_profile import job_fingerprint, make_profile, resolve_method
+    from planner.probing.make_profile import make_profile, profile_key_inputs, resolve_method
     from planner.profiles.cache import ProfileCache
-    from planner.profiles.key import job_key_inputs, key_of_inputs
-    from torchkit.estimate.time_model import time_model_id
+    from planner.profiles.key import key_of_inputs
 
     cache = None if args.no_cache else ProfileCache(args.cache_dir)
     resolved = resolve_method(method, device_index)
-    fingerprint, torch_version = job_fingerprint(job)
-    inputs = job_key_inputs(job, gpu, method=resolved, fingerprint=fingerprint, torch_version=torch_version,
-                            time_model=time_model_id())
+    inputs = profile_key_inputs(job, gpu, method=resolved)
     key = key_of_inputs(inputs)
     cached = cache.get(key) if cache is not None else None
     if cached is not None:

@@ -31,7 +31,7 @@ from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.types import Plan, RankSlot
-from planner.profiles.key import job_key_inputs, key_of_inputs
+from planner.profiles.key import key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,8 @@ def autobatch_ddp(
     """
     import torch.distributed as dist
 
-    from planner.probing.make_profile import job_fingerprint
+    from planner.probing.make_profile import job_fingerprint, profile_key_inputs
     from planner.runtime.rank_plan import load_rank_plan
-    from torchkit.estimate.time_model import time_model_id
     from torchkit.hardware.catalog import load_catalog
 
     if not dist.is_available() or not dist.is_initialized():
@@ -131,8 +130,7 @@ def autobatch_ddp(
     method = "estimate" if gpu is not None else job.method
 
     def inputs_for(gpu_name: str) -> dict[str, str]:
-        return job_key_inputs(job, catalog.get(gpu_name), method=method, fingerprint=fingerprint,
-                              torch_version=torch_version, time_model=time_model_id())
+        return profile_key_inputs(job, catalog.get(gpu_name), method=method, identity=(fingerprint, torch_version))
 
     def key_for(gpu_name: str) -> str:
         return key_of_inputs(inputs_for(gpu_name))
