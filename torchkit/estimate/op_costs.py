@@ -1,7 +1,9 @@
 """FLOPs and bytes moved per operator of a training step, recorded on fake tensors.
 
 FLOPs come from PyTorch's own formulas (``torch.utils.flop_counter.flop_registry``: matmul, convolution,
-attention and their backwards) plus the CPU flash-attention operators the registry lacks; every other
+attention and their backwards) plus the CPU flash-attention operators the registry lacks, and our own
+formula for a convolution's backward (see :func:`_conv_backward_flops`: torch's counts a grouped
+convolution's weight gradient ``groups`` times over); every other
 operator counts 0 FLOPs, as ``FlopCounterMode`` does (elementwise work is bandwidth-bound and the roofline
 charges it through its bytes). Bytes moved are those of ``torch.utils._runtime_estimation``: every tensor
 an operator reads plus every tensor it writes (a broadcast dimension counts once), so an in-place op is
@@ -16,6 +18,7 @@ than the eager operators recorded here.
 from __future__ import annotations
 
 import functools
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -113,7 +116,25 @@ def _lstm_layer_flops(func: Any, args: tuple, kwargs: dict) -> int:
     return 2 * forward if func._overloadpacket.__name__.endswith("_backward") else forward
 
 
+def _conv_backward_flops(func: Any, args: tuple, kwargs: dict) -> int:
+    """``convolution_backward``: each gradient it computes (input, weight) costs what the forward does,
+    ``2·N·spatial·prod(weight.shape)`` with ``spatial`` the output's (a transposed convolution: the input's).
+
+    torch's formula (``flop_counter.conv_backward_flop``, 2.13 and earlier) prices the weight gradient as a
+    convolution over the *full* input channels, so a grouped one is charged ``groups`` times its work:
+    ResNeXt-101 32x4d's 3x3 convolutions came out at 32 GFLOP per image instead of 3, and a depthwise one
+    (groups = channels) hundreds of times over (pytorch/pytorch#183405 divides by ``groups`` upstream).
+    This formula is exact for any ``groups``, so it does not depend on the torch version."""
+    grad_out, x, weight = args[:3]
+    transposed = bool(args[7] if len(args) > 7 else kwargs.get("transposed", False))
+    mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
+    spatial = x.shape[2:] if transposed else grad_out.shape[2:]
+    forward = 2 * int(x.shape[0]) * math.prod(int(s) for s in spatial) * math.prod(int(s) for s in weight.shape)
+    return forward * (int(bool(mask[0])) + int(bool(mask[1])))
+
+
 _EXTRA_FLOPS = {
+    "convolution_backward": _conv_backward_flops,
     "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_attention_flops,
     "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_attention_flops,
     "mkldnn_rnn_layer": _lstm_layer_flops,

@@ -71,8 +71,8 @@ class TimeConstants:
     its kernel's native layout"""
     grouped_conv_efficiency: float
     """a grouped convolution (groups > 1) reaches this multiple of what a dense one of its precision does
-    (capped at the peak); fitted, and above 1 on the data: ResNeXt's grouped 3x3 convolutions run closer to
-    peak than the average dense convolution, whose efficiency the 1x1 ones pull down"""
+    (capped at the peak); fitted per architecture, well below 1 on the data: cuDNN's grouped kernels
+    (ResNeXt's 3x3, 32 groups) do little work per byte and reach a fraction of the dense efficiency"""
     kernel_launch_s: float
     """GPU-side gap per kernel between back-to-back launches"""
     eager_dispatch_s: float

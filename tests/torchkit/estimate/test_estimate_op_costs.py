@@ -65,3 +65,40 @@ def test_aggregate_sums_per_operator_largest_flops_first() -> None:
         ("mm.default", 2, 150, 10),
         ("relu.default", 1, 0, 10),
     ]
+
+
+def _conv_costs(groups: int, *, transposed: bool = False) -> tuple[KernelCost, KernelCost]:
+    """(forward, backward) cost of a 3x3 convolution of 64 channels in ``groups`` groups, on fake tensors."""
+    with FakeTensorMode():
+        x = torch.empty(4, 64, 14, 14)
+        w = torch.empty(64, 64 // groups, 3, 3)
+        conv_args = (x, w, None, [1, 1], [1, 1], [1, 1], transposed, [0, 0], groups)
+        y = aten.convolution.default(*conv_args)
+        fwd = kernel_cost(aten.convolution.default, conv_args, {}, y)
+        bwd_args = (y, x, w, None, [1, 1], [1, 1], [1, 1], transposed, [0, 0], groups, [True, True, False])
+        bwd = kernel_cost(aten.convolution_backward.default, bwd_args, {}, aten.convolution_backward.default(*bwd_args))
+    return fwd, bwd
+
+
+def test_a_convolutions_backward_costs_twice_its_forward_whatever_its_groups() -> None:
+    # input and weight gradients each cost the forward's 2·N·H·W·C_out·(C_in/groups)·9
+    for groups in (1, 4, 32, 64):
+        fwd, bwd = _conv_costs(groups)
+        assert fwd.flops == 2 * 4 * 14 * 14 * 64 * (64 // groups) * 9
+        assert bwd.flops == 2 * fwd.flops, groups
+        assert bwd.groups == groups and bwd.kind == "conv"
+        fwd_t, bwd_t = _conv_costs(groups, transposed=True)
+        assert bwd_t.flops == 2 * fwd_t.flops == 2 * fwd.flops, groups
+
+
+def test_the_dense_convolution_backward_agrees_with_torchs_formula() -> None:
+    from torch.utils.flop_counter import flop_registry
+
+    _, ours = _conv_costs(1)
+    with FakeTensorMode():
+        x, w = torch.empty(4, 64, 14, 14), torch.empty(64, 64, 3, 3)
+        y = torch.empty(4, 64, 14, 14)
+        args = (y, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+        out = aten.convolution_backward.default(*args)
+        theirs = flop_registry[aten.convolution_backward](*args, out_val=out)
+    assert ours.flops == theirs

@@ -4,7 +4,8 @@ The parameters are coordinates (logit for efficiencies, log otherwise) of
 :class:`~torchkit.estimate.roofline.TimeConstants` fields: six global
 ones (tensor-core, TF32, FP32 and bandwidth efficiency, layout-conversion factor, grouped-convolution
 efficiency) and, for every
-architecture with rows, a deviation of its tensor-core and bandwidth efficiency from the global value. The
+architecture with rows, a deviation of its tensor-core, bandwidth and grouped-convolution efficiency from the
+global value. The
 residual of a row is ``log(predicted) − log(measured)`` samples/s over ``DATA_LOG_SIGMA``; a Gaussian prior
 adds ``(θ − prior) / σ`` per parameter (weak on the globals, ``ARCH_PRIOR_LOG_SIGMA`` on the deviations), so
 parameters the rows do not determine stay at their priors and one card cannot drag its architecture far.
@@ -31,9 +32,13 @@ GLOBAL_PARAMS: tuple[str, ...] = (
     "layout_conversion_factor",
     "grouped_conv_efficiency",
 )
-ARCH_PARAMS: tuple[str, ...] = ("tensor_core_efficiency", "bandwidth_efficiency")
-"""fields that get a per-architecture deviation (the ones the issue's evidence shows differ by card class:
-HBM vs GDDR bandwidth reached, tensor-core generation)"""
+ARCH_PARAMS: tuple[str, ...] = ("tensor_core_efficiency", "bandwidth_efficiency", "grouped_conv_efficiency")
+"""fields that get a per-architecture deviation: the ones the evidence shows differ by card class (HBM vs
+GDDR bandwidth reached, tensor-core generation, cuDNN's grouped kernels per generation) *and* that every
+calibrated architecture's rows determine (each has dense and grouped models). The layout factor stays
+global: the A100 rows have no NCHW/NHWC pair at one precision, so a GA100 layout factor would only trade
+off against its TF32 efficiency. Chosen by leave-one-architecture-out error on the fit rows
+(bench/README.md, section 8, has the candidates' figures)."""
 BOUNDED_PARAMS: frozenset[str] = frozenset(
     {"tensor_core_efficiency", "tf32_efficiency", "fp32_efficiency", "bandwidth_efficiency"}
 )
