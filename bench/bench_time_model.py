@@ -19,7 +19,9 @@ measured speed: achieved throughput / the bound (target >= 0.95); ``abs_error_ma
 |predicted / measured − 1| throughput of one row (target ±30%).
 Memory: every measured row's batch must be predicted to fit its card at ``--fraction 0.95``
 (``memory_fits_at_0.95``); ``memory_fragmentation_bound`` is the largest fragmentation factor under which
-every row fits at all (the sources trained at those batches).
+every row fits at all (the sources trained at those batches). The other direction: where the source ran out
+of memory at a larger batch (``oom_batch``: timm's benchmark steps down on OOM), the estimate at that batch
+should exceed the card (``memory_oom_predicted_over_card`` of ``memory_oom_rows``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def _print(prefix: str, figures: dict[str, float]) -> None:
 def memory_figures(rows, catalog) -> dict[str, float]:
     peaks = load_cuda_peaks()
     fits, worst, bound, misses = 0, 0.0, math.inf, []
+    oom_over, oom_rows, oom_lines = 0, 0, []
     for r in rows:
         gpu = catalog.get(r.gpu)
         peak = peaks[table_key(r.model, r.batch, r.amp)]
@@ -105,8 +108,17 @@ def memory_figures(rows, catalog) -> dict[str, float]:
         bound = min(bound, (gpu.memory_bytes - fixed) / peak)
         if r.id.startswith("timm-r50-3090"):
             print(f"memory_{r.id}_predicted_gib={need / GIB:.2f}")
+        if r.oom_batch:  # the source ran out of memory there: the estimate must not fit it on the card
+            oom_need = device_bytes_from_peak(peaks[table_key(r.model, r.oom_batch, r.amp)], gpu)
+            oom_rows += 1
+            oom_over += oom_need > gpu.memory_bytes
+            oom_lines.append(f"{r.id}@{r.oom_batch}:{oom_need / gpu.memory_bytes:.3f}")
     print(f"memory_over_0.95={','.join(misses) or 'none'}")
-    return {"fits_at_0.95": float(fits), "rows": float(len(rows)), "worst_fraction": worst, "fragmentation_bound": bound}
+    print(f"memory_oom_predicted_fraction={','.join(oom_lines) or 'none'}")
+    return {
+        "fits_at_0.95": float(fits), "rows": float(len(rows)), "worst_fraction": worst, "fragmentation_bound": bound,
+        "oom_predicted_over_card": float(oom_over), "oom_rows": float(oom_rows),
+    }
 
 
 def main() -> int:

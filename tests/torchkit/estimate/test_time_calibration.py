@@ -52,7 +52,7 @@ def test_calibration_models_are_the_built_in_workloads() -> None:
 
 
 def _csv_with(tmp_path: Path, row: str) -> Path:
-    header = "id,model,gpu,precision,layout,batch,samples_per_s,optimizer,source,software\n"
+    header = "id,model,gpu,precision,layout,batch,samples_per_s,optimizer,source,software,oom_batch\n"
     path = tmp_path / "m.csv"
     path.write_text("# comment\n" + header + row + "\n")
     return path
@@ -68,11 +68,31 @@ def _csv_with(tmp_path: Path, row: str) -> Path:
         ("a,resnet50,A100-SXM4-80GB,fp32,nchw,256,1200,sgd,src,NGC", "fp32 on compute capability 8"),
         ("a,resnet50,V100-SXM2-16GB,fp16,nhwc,256,-3,sgd,src,NGC", "must be positive"),
         ("a,resnet50,V100-SXM2-16GB,fp16,nhwc,many,3,sgd,src,NGC", "not numbers"),
+        ("a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,256", "oom_batch '256'.*above the row's batch 256"),
+        ("a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,lots", "oom_batch 'lots'"),
     ],
 )
 def test_a_bad_row_is_a_config_error_naming_its_line(tmp_path, catalog, row, message) -> None:
     with pytest.raises(ConfigError, match=rf"line 3: .*{message}"):
         read_measured(_csv_with(tmp_path, row), catalog=catalog)
+
+
+def test_the_out_of_memory_batch_is_optional_and_read(tmp_path, catalog) -> None:
+    path = _csv_with(tmp_path, "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,384\nb,resnet50,RTX-3090,fp16,nhwc,512,1200,sgd,src,timm,")
+    assert [r.oom_batch for r in read_measured(path, catalog=catalog)] == [384, None]
+    old_header = tmp_path / "old.csv"  # a file written before the column existed still reads
+    old_header.write_text("id,model,gpu,precision,layout,batch,samples_per_s,optimizer,source,software\n"
+                          "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm\n")
+    assert read_measured(old_header, catalog=catalog)[0].oom_batch is None
+
+
+def test_the_shipped_out_of_memory_batches_are_timms_next_step_up(catalog) -> None:
+    """timm's benchmark retries one step of decay_batch_step down after an out-of-memory error."""
+    decay_from = {384: 512, 256: 384, 192: 256, 128: 192}
+    rows = [r for r in read_measured(catalog=catalog) if r.oom_batch]
+    assert rows
+    for r in rows:
+        assert "pytorch-image-models" in r.source and r.oom_batch == decay_from[r.batch], r.id
 
 
 def test_the_held_out_split_is_stratified_and_deterministic(catalog) -> None:
@@ -122,9 +142,10 @@ def test_the_fit_recovers_known_constants_from_synthetic_data(catalog) -> None:
         grouped_conv_efficiency=0.4,
     )
     truth_arch = {
-        "volta": replace(truth_global, tensor_core_efficiency=0.55, bandwidth_efficiency=0.7),
+        "volta": replace(truth_global, tensor_core_efficiency=0.55, bandwidth_efficiency=0.7, grouped_conv_efficiency=0.3),
         "ampere-ga100": replace(truth_global, tensor_core_efficiency=0.65, bandwidth_efficiency=0.6),
-        "ampere-ga10x": replace(truth_global, tensor_core_efficiency=0.8, bandwidth_efficiency=0.8),
+        "ampere-ga10x": replace(truth_global, tensor_core_efficiency=0.8, bandwidth_efficiency=0.8,
+                                grouped_conv_efficiency=0.6),
     }
     observations = []
     for gpu_name in ("V100-SXM2-16GB", "A100-SXM4-80GB", "RTX-3090"):

@@ -19,7 +19,10 @@ from torchkit.errors import ConfigError
 from torchkit.hardware.catalog import GpuCatalog
 
 DATA_PATH = Path(__file__).resolve().parent / "measured_throughput.csv"
-COLUMNS = ("id", "model", "gpu", "precision", "layout", "batch", "samples_per_s", "optimizer", "source", "software")
+COLUMNS = (
+    "id", "model", "gpu", "precision", "layout", "batch", "samples_per_s", "optimizer", "source", "software", "oom_batch"
+)
+OPTIONAL_COLUMNS = frozenset({"oom_batch"})
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp32")
 LAYOUTS: tuple[str, ...] = ("nchw", "nhwc")
@@ -45,6 +48,8 @@ class MeasuredRow:
     optimizer: str
     source: str
     software: str
+    oom_batch: int | None = None
+    """a larger batch the source tried on the same card and ran out of memory at (None: not reported)"""
 
     @property
     def amp(self) -> str:
@@ -79,7 +84,7 @@ def _fail(line: int, what: str, fix: str) -> ConfigError:
 
 
 def _parse(line: int, raw: dict[str, str], catalog: GpuCatalog) -> MeasuredRow:
-    missing = [c for c in COLUMNS if not (raw.get(c) or "").strip()]
+    missing = [c for c in COLUMNS if c not in OPTIONAL_COLUMNS and not (raw.get(c) or "").strip()]
     if missing:
         raise _fail(line, f"empty {', '.join(missing)}", "every row needs all columns, a source above all")
     if raw["gpu"] not in catalog:
@@ -97,10 +102,14 @@ def _parse(line: int, raw: dict[str, str], catalog: GpuCatalog) -> MeasuredRow:
         raise _fail(line, f"batch/samples_per_s not numbers: {e}", "integer batch, float throughput") from e
     if batch < 1 or not tput > 0:
         raise _fail(line, f"batch {batch}, samples_per_s {tput}", "both must be positive")
+    oom = (raw.get("oom_batch") or "").strip()
+    if oom and (not oom.isdigit() or int(oom) <= batch):
+        raise _fail(line, f"oom_batch {oom!r}", f"empty, or an integer batch above the row's batch {batch}")
     return MeasuredRow(
         id=raw["id"], model=raw["model"], gpu=raw["gpu"], precision=raw["precision"],  # type: ignore[arg-type]
         layout=raw["layout"], batch=batch, samples_per_s=tput,  # type: ignore[arg-type]
         optimizer=raw["optimizer"], source=raw["source"], software=raw["software"],
+        oom_batch=int(oom) if oom else None,
     )
 
 
@@ -117,7 +126,8 @@ def read_measured(path: Path = DATA_PATH, catalog: GpuCatalog | None = None) -> 
     lines = path.read_text().splitlines()
     body = [(n, text) for n, text in enumerate(lines, 1) if text.strip() and not text.startswith("#")]
     reader = csv.DictReader([text for _, text in body])
-    if tuple(reader.fieldnames or ()) != COLUMNS:
+    required = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
+    if tuple(reader.fieldnames or ()) not in (COLUMNS, required):
         raise ConfigError(f"{path.name}: header {reader.fieldnames} (expected {', '.join(COLUMNS)})")
     rows = [_parse(body[i + 1][0], raw, catalog) for i, raw in enumerate(reader)]
     ids = [r.id for r in rows]

@@ -1,7 +1,8 @@
 """The estimator's kernel tables of the measured configurations, cached in ``kernel_tables.json``.
 
 The fit prices each measured row's kernel table many times (and the memory benchmark needs each
-configuration's CUDA peak, ``cuda_peak_bytes``, what ``cuda_device_bytes`` turns into device memory); a fake pass per row would make it slow, so the
+configuration's CUDA peak, ``cuda_peak_bytes``, what ``cuda_device_bytes`` turns into device memory, also at
+each row's ``oom_batch``); a fake pass per row would make it slow, so the
 tables (GPU-independent: they depend on workload, batch and amp only) are computed once with the very
 estimator the planner uses and kept in the repository. ``python bench/calibrate_time.py --refresh-tables``
 recomputes them (needed after a change to the workloads or to op_costs); the file records the torch
@@ -35,15 +36,18 @@ def build_tables(rows: Iterable[MeasuredRow], *, optimizer: str = "sgd", progres
     from torchkit.estimate.roofline import kernel_table
     from torchkit.workloads import get_workload, workload_fingerprint
 
+    rows = list(rows)
     keys = sorted({(r.model, r.batch, r.amp) for r in rows})
+    oom_keys = sorted({(r.model, r.oom_batch, r.amp) for r in rows if r.oom_batch} - set(keys))
     tables, fingerprints, peaks = {}, {}, {}
-    for i, (model, batch, amp) in enumerate(keys, 1):
+    for i, (model, batch, amp) in enumerate(keys + oom_keys, 1):
         workload = get_workload(model)
         if progress:
-            print(f"[{i}/{len(keys)}] fake pass {model} batch {batch} amp {amp}", file=sys.stderr, flush=True)
+            print(f"[{i}/{len(keys) + len(oom_keys)}] fake pass {model} batch {batch} amp {amp}", file=sys.stderr, flush=True)
         estimate = estimate_step(workload, batch, amp=amp, optimizer=optimizer)  # type: ignore[arg-type]
         key = table_key(model, batch, amp)
-        tables[key] = kernel_table(estimate.kernels).to_json()
+        if (model, batch, amp) in keys:  # an out-of-memory batch needs only its peak
+            tables[key] = kernel_table(estimate.kernels).to_json()
         peaks[key] = max(
             estimate.cuda_peak_with_workspace_bytes, estimate.cuda_rounded_peak_bytes, estimate.peak_allocated_bytes
         )
