@@ -214,8 +214,10 @@ class CudaOverhead:
     ``calibration/measured_throughput.csv`` ran on its card, and timm's ResNet-50 AMP at batch 512 on a
     24 GB RTX 3090 (estimated peak 21.6 GiB) fits only with a factor <= 1.088 besides the context below
     (``python bench/bench_time_model.py`` prints ``memory_fragmentation_bound``); 1.10, the earlier prior,
-    predicted that run would not fit. Measure ``max_memory_reserved / max_memory_allocated`` on a GPU to
-    replace it."""
+    predicted that run would not fit. No factor below it is supported either: on the same card timm ran out
+    of memory with ResNeXt-101 NCHW at batch 256 (estimated peak 20.7 GiB, lower), so what the estimate
+    misses there is per model and layout (cuDNN workspace), not a smaller uniform factor (bench/README.md
+    §8, "Memory"). Measure ``max_memory_reserved / max_memory_allocated`` on a GPU to replace it."""
     context_bytes: int = 512 * MIB
     """CUDA context + lazily loaded kernel images, outside PyTorch's allocator. Sources: pytorch PR
     #86509 (287 MB with CUDA_MODULE_LOADING=LAZY, 667 MB without), pytorch#109888 (ptrblck: "around
