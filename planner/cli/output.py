@@ -20,6 +20,13 @@ def format_gib(num_bytes: int | float | None, digits: int = 1) -> str:
     return f"{num_bytes / GIB:.{digits}f}"
 
 
+def format_ms(seconds: float) -> str:
+    """Seconds as milliseconds with the digits that matter: ``138``, ``3.2``, ``0.45`` (a small model's
+    sub-millisecond step must not print as ``0``)."""
+    ms = seconds * 1000
+    return f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
+
+
 def print_json(obj: Any) -> None:
     """Exact JSON on stdout (sorted keys off: field order follows the schema)."""
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")

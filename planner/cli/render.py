@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from planner.cli.output import echo, format_gib, print_json, print_table
+from planner.cli.output import echo, format_gib, format_ms, print_json, print_table
 from planner.plan.types import Plan
 
 #: how ``plan`` and ``show`` print a plan: the table, or per-node environment lines (``--emit``)
@@ -23,7 +23,7 @@ def render_plan(plan: Plan) -> None:
             r.rank, r.node, r.local_rank, r.device_index, r.gpu, r.batch, r.max_batch,
             f"{format_gib(r.predicted_memory_bytes)}/{format_gib(r.memory_budget_bytes)}/"
             f"{format_gib(r.total_memory_bytes)}",
-            f"{r.predicted_step_time_s * 1000:.0f}",
+            format_ms(r.predicted_step_time_s),
             f"{(r.idle_fraction or 0.0) * 100:.0f}%",
             f"{r.loss_weight:.4f}",
         ]
@@ -37,7 +37,7 @@ def render_plan(plan: Plan) -> None:
     )
     echo(
         f"global batch {plan.global_batch} = {plan.step_batch} per step × accumulate {plan.accumulate}; "
-        f"step {plan.predicted_step_time_s * 1000:.0f} ms; {plan.throughput_samples_per_s:.0f} samples/s; "
+        f"step {format_ms(plan.predicted_step_time_s)} ms; {plan.throughput_samples_per_s:.0f} samples/s; "
         f"balance efficiency {plan.balance_efficiency:.2f}" + _expected_range(plan)
     )
     if plan.alternatives:

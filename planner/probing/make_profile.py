@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from planner.errors import ConfigError
@@ -119,6 +120,25 @@ def resolve_method(method: str, device_index: int | None) -> str:
         return "estimate"
 
 
+def _estimated_curves(
+    job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, estimates_cache: dict[Any, Any] | None
+) -> tuple[Any, int | None]:
+    """The estimated curves at the default probes, plus one probe near the memory cap where the small-batch
+    step times cannot tell what a large batch costs (``torchkit.estimate.range_probe_batch``). Returns the
+    curves and that extra batch (None when not needed)."""
+    from planner.profiles.profile import MAX_PLANNED_BATCH
+    from torchkit.estimate import DEFAULT_PROBE_BATCHES, estimate_curves, range_probe_batch
+
+    cache = estimates_cache if estimates_cache is not None else {}
+    options = {"amp": amp, "optimizer": job.optimizer, "estimates_cache": cache, "channels_last": job.channels_last}
+    curves = estimate_curves(workload, gpu, **options)
+    extra = range_probe_batch(curves, gpu.memory_bytes, upper=MAX_PLANNED_BATCH)
+    if extra is None:
+        return curves, None
+    wider = estimate_curves(workload, gpu, batches=(*DEFAULT_PROBE_BATCHES, extra), **options)
+    return replace(wider, num_fake_passes=curves.num_fake_passes + wider.num_fake_passes), extra
+
+
 def make_profile(
     job: JobSpec,
     gpu: GpuSpec,
@@ -143,14 +163,13 @@ def make_profile(
     amp = job.amp_for(gpu)
     workload = workload_for(job)
     if resolved == "estimate":
-        from torchkit.estimate import estimate_curves
         from torchkit.estimate.time_model import uncertainty_for
 
-        curves = estimate_curves(
-            workload, gpu, amp=amp, optimizer=job.optimizer, estimates_cache=estimates_cache,
-            channels_last=job.channels_last,
-        )
+        curves, range_probe = _estimated_curves(job, gpu, workload, amp, estimates_cache)
         notes = [f"{gpu.name}: no free GPU of this type to measure on; estimated"] if method == "auto" else []
+        if range_probe is not None:
+            log.info("%s: the small-batch probes are launch-bound (eager dispatch); one more fake pass at batch %d "
+                     "prices the batches near the memory cap", gpu.name, range_probe)
         notes += workload.notes  # what the model source stands in for or leaves out (e.g. YOLO's loss)
         uncertainty = uncertainty_for(gpu)
         if not uncertainty.calibrated_gpu:

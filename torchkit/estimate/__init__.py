@@ -28,6 +28,7 @@ from torchkit.estimate.estimator import (
     estimate_curves,
     estimate_step,
     estimate_steps,
+    range_probe_batch,
     step_time_s,
 )
 from torchkit.estimate.op_costs import KernelCost, OpCost
@@ -54,5 +55,6 @@ __all__ = [
     "estimate_curves",
     "estimate_step",
     "estimate_steps",
+    "range_probe_batch",
     "step_time_s",
 ]

@@ -384,6 +384,33 @@ def curves_from_estimates(
     )
 
 
+RANGE_PROBE_MIN_REACH = 4
+"""a range probe is added only when the card holds at least this many times the largest probe batch"""
+
+
+def range_probe_batch(curves: EstimatedCurves, memory_bytes: int, *, upper: int) -> int | None:
+    """A batch to add one fake pass at, so the step-time fit covers the batches a plan can choose; or None.
+
+    The probes sit at small batches (``DEFAULT_PROBE_BATCHES``). A small model's steps there are
+    launch-bound: every probe's time is the eager-dispatch floor, the fitted per-sample time is ~0, and a plan
+    at the memory cap (tens of thousands of samples for an MLP) would be priced at the floor, millions of
+    samples per second on every GPU alike. So when the card holds at least ``RANGE_PROBE_MIN_REACH`` times the
+    largest probe and the per-sample part of the largest probe's time is below its fixed part (the slope
+    says little about the cap), this returns the largest batch whose predicted memory fits the whole card
+    (``memory_bytes``), at most ``upper``. A fake pass costs the same at any batch."""
+    from torchkit.step.fit import fit_memory, fit_time, max_batch_within
+
+    largest = max(b for b, _ in curves.time_points)
+    try:
+        cap = max_batch_within(fit_memory(curves.memory_points).fit, memory_bytes, upper=upper)
+        time = fit_time(curves.time_points).fit
+    except ValueError:  # no usable points: the profile's own fit reports it
+        return None
+    if cap < RANGE_PROBE_MIN_REACH * largest or time.s_per_sample * largest >= time.intercept_s:
+        return None
+    return cap
+
+
 def estimate_curves(
     workload: Any,
     gpu: GpuSpec,

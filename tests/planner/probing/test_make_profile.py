@@ -60,3 +60,29 @@ def test_the_step_time_follows_the_calibration_file(tmp_path, monkeypatch, catal
     after = make_profile(JobSpec(**TINY), gpu, estimates_cache=cache)
     assert after.time_points[-1][1] > before.time_points[-1][1]
     assert str(slower) in after.time_model
+
+
+def test_a_launch_bound_model_is_probed_near_its_memory_cap_too(catalog, cache) -> None:
+    """A tiny MLP's steps at the default probes (32/128/512) all cost the eager-dispatch floor; without a
+    probe near the cap the fit was flat and a plan at batch 65536 was priced at that floor."""
+    from planner.profiles.profile import MAX_PLANNED_BATCH
+    from torchkit.estimate import DEFAULT_PROBE_BATCHES
+
+    job = JobSpec(model="tests.planner.tiny_models:mlp", input_shape=(64,), amp="fp16")
+    for gpu_name in ("A100-SXM4-80GB", "T4"):
+        profile = make_profile(job, catalog.get(gpu_name), estimates_cache=cache)
+        batches = [b for b, _ in profile.time_points]
+        assert batches == [*DEFAULT_PROBE_BATCHES, MAX_PLANNED_BATCH], gpu_name  # the cap is the planning bound
+        cap_batch, cap_time = profile.time_points[-1]
+        assert profile.step_time_s(cap_batch) == pytest.approx(cap_time, rel=0.05)
+        assert cap_time > 1.5 * profile.time_points[0][1]  # the floor does not price the cap
+        assert profile.time_fit.s_per_sample > 0
+    slow, fast = (make_profile(job, catalog.get(g), estimates_cache=cache) for g in ("T4", "A100-SXM4-80GB"))
+    assert slow.step_time_s(MAX_PLANNED_BATCH) > 2 * fast.step_time_s(MAX_PLANNED_BATCH)
+
+
+def test_a_gpu_bound_model_keeps_the_default_probes(catalog, cache) -> None:
+    from torchkit.estimate import DEFAULT_PROBE_BATCHES
+
+    profile = make_profile(JobSpec(**TINY), catalog.get("T4"), estimates_cache=cache)
+    assert [b for b, _ in profile.time_points] == list(DEFAULT_PROBE_BATCHES)

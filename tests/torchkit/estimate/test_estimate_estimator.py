@@ -342,3 +342,26 @@ def test_both_ground_truth_readings_agree() -> None:
     by_events = measure_cpu_peak(workload, 4, method="allocations")
     by_memory_profile = measure_cpu_peak(workload, 4, method="memory_profile")
     assert by_events.peak_bytes == by_memory_profile.peak_bytes > 0
+
+
+def _curves(times_s: tuple[float, float, float]):
+    from torchkit.estimate import EstimatedCurves
+
+    batches = (32, 128, 512)
+    return EstimatedCurves(
+        memory_points=tuple((b, 2**30 + b * 2**20) for b in batches),  # 1 GiB + 1 MiB per sample
+        time_points=tuple(zip(batches, times_s, strict=True)),
+        allocated_points=(),
+        breakdown_bytes={},
+        num_fake_passes=0,
+    )
+
+
+def test_a_range_probe_is_asked_for_only_where_the_probes_cannot_price_the_cap() -> None:
+    from torchkit.estimate import range_probe_batch
+
+    floor = (1e-3, 1e-3, 1.001e-3)  # launch-bound: every probe on the dispatch floor
+    assert range_probe_batch(_curves(floor), 16 * 2**30, upper=65536) == pytest.approx(15 * 1024, abs=1)  # the card
+    assert range_probe_batch(_curves(floor), 16 * 2**30, upper=4000) == 4000  # never past the planning bound
+    assert range_probe_batch(_curves(floor), 3 * 2**30, upper=65536) is None  # cap 2048 < 4 × 512: in range
+    assert range_probe_batch(_curves((1e-3, 4e-3, 16e-3)), 16 * 2**30, upper=65536) is None  # GPU-bound
