@@ -234,3 +234,19 @@ def test_the_environment_variable_points_the_estimator_at_another_calibration(tm
     with pytest.raises(ConfigError, match="regenerate"):
         constants_for(catalog.get("V100-SXM2-16GB"))
 
+
+
+def test_the_cached_kernel_tables_are_what_the_estimator_records_today(catalog) -> None:
+    """kernel_tables.json must be rebuilt (calibrate_time.py --refresh-tables) when the workloads or the cost
+    model change: one configuration is recomputed here and compared, and every fingerprint is checked."""
+    from torchkit.estimate.calibration.tables import TABLES_PATH, build_tables
+    from torchkit.workloads import get_workload, workload_fingerprint
+
+    doc = json.loads(TABLES_PATH.read_text())
+    for model, fingerprint in doc["fingerprints"].items():
+        assert workload_fingerprint(get_workload(model)) == fingerprint, model
+    row = next(r for r in read_measured(catalog=catalog) if r.id == "timm-rx101-3090-nchw")  # grouped convolutions too
+    fresh = build_tables([row], progress=False)
+    key = next(iter(fresh["tables"]))
+    assert fresh["tables"][key] == doc["tables"][key]
+    assert fresh["cuda_peak_bytes"][key] == doc["cuda_peak_bytes"][key]
