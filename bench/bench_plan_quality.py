@@ -59,7 +59,7 @@ def exact_optimum(caps: np.ndarray, t0: np.ndarray, t1: np.ndarray, k: int, glob
 def evaluate(config: Path, model: str, per_rank_global: int | None) -> list[dict]:
     cluster = load_cluster(config)
     base = JobSpec(model=model, multiple_of=8)
-    reference = plan_without_ray(base, cluster).plan
+    reference = plan_without_ray(base, cluster).plan.to_json()
     ranks = reference["ranks"]
     profiles = reference["profiles"]
     caps = np.array([r["max_batch"] for r in ranks])
