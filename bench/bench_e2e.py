@@ -49,17 +49,18 @@ def run_one(label: str, config: Path, job: JobSpec) -> dict:
     outcome = plan_with_ray(job, cluster=cluster, options=DriverOptions(cache=None))
     total = time.monotonic() - start
     t = outcome.timings_s
+    plan = outcome.plan.to_json()
     return {
         "config": label,
         "nodes": len(cluster.nodes),
-        "ranks": outcome.plan["world_size"],
-        "gpu_types": len(outcome.plan["profiles"]),
+        "ranks": plan["world_size"],
+        "gpu_types": len(plan["profiles"]),
         "ray_start_s": round(t.get("ray_start_s", 0.0), 2),
         "probe_s": round(t.get("probe_s", 0.0), 2),
         "profile_s": round(t.get("profile_s", 0.0), 2),
         "allocate_s": round(t.get("allocate_s", 0.0), 3),
         "total_s": round(total, 2),
-        "throughput_samples_per_s": round(outcome.plan["throughput_samples_per_s"], 1),
+        "throughput_samples_per_s": round(plan["throughput_samples_per_s"], 1),
     }
 
 
