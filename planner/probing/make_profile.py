@@ -18,7 +18,8 @@ from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.profiles.key import job_key_inputs
 from planner.profiles.profile import DeviceProfile
-from torchkit.estimate.time_model import TimeUncertainty, time_model_id
+from torchkit.estimate.identity import estimate_identity
+from torchkit.estimate.time_model import TimeUncertainty
 from torchkit.hardware.catalog import GpuSpec
 
 log = logging.getLogger(__name__)
@@ -85,11 +86,11 @@ def profile_key_inputs(
     job: JobSpec, gpu: GpuSpec, *, method: str, identity: tuple[str, str] | None = None
 ) -> dict[str, str]:
     """The named parts of the key of ``job``'s profile on ``gpu`` made by ``method``, under this process's
-    step-time calibration: the one way the driver, ``profile`` and ``autobatch_ddp`` name a profile.
+    estimator and step-time calibration (``estimate_identity``): the one way the driver, ``profile`` and ``autobatch_ddp`` name a profile.
     ``identity``: ``job_fingerprint(job)`` when the caller already has it (it hashes sources or traces a model)."""
     fingerprint, torch_version = identity if identity is not None else job_fingerprint(job)
     return job_key_inputs(job, gpu, method=method, fingerprint=fingerprint, torch_version=torch_version,
-                          time_model=time_model_id())
+                          time_model=estimate_identity())
 
 
 def _uncalibrated_note(gpu_name: str, uncertainty: TimeUncertainty) -> str:

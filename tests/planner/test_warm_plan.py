@@ -24,7 +24,7 @@ from tests.planner.cli_helpers import (
     parse_json_stdout,
     run_cli,
 )
-from torchkit.estimate.time_model import time_model_id
+from torchkit.estimate.identity import estimate_identity
 
 GIB = 2**30
 MIB = 2**20
@@ -43,7 +43,7 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
         )
         fingerprint, torch_version = job_fingerprint(job)
         inputs = job_key_inputs(job, gpu, method="estimate", fingerprint=fingerprint, torch_version=torch_version,
-                                time_model=time_model_id())
+                                time_model=estimate_identity())
         key = key_of_inputs(inputs)
         ProfileCache(cache_dir).put(key, profile, inputs=inputs)
         keys[gpu_name] = key

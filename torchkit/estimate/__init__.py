@@ -31,6 +31,7 @@ from torchkit.estimate.estimator import (
     range_probe_batch,
     step_time_s,
 )
+from torchkit.estimate.identity import ESTIMATE_REVISION, estimate_identity
 from torchkit.estimate.op_costs import KernelCost, OpCost
 from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD, CudaOverhead
 from torchkit.step.options import AMP_MODES, OPTIMIZERS, AmpMode, OptimizerName
@@ -43,6 +44,7 @@ __all__ = [
     "OPTIMIZERS",
     "AmpMode",
     "CudaOverhead",
+    "ESTIMATE_REVISION",
     "EstimatedCurves",
     "KernelCost",
     "OpCost",
@@ -53,6 +55,7 @@ __all__ = [
     "cuda_device_bytes",
     "curves_from_estimates",
     "estimate_curves",
+    "estimate_identity",
     "estimate_step",
     "estimate_steps",
     "range_probe_batch",

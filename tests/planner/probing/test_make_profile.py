@@ -86,3 +86,15 @@ def test_a_gpu_bound_model_keeps_the_default_probes(catalog, cache) -> None:
 
     profile = make_profile(JobSpec(**TINY), catalog.get("T4"), estimates_cache=cache)
     assert [b for b, _ in profile.time_points] == list(DEFAULT_PROBE_BATCHES)
+
+
+def test_a_new_estimator_revision_names_new_estimates_but_not_measurements(catalog, monkeypatch) -> None:
+    import torchkit.estimate.identity as identity
+    from planner.probing.make_profile import profile_key_inputs
+
+    job, gpu = JobSpec(**TINY), catalog.get("T4")
+    before = {m: profile_key_inputs(job, gpu, method=m, identity=("f", "2.13")) for m in ("estimate", "measure")}
+    monkeypatch.setattr(identity, "ESTIMATE_REVISION", "next")
+    after = {m: profile_key_inputs(job, gpu, method=m, identity=("f", "2.13")) for m in ("estimate", "measure")}
+    assert after["estimate"] != before["estimate"] and after["estimate"]["time_model"].endswith("estimator-next")
+    assert after["measure"] == before["measure"]
