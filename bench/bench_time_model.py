@@ -95,7 +95,7 @@ def _print(prefix: str, figures: dict[str, float]) -> None:
 def memory_figures(rows, catalog) -> dict[str, float]:
     peaks = load_cuda_peaks()
     fits, worst, bound, misses = 0, 0.0, math.inf, []
-    oom_over, oom_rows, oom_lines = 0, 0, []
+    oom_over, oom_lines = 0, []
     for r in rows:
         gpu = catalog.get(r.gpu)
         peak = peaks[table_key(r.model, r.batch, r.amp)]
@@ -110,14 +110,13 @@ def memory_figures(rows, catalog) -> dict[str, float]:
             print(f"memory_{r.id}_predicted_gib={need / GIB:.2f}")
         if r.oom_batch:  # the source ran out of memory there: the estimate must not fit it on the card
             oom_need = device_bytes_from_peak(peaks[table_key(r.model, r.oom_batch, r.amp)], gpu)
-            oom_rows += 1
             oom_over += oom_need > gpu.memory_bytes
             oom_lines.append(f"{r.id}@{r.oom_batch}:{oom_need / gpu.memory_bytes:.3f}")
     print(f"memory_over_0.95={','.join(misses) or 'none'}")
     print(f"memory_oom_predicted_fraction={','.join(oom_lines) or 'none'}")
     return {
         "fits_at_0.95": float(fits), "rows": float(len(rows)), "worst_fraction": worst, "fragmentation_bound": bound,
-        "oom_predicted_over_card": float(oom_over), "oom_rows": float(oom_rows),
+        "oom_predicted_over_card": float(oom_over), "oom_rows": float(len(oom_lines)),
     }
 
 

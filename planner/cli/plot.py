@@ -119,8 +119,8 @@ def plan_figure(plan: Plan | dict):
     ax_time.barh(y, step_ms, color=_COLOURS["step"], label="rank's step time")
     ax_time.axvline(plan["predicted_step_time_s"] * 1000, color="black", linestyle="--", linewidth=1,
                     label="step time (slowest rank)")
-    _annotate(ax_time, step_ms, [f"{format_ms(t / 1000)} ms, idle {r.get('idle_fraction', 0.0):.0%}"
-                                 for t, r in zip(step_ms, rows, strict=True)], past=plan["predicted_step_time_s"] * 1000)
+    _annotate(ax_time, step_ms, [f"{format_ms(r['predicted_step_time_s'])} ms, idle {r.get('idle_fraction', 0.0):.0%}"
+                                 for r in rows], past=plan["predicted_step_time_s"] * 1000)
     _panel(ax_time, "predicted step time, ms", 2)
 
     ax_batch.set_yticks(y)

@@ -86,7 +86,8 @@ def profile_key_inputs(
     job: JobSpec, gpu: GpuSpec, *, method: str, identity: tuple[str, str] | None = None
 ) -> dict[str, str]:
     """The named parts of the key of ``job``'s profile on ``gpu`` made by ``method``, under this process's
-    estimator and step-time calibration (``estimate_identity``): the one way the driver, ``profile`` and ``autobatch_ddp`` name a profile.
+    estimator and step-time calibration (``estimate_identity``): the one way the driver, ``profile`` and
+    ``autobatch_ddp`` name a profile.
     ``identity``: ``job_fingerprint(job)`` when the caller already has it (it hashes sources or traces a model)."""
     fingerprint, torch_version = identity if identity is not None else job_fingerprint(job)
     return job_key_inputs(job, gpu, method=method, fingerprint=fingerprint, torch_version=torch_version,

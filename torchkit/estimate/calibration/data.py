@@ -23,6 +23,7 @@ COLUMNS = (
     "id", "model", "gpu", "precision", "layout", "batch", "samples_per_s", "optimizer", "source", "software", "oom_batch"
 )
 OPTIONAL_COLUMNS = frozenset({"oom_batch"})
+REQUIRED_COLUMNS = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp32")
 LAYOUTS: tuple[str, ...] = ("nchw", "nhwc")
@@ -84,7 +85,7 @@ def _fail(line: int, what: str, fix: str) -> ConfigError:
 
 
 def _parse(line: int, raw: dict[str, str], catalog: GpuCatalog) -> MeasuredRow:
-    missing = [c for c in COLUMNS if c not in OPTIONAL_COLUMNS and not (raw.get(c) or "").strip()]
+    missing = [c for c in REQUIRED_COLUMNS if not (raw.get(c) or "").strip()]
     if missing:
         raise _fail(line, f"empty {', '.join(missing)}", "every row needs all columns, a source above all")
     if raw["gpu"] not in catalog:
@@ -126,8 +127,7 @@ def read_measured(path: Path = DATA_PATH, catalog: GpuCatalog | None = None) -> 
     lines = path.read_text().splitlines()
     body = [(n, text) for n, text in enumerate(lines, 1) if text.strip() and not text.startswith("#")]
     reader = csv.DictReader([text for _, text in body])
-    required = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
-    if tuple(reader.fieldnames or ()) not in (COLUMNS, required):
+    if tuple(reader.fieldnames or ()) not in (COLUMNS, REQUIRED_COLUMNS):
         raise ConfigError(f"{path.name}: header {reader.fieldnames} (expected {', '.join(COLUMNS)})")
     rows = [_parse(body[i + 1][0], raw, catalog) for i, raw in enumerate(reader)]
     ids = [r.id for r in rows]
