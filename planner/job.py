@@ -6,6 +6,7 @@ layer trusts it. ``job`` in plan.json is its ``to_json()``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -37,6 +38,37 @@ FIT_KINDS: tuple[str, ...] = get_args(FitKind)
 INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "int64", "int32")
 """``--input-dtype`` choices: ``torchkit.workloads.INPUT_DTYPES``, named here without importing torch"""
 
+
+#: bounds of the sizes a job may ask for, checked before any tensor is built (``--imgsz 2**31`` once ended in a
+#: torch TypeError inside the input builder): far above any real training input, far below int64 overflow
+MAX_IMAGE_SIDE = 16_384
+"""largest ``imgsz``: 16,384² RGB is 805 M values a sample (aerial tiles are cut smaller)"""
+MAX_INPUT_DIM = 2**24
+"""largest dimension of ``input_shape`` (16 M: a 17-minute 16 kHz waveform)"""
+MAX_SAMPLE_ELEMENTS = 2**40
+"""most values in one sample of ``input_shape``: times a batch of 65,536 and 8 bytes a value, a byte count
+still fits an int64"""
+MAX_SEQ_LEN = 2**20
+"""longest ``seq_len`` (1 M tokens, the longest contexts trained)"""
+MAX_VOCAB_SIZE = 2**24
+"""largest ``vocab_size`` (16 M; tokenizers have under 300 k)"""
+MAX_BATCH_ARGUMENT = 65_536
+"""largest ``multiple_of`` and ``min_batch``: the planner never gives a rank more (``MAX_PLANNED_BATCH``)"""
+
+
+def _size_over_its_limit(job: JobSpec) -> tuple[str, object, str] | None:
+    """``(field, value, fix)`` of the first size over its bound above, or None."""
+    for name, limit in (("imgsz", MAX_IMAGE_SIDE), ("seq_len", MAX_SEQ_LEN), ("vocab_size", MAX_VOCAB_SIZE),
+                        ("multiple_of", MAX_BATCH_ARGUMENT), ("min_batch", MAX_BATCH_ARGUMENT)):
+        value = getattr(job, name)
+        if value is not None and value > limit:
+            return name, value, f"at most {limit}"
+    if job.input_shape is not None:
+        if max(job.input_shape) > MAX_INPUT_DIM:
+            return "input_shape", job.input_shape, f"each dimension at most {MAX_INPUT_DIM}"
+        if math.prod(job.input_shape) > MAX_SAMPLE_ELEMENTS:
+            return "input_shape", job.input_shape, f"at most {MAX_SAMPLE_ELEMENTS} values a sample"
+    return None
 
 
 class JobFieldError(ConfigError):
@@ -156,6 +188,9 @@ class JobSpec:
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
         if not isinstance(self.channels_last, bool):
             raise bad("channels_last", self.channels_last, "use true or false")
+        too_large = _size_over_its_limit(self)
+        if too_large is not None:
+            raise bad(*too_large)
 
     def memory_budget_bytes(self, available_bytes: int) -> int:
         """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""
