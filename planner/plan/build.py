@@ -187,16 +187,19 @@ def _node_entries(
 ) -> tuple[NodeEntry, ...]:
     """Each node with its CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank order), its torchrun line and
     its environment, built from checked values (``planner.plan.launch.NodeLaunch``)."""
-    node_order = list(dict.fromkeys(r.node for r in ranks))
+    ranks_of: dict[str, list[RankEntry]] = {}  # grouped once: a scan of every rank per node is quadratic
+    for r in ranks:
+        ranks_of.setdefault(r.node, []).append(r)
+    node_order = list(ranks_of)
     nodes = []
     for node_rank, name in enumerate(node_order):
         launch = NodeLaunch(
             nnodes=len(node_order),
             node_rank=node_rank,
-            nproc_per_node=sum(1 for r in ranks if r.node == name),
+            nproc_per_node=len(ranks_of[name]),
             master_addr=master_addr,
             master_port=master_port,
-            cuda_visible_devices=",".join(slots[r.rank].visible_id or str(r.device_index) for r in ranks if r.node == name),
+            cuda_visible_devices=",".join(slots[r.rank].visible_id or str(r.device_index) for r in ranks_of[name]),
             script=script,
             plan_path=plan_path,
         )
