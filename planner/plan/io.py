@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.files import write_file_safely
 from planner.jsonio import read_json_file
 from planner.plan.types import Plan
 from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
@@ -19,31 +19,19 @@ __all__ = ["SCHEMA", "load_plan", "read_plan", "validate_plan", "write_plan"]
 
 
 def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``plan`` (a ``Plan`` or its JSON document) as JSON to ``path`` atomically (temporary file in
-    the same directory, then rename)."""
+    """Write ``plan`` (a ``Plan`` or its JSON document) as JSON to ``path``: atomically (temporary file in
+    the same directory, then rename), never half-written nor replacing a FIFO or device (``planner.files``)."""
     if isinstance(plan, Plan):
         plan = plan.to_json()
     validate_plan(plan, where="plan to write")
     target = Path(path)
+    fix = "choose another -o path"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
-    try:
-        # mkstemp makes the file 0600; a plan is shared with the scheduler and the nodes: the usual 0666 & ~umask
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as handle:
-            json.dump(plan, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, target)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
-        raise
+        raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} ({fix})") from exc
+    # atomic for a file, through a link to its target, written through to a FIFO or a device (planner.files)
+    write_file_safely(target, json.dumps(plan, indent=2) + "\n", what="the plan", fix=fix)
     return target
 
 
