@@ -8,7 +8,9 @@ so an entry is trusted only when, besides parsing strictly within size and nesti
 - its key, recomputed from the inputs it records, is its file's key, and the profile's GPU type, method and
   amp are those inputs' (a T4 profile filed under an A100's key is refused);
 - its profile is physically possible (``planner.profiles.checks``: positive finite points, memory growing
-  with the batch, ``oom_batch`` above a batch that fitted).
+  with the batch, ``oom_batch`` above a batch that fitted) and possible on its GPU (a catalog type: no step
+  faster than the card's bandwidth allows, no memory below the weights the entry lists);
+- its directory is writable by this user and no other (``check_directory``).
 
 An entry failing any of these is reported (a warning in the plan and on stderr), ignored, and rewritten by
 the fresh profile. Writes are atomic (temporary file + rename), so a crash or two planners writing at once
@@ -29,7 +31,7 @@ from pathlib import Path
 from planner.errors import ConfigError
 from planner.files import write_file_safely
 from planner.jsonio import read_json_file
-from planner.profiles.checks import checked_profile
+from planner.profiles.checks import check_against_gpu, checked_profile
 from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import MEASURED_METHOD, MEASURED_SCHEME
 from planner.profiles.profile import DeviceProfile
@@ -167,4 +169,14 @@ def _trusted_profile(entry: object, key: str, where: str) -> DeviceProfile:
                                  ("amp", inputs.get("amp"), profile.amp)):
         if wanted != value:
             raise ValueError(f"its profile is for {field} {value!r} but its key is for {wanted!r}")
+    gpu = _shipped_gpu(profile.gpu)
+    if gpu is not None:  # a type a config adds is not known here: its entries get the checks above only
+        check_against_gpu(profile, gpu, "profile")
     return profile
+
+
+def _shipped_gpu(name: str):
+    """The shipped catalog's entry for ``name``, or None."""
+    from torchkit.hardware.catalog import load_catalog
+
+    return load_catalog().resolve(name)
