@@ -52,6 +52,11 @@ MAX_SEQ_LEN = 2**20
 """longest ``seq_len`` (1 M tokens, the longest contexts trained)"""
 MAX_VOCAB_SIZE = 2**24
 """largest ``vocab_size`` (16 M; tokenizers have under 300 k)"""
+DEFAULT_USER_CODE_TIMEOUT_S = 300.0
+"""a factory builds its model in seconds (the largest library models in under a minute on a CPU); one that
+hangs is stopped after five minutes"""
+MAX_USER_CODE_TIMEOUT_S = 86_400.0
+"""the longest ``user_code_timeout_s``: a day"""
 MAX_BATCH_ARGUMENT = 65_536
 """largest ``multiple_of`` and ``min_batch``: the planner never gives a rank more (``MAX_PLANNED_BATCH``)"""
 
@@ -63,6 +68,9 @@ def _size_over_its_limit(job: JobSpec) -> tuple[str, object, str] | None:
         value = getattr(job, name)
         if value is not None and value > limit:
             return name, value, f"at most {limit}"
+    timeout = job.user_code_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_USER_CODE_TIMEOUT_S:
+        return "user_code_timeout_s", timeout, f"seconds in (0, {MAX_USER_CODE_TIMEOUT_S:g}]"
     if job.input_shape is not None:
         if max(job.input_shape) > MAX_INPUT_DIM:
             return "input_shape", job.input_shape, f"each dimension at most {MAX_INPUT_DIM}"
@@ -137,6 +145,9 @@ class JobSpec:
     """the training script keeps model and batch in NHWC memory format (``torch.channels_last``): convolutions
     then skip (16-bit, TF32) or pay (fp32 on CUDA cores) the layout transposes, which the estimated step
     time counts"""
+    user_code_timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S
+    """seconds a ``package.module:factory`` may take to import and build its model, in the driver and in each
+    probe, before the run stops it with an error (``planner.probing.time_limit``); shapes no plan"""
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, fix: str) -> JobFieldError:

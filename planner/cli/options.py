@@ -15,6 +15,7 @@ from planner.job import (
     DEFAULT_FRACTION,
     DEFAULT_MAX_UTILIZATION_FRACTION,
     DEFAULT_MIN_FREE_MEMORY_FRACTION,
+    DEFAULT_USER_CODE_TIMEOUT_S,
     FIT_KINDS,
     INPUT_DTYPES,
     METHODS,
@@ -85,6 +86,9 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
     planning_flag("--min-batch", type=int, default=1, help="exclude ranks that cannot fit this many samples")
     g.add_argument("--method", choices=METHODS, default="auto", help="profile by measuring, estimating, or auto")
     g.add_argument("--fit", choices=FIT_KINDS, default="affine", help="memory curve model (default affine)")
+    g.add_argument("--user-code-timeout", type=float, default=DEFAULT_USER_CODE_TIMEOUT_S, metavar="SECONDS",
+                   help="seconds a package.module:factory may take to import and build its model, here and in "
+                   f"each probe (default {DEFAULT_USER_CODE_TIMEOUT_S:g})")
     g.add_argument("--channels-last", action="store_true",
                    help="the script trains in NHWC memory format (torch.channels_last): changes the estimated step time")
     planning_flag("--gpus", default="all", help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2")
@@ -114,6 +118,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
         method=args.method,
         fit=args.fit,
         channels_last=args.channels_last,
+        user_code_timeout_s=args.user_code_timeout,
         gpus=args.gpus,
         min_free_memory_fraction=args.min_memory_fraction,
         max_utilization_fraction=args.max_utilization,
