@@ -157,7 +157,7 @@ def _node_profiles(
     the node's cache while the others wait, then the others read it from the cache."""
     from planner.probing.make_profile import make_profile
     from planner.profiles.cache import ProfileCache
-    from torchkit.seed_api.distributed import torch_distributed_zero_first
+    from torchkit.process.zero_first import torch_distributed_zero_first
 
     cache = ProfileCache(cache_dir)
     node, local_rank = me["node"], me["local_rank"]

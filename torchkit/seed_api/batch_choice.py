@@ -16,6 +16,8 @@ Where ours differs from the seed, and why (reference §1.4, §5):
 - a curve whose largest probes stop growing (reserved-memory caching, cudnn.benchmark; yolov5#9287) is not
   extrapolated beyond the largest batch that ran (seed: 53 on an 8 GB card; ours: 16, which the user ran);
 - ``multiple_of`` rounds down, and every adjustment is returned in ``warnings``.
+The budget rule itself (``fraction`` × available; ``DEFAULT_FRACTION``) is the engine's, ``torchkit.step.budget``,
+re-exported here.
 Shared with the newest seed: a probe at or above the device total is dropped and is no ceiling, failures
 below the smallest batch that ran are ignored, the batch is clamped to [first fit, 1024] and to
 ``dataset_size``, and nothing usable raises the seed's RuntimeError.
@@ -31,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from torchkit.step.budget import DEFAULT_FRACTION, memory_budget_bytes, memory_target_bytes
 from torchkit.step.fit import (
     AffineMemoryFit,
     DroppedPoint,
@@ -42,21 +45,6 @@ from torchkit.step.fit import (
 from torchkit.units import GIB
 
 PREFIX = "AutoBatch: "
-#: fraction of available memory the batch may use (seed: ``batch=-1`` -> 0.60)
-DEFAULT_FRACTION = 0.60
-
-
-def memory_target_bytes(fraction: float, available_bytes: float) -> float:
-    """The memory a batch may use: ``fraction`` of the available memory (the seed's target). The one budget
-    rule of batchplan: autobatch and the batch choice compare curves with it as a real number; the plan,
-    ``batchplan profile`` and ``autobatch_ddp`` report it in whole bytes (``memory_budget_bytes``)."""
-    return fraction * available_bytes
-
-
-def memory_budget_bytes(fraction: float, available_bytes: float) -> int:
-    """``memory_target_bytes`` in whole bytes (rounded down)."""
-    return int(memory_target_bytes(fraction, available_bytes))
-
 
 #: returned when AutoBatch cannot run (seed: ``DEFAULT_CFG.batch``)
 DEFAULT_BATCH = 16
