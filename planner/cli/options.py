@@ -24,6 +24,7 @@ from planner.job import (
 )
 from planner.plan.launch import DEFAULT_MASTER_PORT
 from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, DEFAULT_PROFILE_TIMEOUT_S
+from torchkit.workloads.registry import model_help
 
 #: the job options' flags whose names are not their JobSpec field's with dashes
 _FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utilization_fraction": "max-utilization"}
@@ -65,9 +66,7 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
         else:  # keeps its default; a value given is refused
             g.add_argument(*names, action=_PlanningOnly, help=argparse.SUPPRESS, **kwargs)
 
-    g.add_argument("--model", required=model_required, help="workload name (resnet18, resnet50, resnext101-32x4d, "
-                   "se-resnext101-32x4d, yolo-n, yolo-s, vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or "
-                   "hf:config.json, ultralytics:FILE.yaml, or package.module:factory")
+    g.add_argument("--model", required=model_required, help=model_help())
     shape = g.add_mutually_exclusive_group()
     shape.add_argument("--imgsz", type=int, help="square image size for image models")
     shape.add_argument("--input-shape", help="per-sample input shape, e.g. 3,224,224 (needed for a factory)")

@@ -31,8 +31,8 @@ DEFAULT_IMGSZ = 640
 
 def ultralytics_workload(spec: str, yaml_name: str, *, imgsz: int | None, input_shape: tuple[int, ...] | None):
     """The workload of ``ultralytics:FILE.yaml`` at ``imgsz``."""
-    from torchkit.workloads import Workload
     from torchkit.workloads import yolo as dense
+    from torchkit.workloads.workload import Workload
 
     tasks = import_library("ultralytics.nn.tasks", model=spec)
     cfg = _check_yaml(spec, yaml_name, tasks)
