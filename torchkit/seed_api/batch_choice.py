@@ -4,9 +4,9 @@ Pure numpy (no torch): used by ``torchkit.seed_api.autobatch`` on measured point
 fake-tensor estimator. ``choose_batch`` has four rules:
 - ``affine`` (default) and ``loglog``: ours, on a ``torchkit.step.fit`` curve;
 - ``seed-linear`` (ultralytics 8.4.190) and ``seed-loglog`` (8.3.51): the seed's own rules, quirks included
-  (reference §1.2, §1.5), kept for comparison (``bench/bench_fit.py``).
+  (shared/reference/ultralytics-behaviour.md §1.2, §1.5), kept for comparison (``bench/bench_fit.py``).
 
-Where ours differs from the seed, and why (reference §1.4, §5):
+Where ours differs from the seed, and why (shared/reference/ultralytics-behaviour.md §1.4, §5):
 - memory is fitted in bytes with ``torchkit.step.fit``: points that do not grow are dropped with their reason
   (compared with the last kept point, not the previous raw probe); a single point gives a proportional fit
   (it over-estimates the per-sample cost), not numpy's minimum-norm line (seed: [0.25, 0.25] -> 17 -> 1);
@@ -392,7 +392,7 @@ def _seed_fallback(error: str, curve: MemoryFit | None, *, name: str, default_ba
 def _choose_seed(
     batches, peaks, *, total_bytes, available_bytes, fraction, loglog, dataset_size, max_batch, default_batch
 ) -> BatchChoice:
-    """The seed's decision, step by step, in GiB as the seed computes it (reference §1.2 steps 7-8, §1.5).
+    """The seed's decision, step by step, in GiB as the seed computes it (shared/reference/ultralytics-behaviour.md §1.2 steps 7-8, §1.5).
 
     ``seed-linear`` (8.4.190): linear polyfit, ``int()`` truncation, ceiling at the first failure above the
     smallest fitted batch -> the probe before it, clamp to [first fit, max_batch], then the dataset clamp.

@@ -39,7 +39,7 @@ def test_every_factory_and_builder_the_registry_names_exists():
 
 
 def test_the_names_and_defaults_come_from_the_registry():
-    assert WORKLOAD_NAMES == tuple(b.name for b in BUILTINS)
+    assert tuple(b.name for b in BUILTINS) == WORKLOAD_NAMES
     assert len(set(WORKLOAD_NAMES)) == len(WORKLOAD_NAMES)
     assert LIBRARY_PREFIXES == ("timm:", "torchvision:", "hf:", "ultralytics:")
     assert DEFAULT_IMGSZ == {"resnet18": 224, "resnet50": 224, "resnext101-32x4d": 224, "se-resnext101-32x4d": 224,
