@@ -11,7 +11,7 @@ from torchkit.errors import ConfigError, UserError, WorkloadError
 
 __all__ = [
     "ClusterUnreachableError", "ConfigError", "FieldError", "InfeasiblePlanError", "RebalanceError", "UserError",
-    "WorkloadError", "field_name",
+    "WorkloadError", "field_name", "render_fields",
 ]
 
 
@@ -19,6 +19,11 @@ def field_name(field: str) -> str:
     """How the core names a setting in a message by default: by its field's name (``global_batch``). A front
     end passes its own (the CLI: its flag, ``planner.cli.options.flag_of``)."""
     return field
+
+
+def render_fields(template: str, name_of: Callable[[str], str] = field_name) -> str:
+    """``template`` with every `field` reference (a field name in backticks) written as ``name_of(field)``."""
+    return re.sub(r"`(\w+)`", lambda m: name_of(m.group(1)), template)
 
 
 class FieldError(ConfigError):
@@ -37,7 +42,7 @@ class FieldError(ConfigError):
 
     def render(self, name_of: Callable[[str], str] = field_name) -> str:
         """The message with every `field` reference written as ``name_of(field)``."""
-        return re.sub(r"`(\w+)`", lambda m: name_of(m.group(1)), self.template)
+        return render_fields(self.template, name_of)
 
     def __reduce__(self):  # a probe's error crosses Ray by pickle: rebuild it from its parts
         return type(self), (self.field, self.template)

@@ -88,7 +88,8 @@ class JobSpec:
     min_batch: int = 1
     """a rank that cannot fit this many samples is excluded"""
     method: Method = Method.AUTO
-    """how profiles are made: measure on a real GPU, estimate on fake tensors, or auto (measure where possible)"""
+    """how profiles are made: measure on a real GPU, estimate on fake tensors, or auto (measure where the GPU's
+    own process can use it with CUDA, else estimate: ``planner.profiling.method``)"""
     gpus: str = "all"
     """per node: ``all``, ``-1,-1`` (that many most idle GPUs) or explicit indices ``0,2``"""
     min_free_memory_fraction: float = DEFAULT_MIN_FREE_MEMORY_FRACTION

@@ -14,6 +14,7 @@ from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.plan.launch import DEFAULT_MASTER_PORT
 from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, DEFAULT_PROFILE_TIMEOUT_S
+from planner.probing.session import DEFAULT_RAYLET_CAP
 
 
 def parse_input_shape(text: str) -> tuple[int, ...]:
@@ -61,10 +62,15 @@ JOB_FLAG_FORMS: dict[str, FlagForm] = {
 }
 
 
+#: the settings of the driver (``DriverOptions``) whose flags are not their names with dashes
+_OPTION_FLAG_FORMS: dict[str, FlagForm] = {"workers_per_rank": FlagForm(flag="workers")}
+
+
 def flag_of(field: str) -> str:
-    """The flag that sets JobSpec (or preflight threshold) ``field`` (``global_batch`` -> ``--global-batch``):
-    how the CLI names a field in an error (``JobFieldError.render``)."""
-    return flag_name(field, JOB_FLAG_FORMS)
+    """The flag that sets ``field`` of JobSpec, the preflight thresholds or the driver's options
+    (``global_batch`` -> ``--global-batch``): how the CLI names a setting in a message
+    (``FieldError.render``, ``DriverOptions.name_of``)."""
+    return flag_name(field, {**JOB_FLAG_FORMS, **_OPTION_FLAG_FORMS})
 
 
 def _refused_by_profile(form: FlagForm) -> str | None:
@@ -95,7 +101,7 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--cluster", metavar="FILE", help="simulated cluster config (YAML); Ray runs on 127.0.0.1")
     where.add_argument("--address", metavar="ADDR", help="join a running Ray cluster (auto, host:6379, ray://host:10001)")
     g.add_argument("--no-ray", action="store_true", help="with --cluster: probe the simulated nodes in this process")
-    g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 1: one probe "
+    g.add_argument("--raylet-cap", type=int, help=f"most raylets for a simulated cluster (default {DEFAULT_RAYLET_CAP}: one probe "
                    "process answers for all nodes; up to about 8 gives each node its own)")
     g.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT_S, help="seconds a node's probe may take to answer")
     g.add_argument("--profile-timeout", type=float, default=DEFAULT_PROFILE_TIMEOUT_S, help="seconds one profile may take")
