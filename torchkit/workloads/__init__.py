@@ -21,22 +21,15 @@ from __future__ import annotations
 
 from torchkit.lazy import lazy_exports
 
-# public name -> submodule that defines it
-_EXPORTS: dict[str, str] = {
-    "Workload": "torchkit.workloads.workload",
-    "call_model": "torchkit.workloads.workload",
-    "check_model": "torchkit.workloads.workload",
-    "model_template": "torchkit.workloads.workload",
-    "get_workload": "torchkit.workloads.sources",
-    "workload_fingerprint": "torchkit.workloads.fingerprint",
-    "WORKLOAD_NAMES": "torchkit.workloads.registry",
-    "DEFAULT_IMGSZ": "torchkit.workloads.registry",
-    "DEFAULT_SEQ_LEN": "torchkit.workloads.registry",
-    "LIBRARY_PREFIXES": "torchkit.workloads.registry",
-    "INPUT_DTYPES": "torchkit.workloads.inputs",
-    "USER_INPUT_LOSS": "torchkit.workloads.inputs",
-    "InputSpec": "torchkit.workloads.inputs",
+#: submodule -> the public names it defines
+_DEFINED_IN: dict[str, tuple[str, ...]] = {
+    "workload": ("Workload", "call_model", "check_model", "model_template"),
+    "sources": ("get_workload",),
+    "fingerprint": ("workload_fingerprint",),
+    "registry": ("WORKLOAD_NAMES", "DEFAULT_IMGSZ", "DEFAULT_SEQ_LEN", "LIBRARY_PREFIXES"),
+    "inputs": ("INPUT_DTYPES", "USER_INPUT_LOSS", "InputSpec"),
 }
+_EXPORTS: dict[str, str] = {name: f"{__name__}.{module}" for module, names in _DEFINED_IN.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 

@@ -36,27 +36,22 @@ def _image_workload(entry: BuiltinModel, size: int) -> Workload:
     from torchkit.workloads import resnet
 
     name = entry.name
-    if entry.family == "classifier":
-        return Workload(
-            name=name,
-            sample_shape=(3, size, size),
-            build_model=_factory(entry),
-            make_batch=functools.partial(resnet.make_image_classification_batch, imgsz=size),
-            loss_fn=resnet.classification_loss,
-            description=f"{name} at {size}, 1000 classes, cross-entropy",
-        )
-    if entry.family == "vit":
-        from torchkit.workloads import vit
+    if entry.family in ("classifier", "vit"):
+        if entry.family == "classifier":
+            build, title = _factory(entry), name
+        else:
+            from torchkit.workloads import vit
 
-        if size % vit.PATCH_SIZE:
-            raise WorkloadError(f"{name} needs an image size divisible by 16, got {size} (use e.g. --imgsz 224)")
+            if size % vit.PATCH_SIZE:
+                raise WorkloadError(f"{name} needs an image size divisible by 16, got {size} (use e.g. --imgsz 224)")
+            build, title = _factory(entry, size), "ViT-B/16"
         return Workload(
             name=name,
             sample_shape=(3, size, size),
-            build_model=_factory(entry, size),
+            build_model=build,
             make_batch=functools.partial(resnet.make_image_classification_batch, imgsz=size),
             loss_fn=resnet.classification_loss,
-            description=f"ViT-B/16 at {size}, 1000 classes, cross-entropy",
+            description=f"{title} at {size}, 1000 classes, cross-entropy",
         )
     from torchkit.workloads import yolo
 
