@@ -12,7 +12,7 @@ from typing import Literal, get_args
 
 from planner.errors import ConfigError, FieldError
 from torchkit.hardware.catalog import GpuSpec
-from torchkit.seed_api.batch_choice import DEFAULT_FRACTION, memory_budget_bytes
+from torchkit.step.budget import DEFAULT_FRACTION, memory_budget_bytes
 from torchkit.step.fit import MemoryFitKind
 from torchkit.step.options import OPTIMIZERS, AmpMode, OptimizerName
 

@@ -15,6 +15,7 @@ from planner.job import JobSpec
 from planner.plan.launch import DEFAULT_MASTER_PORT
 from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, DEFAULT_PROFILE_TIMEOUT_S
 from planner.probing.session import DEFAULT_RAYLET_CAP
+from torchkit.workloads.registry import model_help
 
 
 def parse_input_shape(text: str) -> tuple[int, ...]:
@@ -30,9 +31,7 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
 #: the command-line forms of the JobSpec fields that need one (planner.cli.spec_flags); every other field is
 #: a flag by its name, default, type and docstring alone
 JOB_FLAG_FORMS: dict[str, FlagForm] = {
-    "model": FlagForm(required=True, help="workload name (resnet18, resnet50, resnext101-32x4d, se-resnext101-32x4d, "
-                      "yolo-n, yolo-s, vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or hf:config.json, "
-                      "ultralytics:FILE.yaml, or package.module:factory"),
+    "model": FlagForm(required=True, help=model_help()),
     "imgsz": FlagForm(exclusive="shape", help="square image size for image models"),
     "input_shape": FlagForm(exclusive="shape", parse=parse_input_shape,
                             help="per-sample input shape, e.g. 3,224,224 (needed for a factory)"),

@@ -43,7 +43,7 @@ def _local_device(spec: str):
         raise ConfigError(
             f"--device {spec}: no CUDA GPU is usable on this machine (use --gpu TYPE to estimate for a catalog GPU)"
         )
-    from torchkit.seed_api.device import parse_device
+    from torchkit.process.device import parse_device
 
     parsed = parse_device(spec)
     if not parsed.startswith("cuda") and not parsed[:1].isdigit():

@@ -132,7 +132,7 @@ def simulated_inventory(
 def local_host_info() -> HostInfo:
     import psutil
 
-    from torchkit.seed_api.device import get_cpu_info
+    from torchkit.hardware.host import get_cpu_info
 
     return HostInfo(
         hostname=socket.gethostname(),

@@ -154,7 +154,7 @@ def _node_profiles(
     A simulated GPU type (``gpu=``) is estimated; a real one is asked for with the job's method, decided here."""
     from planner.profiles.cache import ProfileCache
     from planner.profiling import Method, ProfileRequest, make_profile, obtain_profile
-    from torchkit.seed_api.distributed import torch_distributed_zero_first
+    from torchkit.process.zero_first import torch_distributed_zero_first
 
     cache = ProfileCache(cache_dir)
     node, local_rank = me["node"], me["local_rank"]
