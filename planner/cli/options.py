@@ -85,7 +85,7 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
     plan over many GPUs (mode, global batch, minimum batch, GPU selection and its thresholds) are refused when
     given."""
     add_spec_flags(parser.add_argument_group("job"), JobSpec, JOB_FLAG_FORMS,
-                   refuse=(lambda form: None) if planning else _refused_by_profile,
+                   **({} if planning else {"refuse": _refused_by_profile}),
                    required={"model": model_required})
 
 

@@ -99,9 +99,17 @@ class _Refused(argparse.Action):
         parser.error(self.reason.format(flag=option_string))
 
 
+def _accept(form: FlagForm) -> str | None:
+    return None
+
+
 def add_spec_flags(
-    group: argparse._ArgumentGroup, cls: type, forms: Mapping[str, FlagForm], *, refuse: Callable[[FlagForm], str | None]
-    = lambda form: None, required: Mapping[str, bool] | None = None,
+    group: argparse._ArgumentGroup,
+    cls: type,
+    forms: Mapping[str, FlagForm],
+    *,
+    refuse: Callable[[FlagForm], str | None] = _accept,
+    required: Mapping[str, bool] | None = None,
 ) -> None:
     """One flag per field of the dataclass ``cls`` into ``group``, each with ``dest`` the field's name.
 

@@ -5,6 +5,10 @@ The driver (over its probes), ``batchplan profile`` and ``autobatch_ddp`` (in th
 the GPU's node, or in this process). With ``auto`` a profile that a running job measured comes first
 (``planner.profiles.measured``). The key is looked up under the method ``planned_method`` expects; a profile
 made by another method (``auto`` where CUDA could not measure) is filed under its own method's key.
+
+Known limitation: ``auto`` on a real node whose torch cannot use CUDA looks up the measured key first, misses,
+and the node's probe estimates again on every run (a second or so for most models); the estimate is cached
+under its own key, where ``estimate`` finds it.
 """
 
 from __future__ import annotations

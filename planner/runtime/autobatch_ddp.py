@@ -200,7 +200,7 @@ def _every_rank_plan(
     if plan.excluded:
         reasons = "; ".join(f"{e.node} GPU {e.device_index} ({e.gpu}): {e.reason}" for e in plan.excluded)
         raise InfeasiblePlanError(f"every rank of a running job must take part, but some cannot: {reasons} "
-                                  "(lower --min-batch/--multiple-of, or relaunch without those GPUs)")
+                                  "(lower the job's min_batch or multiple_of, or relaunch without those GPUs)")
     for entry in plan.ranks:
         if (entry.node, entry.local_rank) != (slots[entry.rank].node, everyone[entry.rank]["local_rank"]):
             raise InfeasiblePlanError(

@@ -17,7 +17,7 @@ from planner.probing.backends import LocalBackend
 from planner.profiles.cache import ProfileCache
 from planner.profiling.method import cuda_usable
 
-pytestmark = pytest.mark.skipif(cuda_usable(0), reason="CUDA is usable here: the nodes could measure")
+without_cuda = pytest.mark.skipif(cuda_usable(0), reason="CUDA is usable here: the nodes could measure")
 
 JOB = {"model": "tests.planner.tiny_models:convnet", "input_shape": (3, 32, 32), "amp": "fp16"}
 
@@ -38,6 +38,7 @@ def cluster(tmp_path):
     return load_cluster(path)
 
 
+@without_cuda
 def test_auto_on_a_real_node_without_cuda_estimates_with_a_note(cluster, tmp_path):
     cache = ProfileCache(tmp_path / "profiles")
     outcome = run_plan(JobSpec(**JOB), RealNodesBackend(cluster), cluster.catalog, options=DriverOptions(cache=cache))
@@ -51,6 +52,7 @@ def test_auto_on_a_real_node_without_cuda_estimates_with_a_note(cluster, tmp_pat
         assert cache.path_for(rank.profile).is_file()  # filed under the estimate's key
 
 
+@without_cuda
 def test_measure_on_a_real_node_without_cuda_is_an_error_naming_the_setting(cluster):
     with pytest.raises(FieldError, match=r"^method measure needs a CUDA GPU of type T4 \(device 0\)") as info:
         run_plan(JobSpec(**JOB, method="measure"), RealNodesBackend(cluster), cluster.catalog,
@@ -64,3 +66,24 @@ def test_estimate_on_real_nodes_is_the_plan_of_the_same_nodes_simulated(cluster)
     simulated = run_plan(job, LocalBackend(cluster), cluster.catalog, options=DriverOptions()).plan
     assert [r.batch for r in real.ranks] == [r.batch for r in simulated.ranks]
     assert set(real.profiles) == set(simulated.profiles)
+
+
+def test_the_driver_names_settings_by_field_and_the_cli_by_flag():
+    """Flag names live in the CLI (planner.cli.options.flag_of): the driver's warnings name the settings by
+    ``DriverOptions.name_of``, fields by default."""
+    from planner.cli.options import flag_of
+    from planner.driver import plan_without_ray
+
+    cluster = load_cluster("cluster_configs/shared-node.yaml")
+    job = JobSpec(**JOB, method="estimate", min_free_memory_fraction=0.0, max_utilization_fraction=1.0)
+
+    def warnings(**options) -> list[str]:
+        plan = plan_without_ray(job, cluster, options=DriverOptions(workers_per_rank=16, **options)).plan
+        return [w for w in plan.warnings if w.startswith(("shared GPUs:", "lab-server: 4 ranks"))]
+
+    by_field, by_flag = warnings(), warnings(name_of=flag_of)
+    assert len(by_field) == len(by_flag) == 2
+    assert by_field[0].endswith("cores; lower workers_per_rank") and by_flag[0].endswith("cores; lower --workers")
+    assert by_field[1].endswith("; min_free_memory_fraction, max_utilization_fraction)")
+    assert by_flag[1].endswith("; --min-memory-fraction, --max-utilization)")
+    assert not any("--" in w for w in by_field)
