@@ -34,6 +34,8 @@ MAX_JSON_DEPTH = 32
 
 #: C0 controls, DEL and C1 controls: none belongs in a name, a reason or a launch line
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: a lone UTF-16 surrogate (JSON's ``"\ud800"``): valid JSON, but no terminal or file can encode it as UTF-8
+_SURROGATE = re.compile("[\ud800-\udfff]")
 #: a JSON string literal (with escapes), blanked out before brackets are counted
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
@@ -128,10 +130,16 @@ def check_tree(doc: Any, where: str, *, max_depth: int = MAX_JSON_DEPTH) -> None
 
 
 def check_text(text: str, where: str) -> None:
-    """``text`` holds no control character (newline, tab, escape, ...)."""
+    """``text`` holds no control character (newline, tab, escape, ...) and no lone surrogate."""
     found = _CONTROL.search(text)
     if found:
         raise ConfigError(f"{where} holds the control character {found.group()!r} in {text[:60]!r}")
+    found = _SURROGATE.search(text)
+    if found:
+        raise ConfigError(
+            f"{where} holds the lone surrogate {found.group()!r} in {text[:60]!r}, which is not text (UTF-8 cannot "
+            "encode it)"
+        )
 
 
 class _StrictnessError(ValueError):

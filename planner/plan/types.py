@@ -18,6 +18,7 @@ from typing import Any
 
 from planner.allocate.advice import Advice
 from planner.job import JobSpec
+from planner.plan.derived import check_identities
 from planner.profiles.profile import DeviceProfile
 
 
@@ -268,9 +269,14 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "plan") -> Plan:
-        """The plan of a validated document (``planner.plan.io.validate_plan`` checks the fields first)."""
+        """The plan of a document whose fields are of their types (``planner.plan.validate.validate_plan``
+        checks them first), its identities checked (``planner.plan.derived.check_identities``).
+
+        Raises:
+            ConfigError: an identity between the fields is broken, naming ``where``.
+        """
         launch = data.get("launch")
-        return cls(
+        plan = cls(
             **{name: data[name] for name in _PLAN_SCALARS},
             job=JobSpec.from_json(data["job"]),
             alternatives=dict(data["alternatives"]) if data.get("alternatives") is not None else None,
@@ -286,6 +292,8 @@ class Plan:
             notes=tuple(data.get("notes", ())),
             extra={k: v for k, v in data.items() if k not in _PLAN_FIELDS},
         )
+        check_identities(plan, where)
+        return plan
 
 
 _PLAN_SCALARS = ("schema", "created", "world_size", "global_batch", "accumulate", "step_batch",

@@ -435,7 +435,7 @@ BAD_PLANS = {
     "nproc sum mismatch": (_mutation("nodes.2.nproc_per_node", 2), "nproc_per_node do not add up to world_size"),
     "malformed profile": (
         lambda plan: plan["profiles"][_first_profile_key(plan)].pop("memory_fit"),
-        "profiles['k-a100'] is malformed",
+        "profiles['k-a100'] lacks the field 'memory_fit'",
     ),
     "inverted efficiency range": (_mutation("balance_efficiency_range", [0.9, 0.8]), "balance_efficiency_range must be"),
     "efficiency range not a pair": (_mutation("balance_efficiency_range", [0.9]), "balance_efficiency_range must be"),
@@ -475,6 +475,7 @@ def test_a_plan_that_is_not_an_object_is_rejected(tmp_path, document):
 def test_validate_plan_accepts_an_int_where_a_float_is_expected(plan):
     plan["predicted_step_time_s"] = 1
     plan["balance_efficiency"] = 1
+    plan["balance_efficiency_range"] = [0, 1]
     validate_plan(plan)
 
 
