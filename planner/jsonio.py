@@ -40,6 +40,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
 _CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
+#: text counted at a time by ``json_depth``
+_DEPTH_CHUNK_BYTES = 4 * 2**20
 
 
 def read_json_file(path: str | os.PathLike, *, what: str, max_bytes: int, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -52,6 +54,16 @@ def read_json_file(path: str | os.PathLike, *, what: str, max_bytes: int, fix: s
 
     Raises:
         ConfigError: missing, not a regular file, too large, too deep, not JSON, or not strict.
+    """
+    raw = read_limited_bytes(path, what=what, max_bytes=max_bytes, fix=fix)
+    return loads_strict(raw, source=f"{what} {Path(path)}", fix=fix, max_depth=max_depth)
+
+
+def read_limited_bytes(path: str | os.PathLike, *, what: str, max_bytes: int, fix: str) -> bytes:
+    """The bytes of the regular file ``path``, refused by its size (``stat``) before any is read.
+
+    Raises:
+        ConfigError: missing, not a regular file, too large, or unreadable.
     """
     source = Path(path)
     try:
@@ -67,10 +79,13 @@ def read_json_file(path: str | os.PathLike, *, what: str, max_bytes: int, fix: s
             f"{what} {source} is {info.st_size} bytes, over the limit of {max_bytes} bytes ({fix})"
         )
     try:
-        raw = source.read_bytes()
+        with source.open("rb") as handle:
+            raw = handle.read(max_bytes + 1)  # a file that grew since stat is still refused, never read whole
     except OSError as exc:
         raise ConfigError(f"{what} {source} cannot be read: {exc.strerror or exc} ({fix})") from None
-    return loads_strict(raw, source=f"{what} {source}", fix=fix, max_depth=max_depth)
+    if len(raw) > max_bytes:
+        raise ConfigError(f"{what} {source} is over the limit of {max_bytes} bytes ({fix})")
+    return raw
 
 
 def loads_strict(raw: bytes | str, *, source: str, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -95,11 +110,19 @@ def loads_strict(raw: bytes | str, *, source: str, fix: str, max_depth: int = MA
 
 
 def json_depth(data: bytes) -> int:
-    """Deepest bracket nesting of JSON text, strings ignored; linear time, no recursion."""
+    """Deepest bracket nesting of JSON text, strings ignored; linear time, no recursion, and memory of a few
+    times ``_DEPTH_CHUNK_BYTES`` beyond the text (a file of 127 MiB of spaces must not cost gigabytes)."""
     blanked = _JSON_STRING.sub(b'""', data)
     codes = np.frombuffer(blanked, dtype=np.uint8)
-    steps = np.isin(codes, _OPEN).astype(np.int64) - np.isin(codes, _CLOSE).astype(np.int64)
-    return int(np.cumsum(steps).max(initial=0))
+    depth = deepest = 0
+    for start in range(0, len(codes), _DEPTH_CHUNK_BYTES):
+        chunk = codes[start:start + _DEPTH_CHUNK_BYTES]
+        steps = np.isin(chunk, _OPEN).astype(np.int8) - np.isin(chunk, _CLOSE).astype(np.int8)
+        levels = np.cumsum(steps, dtype=np.int64)
+        if levels.size:
+            deepest = max(deepest, depth + int(levels.max()))
+            depth += int(levels[-1])
+    return deepest
 
 
 def check_tree(doc: Any, where: str, *, max_depth: int = MAX_JSON_DEPTH) -> None:

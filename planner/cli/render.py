@@ -70,8 +70,7 @@ def print_plan(
     elif emit == "env":
         from planner.cli.emit_env import env_lines, selected_node_rank
 
-        document = plan.to_json()
-        for line in env_lines(document, selected_node_rank(document, node, node_rank)):
+        for line in env_lines(plan, selected_node_rank(plan, node, node_rank)):
             echo(line)
     else:
         render_plan(plan)

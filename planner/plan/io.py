@@ -1,9 +1,9 @@
 """plan.json (``batchplan/plan@1``) at the edges: writing it atomically and reading it back, both through the
-one validator (``planner.plan.validate``)."""
+one validator (``planner.plan.validate``). The file's layout (one line per rank, and an index one rank can read
+its part by) is ``planner.plan.layout``'s; ``planner.plan.rank_view`` reads one rank's part."""
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -12,8 +12,9 @@ from typing import Any
 
 from planner.errors import ConfigError
 from planner.jsonio import read_json_file
+from planner.plan.layout import plan_text
 from planner.plan.types import Plan
-from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
+from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan, without_layout
 
 __all__ = ["SCHEMA", "load_plan", "read_plan", "validate_plan", "write_plan"]
 
@@ -36,8 +37,7 @@ def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as handle:
-            json.dump(plan, handle, indent=2)
-            handle.write("\n")
+            handle.write(plan_text(plan))
         os.replace(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -48,21 +48,36 @@ def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    """Read, validate and type a plan.json (``read_plan``, then ``Plan.from_json``)."""
-    return Plan.from_json(read_plan(path), where=str(path))
+    """Read a plan.json whole, validate it and return it typed (``planner.plan.validate.validate_plan``).
+
+    Raises:
+        ConfigError: as ``read_plan``.
+    """
+    return validate_plan(read_document(path), where=str(path))
 
 
 def read_plan(path: str | os.PathLike) -> dict:
-    """Read and validate a plan.json, its JSON document (what the runtime and training scripts read): size
-    and nesting limits first (``planner.jsonio``), then every rule of ``planner.plan.validate``.
+    """Read and validate a plan.json, its JSON document without the layout's fields (what training scripts
+    read): size and nesting limits first (``planner.jsonio``), then every rule of ``planner.plan.validate``.
 
     Raises:
         ConfigError: missing file, too large or deep, not strict JSON, or breaking a rule of the plan.
     """
+    document = read_document(path)
+    validate_plan(document, where=str(path))
+    return document
+
+
+def read_document(path: str | os.PathLike) -> dict:
+    """The JSON document of a plan file within the limits (size first, by ``stat``, before a byte is read),
+    without the layout's fields; not yet validated."""
     source = Path(path)
     if not source.is_file():
         raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
-    plan = read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES,
-                          fix=f"regenerate it with batchplan plan -o {source}")
-    validate_plan(plan, where=str(source))
-    return plan
+    document = read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES, fix=plan_fix(source))
+    return without_layout(document)
+
+
+def plan_fix(source: Path) -> str:
+    """How to fix any error in the plan file ``source``."""
+    return f"regenerate it with batchplan plan -o {source}"

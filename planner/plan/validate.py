@@ -36,6 +36,7 @@ from planner.plan.launch import (
     check_node_name,
     check_visible_devices,
 )
+from planner.plan.layout import LAYOUT_FIELDS
 from planner.plan.types import Plan
 from planner.profiles.checks import checked_profile
 
@@ -101,6 +102,7 @@ def validate_plan(plan: Any, where: str = "plan") -> Plan:
     """
     if not isinstance(plan, dict):
         raise ConfigError(f"{where} must be a JSON object, got {type(plan).__name__}")
+    plan = without_layout(plan)
     if plan.get("schema") != SCHEMA:
         raise ConfigError(f"{where} has schema {plan.get('schema')!r}, expected {SCHEMA!r} (is it a batchplan plan?)")
     check_tree(plan, where)
@@ -113,6 +115,13 @@ def validate_plan(plan: Any, where: str = "plan") -> Plan:
     typed = Plan.from_json(plan, where=where)  # the identities (planner.plan.derived) on the typed plan
     check_launch_lines(typed, where)
     return typed
+
+
+def without_layout(document: Any) -> Any:
+    """A plan document without the fields of its file's layout (``planner.plan.layout``: the rank index)."""
+    if isinstance(document, dict) and not LAYOUT_FIELDS.isdisjoint(document):
+        return {k: v for k, v in document.items() if k not in LAYOUT_FIELDS}
+    return document
 
 
 def check_header(plan: Mapping[str, Any], where: str) -> None:

@@ -345,11 +345,25 @@ def test_a_failure_mid_write_leaves_the_old_file_intact_and_no_temporary_file(pl
     target = tmp_path / "plan.json"
     write_plan(plan, target)
     before = target.read_bytes()
-    def failing_dump(obj, handle, **kwargs):
-        handle.write('{"schema": ')  # a write that fails half-way, as a full disk would
-        raise OSError(28, "No space left on device")
+    real_fdopen = os.fdopen
 
-    monkeypatch.setattr(json, "dump", failing_dump)
+    class HalfWrite:
+        """The temporary file, whose write stops half-way with ENOSPC, as a full disk would."""
+
+        def __init__(self, fd, *args, **kwargs):
+            self.handle = real_fdopen(fd, *args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, text):
+            self.handle.write(text[: len(text) // 2])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("planner.plan.io.os.fdopen", HalfWrite)
     with pytest.raises(ConfigError, match="No space left"):
         write_plan(plan, target)
     assert target.read_bytes() == before
