@@ -1,6 +1,6 @@
 """plan.json (``batchplan/plan@1``) at the edges: writing it atomically and reading it back, both through the
-one validator (``planner.plan.validate``). The file's layout (one line per rank, and an index one rank can read
-its part by) is ``planner.plan.layout``'s; ``planner.plan.rank_view`` reads one rank's part."""
+one validator (``planner.plan.validate``). The file's layout (one line per rank, and the index beside it by
+which one rank reads its part) is ``planner.plan.layout``'s; ``planner.plan.rank_view`` reads one rank's part."""
 
 from __future__ import annotations
 
@@ -12,20 +12,29 @@ from typing import Any
 
 from planner.errors import ConfigError
 from planner.jsonio import read_json_file
-from planner.plan.layout import plan_text
+from planner.plan.layout import index_path, plan_text
 from planner.plan.types import Plan
-from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan, without_layout
+from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
 
 __all__ = ["SCHEMA", "load_plan", "read_plan", "validate_plan", "write_plan"]
 
 
 def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write ``plan`` (a ``Plan`` or its JSON document) as JSON to ``path`` atomically (temporary file in
-    the same directory, then rename)."""
+    the same directory, then rename), and its rank index beside it (``planner.plan.layout``)."""
     if isinstance(plan, Plan):
         plan = plan.to_json()
     validate_plan(plan, where="plan to write")
+    text, index = plan_text(plan)
     target = Path(path)
+    _write_atomically(text, target)
+    if index is not None:
+        _write_atomically(index, index_path(target))  # an old index left by a failure here no longer matches
+    return target
+
+
+def _write_atomically(text: str, target: Path) -> None:
+    """``text`` into ``target`` by a temporary file in its directory and a rename; nothing half-written."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -37,14 +46,13 @@ def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "w") as handle:
-            handle.write(plan_text(plan))
+            handle.write(text)
         os.replace(tmp, target)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
         raise
-    return target
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
@@ -69,13 +77,12 @@ def read_plan(path: str | os.PathLike) -> dict:
 
 
 def read_document(path: str | os.PathLike) -> dict:
-    """The JSON document of a plan file within the limits (size first, by ``stat``, before a byte is read),
-    without the layout's fields; not yet validated."""
+    """The JSON document of a plan file within the limits (size first, by ``stat``, before a byte is read);
+    not yet validated."""
     source = Path(path)
     if not source.is_file():
         raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
-    document = read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES, fix=plan_fix(source))
-    return without_layout(document)
+    return read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES, fix=plan_fix(source))
 
 
 def plan_fix(source: Path) -> str:

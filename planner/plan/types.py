@@ -132,8 +132,15 @@ class RankEntry:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RankEntry:
-        return cls(**{name: data[name] for name in _RANK_REQUIRED}, idle_fraction=data.get("idle_fraction"),
-                   speed_factor=data.get("speed_factor", 1.0))
+        """The entry of a validated document (``planner.plan.validate.check_rank_fields`` checked its fields).
+
+        Built without the dataclass ``__init__`` (which sets each of 16 fields through ``object.__setattr__``):
+        a 65,536-rank plan has that many entries, and ``show`` must take seconds, not tens of seconds."""
+        entry = object.__new__(cls)
+        values = {name: data[name] for name in _RANK_REQUIRED}
+        values.update(idle_fraction=data.get("idle_fraction"), speed_factor=data.get("speed_factor", 1.0))
+        entry.__dict__.update(values)
+        return entry
 
 
 _RANK_REQUIRED = tuple(f for f in RankEntry.__dataclass_fields__ if f not in ("idle_fraction", "speed_factor"))

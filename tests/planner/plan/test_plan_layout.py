@@ -1,5 +1,6 @@
-"""planner.plan.layout and planner.plan.rank_view: plan.json written one line per rank with an index, one rank
-reading only its part, and every file the index does not match read whole and validated as ``show`` does."""
+"""planner.plan.layout and planner.plan.rank_view: plan.json written one line per rank with an index beside it,
+one rank reading only its part, and every file the index does not match read whole and validated as ``show``
+does."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.plan import rank_view as rank_view_module
 from planner.plan.build import build_plan
-from planner.plan.io import load_plan, read_plan, write_plan
-from planner.plan.layout import INDEX_AT_FIELD, INDEX_FIELD, plan_parts
+from planner.plan.io import load_plan, write_plan
+from planner.plan.layout import index_path, plan_parts
 from planner.plan.rank_view import rank_view, read_rank_view
 from tests.planner.plan.test_plan import PROFILES, SLOTS
 from tests.plans import make_plan
@@ -45,15 +46,18 @@ def _choose(rank):
     return lambda world_size, nodes: rank
 
 
-def test_the_file_has_one_line_per_rank_and_node_and_its_index_last(written):
+def _parts(path):
+    return plan_parts(path.read_bytes(), index_path(path).read_bytes(), str(path))
+
+
+def test_the_file_has_one_line_per_rank_and_node_and_its_index_beside_it(written):
     path, plan = written
     lines = path.read_text().splitlines()
-    rank_lines = [line for line in lines if line.startswith('    {"rank": ')]
-    assert len(rank_lines) == plan.world_size
-    assert lines[-2].startswith(f'  "{INDEX_AT_FIELD}": ') and lines[-1] == "}"
-    document = json.loads(path.read_text())
-    assert document[INDEX_FIELD]["batches"] == [r.batch for r in plan.ranks]
-    assert read_plan(path) == plan.to_json()  # the layout's fields are not the plan's
+    assert len([line for line in lines if line.startswith('    {"rank": ')]) == plan.world_size
+    assert len([line for line in lines if line.startswith('    {"name": ')]) == len(plan.nodes)
+    assert json.loads(path.read_text()) == plan.to_json()  # the same document, laid out otherwise
+    index = json.loads(index_path(path).read_text())
+    assert index["batches"] == [r.batch for r in plan.ranks] and index["plan_bytes"] == path.stat().st_size
     assert load_plan(path).to_json() == plan.to_json()
 
 
@@ -91,27 +95,32 @@ def test_a_file_edited_after_writing_is_read_whole_and_refused_as_show_refuses_i
 
 def test_a_file_reformatted_by_a_tool_is_read_whole_and_accepted(tmp_path, whole_reads):
     path = write_plan(MULTI_NODE, tmp_path / "plan.json")
-    path.write_text(json.dumps(json.loads(path.read_text()), indent=4))  # stale index fields, other offsets
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=4))  # the same plan; the index is stale
     assert read_rank_view(path, _choose(3)).entry.batch == 6
     assert whole_reads == [str(path)]
-    assert INDEX_FIELD not in read_plan(path)
 
 
-@pytest.mark.parametrize("damage", ["cut short", "index offset", "index schema", "spans out of order"])
+def test_a_plan_copied_without_its_index_is_read_whole(tmp_path, whole_reads):
+    path = write_plan(MULTI_NODE, tmp_path / "plan.json")
+    index_path(path).unlink()
+    assert read_rank_view(path, _choose(3)).entry.batch == 6
+    assert whole_reads == [str(path)]
+
+
+@pytest.mark.parametrize("damage", ["plan cut short", "index cut short", "index schema", "spans out of order"])
 def test_a_damaged_index_is_never_trusted(tmp_path, whole_reads, damage):
     path = write_plan(MULTI_NODE, tmp_path / "plan.json")
-    raw = path.read_bytes()
-    if damage == "cut short":
-        path.write_bytes(raw[: len(raw) // 2])
-    elif damage == "index offset":
-        at = raw.rindex(f'"{INDEX_AT_FIELD}": '.encode())
-        path.write_bytes(raw[:at] + f'"{INDEX_AT_FIELD}": 17\n}}\n'.encode())
+    index = index_path(path)
+    if damage == "plan cut short":
+        path.write_bytes(path.read_bytes()[:-40])
+    elif damage == "index cut short":
+        index.write_bytes(index.read_bytes()[:-10] + b"\n")
     elif damage == "index schema":
-        _edit_bytes(path, b"batchplan/rank-index@1", b"batchplan/rank-index@9")
+        _edit_bytes(index, b"batchplan/rank-index@1", b"batchplan/rank-index@9")
     else:
-        _edit_bytes(path, b'"ranks":[', b'"ranks":[9999999,1,')
-    assert plan_parts(path.read_bytes(), str(path)) is None
-    if damage == "cut short":
+        _edit_bytes(index, b'"ranks":[', b'"ranks":[9999999,1,')
+    assert _parts(path) is None
+    if damage == "plan cut short":
         with pytest.raises(ConfigError, match="not valid JSON"):
             read_rank_view(path, _choose(0))
     else:
@@ -120,24 +129,21 @@ def test_a_damaged_index_is_never_trusted(tmp_path, whole_reads, damage):
 
 
 def _forge_index(path, edit) -> None:
-    """Rewrite the file's index with ``edit`` applied and a digest recomputed to match (what only a deliberate
+    """Rewrite the plan's index with ``edit`` applied and a digest recomputed to match (what only a deliberate
     forger does)."""
     from planner.plan.layout import _digest
 
-    document = json.loads(path.read_text())
-    index = {k: v for k, v in document[INDEX_FIELD].items() if k != "sha256"}
+    index = {k: v for k, v in json.loads(index_path(path).read_text()).items() if k != "sha256"}
     edit(index)
-    raw = path.read_bytes()
-    at = document[INDEX_AT_FIELD]
-    index = {"sha256": _digest(raw[:at], index), **index}
-    path.write_bytes(raw[:at] + f',\n  "{INDEX_FIELD}": {json.dumps(index, separators=(",", ":"))},\n  '
-                     f'"{INDEX_AT_FIELD}": {at}\n}}\n'.encode())
+    fields = json.dumps(index, separators=(",", ":"))
+    digest = _digest(path.read_bytes(), fields.encode())
+    index_path(path).write_text(f'{{"sha256":"{digest}",{fields[1:]}\n')
 
 
 def test_an_index_edited_without_its_digest_is_not_trusted(tmp_path, whole_reads):
     path = write_plan(MULTI_NODE, tmp_path / "plan.json")
-    _edit_bytes(path, b'"batches":[4,4,4,6,2]', b'"batches":[5,3,4,6,2]')
-    assert plan_parts(path.read_bytes(), str(path)) is None
+    _edit_bytes(index_path(path), b'"batches":[4,4,4,6,2]', b'"batches":[5,3,4,6,2]')
+    assert _parts(path) is None
     assert read_rank_view(path, _choose(2)).batches == (4, 4, 4, 6, 2)
     assert whole_reads == [str(path)]
 
@@ -147,7 +153,7 @@ def test_an_index_forged_with_a_matching_digest_cannot_give_a_rank_another_split
     bytes do not, so no rank takes the forged split."""
     path = write_plan(MULTI_NODE, tmp_path / "plan.json")
     _forge_index(path, lambda index: index.update(batches=[5, 3, 4, 6, 2]))
-    assert plan_parts(path.read_bytes(), str(path)) is None
+    assert _parts(path) is None
     assert read_rank_view(path, _choose(2)).batches == (4, 4, 4, 6, 2)
     assert whole_reads == [str(path)]
 
@@ -159,7 +165,7 @@ def test_an_index_forged_to_cut_an_entry_short_is_caught_by_parsing_the_entry(tm
         index["ranks"][1] -= 1  # rank 0's entry without its closing brace
 
     _forge_index(path, cut_rank_0)
-    assert plan_parts(path.read_bytes(), str(path)) is not None  # the index itself is well-formed
+    assert _parts(path) is not None  # the index itself is well-formed
     assert read_rank_view(path, _choose(0)).entry.rank == 0
     assert whole_reads == [str(path)]
 
