@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from planner.errors import ConfigError
-from planner.job import JobFieldError, JobSpec
+from planner.errors import ConfigError, FieldError
+from planner.job import JobSpec
 from planner.jsonio import check_text, check_tree
 from planner.plan.derived import WEIGHT_REL_TOLERANCE
 from planner.plan.launch import (
@@ -222,7 +222,7 @@ def checked_job(job: Any, where: str) -> JobSpec:
             raise ConfigError(f"{where}: job.{name} must be a list of positive integers or null, got {_shown(value)}")
     try:
         return JobSpec.from_json(job)
-    except JobFieldError as exc:  # the core names fields in backticks; here they are the plan's fields
+    except FieldError as exc:  # the core names fields in backticks; here they are the plan's fields
         raise ConfigError(f"{where}: {exc.render(lambda name: f'job.{name}')}") from None
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
