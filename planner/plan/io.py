@@ -4,6 +4,7 @@ which one rank reads its part) is ``planner.plan.layout``'s; ``planner.plan.rank
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -18,6 +19,8 @@ from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
 
 __all__ = ["SCHEMA", "load_plan", "read_plan", "validate_plan", "write_plan"]
 
+log = logging.getLogger(__name__)
+
 
 def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
     """Write ``plan`` (a ``Plan`` or its JSON document) as JSON to ``path`` atomically (temporary file in
@@ -28,8 +31,11 @@ def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
     text, index = plan_text(plan)
     target = Path(path)
     _write_atomically(text, target)
-    if index is not None:
-        _write_atomically(index, index_path(target))  # an old index left by a failure here no longer matches
+    if index is not None and target.is_file():  # a plan written through to a pipe or a device has no "beside"
+        try:
+            _write_atomically(index, index_path(target))
+        except ConfigError as exc:  # the plan is whole; without its index each rank reads all of it (slower)
+            log.warning("the plan's rank index was not written (%s): each rank will read the whole plan", exc)
     return target
 
 

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from planner.allocate.advice import Advice
-from planner.job import JobSpec
+from planner.job import JobSpec, Mode
 from planner.plan.derived import check_identities
 from planner.profiles.profile import DeviceProfile
 
@@ -214,7 +214,7 @@ class Plan:
     predicted_step_time_s: float
     throughput_samples_per_s: float
     balance_efficiency: float
-    mode: str
+    mode: Mode
     alternatives: dict[str, float] | None
     """throughput of the options the advice compared; None in plans written without it"""
     ranks: tuple[RankEntry, ...]
@@ -286,6 +286,7 @@ class Plan:
         plan = cls(
             **{name: data[name] for name in _PLAN_SCALARS},
             job=JobSpec.from_json(data["job"]),
+            mode=Mode(data["mode"]),
             alternatives=dict(data["alternatives"]) if data.get("alternatives") is not None else None,
             balance_efficiency_range=(
                 tuple(data["balance_efficiency_range"]) if data.get("balance_efficiency_range") is not None else None
@@ -304,5 +305,5 @@ class Plan:
 
 
 _PLAN_SCALARS = ("schema", "created", "world_size", "global_batch", "accumulate", "step_batch",
-                 "predicted_step_time_s", "throughput_samples_per_s", "balance_efficiency", "mode")
+                 "predicted_step_time_s", "throughput_samples_per_s", "balance_efficiency")
 _PLAN_FIELDS = frozenset(Plan.__dataclass_fields__) - {"advice", "extra"}

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from planner.errors import ConfigError, FieldError
-from planner.job import JobSpec
+from planner.job import MODES, JobSpec
 from planner.jsonio import check_text, check_tree
 from planner.plan.derived import WEIGHT_REL_TOLERANCE
 from planner.plan.launch import (
@@ -43,7 +43,6 @@ __all__ = ["MAX_PLAN_BYTES", "MAX_PLAN_RANKS", "SCHEMA", "WEIGHT_REL_TOLERANCE",
            "validate_plan"]
 
 SCHEMA = "batchplan/plan@1"
-MODES = ("balanced", "max", "uniform")
 #: most ranks a plan may hold: 65,536 GPUs is beyond any job this planner is meant for, and bounds the
 #: work a hostile plan can cause
 MAX_PLAN_RANKS = 65_536

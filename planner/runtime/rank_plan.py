@@ -136,34 +136,20 @@ def load_rank_plan(
             rank, env_rank, environ, where, world_size, nodes))
         whole = lambda: load_plan(Path(plan))  # noqa: E731
     entry = view.entry
-    if env_rank == entry.rank:
-        # the environment describes this very process: torchrun's numbering must match the plan's, or this
-        # rank would take the batch planned for a different GPU
+    this_process = env_rank == entry.rank  # the environment describes this very process
+    if this_process:
+        # torchrun's numbering must match the plan's, or this rank would take the batch planned for another GPU
         _check_launch_position(environ, view, where)
-        if check_gpu:
-            from planner.runtime.rank_gpu import check_rank_gpu, local_gpu
+    if check_gpu and (gpu is not None or this_process):
+        from planner.runtime.rank_gpu import check_rank_gpu, local_gpu
 
-            here = gpu if gpu is not None else local_gpu(view, environ)
-            if here is not None:
-                check_rank_gpu(view, here, where, whole)
-    elif check_gpu and gpu is not None:
-        from planner.runtime.rank_gpu import check_rank_gpu
-
-        check_rank_gpu(view, gpu, where, whole)
-    return RankPlan(
-        rank=entry.rank,
-        world_size=view.world_size,
-        local_rank=entry.local_rank,
-        node_rank=entry.node_rank,
-        batch=entry.batch,
-        loss_weight=entry.loss_weight,
-        step_batch=view.step_batch,
-        global_batch=view.global_batch,
-        accumulate=view.accumulate,
-        device_index=entry.device_index,
-        gpu=entry.gpu,
-        batches=view.batches,
-    )
+        here = gpu if gpu is not None else local_gpu(view, environ)
+        if here is not None:
+            check_rank_gpu(view, here, where, whole)
+    return RankPlan(rank=entry.rank, world_size=view.world_size, local_rank=entry.local_rank,
+                    node_rank=entry.node_rank, batch=entry.batch, loss_weight=entry.loss_weight,
+                    step_batch=view.step_batch, global_batch=view.global_batch, accumulate=view.accumulate,
+                    device_index=entry.device_index, gpu=entry.gpu, batches=view.batches)
 
 
 def _choose_rank(

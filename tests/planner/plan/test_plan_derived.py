@@ -109,3 +109,20 @@ def test_a_plan_re_balanced_in_the_job_keeps_its_measured_rank_times():
     check_identities(ran)
 
 
+
+
+@pytest.mark.slow
+def test_the_shared_node_plan_prints_its_point_inside_its_own_range(tmp_path):
+    """``cluster_configs/shared-node.yaml`` end to end: a card at 90% speed (10% busy) planned beside two idle
+    ones of its type. Before the fix the range was the split's efficiency at full speed on every card: 0.9994
+    printed with (0.9661-0.9661) expected."""
+    from tests.planner.cli_helpers import CONFIGS, TINY_MODEL, assert_ok, parse_json_stdout, run_cli
+
+    result = run_cli("plan", "--no-ray", "--cluster", CONFIGS / "shared-node.yaml", "--no-cache", *TINY_MODEL,
+                     "--max-utilization", "1.0", "--json", cwd=tmp_path)
+    assert_ok(result)
+    plan = parse_json_stdout(result)
+    assert sorted(r["speed_factor"] for r in plan["ranks"])[0] < 1  # a busy card is among the ranks
+    low, high = plan["balance_efficiency_range"]
+    assert low - 1e-12 <= plan["balance_efficiency"] <= high + 1e-12  # one GPU type: a shared σ moves no split
+    validate_plan(plan)

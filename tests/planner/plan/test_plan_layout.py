@@ -187,3 +187,15 @@ def test_a_plan_file_over_the_limit_is_refused_before_it_is_read(tmp_path):
         handle.truncate(200 << 20)
     with pytest.raises(ConfigError, match="over the limit"):
         read_rank_view(path, _choose(0))
+
+
+def test_a_plan_whose_index_cannot_be_written_is_still_written_and_read_whole(tmp_path, whole_reads, caplog):
+    """The index is a speed-up: a directory that refuses it (here: a directory already at its path) leaves the
+    plan written, a warning said, and every rank reading the plan whole."""
+    target = tmp_path / "plan.json"
+    (tmp_path / "plan.json.index").mkdir()
+    with caplog.at_level("WARNING", logger="planner.plan.io"):
+        write_plan(MULTI_NODE, target)
+    assert "rank index was not written" in caplog.text
+    assert read_rank_view(target, _choose(3)).entry.batch == 6
+    assert whole_reads == [str(target)]
