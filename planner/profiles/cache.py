@@ -28,7 +28,7 @@ import os
 import stat
 from pathlib import Path
 
-from planner.errors import ConfigError
+from planner.errors import ConfigError, FieldError
 from planner.files import write_file_safely
 from planner.jsonio import read_json_file
 from planner.profiles.checks import check_against_gpu, checked_profile
@@ -72,15 +72,15 @@ class ProfileCache:
         if it exists, this process can write it and no other user can (``_check_trusted_directory``)."""
         for path in (self.directory, *self.directory.parents):
             if path.is_symlink() and not path.exists():
-                raise ConfigError(
-                    f"{what} {self.directory} is not a directory ({path} is a symbolic link to "
-                    f"{os.readlink(path)}, which does not exist; create it, or choose another --cache-dir)"
+                raise FieldError(
+                    "cache_dir", f"{what} {self.directory} is not a directory ({path} is a symbolic link to "
+                    f"{os.readlink(path)}, which does not exist; create it, or choose another `cache_dir`)"
                 )
             if path.exists():
                 if not path.is_dir():
-                    raise ConfigError(
-                        f"{what} {self.directory} is not a directory ({path} is a file; choose another --cache-dir "
-                        "or remove the file)"
+                    raise FieldError(
+                        "cache_dir", f"{what} {self.directory} is not a directory ({path} is a file; choose another "
+                        "`cache_dir` or remove the file)"
                     )
                 if path == self.directory:
                     _check_trusted_directory(path, what)
@@ -114,7 +114,7 @@ class ProfileCache:
         entry = {"schema": CACHE_SCHEMA, "key": key, "inputs": dict(inputs), "checksum": _checksum(profile_json),
                  "profile": profile_json}
         self.check_directory()
-        fix = "choose another --cache-dir, or --no-cache"
+        fix = "choose another --cache-dir, or --no-cache"  # an OSError's text may hold backticks: plain words
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -122,7 +122,8 @@ class ProfileCache:
                               f"({fix})") from None
         path = self.path_for(key)
         if path.is_dir():
-            raise ConfigError(f"profile cache entry {path} is a directory (remove it, or choose another --cache-dir)")
+            raise FieldError("cache_dir",
+                             f"profile cache entry {path} is a directory (remove it, or choose another `cache_dir`)")
         write_file_safely(path, json.dumps(entry, indent=1), what="the profile cache entry", fix=fix)
         return path
 
@@ -137,13 +138,13 @@ def _check_trusted_directory(directory: Path, what: str) -> None:
     """
     mode = directory.stat().st_mode
     if mode & stat.S_IWOTH:
-        raise ConfigError(
-            f"{what} {directory} is writable by every user (mode {stat.filemode(mode)}): anyone could plant "
-            f"profiles there (chmod o-w {directory}, or choose another --cache-dir)"
+        raise FieldError(
+            "cache_dir", f"{what} {directory} is writable by every user (mode {stat.filemode(mode)}): anyone could "
+            f"plant profiles there (chmod o-w {directory}, or choose another `cache_dir`)"
         )
     if not os.access(directory, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"{what} {directory} is not writable by this user (choose another --cache-dir, or --no-cache)"
+        raise FieldError(
+            "cache_dir", f"{what} {directory} is not writable by this user (choose another `cache_dir`, or `no_cache`)"
         )
 
 
