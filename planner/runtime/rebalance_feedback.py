@@ -38,7 +38,7 @@ from planner.runtime.rebalance_model import (
     median_points,
 )
 from planner.runtime.weights import loss_weights
-from torchkit.step.fit import AffineTimeFit, fit_memory
+from torchkit.step.fit import fit_memory, time_fit_from_json
 
 if TYPE_CHECKING:
     from planner.plan.types import Plan
@@ -141,8 +141,7 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
     """The plan with the batches that ran last, their loss weights and measured step times, and ``measured``."""
     batches = [int(b) for b in section["batches_last"]]
     weights = loss_weights(batches)
-    fits = [AffineTimeFit(intercept_s=r["time_fit"]["intercept_s"], s_per_sample=r["time_fit"]["s_per_sample"])
-            for r in section["ranks"]]
+    fits = [time_fit_from_json(r["time_fit"]) for r in section["ranks"]]
     times = [fit.predict_s(b) for fit, b in zip(fits, batches, strict=True)]
     idle = idle_fractions(times)
     ranks = tuple(
