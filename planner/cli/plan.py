@@ -32,7 +32,8 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-write", action="store_true", help="do not write plan.json")
     g.add_argument("--plot", metavar="FILE.png", help="draw the plan (needs the plot extra: matplotlib)")
     g.add_argument("--emit", choices=EMIT_FORMS, default="table",
-                   help="env: print one node's environment as export lines (choose it with --node or --node-rank)")
+                   help="env: print one node's environment as export lines (choose it with --node or --node-rank); "
+                   "slurm: the srun line that starts torchrun on every node of a SLURM job")
     add_node_options(g)
 
 

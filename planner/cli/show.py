@@ -13,7 +13,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("plan", help="path of plan.json")
     p.add_argument("--json", action="store_true", help="print the validated plan as JSON")
     p.add_argument("--emit", choices=EMIT_FORMS, default="table",
-                   help="env: one node's environment as export lines (choose it with --node or --node-rank)")
+                   help="env: one node's environment as export lines (choose it with --node or --node-rank); "
+                   "slurm: the srun line that starts torchrun on every node of a SLURM job")
     add_node_options(p)
     p.set_defaults(func=run)
 
