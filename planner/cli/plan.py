@@ -9,7 +9,6 @@ from planner.cli.options import add_cluster_options, add_job_options, job_from_a
 from planner.cli.output import check_writable, note
 from planner.cli.planning import run_planning
 from planner.cli.render import EMIT_FORMS, print_plan
-from planner.errors import ConfigError
 from planner.plan.types import Plan
 
 
@@ -40,12 +39,12 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
 def check_output_args(args: argparse.Namespace) -> None:
     """Fail on an unusable output path before any planning work."""
     check_node_options(args)
-    if args.plot and not args.plot.lower().endswith(".png"):
-        raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot plan.png)")
-    targets = [("--plot", args.plot)] + ([] if args.no_write else [("-o", args.output)])
-    for flag, value in targets:
-        if value:
-            check_writable(flag, value)
+    if args.plot:
+        from planner.cli.plot import check_plot_path
+
+        check_plot_path(args.plot)
+    if not args.no_write:
+        check_writable("-o", args.output)
 
 
 def emit(plan: Plan, args: argparse.Namespace) -> None:
@@ -55,6 +54,9 @@ def emit(plan: Plan, args: argparse.Namespace) -> None:
     if not args.no_write:
         path = write_plan(plan, args.output)
         note(f"wrote {path}")
+    else:
+        note(f"plan not written (--no-write): the launch lines name {args.output}, which this run did not write "
+             f"(drop --no-write, or write it later from the same flags)")
     if args.plot:
         from planner.cli.plot import plot_plan
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from planner.cli.model_names import check_model_name
 from planner.cli.options import check_cluster_args
 from planner.cli.output import note
 from planner.cli.progress import progress_sink
@@ -55,12 +56,25 @@ def slurm_cluster(args: argparse.Namespace) -> ClusterSpec | None:
     return found.cluster
 
 
+def _check_node_choice(args: argparse.Namespace, cluster: ClusterSpec | None) -> None:
+    """``--emit env`` on a cluster of several nodes needs ``--node``/``--node-rank``: said before probing where
+    the nodes are known already (a config, SLURM), rather than after (``planner.cli.emit_env``)."""
+    if getattr(args, "emit", None) != "env" or cluster is None or len(cluster.nodes) < 2:
+        return
+    if args.node is None and args.node_rank is None:
+        from planner.cli.emit_env import selected_node_rank
+
+        selected_node_rank({"nodes": [{"name": n.name} for n in cluster.nodes]}, None, None)  # raises, naming them
+
+
 def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bool = False) -> PlanOutcome:
     """Plan for the cluster the flags name, with progress on stderr. Returns the driver's PlanOutcome."""
+    check_model_name(job.model)
     check_cluster_args(args)
     options = driver_options(args)
     cluster = load_cluster(args.cluster) if args.cluster else None
     slurm = slurm_cluster(args)
+    _check_node_choice(args, slurm or cluster)
     announce_user_code(job)
     # stdout carries only the result, printed after this: Ray's "(raylet) ..." lines go to stderr
     with stdout_to_stderr(), progress_sink() as on_event:
