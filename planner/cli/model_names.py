@@ -17,7 +17,7 @@ def check_model_name(model: str) -> None:
     ``source:name`` form."""
     if ":" in model:
         return
-    from torchkit.workloads import WORKLOAD_NAMES
+    from torchkit.workloads.registry import WORKLOAD_NAMES, other_sources
 
     if model in WORKLOAD_NAMES:
         return
@@ -25,5 +25,5 @@ def check_model_name(model: str) -> None:
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise ConfigError(
         f"--model {model!r} is not a built-in workload ({hint}built-in: {', '.join(WORKLOAD_NAMES)}; or "
-        "timm:NAME, torchvision:NAME, hf:ARCH, ultralytics:FILE.yaml, package.module:factory)"
+        f"{other_sources()})"
     )

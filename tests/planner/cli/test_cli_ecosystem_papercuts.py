@@ -60,7 +60,7 @@ def test_show_draws_the_plot_and_prints_the_srun_line(tmp_path: Path) -> None:
 
 
 def test_library_models_are_announced_as_library_models_not_user_code() -> None:
-    from torchkit.workloads import LIBRARY_PREFIXES
+    from torchkit.workloads.registry import LIBRARY_PREFIXES
 
     assert set(LIBRARY_BUILDERS) == set(LIBRARY_PREFIXES)
     job = JobSpec(model="timm:convnext_tiny")
