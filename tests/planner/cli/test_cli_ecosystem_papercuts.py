@@ -68,3 +68,16 @@ def test_library_models_are_announced_as_library_models_not_user_code() -> None:
     assert library_model_summary(job) == ("library model: timm:convnext_tiny, built with "
                                           "timm.create_model('convnext_tiny', pretrained=False) (nothing downloaded)")
     assert library_model_summary(JobSpec(model="resnet50")) is None
+
+
+def test_devices_no_ray_reads_a_config_in_this_process(tmp_path: Path) -> None:
+    from tests.planner.cli_helpers import parse_json_stdout
+
+    result = run_cli("devices", "--cluster", "demo-mixed", "--no-ray", "--json", cwd=tmp_path)
+    assert_ok(result)
+    assert "Ray" not in result.stderr, describe(result)
+    nodes = parse_json_stdout(result)["nodes"]
+    assert [n["name"] for n in nodes] == ["node-a100", "node-v100", "node-t4"]
+    assert all(n["ray_node_id"] is None for n in nodes)
+    refused = run_cli("devices", "--no-ray", cwd=tmp_path)
+    assert refused.returncode == 2 and "--no-ray needs --cluster FILE" in refused.stderr
