@@ -106,20 +106,32 @@ def _node_checks(
             + (f", {want} required" if want is not None else ""),
         )
     )
+    # with --gpus -1,-1 (pick N idle GPUs) a busy GPU the pick left out was never requested: only a node that
+    # got fewer than N fails on its busy GPUs
+    auto_count = _auto_pick_count(plan.job.gpus) if plan is not None else None
     busy = [
         f"{inv.name} GPU {index}: {reason}"
         for inv in inventories
+        if auto_count is None or len(inv.selection.selected) < auto_count
         for index, reason in inv.selection.skipped
         if index in inv.selection.busy
     ]
+    fix = (" (free those GPUs, pick others with --gpus, or relax --min-memory-fraction / --max-utilization; "
+           "--min-memory-fraction 0 --max-utilization 1 keeps every GPU, derated)")
     checks.append(
         Check(
             name="idle_thresholds",
             ok=not busy,
-            detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy),
+            detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy) + fix,
         )
     )
     return checks
+
+
+def _auto_pick_count(gpus: str) -> int | None:
+    """N for a selection of N most idle GPUs (``-1,-1``), None for ``all`` or explicit indices."""
+    parts = [p.strip() for p in gpus.split(",")]
+    return len(parts) if parts and all(p == "-1" for p in parts) else None
 
 
 def _plan_checks(plan: Plan, thresholds: Thresholds, name_of: Callable[[str], str]) -> list[Check]:

@@ -81,3 +81,18 @@ def test_devices_no_ray_reads_a_config_in_this_process(tmp_path: Path) -> None:
     assert all(n["ray_node_id"] is None for n in nodes)
     refused = run_cli("devices", "--no-ray", cwd=tmp_path)
     assert refused.returncode == 2 and "--no-ray needs --cluster FILE" in refused.stderr
+
+
+@pytest.mark.parametrize(("gpus", "ok"), [("-1,-1", True), ("all", False)])
+def test_preflight_judges_only_the_gpus_the_job_would_use(tmp_path: Path, gpus: str, ok: bool) -> None:
+    from tests.planner.cli_helpers import parse_json_stdout
+
+    # shared-node: four A6000s, GPU 3 97% busy; -1,-1 picks two idle ones and never asks for GPU 3
+    result = run_cli("preflight", "--cluster", "shared-node", "--no-ray", *TINY_MODEL, f"--gpus={gpus}",
+                     "--cache-dir", tmp_path / "cache", "--json", cwd=tmp_path)
+    assert result.returncode == (0 if ok else 1), describe(result)
+    check = next(c for c in parse_json_stdout(result)["checks"] if c["name"] == "idle_thresholds")
+    assert check["ok"] is ok
+    if not ok:
+        assert check["detail"].startswith("lab-server GPU 3: busy")
+        assert "(free those GPUs, pick others with --gpus, or relax --min-memory-fraction" in check["detail"]
