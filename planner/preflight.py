@@ -80,7 +80,7 @@ def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
 
 def _node_checks(
     inventories: Sequence[NodeInventory], failed_nodes: dict[str, str], expected_node_names: Sequence[str],
-    plan: Plan | None, thresholds: Thresholds,
+    plan: Plan | None, thresholds: Thresholds, name_of: Callable[[str], str] = field_name,
 ) -> list[Check]:
     """Did the cluster answer, every expected node, with the GPUs asked for, idle enough?"""
     answered = {inv.name for inv in inventories}
@@ -116,8 +116,9 @@ def _node_checks(
         for index, reason in inv.selection.skipped
         if index in inv.selection.busy
     ]
-    fix = (" (free those GPUs, pick others with --gpus, or relax --min-memory-fraction / --max-utilization; "
-           "--min-memory-fraction 0 --max-utilization 1 keeps every GPU, derated)")
+    memory, utilization = name_of("min_free_memory_fraction"), name_of("max_utilization_fraction")
+    fix = (f" (free those GPUs, pick others with {name_of('gpus')}, or relax {memory} / {utilization}; "
+           f"{memory} 0 and {utilization} 1 keep every GPU, derated)")
     checks.append(
         Check(
             name="idle_thresholds",
@@ -215,7 +216,7 @@ def run_checks(
 ) -> list[Check]:
     """Every check, in the order ``batchplan preflight`` prints them; ``name_of`` names a threshold in a detail
     (the CLI: by its flag)."""
-    checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds)
+    checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds, name_of)
     checks.append(_versions_check(inventories))
     shared = _shared_gpus_check(plan)
     if shared is not None:
