@@ -96,3 +96,11 @@ def test_preflight_judges_only_the_gpus_the_job_would_use(tmp_path: Path, gpus: 
     if not ok:
         assert check["detail"].startswith("lab-server GPU 3: busy")
         assert "(free those GPUs, pick others with --gpus, or relax --min-memory-fraction" in check["detail"]
+
+
+def test_a_long_estimate_says_each_fake_pass_as_it_ends(tmp_path: Path) -> None:
+    result = run_cli("profile", "--gpu", "T4", *TINY_MODEL, "--no-cache", cwd=tmp_path)
+    assert_ok(result)
+    passes = [line for line in result.stderr.splitlines() if line.startswith("fake pass ")]
+    assert passes and passes[0].startswith("fake pass 1 of ") and " done (batch " in passes[0], describe(result)
+    assert len(passes) >= 3  # the three probe batches, and one more near the cap for launch-bound models
