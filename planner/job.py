@@ -23,13 +23,43 @@ DEFAULT_MIN_FREE_MEMORY_FRACTION = 0.2
 #: (planner.probing.busy derates the GPUs kept by their utilisation)
 DEFAULT_MAX_UTILIZATION_FRACTION = 0.5
 
-# The job's vocabulary, each written once: the CLI's choices and every check read these Literals.
-AmpChoice = Literal["auto", AmpMode]
-Mode = Literal["balanced", "max", "uniform"]
+# The job's vocabulary, each written once: the CLI's choices and every check read these enums and Literals.
+# An enum member is its string (``Mode.BALANCED == "balanced"``, JSON writes ``"balanced"``): plan.json and
+# every comparison with a string keep working.
+
+
+class Mode(str, Enum):
+    """How per-rank batches are chosen (``planner.allocate``)."""
+
+    BALANCED = "balanced"
+    """speed- and memory-aware: the step time of the slowest rank is minimised"""
+    MAX = "max"
+    """each rank its own cap (per-device autobatch)"""
+    UNIFORM = "uniform"
+    """every rank the smallest cap (plain DDP)"""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AmpChoice(str, Enum):
+    """Mixed precision asked for: ``auto`` is bf16 where the GPU supports it, else fp16; the others are
+    ``torchkit.step.options.AmpMode`` (checked below)."""
+
+    AUTO = "auto"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 FitKind = MemoryFitKind
 
-AMP_CHOICES: tuple[str, ...] = get_args(AmpChoice)
-MODES: tuple[str, ...] = get_args(Mode)
+AMP_CHOICES: tuple[str, ...] = tuple(a.value for a in AmpChoice)
+assert set(AMP_CHOICES) == {"auto", *get_args(AmpMode)}, "AmpChoice must be auto and torchkit's AmpMode"
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 FIT_KINDS: tuple[str, ...] = get_args(FitKind)
 #: a user factory's input dtypes: ``torchkit.workloads.INPUT_DTYPES``, named here without importing torch
 InputDtype = Literal["float32", "float16", "bfloat16", "int64", "int32"]
@@ -73,13 +103,13 @@ class JobSpec:
     """a user factory's input is integer token ids in ``[0, vocab_size)``"""
     input_dtype: InputDtype | None = None
     """a user factory's input dtype (one of ``INPUT_DTYPES``; default float32, int64 with ``vocab_size``)"""
-    amp: AmpChoice = "auto"
+    amp: AmpChoice = AmpChoice.AUTO
     """mixed precision: ``auto`` takes bf16 where the GPU supports it, else fp16"""
     optimizer: OptimizerName = "sgd"
     """optimizer whose state is counted in memory: SGD with momentum or AdamW"""
     fraction: float = DEFAULT_FRACTION
     """share of each device's available memory a rank may plan to use, in (0, 1]"""
-    mode: Mode = "balanced"
+    mode: Mode = Mode.BALANCED
     """``balanced`` (speed- and memory-aware), ``max`` (each rank its own cap) or ``uniform`` (plain DDP)"""
     global_batch: int | None = None
     """samples per optimizer step over all ranks; None maximises throughput"""
@@ -121,10 +151,12 @@ class JobSpec:
             raise bad("input_dtype", self.input_dtype, f"use one of {', '.join(INPUT_DTYPES)}")
         if self.amp not in AMP_CHOICES:
             raise bad("amp", self.amp, f"use one of {', '.join(AMP_CHOICES)}")
+        object.__setattr__(self, "amp", AmpChoice(self.amp))
         if self.optimizer not in OPTIMIZERS:
             raise bad("optimizer", self.optimizer, f"use one of {', '.join(OPTIMIZERS)}")
         if self.mode not in MODES:
             raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
+        object.__setattr__(self, "mode", Mode(self.mode))
         if self.method not in METHODS:
             raise bad("method", self.method, f"use one of {', '.join(METHODS)}")
         object.__setattr__(self, "method", Method(self.method))
@@ -165,13 +197,13 @@ class JobSpec:
         Raises:
             JobFieldError: bf16 asked for on a GPU without bf16.
         """
-        if self.amp == "auto":
+        if self.amp == AmpChoice.AUTO:
             return "bf16" if gpu.supports_bf16 else "fp16"
-        if self.amp == "bf16" and not gpu.supports_bf16:
+        if self.amp == AmpChoice.BF16 and not gpu.supports_bf16:
             raise JobFieldError(
                 "amp", f"`amp` bf16 asked for, but {gpu.name} has no bf16 support (use `amp` auto or `amp` fp16)"
             )
-        return self.amp
+        return self.amp.value
 
     def to_json(self) -> dict:
         data = asdict(self)
