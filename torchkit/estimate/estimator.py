@@ -128,15 +128,14 @@ def check_estimator_torch(version: str | None = None) -> None:
 def estimate_step(
     workload: Any, batch: int, *, amp: AmpMode = "off", optimizer: OptimizerName = "sgd", target: AttentionTarget = "cuda"
 ) -> StepEstimate:
-    """One fake pass: memory, FLOPs and bytes of a full training step of ``workload`` at ``batch``, made for
-    ``target`` (``cuda``: attention as CUDA's fused kernels run it; ``cpu``: as CPU runs it).
+    """One fake pass: memory, FLOPs and bytes of a training step of ``workload`` at ``batch`` for ``target``.
 
     Raises:
         WorkloadError: the model cannot be built or run on fake tensors (with the cause).
         ConfigError: unknown amp mode, optimizer or target.
         UserError: torch older than ``ESTIMATOR_MIN_TORCH``.
     """
-    check_estimator_torch()
+    _check_request(batch, amp, optimizer, target)
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -147,10 +146,6 @@ def estimate_step(
     from torchkit.step.train_step import make_optimizer, run_training_iterations
     from torchkit.workloads.construct import fake_copy
 
-    check_options(amp, optimizer)
-    _check_target(target)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
     start = time.perf_counter()
     recorder = OpCostRecorder()
     tracker = MemoryTracker(
@@ -212,13 +207,18 @@ def estimate_step(
     )
 
 
-def _check_target(target: str) -> None:
+def _check_request(batch: Any, amp: str, optimizer: str, target: str) -> None:
+    """What ``estimate_step`` refuses before it builds anything (see its Raises)."""
     from torchkit.estimate.attention import TARGETS
 
+    check_estimator_torch()
+    check_options(amp, optimizer)
     if target not in TARGETS:
         from torchkit.errors import ConfigError
 
         raise ConfigError(f"unknown estimate target {target!r} (use one of: {', '.join(TARGETS)})")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
 
 
 def _fake_trainable_params(workload: Any, model: Any) -> list:
