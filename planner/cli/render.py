@@ -18,11 +18,17 @@ def render_plan(plan: Plan) -> None:
         f"plan for {job.model} ({plan.mode}, optimizer {job.optimizer}, amp {job.amp}, "
         f"fraction {job.fraction}): {plan.world_size} ranks on {len(plan.nodes)} node(s)"
     )
+    memory: dict[tuple[int, int, int], str] = {}  # most ranks share their figures with others of their type
+
+    def memory_cell(r) -> str:
+        key = (r.predicted_memory_bytes, r.memory_budget_bytes, r.total_memory_bytes)
+        if key not in memory:
+            memory[key] = "/".join(format_gib(b) for b in key)
+        return memory[key]
+
     rows = [
         [
-            r.rank, r.node, r.local_rank, r.device_index, r.gpu, r.batch, r.max_batch,
-            f"{format_gib(r.predicted_memory_bytes)}/{format_gib(r.memory_budget_bytes)}/"
-            f"{format_gib(r.total_memory_bytes)}",
+            r.rank, r.node, r.local_rank, r.device_index, r.gpu, r.batch, r.max_batch, memory_cell(r),
             format_ms(r.predicted_step_time_s),
             f"{(r.idle_fraction or 0.0) * 100:.0f}%",
             f"{r.loss_weight:.4f}",
@@ -70,8 +76,7 @@ def print_plan(
     elif emit == "env":
         from planner.cli.emit_env import env_lines, selected_node_rank
 
-        document = plan.to_json()
-        for line in env_lines(document, selected_node_rank(document, node, node_rank)):
+        for line in env_lines(plan, selected_node_rank(plan, node, node_rank)):
             echo(line)
     else:
         render_plan(plan)

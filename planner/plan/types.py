@@ -18,6 +18,7 @@ from typing import Any
 
 from planner.allocate.advice import Advice
 from planner.job import JobSpec
+from planner.plan.derived import check_identities
 from planner.profiles.profile import DeviceProfile
 
 
@@ -131,8 +132,15 @@ class RankEntry:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RankEntry:
-        return cls(**{name: data[name] for name in _RANK_REQUIRED}, idle_fraction=data.get("idle_fraction"),
-                   speed_factor=data.get("speed_factor", 1.0))
+        """The entry of a validated document (``planner.plan.validate.check_rank_fields`` checked its fields).
+
+        Built without the dataclass ``__init__`` (which sets each of 16 fields through ``object.__setattr__``):
+        a 65,536-rank plan has that many entries, and ``show`` must take seconds, not tens of seconds."""
+        entry = object.__new__(cls)
+        values = {name: data[name] for name in _RANK_REQUIRED}
+        values.update(idle_fraction=data.get("idle_fraction"), speed_factor=data.get("speed_factor", 1.0))
+        entry.__dict__.update(values)
+        return entry
 
 
 _RANK_REQUIRED = tuple(f for f in RankEntry.__dataclass_fields__ if f not in ("idle_fraction", "speed_factor"))
@@ -268,9 +276,14 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "plan") -> Plan:
-        """The plan of a validated document (``planner.plan.io.validate_plan`` checks the fields first)."""
+        """The plan of a document whose fields are of their types (``planner.plan.validate.validate_plan``
+        checks them first), its identities checked (``planner.plan.derived.check_identities``).
+
+        Raises:
+            ConfigError: an identity between the fields is broken, naming ``where``.
+        """
         launch = data.get("launch")
-        return cls(
+        plan = cls(
             **{name: data[name] for name in _PLAN_SCALARS},
             job=JobSpec.from_json(data["job"]),
             alternatives=dict(data["alternatives"]) if data.get("alternatives") is not None else None,
@@ -286,6 +299,8 @@ class Plan:
             notes=tuple(data.get("notes", ())),
             extra={k: v for k, v in data.items() if k not in _PLAN_FIELDS},
         )
+        check_identities(plan, where)
+        return plan
 
 
 _PLAN_SCALARS = ("schema", "created", "world_size", "global_batch", "accumulate", "step_batch",
