@@ -177,6 +177,24 @@ def shipped_cluster_configs() -> dict[str, Path]:
     }
 
 
+def find_cluster_config(path: str | os.PathLike[str]) -> Path:
+    """The file ``path`` names: itself where it exists, else the shipped example of that name (``demo-mixed``).
+
+    Raises:
+        ConfigError: neither exists.
+    """
+    file_path = Path(path)
+    if file_path.exists():
+        return file_path
+    shipped = shipped_cluster_configs()
+    stem = file_path.name.removesuffix(".yaml").removesuffix(".yml")
+    if file_path.parent == Path(".") and stem in shipped:
+        return shipped[stem]
+    raise ConfigError(
+        f"cluster config {file_path} does not exist (check the path; shipped examples: {', '.join(shipped)})"
+    )
+
+
 def load_cluster(path: str | os.PathLike[str], catalog: GpuCatalog | None = None) -> ClusterSpec:
     """Load and validate a cluster config file.
 
@@ -186,17 +204,7 @@ def load_cluster(path: str | os.PathLike[str], catalog: GpuCatalog | None = None
         ConfigError: the file is missing, is not valid YAML, or breaks a rule of the format (the message
             names the file, the path inside it and the fix).
     """
-    file_path = Path(path)
-    if not file_path.exists():
-        shipped = shipped_cluster_configs()
-        stem = file_path.name.removesuffix(".yaml").removesuffix(".yml")
-        if file_path.parent == Path(".") and stem in shipped:
-            file_path = shipped[stem]
-        else:
-            raise ConfigError(
-                f"cluster config {file_path} does not exist (check the path; shipped examples: "
-                f"{', '.join(shipped)})"
-            )
+    file_path = find_cluster_config(path)
     data = read_yaml_file(file_path, "cluster config", limits=_READ_LIMITS)
     return parse_cluster(data, str(file_path), catalog=catalog, default_name=file_path.stem)
 

@@ -109,6 +109,30 @@ def _accepts_connections(address: str) -> bool:
         return False
 
 
+def _gcs_address(address: str) -> str | None:
+    """The ``host:port`` of the GCS that ``address`` names (``auto``: the cluster running here), or None for
+    a Ray Client address (``ray://``) or an ``auto`` that finds nothing."""
+    if address == "auto":
+        found = running_local_cluster()
+        address = found[0] if found is not None else ""
+    host, _, port_text = address.rpartition(":")
+    if "://" in address or not host or not port_text.isdigit():
+        return None
+    return address
+
+
+def _is_loopback(gcs_address: str) -> bool:
+    import ipaddress
+
+    host = gcs_address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def running_local_cluster() -> tuple[str, str] | None:
     """``(address, where it was found)`` of a Ray cluster ``ray.init()`` would join here, or None.
 
@@ -262,8 +286,9 @@ def ray_session(
             address = found[0]
             log.info("found a running Ray cluster at %s (from %s): joining it, as --address auto would "
                      "(give --cluster FILE to plan a simulated cluster instead)", *found)
-    if address is None:
-        _keep_ray_on_loopback()
+    gcs_address = _gcs_address(address) if address is not None else None
+    if address is None or (gcs_address is not None and _is_loopback(gcs_address)):
+        _keep_ray_on_loopback()  # a cluster on 127.0.0.1 is joined from this host, as 127.0.0.1
     import ray
 
     if ray.is_initialized():
@@ -272,6 +297,10 @@ def ray_session(
 
     if address is not None:
         _check_reachable(address)
+        if gcs_address is not None:
+            from planner.probing.ray_auth import prepare_join_auth
+
+            prepare_join_auth(gcs_address)
         try:
             with _keeping_sigterm_handler():
                 ray.init(address=address, **_init_kwargs())
