@@ -9,6 +9,7 @@ same way: one ``error:`` line, everything it started torn down, exit 128 + the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
@@ -104,9 +105,24 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         code, line = exit_code_and_line(exc)
         sys.stderr.write(line + "\n")
+        if argv is None and "ray" in sys.modules:  # this process is batchplan's own: end it here
+            _exit_now(code)
         return code
     except BrokenPipeError:  # `batchplan plan | head`: not an error of ours
         return 0
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's finalization. After a Ray start cut short by a signal (everything it
+    started already stopped and swept, see ``planner.probing.session``), Ray's half-initialised C++ state can
+    crash the interpreter's teardown (SIGSEGV after the ``error:`` line, seen once in 20 interrupted starts);
+    the run's result is decided, so only the streams are flushed."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
