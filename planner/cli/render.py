@@ -8,7 +8,7 @@ from planner.cli.output import echo, format_gib, format_ms, print_json, print_ta
 from planner.plan.types import Plan
 
 #: how ``plan`` and ``show`` print a plan: the table, or per-node environment lines (``--emit``)
-EmitForm = Literal["table", "env"]
+EmitForm = Literal["table", "env", "slurm"]
 EMIT_FORMS: tuple[str, ...] = get_args(EmitForm)
 
 
@@ -70,7 +70,8 @@ def print_plan(
     plan: Plan, *, as_json: bool, emit: EmitForm, node: str | None = None, node_rank: int | None = None
 ) -> None:
     """A plan on stdout in the form asked for: exact JSON, one node's environment (``--emit env``, the node
-    chosen by name or node rank; see ``planner.cli.emit_env``), or the table."""
+    chosen by name or node rank; see ``planner.cli.emit_env``), the ``srun`` line of a SLURM job (``--emit
+    slurm``: ``planner.plan.slurm_launch``), or the table."""
     if as_json:
         print_json(plan.to_json())
     elif emit == "env":
@@ -78,6 +79,10 @@ def print_plan(
 
         for line in env_lines(plan, selected_node_rank(plan, node, node_rank)):
             echo(line)
+    elif emit == "slurm":
+        from planner.plan.slurm_launch import srun_line
+
+        echo(srun_line(plan.to_json()))
     else:
         render_plan(plan)
 

@@ -32,6 +32,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from torchkit.estimate.op_costs import KernelCost, OpCost, OpCostRecorder, aggre
 from torchkit.hardware.catalog import GpuSpec
 from torchkit.step.options import AmpMode, OptimizerName
 from torchkit.step.train_step import StepHooks, check_options
+
+log = logging.getLogger(__name__)
 
 ESTIMATOR_MIN_TORCH = "2.4.0"
 """Oldest torch the estimator supports (also pyproject's floor). It needs: ``TorchDispatchMode``,
@@ -377,13 +380,16 @@ def estimate_steps(
     from torchkit.workloads import workload_fingerprint
 
     key_base = workload_fingerprint(workload) if estimates_cache is not None else ""
+    keys = [(key_base, int(batch), amp, optimizer, target) for batch in batches]
+    todo = sum(1 for key in keys if estimates_cache is None or key not in estimates_cache)
     out, passes = [], 0
-    for batch in batches:
-        key = (key_base, int(batch), amp, optimizer, target)
+    for key in keys:
         cached = estimates_cache.get(key) if estimates_cache is not None else None
         if cached is None:
-            cached = estimate_step(workload, int(batch), amp=amp, optimizer=optimizer, target=target)
+            cached = estimate_step(workload, key[1], amp=amp, optimizer=optimizer, target=target)
             passes += 1
+            # progress inside a long estimate (a large model's pass takes seconds to tens of seconds)
+            log.info("fake pass %d of %d done (batch %d, %.1f s)", passes, todo, key[1], cached.wall_s)
             if estimates_cache is not None:
                 estimates_cache[key] = cached
         out.append(cached)

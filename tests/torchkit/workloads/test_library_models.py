@@ -173,3 +173,12 @@ def test_yolo_loss_stand_in_and_its_margin_are_stated() -> None:
         get_workload(case.model, imgsz=300)
     with pytest.raises(WorkloadError, match=r"no model YAML 'yolov99z.yaml'"):
         get_workload("ultralytics:yolov99z.yaml")
+
+
+def test_hf_class_name_as_config_json_lists_it_builds_that_class() -> None:
+    case = next(c for c in CASES if c.model.startswith("hf:"))
+    require_library(case)
+    workload = get_workload("hf:GPT2LMHeadModel", seq_len=16)
+    assert workload.description.startswith("Hugging Face GPT2LMHeadModel (gpt2), sequence length 16")
+    with pytest.raises(WorkloadError, match=r"a model class such as GPT2LMHeadModel"):
+        get_workload("hf:NoSuchLMHeadModel", seq_len=16)
