@@ -16,7 +16,8 @@ from typing import Any
 from planner.profiles.key import key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
-__all__ = ["MEASURED_METHOD", "MEASURED_SCHEME", "find_measured", "measured_key_inputs", "measured_profile_key"]
+__all__ = ["MEASURED_METHOD", "MEASURED_SCHEME", "find_measured", "measured_key_inputs", "measured_profile_key",
+           "software_version"]
 
 #: ``DeviceProfile.method`` of a profile measured inside a running job
 MEASURED_METHOD = "job"
@@ -28,12 +29,24 @@ _STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
 MEASURED_SCHEME = "measured-in-job"
 
 
+def software_version() -> str:
+    """The torch this process would train with (its installed version, read without importing torch): a
+    profile measured under one torch answers only plans made under the same."""
+    import importlib.metadata
+
+    try:
+        return "torch " + importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "torch unknown"
+
+
 def measured_key_inputs(job: Mapping[str, Any], gpu: str, amp: str) -> dict[str, str]:
     """The named parts of :func:`measured_profile_key`, in the order it hashes them (the profile cache records
-    them so that an entry's key can be recomputed from what it claims to describe)."""
+    them so that an entry's key can be recomputed from what it claims to describe). ``software`` is this
+    process's torch: the job that measured and the planner that reads must run the same."""
     parts = [job.get(name) for name in _STEP_FIELDS]
-    values = [MEASURED_SCHEME, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu]
-    names = ["scheme", *_STEP_FIELDS, "amp", "gpu"]
+    values = [MEASURED_SCHEME, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu, software_version()]
+    names = ["scheme", *_STEP_FIELDS, "amp", "gpu", "software"]
     return {name: str(value) for name, value in zip(names, values, strict=True)}
 
 
