@@ -575,7 +575,7 @@ class Rebalancer:
     def collective_failure(self, what: str, exc: BaseException) -> RebalanceError:
         """The one-line error of a failed collective (``what``: e.g. "the loss all-reduce"), naming the rank(s)
         that did not answer; for the training loop's own collectives too."""
-        grace_s = min(5.0, self.collective_timeout_s / 2)
+        grace_s = min(2.0, self.collective_timeout_s / 2)  # the survivors fail within moments of each other
         missing = missing_ranks(default_store(), self._key_prefix, self.rank, self.world_size, self._step, grace_s)
         if missing:
             who = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(str(r) for r in missing)
