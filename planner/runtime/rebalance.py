@@ -24,12 +24,13 @@ the marks are CUDA events on the current stream (read when gathered, so no step 
 reserved memory is read per step as well. On CPU they are ``time.perf_counter`` readings.
 
 When it gathers and decides. Every step is timed locally (a few clock reads). The times are all-gathered
-(one ``all_gather_object`` of a few numbers per step gathered): every step of the first ``probe_steps``;
+(one all-gather of a small float64 tensor per gather, in the re-balancer's own process group): every step
+of the first ``probe_steps``;
 every step after a switch until it is judged; and after that, watching, the steps of a window of
 ``check_every_steps`` at once, the window widened so that the gathers stay under ``watch_cost_share`` of the
 step time (measured; the summary states it). From the gathered steps every rank runs the same pure rules
 (``planner.runtime.rebalance_model``: noise-aware thresholds, neutral shape from one batch, bounded moves,
-no lock-in) so all ranks reach the same decision; the decisions are all-gathered and compared, and a rank
+no lock-in) so all ranks reach the same decision; a checksum of the decisions is all-gathered and compared, and a rank
 that decided otherwise is a ``RebalanceError`` on every rank, never a silent skew. A switch takes effect on
 every rank at the same optimizer-step boundary: the first one no rank's sampler has yielded yet.
 
@@ -591,6 +592,10 @@ class Rebalancer:
     def _agree(self, decision: Decision | None) -> None:
         """Every rank's decision must be the same; otherwise every rank raises (nobody waits forever)."""
         mine = None if decision is None else list(decision.batches)
+        # one tiny tensor all-gather of a checksum; the decisions themselves only when they differ
+        digests = self._gather_tensor([zlib.crc32(repr(mine).encode())], "re-balancing decisions")
+        if len({row[0] for row in digests}) == 1:
+            return
         everyone = self._gather({"decision": mine}, "re-balancing decisions")
         if any(g["decision"] != mine for g in everyone):
             detail = "; ".join(f"rank {r}: {g['decision'] or 'keep'}" for r, g in enumerate(everyone))
