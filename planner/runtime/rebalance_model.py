@@ -325,7 +325,7 @@ def bounded_split(
 
     bottom = 0.0
     top = max(f.predict_s(h) for f, h in zip(fits, high, strict=True)) + 1.0
-    for _ in range(100):
+    for _ in range(60):  # 2^-60 of the range: far below one sample's time
         middle = (bottom + top) / 2
         if sum(fill(middle)) <= total:
             bottom = middle
@@ -402,7 +402,8 @@ def decide(
     limit = thresholds(at_current, policy)
     low, high = move_bounds(current, caps, multiple_of=multiple_of, min_batch=min_batch,
                             factor=policy.max_move_factor)
-    for basis, reason in ((measures, "refit"), (at_current, "bounded step")):
+    bases = [(measures, "refit")] + ([(at_current, "bounded step")] if len(at_current) < len(measures) else [])
+    for basis, reason in bases:
         fits = tuple(decision_fit(median_points(basis, r), policy.prior_weight) for r in range(len(current)))
         new = bounded_split(fits, sum(current), low, high, multiple_of)
         if new is None or new == current or new in rejected:
