@@ -104,6 +104,8 @@ DecideFn = Callable[..., Decision | None]
 COLLECTIVE_TIMEOUT_S = 30.0
 #: gathered steps kept in memory (a long job's early steps are dropped; the plan's split's are kept apart)
 _MAX_MEASURES = 2000
+#: the latest gathered steps the rules look at
+_MAX_RULE_STEPS = 400
 #: the widest watching window, in steps
 _MAX_WINDOW = 1000
 _instances = itertools.count()
@@ -466,7 +468,8 @@ class Rebalancer:
         """The steps the rules see: after the warm-up (and the simulation's agreement), since the speeds last
         changed."""
         since = max(self.policy.warmup_steps, self._sample_agreed_step, self._since_step)
-        return [m for m in self.measures if m.step > since]
+        # the latest steps only: the rules' cost stays bounded in a long job, and recent steps describe it best
+        return [m for m in self.measures[-_MAX_RULE_STEPS:] if m.step > since]
 
     def _after_gather(self, split: tuple[int, ...]) -> None:
         """Judge a switch, watch for changed speeds, decide: the same on every rank (gathered data only)."""
