@@ -158,7 +158,8 @@ class RayBackend:
         self.actor_names: dict[str, str] = {}
         self.group_nodes: dict[str, list[str]] = {}  # group id -> node names it answers for
         for group_id, (ray_node, sim_nodes) in groups.items():
-            label = sim_nodes[0].name if sim_nodes else ray_node.address
+            # a real node by address and Ray node id: several raylets may share one host's address
+            label = sim_nodes[0].name if sim_nodes else f"{ray_node.address}-{ray_node.node_id[:8]}"
             name = f"batchplan-probe-{label}-{self.run_id}"
             self.actor_names[group_id] = name
             self.actors[group_id] = remote_probe.options(

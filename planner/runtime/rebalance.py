@@ -70,7 +70,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -93,6 +93,9 @@ from planner.runtime.simulate import SimulatedSpeed
 from planner.runtime.weights import loss_weight as split_loss_weight
 from torchkit.step.fit import AffineTimeFit
 
+if TYPE_CHECKING:
+    from planner.plan.types import Plan
+
 __all__ = ["RebalanceReport", "Rebalancer", "Switch", "limits_from_plan", "samples_once"]  # report names re-exported
 
 log = logging.getLogger(__name__)
@@ -114,22 +117,20 @@ _instances = itertools.count()
 _HEADER = 7
 
 
-def limits_from_plan(plan: Mapping[str, Any]) -> tuple[tuple[RankLimits, ...], int, int]:
+def limits_from_plan(plan: Plan) -> tuple[tuple[RankLimits, ...], int, int]:
     """Every rank's limits (cap, prior time curve, memory budget and slope) and the job's multiple-of and
-    minimum batch, from a validated plan.json document."""
+    minimum batch, from a typed (so validated) plan."""
     limits = []
-    for entry in plan["ranks"]:
-        profile = plan["profiles"][entry["profile"]]
-        time_fit = profile["time_fit"]
-        memory_fit = profile.get("memory_fit") or {}
+    for entry in plan.ranks:
+        profile = plan.profiles[entry.profile]
+        memory_fit = profile.memory_fit
         limits.append(RankLimits(
-            cap=int(entry["max_batch"]),
-            prior=AffineTimeFit(intercept_s=float(time_fit["intercept_s"]), s_per_sample=float(time_fit["s_per_sample"])),
-            memory_budget_bytes=int(entry["memory_budget_bytes"]),
-            bytes_per_sample=float(memory_fit["bytes_per_sample"]) if memory_fit.get("kind") == "affine" else None,
+            cap=entry.max_batch,
+            prior=AffineTimeFit(intercept_s=profile.time_fit.intercept_s, s_per_sample=profile.time_fit.s_per_sample),
+            memory_budget_bytes=entry.memory_budget_bytes,
+            bytes_per_sample=float(memory_fit.bytes_per_sample) if memory_fit.kind == "affine" else None,
         ))
-    job = plan.get("job") or {}
-    return tuple(limits), int(job.get("multiple_of") or 1), int(job.get("min_batch") or 1)
+    return tuple(limits), plan.job.multiple_of, plan.job.min_batch
 
 
 class _Clock:
@@ -196,8 +197,8 @@ class Rebalancer:
         self._clock = _Clock(device)
         self.rank = sampler.rank
         self.world_size = sampler.world_size
-        self.plan: dict | None = None
-        """the plan document (set by ``from_plan``); what ``write_feedback`` updates"""
+        self.plan: Plan | None = None
+        """the typed plan (set by ``from_plan``); what ``write_feedback`` updates"""
 
         self.measures: list[StepMeasure] = []
         """the gathered steps (identical on all ranks; the latest ``_MAX_MEASURES``)"""
@@ -266,31 +267,32 @@ class Rebalancer:
     @classmethod
     def from_plan(
         cls,
-        plan: str | Path | Mapping[str, Any],
+        plan: str | Path | Mapping[str, Any] | Plan,
         sampler: PlannedBatchSampler,
         ddp: torch.nn.Module | None,
         **options: Any,
     ) -> Rebalancer:
         """The re-balancer for a plan: a path of plan.json, the document as a mapping (``autobatch_ddp``'s), or
-        a typed plan with ``to_json()``.
+        a typed ``Plan``; every form is validated into the typed plan.
 
         Options are those of the constructor (``policy``, ``simulate``, ``device``, ...).
         """
-        from planner.plan.io import read_plan, validate_plan
+        from planner.plan.io import load_plan, validate_plan
+        from planner.plan.types import Plan
 
-        if hasattr(plan, "to_json"):
-            plan = plan.to_json()
-        if isinstance(plan, Mapping):
-            data = dict(plan)
-            validate_plan(data)
+        if isinstance(plan, Plan):
+            typed = plan
+        elif isinstance(plan, Mapping):
+            typed = validate_plan(dict(plan))
         else:
-            data = read_plan(plan)
-        if [int(r["batch"]) for r in data["ranks"]] != list(sampler.batches):
-            raise ConfigError(f"the sampler's batches {list(sampler.batches)} are not the plan's "
-                              f"{[r['batch'] for r in data['ranks']]} (build the sampler from this plan)")
-        limits, multiple_of, min_batch = limits_from_plan(data)
+            typed = load_plan(plan)
+        batches = [r.batch for r in typed.ranks]
+        if batches != list(sampler.batches):
+            raise ConfigError(f"the sampler's batches {list(sampler.batches)} are not the plan's {batches} (build the "
+                              "sampler from this plan)")
+        limits, multiple_of, min_batch = limits_from_plan(typed)
         rebalancer = cls(sampler, ddp, limits, multiple_of=multiple_of, min_batch=min_batch, **options)
-        rebalancer.plan = data
+        rebalancer.plan = typed
         return rebalancer
 
     # --------------------------------------------------------------------------------- in the step
@@ -617,8 +619,8 @@ class Rebalancer:
                             watch_overhead=self._watch_overhead)
 
     def feedback(self) -> tuple[dict, dict]:
-        """The updated plan (final batches, weights, ``measured`` section) and the measured profiles by
-        cache key (``planner.runtime.rebalance_feedback``). Needs ``from_plan``.
+        """The updated plan's JSON document (final batches, weights, ``measured`` section) and the measured
+        profiles by cache key (``planner.runtime.rebalance_feedback``). Needs ``from_plan``.
 
         A simulated run gives no profiles: its times are the simulation's, not the model's on that GPU, and
         must never answer a later plan of the real job (its plan file still gets the ``measured`` section,
@@ -641,12 +643,12 @@ class Rebalancer:
                                    prior_weight=self.policy.prior_weight, simulated=simulated, marks=marks)
         profiles = {} if simulated else measured_profiles(self.plan, usable, prior_weight=self.policy.prior_weight,
                                                           marks=marks)
-        return updated_plan(self.plan, section), profiles
+        return updated_plan(self.plan, section).to_json(), profiles
 
     def _link(self) -> str:
         """How the ranks were connected: backend, nodes and ranks (the feedback's mark)."""
         backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
-        nodes = len({r.get("node") for r in (self.plan or {}).get("ranks", [])}) or 1
+        nodes = len({r.node for r in self.plan.ranks}) if self.plan is not None else 1
         return f"{backend}, {nodes} node(s), {self.world_size} rank(s)"
 
     def write_feedback(self, plan_path: str | Path | None, cache_dir: str | Path | None = None) -> list[Path]:
@@ -662,14 +664,18 @@ class Rebalancer:
         from planner.plan.io import write_plan
         from planner.profiles.cache import ProfileCache
         from planner.profiles.measured import measured_key_inputs
+        from planner.runtime.rebalance_feedback import measured_fingerprint
 
         plan, profiles = self.feedback()
+        job = self.plan.job.to_json()
+        fingerprint = measured_fingerprint(job)
         written = []
         if plan_path is not None:
             written.append(write_plan(plan, plan_path))
         if profiles:
             cache = ProfileCache(cache_dir)
-            job = self.plan.get("job") or {}
-            written.extend(cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp))
-                           for key, profile in profiles.items())
+            written.extend(
+                cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp, fingerprint=fingerprint))
+                for key, profile in profiles.items()
+            )
         return written

@@ -14,6 +14,7 @@ from planner.profiles import measured
 from planner.profiles.cache import ProfileCache
 from planner.profiles.measured import find_measured
 from planner.runtime.rebalance import Rebalancer
+from planner.runtime.rebalance_feedback import measured_fingerprint
 from planner.runtime.sampler import PlannedBatchSampler
 from planner.runtime.simulate import SimulatedSpeed
 from tests.plans import make_plan
@@ -60,12 +61,14 @@ def test_a_real_runs_profile_answers_the_same_job_and_software_only(tmp_path, mo
     steps = trained["measured"]["step_times"]
     assert len(steps) == STEPS - 2 and all(s["compute_s"][0] > 0 and s["sync_wait_s"] == [0.0] for s in steps)
     cache = ProfileCache(cache_dir)
-    found = find_measured(cache, trained["job"], "T4", "off")
+    fingerprint = measured_fingerprint(trained["job"])
+    found = find_measured(cache, trained["job"], "T4", "off", fingerprint=fingerprint)
     assert found is not None and found.method == "job"
     assert any("software torch" in note and "link none" in note for note in found.notes)
-    assert find_measured(cache, {**trained["job"], "model": "resnet18"}, "T4", "off") is None  # another model
+    other = {**trained["job"], "model": "resnet18"}
+    assert find_measured(cache, other, "T4", "off", fingerprint=measured_fingerprint(other)) is None  # another model
     monkeypatch.setattr(measured, "software_version", lambda: "torch 0.0.1")  # a planner on other software
-    assert find_measured(cache, trained["job"], "T4", "off") is None
+    assert find_measured(cache, trained["job"], "T4", "off", fingerprint=fingerprint) is None
 
 
 def test_the_collective_timeout_must_be_a_positive_number():
