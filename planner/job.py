@@ -37,6 +37,8 @@ FIT_KINDS: tuple[str, ...] = get_args(FitKind)
 INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "int64", "int32")
 """``--input-dtype`` choices: ``torchkit.workloads.INPUT_DTYPES``, named here without importing torch"""
 
+#: largest ``bucket_cap_mb`` accepted, MiB (1 TiB: one bucket for any model that fits a GPU)
+MAX_BUCKET_CAP_MB = 2**20
 
 
 class JobFieldError(ConfigError):
@@ -105,6 +107,9 @@ class JobSpec:
     """the training script keeps model and batch in NHWC memory format (``torch.channels_last``): convolutions
     then skip (16-bit, TF32) or pay (fp32 on CUDA cores) the layout transposes, which the estimated step
     time counts"""
+    bucket_cap_mb: float | None = None
+    """DDP's ``bucket_cap_mb`` in the training script, MiB (None: DDP's default, 25 MiB with a 1 MiB first
+    bucket): how the gradients are bucketed for the synchronisation model (``torchkit.estimate.ddp_sync``)"""
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, fix: str) -> JobFieldError:
@@ -156,6 +161,9 @@ class JobSpec:
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
         if not isinstance(self.channels_last, bool):
             raise bad("channels_last", self.channels_last, "use true or false")
+        cap = self.bucket_cap_mb
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap <= MAX_BUCKET_CAP_MB):
+            raise bad("bucket_cap_mb", cap, f"use DDP's bucket_cap_mb in MiB, > 0 and at most {MAX_BUCKET_CAP_MB}, e.g. 25")
 
     def memory_budget_bytes(self, available_bytes: int) -> int:
         """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""

@@ -87,6 +87,8 @@ def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = T
     g.add_argument("--fit", choices=FIT_KINDS, default="affine", help="memory curve model (default affine)")
     g.add_argument("--channels-last", action="store_true",
                    help="the script trains in NHWC memory format (torch.channels_last): changes the estimated step time")
+    planning_flag("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb in your script, MiB (default: DDP's 25 "
+                  "with a 1 MiB first bucket): shapes the gradient-synchronisation model")
     planning_flag("--gpus", default="all", help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2")
     planning_flag("--min-memory-fraction", type=float, default=DEFAULT_MIN_FREE_MEMORY_FRACTION,
                   help="skip GPUs with less free memory than this share of their total "
@@ -114,6 +116,7 @@ def job_from_args(args: argparse.Namespace) -> JobSpec:
         method=args.method,
         fit=args.fit,
         channels_last=args.channels_last,
+        bucket_cap_mb=args.bucket_cap_mb,
         gpus=args.gpus,
         min_free_memory_fraction=args.min_memory_fraction,
         max_utilization_fraction=args.max_utilization,
