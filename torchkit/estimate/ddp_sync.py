@@ -72,12 +72,17 @@ class Bucket:
     """share of all gradient bytes produced when this bucket's last gradient is ready (in (0, 1])"""
 
 
-def ddp_buckets(grad_bytes: Sequence[int], bucket_cap_mb: float | None = None) -> tuple[Bucket, ...]:
+def ddp_buckets(grad_bytes: Sequence[int], bucket_cap_mb: float | None = None, *,
+                ready_order: Sequence[int] | None = None) -> tuple[Bucket, ...]:
     """DDP's buckets, in the order their all-reduces launch, for parameters whose gradients have
     ``grad_bytes`` (registration order; parameters without a gradient left out by the caller).
 
     ``bucket_cap_mb``: DDP's argument (None: DDP's default, 25 MiB with a 1 MiB first bucket).
-    Raises ValueError for a cap that is not positive.
+    ``ready_order``: the parameter indices in the order their gradients become ready, where known (DDP
+    records it, ``prev_iteration_grad_ready_order_indices`` of ``_get_ddp_logging_data()``); default the
+    reverse registration order. (Convolutions and norms release the weight's gradient before the bias's, so
+    the observed order swaps those pairs; the bucket sizes move by a bias at a boundary.)
+    Raises ValueError for a cap that is not positive or an order that is not a permutation.
     """
     if bucket_cap_mb is not None and not bucket_cap_mb > 0:
         raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
@@ -87,7 +92,10 @@ def ddp_buckets(grad_bytes: Sequence[int], bucket_cap_mb: float | None = None) -
     buckets: list[Bucket] = []
     indices: list[int] = []
     size = done = 0
-    for index in reversed(range(len(grad_bytes))):
+    order = list(reversed(range(len(grad_bytes)))) if ready_order is None else [int(i) for i in ready_order]
+    if sorted(order) != list(range(len(grad_bytes))):
+        raise ValueError(f"ready_order must list each of the {len(grad_bytes)} parameter indices once")
+    for index in order:
         indices.append(index)
         size += int(grad_bytes[index])
         done += int(grad_bytes[index])
