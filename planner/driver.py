@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from planner.cluster import ClusterSpec
 from planner.errors import InfeasiblePlanError
 from planner.events import Event, EventSink, ignore_event
+from planner.interconnect import Interconnect
 from planner.job import JobSpec
 from planner.plan.build import build_plan
+from planner.plan.comm import SyncInputs
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH
 from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.probing.backends import (
@@ -287,6 +289,27 @@ def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog,
     return find_measured(cache, job.to_json(), request.gpu_type, job.amp_for(catalog.get(request.gpu_type)))
 
 
+def _sync_inputs(job: JobSpec, inventories: Sequence[NodeInventory], identity: tuple[str, str],
+                 options: DriverOptions, interconnect: Interconnect | None, warnings: list[str]) -> SyncInputs | None:
+    """What the gradient synchronisation model needs (``planner.plan.comm``); None, with a warning, when the
+    model's gradients cannot be laid out."""
+    from planner.probing.gradients import gradient_layout
+
+    try:
+        grad_bytes, source = gradient_layout(job, identity, options.cache.directory if options.cache else None)
+    except Exception as exc:  # a user model that cannot be built on the meta device: plan compute only
+        warnings.append(f"gradient synchronisation not modelled: the model's gradients could not be laid out "
+                        f"({type(exc).__name__}: {exc}); the step times are compute only")
+        return None
+    simulated = all(inv.simulated for inv in inventories)
+    note = ("simulated cluster: no link measured; the synchronisation is priced from the config's links, the "
+            "catalog's and the assumed network" if simulated else
+            "links not measured by the probes: the synchronisation is priced from the catalog's links and the "
+            "assumed network")
+    return SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=job.bucket_cap_mb,
+                      interconnect=interconnect or Interconnect(), measured_note=note)
+
+
 def run_plan(
     job: JobSpec,
     backend: Backend,
@@ -299,8 +322,12 @@ def run_plan(
     extra_warnings: Sequence[str] = (),
     allow_infeasible: bool = False,
     cluster_label: str = "",
+    interconnect: Interconnect | None = None,
 ) -> PlanOutcome:
     """Probe, profile, allocate over ``backend``. See the module docstring for the policy.
+
+    ``interconnect``: the links a cluster config states (None: none stated; catalog defaults and an assumed
+    network price the gradient synchronisation).
 
     With ``allow_infeasible`` an infeasible job returns an outcome with ``plan=None`` and ``error`` (for
     preflight, which reports it as a failed check) instead of raising InfeasiblePlanError.
@@ -341,11 +368,13 @@ def run_plan(
     on_event(Event(stage="allocate", status="start", item=f"{len(slots)} devices"))
     outcome = PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
                           failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
+    sync = _sync_inputs(job, inventories, (fingerprint, torch_version), options, interconnect, warnings) \
+        if any_selected else None
     try:
         plan = build_plan(
             job, slots, profiles, excluded=excluded, warnings=warnings,
             node_addresses={inv.name: inv.host.hostname for inv in inventories if not inv.simulated},
-            master_port=options.master_port, script=options.script, plan_path=options.plan_path,
+            master_port=options.master_port, script=options.script, plan_path=options.plan_path, sync=sync,
         )
     except InfeasiblePlanError as exc:
         if not allow_infeasible:
@@ -380,6 +409,7 @@ def plan_without_ray(
         expected_nodes=[n.name for n in cluster.nodes],
         allow_infeasible=allow_infeasible,
         cluster_label=cluster.name,
+        interconnect=cluster.interconnect,
     )
 
 
@@ -431,4 +461,5 @@ def plan_with_ray(
             timings_s=timings,
             allow_infeasible=allow_infeasible,
             cluster_label=cluster.name if cluster is not None else _session_label(session.address),
+            interconnect=cluster.interconnect if cluster is not None else None,
         )

@@ -17,6 +17,7 @@ from planner.allocate.allocation import Allocation, allocate
 from planner.allocate.uncertainty import balance_efficiency_range
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
+from planner.plan.comm import SyncInputs, plan_comm_fields, sync_model
 from planner.plan.io import SCHEMA
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH, DEFAULT_SCRIPT, NodeLaunch
 from planner.plan.types import ExcludedDevice, ExclusionKind, LaunchInfo, NodeEntry, Plan, RankEntry, RankSlot
@@ -36,6 +37,7 @@ def build_plan(
     script: str = DEFAULT_SCRIPT,
     plan_path: str = DEFAULT_PLAN_PATH,
     extra: Mapping[str, Any] | None = None,
+    sync: SyncInputs | None = None,
 ) -> Plan:
     """Allocate per-rank batches over ``slots`` and assemble the plan.
 
@@ -45,13 +47,14 @@ def build_plan(
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
         script, plan_path: the training script and the plan file the launch lines name (``--plan``).
         extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
+        sync: the gradient synchronisation's inputs (``planner.plan.comm``); None: the step is compute only.
 
     Raises:
         InfeasiblePlanError: no device fits the minimum batch, or the global batch is unreachable.
     """
     slots = _node_ordered(slots, excluded)
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
-    allocation = _allocate(job, slots, profiles, caps)
+    allocation = _allocate(job, slots, profiles, caps, sync)
     efficiency_range = _expected_balance_range(slots, profiles, caps, allocation, job.multiple_of)
     all_excluded = list(excluded) + [
         ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
@@ -66,6 +69,7 @@ def build_plan(
     addresses = dict(node_addresses or {})
     master_addr = addresses.get(ranks[0].node, ranks[0].node)
     used_profiles = sorted({s.profile for s in slots})
+    comm_fields, comm_warnings, comm_notes = plan_comm_fields(included, allocation, sync)
     return Plan(
         schema=SCHEMA,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -85,10 +89,11 @@ def build_plan(
         launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script, plan_path=plan_path),
         excluded=tuple(all_excluded),
         profiles={key: profiles[key] for key in used_profiles},
-        warnings=tuple(_plan_warnings(warnings, [profiles[k] for k in used_profiles], allocation, caps)),
-        notes=(*notes, *allocation.notes),
+        warnings=tuple(_plan_warnings([*warnings, *comm_warnings], [profiles[k] for k in used_profiles], allocation,
+                                      caps)),
+        notes=(*notes, *allocation.notes, *comm_notes),
         advice=allocation.advice,
-        extra=dict(extra or {}),
+        extra={**comm_fields, **(extra or {})},
     )
 
 
@@ -104,9 +109,11 @@ def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice])
 
 
 def _allocate(
-    job: JobSpec, slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], caps: Sequence[int]
+    job: JobSpec, slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], caps: Sequence[int],
+    sync: SyncInputs | None = None,
 ) -> Allocation:
-    """The job's allocation over ``slots``: each device's profiled time curve at its speed factor."""
+    """The job's allocation over ``slots``: each device's profiled time curve at its speed factor, plus the
+    gradient synchronisation of the ranks taking part."""
     return allocate(
         caps,
         [profiles[s.profile].time_fit.intercept_s / s.speed_factor for s in slots],
@@ -116,6 +123,7 @@ def _allocate(
         multiple_of=job.multiple_of,
         min_batch=job.min_batch,
         groups=[s.group for s in slots],  # advice names GPU types, never profile keys
+        sync=sync_model(slots, sync) if sync is not None else None,
     )
 
 
@@ -133,6 +141,8 @@ def _expected_balance_range(
         allocation.included,
         [profiles[s.profile].time_log_sigma for s in slots],
         [profiles[s.profile].gpu for s in slots],
+        sync_s=allocation.sync_time_s,
+        accumulate=allocation.accumulate,
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from planner.errors import ConfigError
 from planner.jsonio import check_text, check_tree
+from planner.plan.comm import check_comm_section
 from planner.plan.launch import (
     DEFAULT_PLAN_PATH,
     NodeLaunch,
@@ -92,6 +93,7 @@ def validate_plan(plan: Any, where: str = "plan") -> None:
     for i, rank in enumerate(ranks):
         _check_loss_weight(rank, i, plan, where)
     _check_nodes(plan, where)
+    check_comm_section(plan, where)
     for i, entry in enumerate(plan["excluded"]):
         check_fields(entry, EXCLUDED_FIELDS, f"{where}.excluded[{i}]")
     for i, text in enumerate(plan["warnings"]):
