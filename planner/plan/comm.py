@@ -153,8 +153,8 @@ def assumed_network_warning(slots: Sequence[RankSlot], inputs: SyncInputs) -> st
     if not assumed:
         return None
     return (f"the network between nodes is not stated: {DEFAULT_NETWORK_GBPS:g} Gb/s Ethernet assumed for "
-            f"{', '.join(assumed)} in the gradient synchronisation (add network: {{gbps: N, latency_us: N}} to the "
-            "cluster config, per node where they differ)")
+            f"{', '.join(assumed)} in the gradient synchronisation (state it in the cluster config: a network: "
+            "mapping with gbps: and latency_us:, per node where they differ)")
 
 
 def sync_advice(allocation: Allocation, section: Mapping[str, Any]) -> list[str]:

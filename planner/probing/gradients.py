@@ -13,12 +13,13 @@ from pathlib import Path
 
 from planner.job import JobSpec
 
-_CACHE_PREFIX = "gradients-"
+_CACHE_SUBDIR = "gradients"
+"""beside the profiles, in a folder of its own (the profile cache's own files stay the only ones at its top)"""
 
 
 def _cache_path(directory: Path, job: JobSpec, identity: tuple[str, str]) -> Path:
     digest = hashlib.sha256(repr((job.model, *identity)).encode()).hexdigest()[:24]
-    return directory / f"{_CACHE_PREFIX}{digest}.json"
+    return directory / _CACHE_SUBDIR / f"{digest}.json"
 
 
 def _read(path: Path) -> tuple[int, ...] | None:
