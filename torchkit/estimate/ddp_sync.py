@@ -180,29 +180,43 @@ class SyncTimeline:
 
 
 def sync_timeline(buckets: Sequence[Bucket], ring: RingCost, *, backward_start_s: float,
-                  backward_s: float) -> SyncTimeline:
-    """The bucket schedule on one communication stream (module docstring, "Overlap")."""
+                  backward_s: float, overlap_efficiency: float = 1.0) -> SyncTimeline:
+    """The bucket schedule on one communication stream (module docstring, "Overlap").
+
+    ``overlap_efficiency`` e in [0, 1]: the speed of the communication while the backward pass still runs,
+    as a share of its speed alone. 1 where the all-reduce has its own engines (GPUs: NCCL kernels and the
+    NIC, beside the compute); below 1 where it competes with the compute for the same resource (gloo on a
+    CPU host runs the reduction on the cores the backward pass keeps busy: e = the share of the
+    backward's time its cores are idle). An all-reduce of T(s) started at t before the backward ends at
+    b progresses e·(b - t) by then and finishes the rest at full speed."""
+    if not 0.0 <= overlap_efficiency <= 1.0:
+        raise ValueError(f"overlap_efficiency must be in [0, 1], got {overlap_efficiency!r}")
+    backward_end = backward_start_s + backward_s
     end = backward_start_s
     starts, ends = [], []
+    total = 0.0
     for bucket in buckets:
         start = max(backward_start_s + backward_s * bucket.ready_share, end)
-        end = start + ring.allreduce_s(bucket.size_bytes)
+        work = ring.allreduce_s(bucket.size_bytes)
+        total += work
+        during = overlap_efficiency * max(0.0, backward_end - start)
+        end = start + work / overlap_efficiency if during >= work else max(start, backward_end) + work - during
         starts.append(start)
         ends.append(end)
-    backward_end = backward_start_s + backward_s
-    total = sum(e - s for s, e in zip(starts, ends, strict=True))
     exposed = max(0.0, (ends[-1] if ends else backward_end) - backward_end)
     return SyncTimeline(bucket_start_s=tuple(starts), bucket_end_s=tuple(ends), backward_end_s=backward_end,
                         allreduce_total_s=total, exposed_s=exposed)
 
 
-def exposed_sync_s(buckets: Sequence[Bucket], ring: RingCost, *, compute_s: float, backward_share: float) -> float:
+def exposed_sync_s(buckets: Sequence[Bucket], ring: RingCost, *, compute_s: float, backward_share: float,
+                   overlap_efficiency: float = 1.0) -> float:
     """Exposed synchronisation of a step whose slowest rank computes for ``compute_s`` (forward + backward),
-    ``backward_share`` of it backward."""
+    ``backward_share`` of it backward (``sync_timeline`` for ``overlap_efficiency``)."""
     if ring.num_ranks <= 1 or not buckets:
         return 0.0
     backward_s = compute_s * backward_share
-    return sync_timeline(buckets, ring, backward_start_s=compute_s - backward_s, backward_s=backward_s).exposed_s
+    return sync_timeline(buckets, ring, backward_start_s=compute_s - backward_s, backward_s=backward_s,
+                         overlap_efficiency=overlap_efficiency).exposed_s
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -182,7 +182,13 @@ def test_buckets_wait_for_the_communication_stream():
     assert timeline.bucket_start_s == (2.0, 3.0)  # the second is ready at 3.0 and the stream is free at 3.0
     assert timeline.exposed_s == pytest.approx(1.0)
     late = sync_timeline(buckets, slow, backward_start_s=0.0, backward_s=0.2)
-    assert late.bucket_start_s == (0.1, 1.1) and late.exposed_s == pytest.approx(1.9)
+    assert late.bucket_start_s == pytest.approx((0.1, 1.1)) and late.exposed_s == pytest.approx(1.9)
+    # with no overlap (a CPU host whose backward keeps its cores busy) every all-reduce waits for the backward
+    none = sync_timeline(buckets, slow, backward_start_s=1.0, backward_s=2.0, overlap_efficiency=0.0)
+    assert none.bucket_end_s == pytest.approx((4.0, 5.0)) and none.exposed_s == pytest.approx(2.0)
+    half = sync_timeline(buckets, slow, backward_start_s=1.0, backward_s=2.0, overlap_efficiency=0.5)
+    # bucket 1 starts at 2.0, does 0.5 s of work by 3.0 and the rest by 3.5; bucket 2 then runs alone
+    assert half.bucket_end_s == pytest.approx((3.5, 4.5)) and half.exposed_s == pytest.approx(1.5)
 
 
 @pytest.mark.parametrize(("alpha_us", "bus_gb_s", "n"), [(50.0, 1.0, 2), (300.0, 0.11, 4), (12.0, 24.0, 8)])
