@@ -45,6 +45,7 @@ from planner.profiles.cache import ProfileCache
 from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
+from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.hardware.catalog import GpuCatalog
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,7 @@ def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog,
     return find_measured(cache, job.to_json(), request.gpu_type, job.amp_for(catalog.get(request.gpu_type)))
 
 
-def _sync_inputs(job: JobSpec, inventories: Sequence[NodeInventory], identity: tuple[str, str],
+def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInventory], identity: tuple[str, str],
                  options: DriverOptions, interconnect: Interconnect | None, warnings: list[str]) -> SyncInputs | None:
     """What the gradient synchronisation model needs (``planner.plan.comm``); None, with a warning, when the
     model's gradients cannot be laid out."""
@@ -301,13 +302,36 @@ def _sync_inputs(job: JobSpec, inventories: Sequence[NodeInventory], identity: t
         warnings.append(f"gradient synchronisation not modelled: the model's gradients could not be laid out "
                         f"({type(exc).__name__}: {exc}); the step times are compute only")
         return None
-    simulated = all(inv.simulated for inv in inventories)
-    note = ("simulated cluster: no link measured; the synchronisation is priced from the config's links, the "
-            "catalog's and the assumed network" if simulated else
-            "links not measured by the probes: the synchronisation is priced from the catalog's links and the "
-            "assumed network")
+    measured, note = _measured_network(backend, inventories, options, warnings)
     return SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=job.bucket_cap_mb,
-                      interconnect=interconnect or Interconnect(), measured_note=note)
+                      interconnect=interconnect or Interconnect(), measured=measured, measured_note=note)
+
+
+def _measured_network(backend: Backend, inventories: Sequence[NodeInventory], options: DriverOptions,
+                      warnings: list[str]) -> tuple[dict[str, LinkCost], str]:
+    """The network the probes measure among the nodes with GPUs to plan on (``planner.probing.link_probe``),
+    cached per cluster; nothing on a simulated cluster or one node. (links, what the plan says about it)"""
+    from planner.probing import link_probe
+
+    if any(inv.simulated for inv in inventories):
+        return {}, ("simulated cluster: no link measured; the synchronisation is priced from the config's links, "
+                    "the catalog's and the assumed network")
+    nodes = sorted(inv.name for inv in inventories if inv.selection.selected)
+    measure = getattr(backend, "measure_network", None)
+    if len(nodes) < 2 or measure is None:
+        return {}, ""
+    cache_dir = options.cache.directory if options.cache is not None else None
+    link = link_probe.cached_network(cache_dir, nodes)
+    if link is None:
+        try:
+            times, world = measure(link_probe.PROBE_SIZES_BYTES, link_probe.PROBE_REPEATS, link_probe.PROBE_TIMEOUT_S)
+            link = link_probe.network_link(link_probe.PROBE_SIZES_BYTES, times, world, "torch.distributed")
+        except (ProbeFailure, ValueError) as exc:
+            warnings.append(f"the network between nodes could not be measured ({exc}); the synchronisation is "
+                            "priced from the config's or the assumed network")
+            return {}, ""
+        link_probe.store_network(cache_dir, nodes, link)
+    return {"network": link}, f"network between nodes {link.source}"
 
 
 def run_plan(
@@ -368,8 +392,8 @@ def run_plan(
     on_event(Event(stage="allocate", status="start", item=f"{len(slots)} devices"))
     outcome = PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
                           failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
-    sync = _sync_inputs(job, inventories, (fingerprint, torch_version), options, interconnect, warnings) \
-        if any_selected else None
+    sync = _sync_inputs(job, backend, inventories, (fingerprint, torch_version), options, interconnect,
+                        warnings) if any_selected else None
     try:
         plan = build_plan(
             job, slots, profiles, excluded=excluded, warnings=warnings,
