@@ -5,7 +5,7 @@ Rules (``torchkit.seed_api.autobatch.choose_batch``): ours (affine fit with our 
 available memory and the same fraction (0.60, the seed's default), so only the decision differs. Ours stops
 probing at the first out-of-memory error; the seeds probe on (their later probes fail too).
 
-Curves: the probe figures quoted in reference §5 (ultralytics #1659, #1451, #4679, yolov5 #9287), plus two
+Curves: the probe figures quoted in shared/reference/ultralytics-behaviour.md §5 (ultralytics #1659, #1451, #4679, yolov5 #9287), plus two
 synthetic ones whose truth is known by construction. An issue reports a few probes and an outcome, never the
 whole true curve, so each case states the assumption that defines its truth: the true peak memory of a
 training step, ``true(b) = m0 + m1·b`` (GiB). From it: the true maximum (largest b with ``true(b) <=

@@ -164,6 +164,12 @@ class ClusterSpec:
         return counts
 
 
+def catalog_for(cluster: ClusterSpec | None) -> GpuCatalog:
+    """The GPU catalog that applies: a cluster config's (the shipped catalog plus its ``gpu_types:``), else the
+    shipped one. Every command and the running job take their catalog from here."""
+    return cluster.catalog if cluster is not None else load_catalog()
+
+
 def shipped_cluster_configs() -> dict[str, Path]:
     """The example cluster configs shipped with batchplan: name (file stem) -> path, sorted by name."""
     return {

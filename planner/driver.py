@@ -5,22 +5,29 @@ per node, pinned with hard node affinity; a real cluster or a simulated one on 1
 ``LocalBackend`` (the same probe functions called in this process, for a cluster config; no Ray). Both give the same plan for the same
 config and job; only the run metadata under ``probing`` differs.
 
+The pipeline (``run_plan``), each stage a function that returns what the next reads: probe
+(``_probe``: inventories, failed nodes) → requests (``_profile_requests``) → profiles (``_profile_all``,
+through ``planner.profiling.obtain_profile``) → rank slots (``_rank_slots``) and exclusions
+(``_excluded_devices``, the one builder of ``excluded``) → warnings (``_warnings``) → ``build_plan``.
+
 Profiling policy: each distinct (model, input, amp, optimizer, GPU type, method) is profiled once for the
 whole cluster and cached on disk. Estimates do not depend on which node runs them, and their fake passes
 do not depend on the GPU type, so every GPU type to be estimated is sent to the same probe (it reuses its
-fake passes); a type to be measured goes to a node that has a free GPU of that type. A probe that dies or
-times out has its node excluded (with the reason) and its work re-sent to another live probe.
+fake passes); a real node's GPU type is asked for with the job's method on a node that has a free GPU of
+that type, and ``auto`` is decided there (``planner.profiling.method``: measured where CUDA can use it,
+else estimated with a note). A probe that dies or times out has its node excluded (with the reason) and
+its work re-sent to another live probe.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from planner.cluster import ClusterSpec
-from planner.errors import InfeasiblePlanError
+from planner.cluster import ClusterSpec, catalog_for
+from planner.errors import InfeasiblePlanError, field_name, render_fields
 from planner.events import Event, EventSink, ignore_event
 from planner.interconnect import Interconnect
 from planner.job import JobSpec
@@ -34,19 +41,25 @@ from planner.probing.backends import (
     Backend,
     LocalBackend,
     ProbeFailure,
-    ProfileRequest,
     RayBackend,
     probe_env,
 )
 from planner.probing.busy import busy_summary, is_shared, speed_factor
 from planner.probing.inventory import NodeInventory
-from planner.probing.make_profile import job_fingerprint, profile_key_inputs
 from planner.profiles.cache import ProfileCache
-from planner.profiles.key import key_of_inputs
-from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
+from planner.profiling import (
+    Method,
+    Profiled,
+    ProfileOrigin,
+    ProfileRequest,
+    job_fingerprint,
+    obtain_profile,
+    planned_key,
+    planned_method,
+)
 from torchkit.estimate.ddp_sync import LinkCost
-from torchkit.hardware.catalog import GpuCatalog
+from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX, GpuCatalog
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +80,8 @@ class DriverOptions:
     master_port: int = DEFAULT_MASTER_PORT
     plan_path: str = DEFAULT_PLAN_PATH
     """the plan file the launch lines name (``--plan``): where the plan is written"""
+    name_of: Callable[[str], str] = field_name
+    """how a message names a setting (a field of this or of ``JobSpec``): the CLI passes its flags"""
 
 
 @dataclass(kw_only=True)
@@ -85,45 +100,42 @@ class PlanOutcome:
     """the nodes a cluster config names (empty for a real cluster, whose nodes are whatever answers)"""
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Requests:
+    """What to profile: one request per distinct (GPU type, method, measuring node), and which one each selected
+    device of a known type is planned with."""
+
+    by_key: dict[str, ProfileRequest]
+    """each request under the key it is looked up by (``planner.profiling.planned_key``)"""
+    device_key: dict[tuple[str, int], str]
+    """(node, device index) → the key of its request"""
+
+
 def _profile_requests(
-    job: JobSpec, inventories: Sequence[NodeInventory], catalog: GpuCatalog, fingerprint: str, torch_version: str
-) -> tuple[dict[str, ProfileRequest], dict[tuple[str, int], str], list[ExcludedDevice]]:
-    """One request per distinct GPU type among the selected devices; each device's profile key."""
-    requests: dict[str, ProfileRequest] = {}
-    device_keys: dict[tuple[str, int], str] = {}
-    excluded: list[ExcludedDevice] = []
+    job: JobSpec, inventories: Sequence[NodeInventory], catalog: GpuCatalog, identity: tuple[str, str]
+) -> _Requests:
+    """One request per distinct GPU type among the selected devices (of a known type), and each device's key.
+
+    A simulated GPU has no device to measure on: it is estimated (``measure`` too: the plan warns). A real
+    node's GPU is asked for with the job's method, on that node, where ``auto`` is decided (in its probe)."""
+    by_key: dict[str, ProfileRequest] = {}
+    device_key: dict[tuple[str, int], str] = {}
     for inventory in inventories:
         for index in inventory.selection.selected:
             gpu_type = inventory.gpu_type(index)
             if gpu_type is None:
-                excluded.append(
-                    ExcludedDevice(
-                        node=inventory.name,
-                        device_index=index,
-                        gpu=inventory.device(index).name,
-                        reason="GPU type not in the catalog (add it under gpu_types: in a cluster config)",
-                        kind=ExclusionKind.UNKNOWN_GPU_TYPE,
-                    )
-                )
-                continue
-            measure = job.method in ("measure", "auto") and not inventory.simulated
-            method = "measure" if measure else "estimate"
-            if job.method == "measure" and inventory.simulated:
-                method = "estimate"  # a simulated GPU cannot be measured; the plan notes it below
-            inputs = profile_key_inputs(job, catalog.get(gpu_type), method=method,
-                                        identity=(fingerprint, torch_version))
-            key = key_of_inputs(inputs)
-            device_keys[(inventory.name, index)] = key
-            if key not in requests:
-                requests[key] = ProfileRequest(
-                    key=key,
-                    key_inputs=inputs,
-                    gpu_type=gpu_type,
-                    method=method,
-                    node=inventory.name if method == "measure" else None,
-                    device_index=index if method == "measure" else None,
-                )
-    return requests, device_keys, excluded
+                continue  # excluded (_excluded_devices)
+            simulated = inventory.simulated
+            method = Method.ESTIMATE if simulated and job.method is Method.MEASURE else job.method
+            device_index = None if simulated else index
+            measured = planned_method(method, device_index) is Method.MEASURE
+            request = ProfileRequest(job=job, gpu=catalog.get(gpu_type), method=method,
+                                     device_index=device_index if measured else None,
+                                     node=inventory.name if measured else None)
+            key = planned_key(request, identity)
+            device_key[(inventory.name, index)] = key
+            by_key.setdefault(key, request)
+    return _Requests(by_key=by_key, device_key=device_key)
 
 
 def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlot], workers_per_rank: int) -> list[str]:
@@ -134,7 +146,7 @@ def _host_warnings(inventories: Sequence[NodeInventory], slots: Sequence[RankSlo
         if ranks and cores and ranks * (1 + workers_per_rank) > cores:
             warnings.append(
                 f"{inventory.name}: {ranks} ranks × (1 + {workers_per_rank} data-loader workers) = "
-                f"{ranks * (1 + workers_per_rank)} processes on {cores} cores; lower --workers"
+                f"{ranks * (1 + workers_per_rank)} processes on {cores} cores; lower `workers_per_rank`"
             )
         for stats in inventory.devices:
             if stats.index in inventory.selection.selected and stats.processes:
@@ -153,106 +165,132 @@ def _probe(job: JobSpec, backend: Backend, options: DriverOptions, on_event: Eve
     on_event(Event(stage="probe", status="done", detail={"nodes": len(inventories), "failed": len(failed_nodes)}))
     if failed_nodes and options.require_all_nodes:
         reasons = "; ".join(f"{n}: {r}" for n, r in failed_nodes.items())
-        raise InfeasiblePlanError(f"not every node could be probed ({reasons}); drop --require-all-nodes to plan without them")
+        raise InfeasiblePlanError(f"not every node could be probed ({reasons}); drop "
+                                  f"{options.name_of('require_all_nodes')} to plan without them")
     return inventories, failed_nodes
 
 
-def _selection_exclusions(failed_nodes: dict[str, str], inventories: Sequence[NodeInventory]) -> list[ExcludedDevice]:
-    """The nodes whose probe failed and the GPUs the selection skipped, with their reasons."""
-    excluded = [
-        ExcludedDevice(node=n, device_index=None, gpu=None, reason=r, kind=ExclusionKind.PROBE_FAILED)
-        for n, r in failed_nodes.items()
-    ]
+@dataclass(frozen=True, kw_only=True)
+class _Profiling:
+    """What the profile stage found: every profile obtained, and the probes that failed on the way."""
+
+    profiled: dict[str, Profiled]
+    """by the key of its request (``_Requests.by_key``)"""
+    calls: int
+    """profiles actually made (cache hits and measured-in-job profiles excluded)"""
+    failed_nodes: dict[str, str]
+    """nodes whose probe died or timed out while profiling, with the reason"""
+
+
+def _profile_one(
+    backend: Backend, request: ProfileRequest, avoid: frozenset[str], options: DriverOptions, on_event: EventSink,
+) -> tuple[DeviceProfile | None, dict[str, str]]:
+    """One profile, re-sent to another live probe when the one running it fails (None when none is left),
+    and the nodes whose probe failed meanwhile."""
+    failed: dict[str, str] = {}
+    gpu_type = request.gpu.name
+    while True:
+        try:
+            profile, node = backend.profile(request, avoid | set(failed))
+        except ProbeFailure as failure:
+            if not failure.node or failure.node in avoid or failure.node in failed:
+                on_event(Event(stage="profile", status="failed", item=gpu_type, detail={"reason": failure.reason}))
+                return None, failed
+            failed[failure.node] = failure.reason
+            on_event(Event(stage="profile", status="failed", item=gpu_type,
+                           detail={"node": failure.node, "reason": failure.reason}))
+            if options.require_all_nodes:
+                raise InfeasiblePlanError(
+                    f"probe of node {failure.node} failed: {failure.reason} (drop "
+                    f"{options.name_of('require_all_nodes')} to plan without it)"
+                ) from None
+            if request.node is not None:  # measured on that node only
+                return None, failed
+            continue
+        on_event(Event(stage="profile", status="done", item=gpu_type, detail={"node": node}))
+        return profile, failed
+
+
+def _profile_all(
+    backend: Backend, requests: _Requests, identity: tuple[str, str], failed_at_probe: dict[str, str],
+    options: DriverOptions, on_event: EventSink,
+) -> _Profiling:
+    """Every requested profile through ``planner.profiling.obtain_profile`` (measured in a running job, cached,
+    or made by a live probe)."""
+    profiled: dict[str, Profiled] = {}
+    failed: dict[str, str] = {}
+    calls = 0
+    for key, request in requests.by_key.items():
+        def make(request: ProfileRequest) -> DeviceProfile | None:
+            profile, newly_failed = _profile_one(backend, request, frozenset({*failed_at_probe, *failed}), options,
+                                                 on_event)
+            for node, reason in newly_failed.items():
+                failed.setdefault(node, reason)
+            return profile
+
+        result = obtain_profile(request, make, cache=options.cache, identity=identity)
+        if result is None:
+            continue
+        if result.origin is ProfileOrigin.MADE:
+            calls += 1
+        else:
+            detail = {"measured_in_job": True} if result.origin is ProfileOrigin.MEASURED_IN_JOB else None
+            on_event(Event(stage="profile", status="cached", item=request.gpu.name, **({"detail": detail} if detail else {})))
+        profiled[key] = result
+    return _Profiling(profiled=profiled, calls=calls, failed_nodes=failed)
+
+
+def _probe_failed(node: str, reason: str, *, index: int | None = None, gpu: str | None = None) -> ExcludedDevice:
+    """A device (or, without ``index``, a whole node) left out because its node's probe failed."""
+    return ExcludedDevice(node=node, device_index=index, gpu=gpu, reason=reason, kind=ExclusionKind.PROBE_FAILED)
+
+
+def _excluded_devices(
+    inventories: Sequence[NodeInventory], failed_at_probe: dict[str, str], requests: _Requests, profiling: _Profiling,
+) -> list[ExcludedDevice]:
+    """Every device (or node) that is not a rank, with its kind and reason, in one order: nodes whose probe
+    failed, GPUs the selection skipped, GPU types the catalog lacks, then per node the devices whose probe
+    failed while profiling or whose type could not be profiled."""
+    excluded = [_probe_failed(node, reason) for node, reason in failed_at_probe.items()]
     for inventory in inventories:
         for index, reason in inventory.selection.skipped:
             excluded.append(ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index),
                                            reason=reason, kind=ExclusionKind.SKIPPED_BY_SELECTION))
-    return excluded
-
-
-def _profile_one(
-    job: JobSpec, backend: Backend, request: ProfileRequest, dead_nodes: set[str], failed_nodes: dict[str, str],
-    options: DriverOptions, on_event: EventSink,
-) -> DeviceProfile | None:
-    """One profile, re-sent to another live probe when the one running it fails; None when none is left."""
-    while True:
-        try:
-            profile, node = backend.profile(job, request, dead_nodes)
-        except ProbeFailure as failure:
-            if not failure.node or failure.node in dead_nodes:
-                on_event(Event(stage="profile", status="failed", item=request.gpu_type, detail={"reason": failure.reason}))
-                return None
-            dead_nodes.add(failure.node)
-            failed_nodes.setdefault(failure.node, failure.reason)
-            on_event(Event(stage="profile", status="failed", item=request.gpu_type,
-                           detail={"node": failure.node, "reason": failure.reason}))
-            if options.require_all_nodes:
-                raise InfeasiblePlanError(
-                    f"probe of node {failure.node} failed: {failure.reason} (drop --require-all-nodes to plan without it)"
-                ) from None
-            if request.node is not None:  # measured on that node only
-                return None
-            continue
-        on_event(Event(stage="profile", status="done", item=request.gpu_type, detail={"node": node}))
-        return profile
-
-
-def _profile_all(
-    job: JobSpec, backend: Backend, catalog: GpuCatalog, requests: dict[str, ProfileRequest], dead_nodes: set[str],
-    failed_nodes: dict[str, str], options: DriverOptions, on_event: EventSink, warnings: list[str],
-) -> tuple[dict[str, DeviceProfile], int]:
-    """Every requested profile (measured in a running job, or from the cache, where there is one) and how
-    many were computed; says in ``warnings`` which ones a running job measured."""
-    profiles: dict[str, DeviceProfile] = {}
-    profile_calls = 0
-    for key, request in requests.items():
-        measured = _measured_in_job(job, request, catalog, options.cache)
-        if measured is not None:
-            profiles[key] = measured
-            warnings.append(
-                f"{request.gpu_type}: step time measured in a running job (profile method 'job', from the profile "
-                f"cache); --method auto prefers it over the {request.method} profile"
-            )
-            on_event(Event(stage="profile", status="cached", item=request.gpu_type, detail={"measured_in_job": True}))
-            continue
-        cached = options.cache.get(key) if options.cache is not None else None
-        if cached is not None:
-            profiles[key] = cached
-            on_event(Event(stage="profile", status="cached", item=request.gpu_type))
-            continue
-        profile = _profile_one(job, backend, request, dead_nodes, failed_nodes, options, on_event)
-        if profile is None:
-            continue
-        profile_calls += 1
-        profiles[key] = profile
-        if options.cache is not None:
-            options.cache.put(key, profile, inputs=request.key_inputs)
-    return profiles, profile_calls
-
-
-def _rank_slots(
-    job: JobSpec, inventories: Sequence[NodeInventory], device_keys: dict[tuple[str, int], str],
-    profiles: dict[str, DeviceProfile], dead_nodes: set[str], failed_nodes: dict[str, str],
-) -> tuple[list[RankSlot], list[ExcludedDevice]]:
-    """A slot for every selected, profiled device on a live node; the others excluded with their kind."""
-    slots: list[RankSlot] = []
-    excluded: list[ExcludedDevice] = []
     for inventory in inventories:
-        if inventory.name in dead_nodes:
-            excluded.extend(
-                ExcludedDevice(node=inventory.name, device_index=i, gpu=inventory.gpu_type(i),
-                               reason=f"probe failed: {failed_nodes[inventory.name]}", kind=ExclusionKind.PROBE_FAILED)
-                for i in inventory.selection.selected
-            )
+        for index in inventory.selection.selected:
+            if inventory.gpu_type(index) is None:
+                excluded.append(ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.device(index).name,
+                                               reason=f"GPU type not in the catalog ({ADD_GPU_TYPE_FIX})", kind=ExclusionKind.UNKNOWN_GPU_TYPE))
+    failed = {**failed_at_probe, **profiling.failed_nodes}
+    for inventory in inventories:
+        if inventory.name in failed:
+            excluded.extend(_probe_failed(inventory.name, f"probe failed: {failed[inventory.name]}", index=i,
+                                          gpu=inventory.gpu_type(i)) for i in inventory.selection.selected)
             continue
         for index in inventory.selection.selected:
-            key = device_keys.get((inventory.name, index))
-            if key is None:
-                continue  # excluded before profiling (unknown type)
-            if key not in profiles:
+            key = requests.device_key.get((inventory.name, index))
+            if key is not None and key not in profiling.profiled:
                 excluded.append(ExcludedDevice(node=inventory.name, device_index=index, gpu=inventory.gpu_type(index),
                                                reason="its GPU type could not be profiled (see warnings)",
                                                kind=ExclusionKind.NOT_PROFILED))
+    excluded.extend(_probe_failed(node, f"probe failed: {reason}") for node, reason in profiling.failed_nodes.items()
+                    if not any(e.node == node for e in excluded))
+    return excluded
+
+
+def _rank_slots(
+    job: JobSpec, inventories: Sequence[NodeInventory], requests: _Requests, profiling: _Profiling,
+    failed_at_probe: dict[str, str],
+) -> list[RankSlot]:
+    """A slot for every selected, profiled device on a live node (``_excluded_devices`` says why the others
+    are not)."""
+    slots: list[RankSlot] = []
+    for inventory in inventories:
+        if inventory.name in failed_at_probe or inventory.name in profiling.failed_nodes:
+            continue
+        for index in inventory.selection.selected:
+            key = requests.device_key.get((inventory.name, index))
+            if key is None or key not in profiling.profiled:
                 continue
             stats = inventory.device(index)
             # budget = fraction × available; a fresh training process has the driver-free memory available,
@@ -262,14 +300,14 @@ def _rank_slots(
                     node=inventory.name,
                     device_index=index,
                     gpu=inventory.gpu_type(index) or stats.name,
-                    profile=key,
+                    profile=profiling.profiled[key].key,
                     memory_budget_bytes=job.memory_budget_bytes(stats.memory_free_bytes),
                     total_memory_bytes=stats.memory_total_bytes,
                     visible_id=stats.uuid if not inventory.simulated and stats.uuid else str(index),
                     speed_factor=speed_factor(stats),
                 )
             )
-    return slots, excluded
+    return slots
 
 
 def _shared_gpus_line(job: JobSpec, inventories: Sequence[NodeInventory], slots: Sequence[RankSlot]) -> str | None:
@@ -283,11 +321,25 @@ def _shared_gpus_line(job: JobSpec, inventories: Sequence[NodeInventory], slots:
                         max_utilization_fraction=job.max_utilization_fraction)
 
 
-def _measured_in_job(job: JobSpec, request: ProfileRequest, catalog: GpuCatalog, cache: ProfileCache | None):
-    """With ``--method auto``: the profile a re-balanced job measured for this GPU type, if cached."""
-    if job.method != "auto" or cache is None:
-        return None
-    return find_measured(cache, job.to_json(), request.gpu_type, job.amp_for(catalog.get(request.gpu_type)))
+def _warnings(
+    job: JobSpec, inventories: Sequence[NodeInventory], profiling: _Profiling, slots: Sequence[RankSlot],
+    extra: Sequence[str], options: DriverOptions,
+) -> list[str]:
+    """The plan's warnings, in order: the caller's, the probes', simulated measuring, profiles measured in a
+    running job, corrupt cache entries, oversubscribed hosts and shared GPUs. Settings are named by
+    ``options.name_of``."""
+    warnings = [*extra, *(w for inventory in inventories for w in inventory.warnings)]
+    if job.method is Method.MEASURE and any(inv.simulated for inv in inventories):
+        warnings.append("simulated GPUs cannot be measured: their profiles are estimated")
+    warnings.extend(render_fields(note, options.name_of) for p in profiling.profiled.values() for note in p.notes)
+    if options.cache is not None:
+        warnings.extend(options.cache.problems)
+    warnings.extend(render_fields(w, options.name_of)
+                    for w in _host_warnings(inventories, slots, options.workers_per_rank))
+    shared = _shared_gpus_line(job, inventories, slots)
+    if shared:
+        warnings.append(render_fields(shared, options.name_of))
+    return warnings
 
 
 def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInventory], identity: tuple[str, str],
@@ -348,7 +400,8 @@ def run_plan(
     cluster_label: str = "",
     interconnect: Interconnect | None = None,
 ) -> PlanOutcome:
-    """Probe, profile, allocate over ``backend``. See the module docstring for the policy.
+    """Probe, profile, allocate over ``backend``: a pipeline of stages, each returning what the next reads
+    (see the module docstring for the policy).
 
     ``interconnect``: the links a cluster config states (None: none stated; catalog defaults and an assumed
     network price the gradient synchronisation).
@@ -358,42 +411,26 @@ def run_plan(
     """
     timings = dict(timings_s or {})
     start = time.monotonic()
-    inventories, failed_nodes = _probe(job, backend, options, on_event, len(expected_nodes))
+    inventories, failed_at_probe = _probe(job, backend, options, on_event, len(expected_nodes))
     timings["probe_s"] = time.monotonic() - start
-    warnings = [*extra_warnings, *(w for inventory in inventories for w in inventory.warnings)]
-    excluded = _selection_exclusions(failed_nodes, inventories)
-    if job.method == "measure" and any(inv.simulated for inv in inventories):
-        warnings.append("simulated GPUs cannot be measured: their profiles are estimated")
 
     start = time.monotonic()
     any_selected = any(inv.selection.selected for inv in inventories)
-    fingerprint, torch_version = job_fingerprint(job) if any_selected else ("", "")
-    requests, device_keys, unknown = _profile_requests(job, inventories, catalog, fingerprint, torch_version)
-    excluded.extend(unknown)
-    dead_nodes: set[str] = set(failed_nodes)
-    profiles, profile_calls = _profile_all(job, backend, catalog, requests, dead_nodes, failed_nodes, options,
-                                           on_event, warnings)
+    identity = job_fingerprint(job) if any_selected else ("", "")
+    requests = _profile_requests(job, inventories, catalog, identity)
+    profiling = _profile_all(backend, requests, identity, failed_at_probe, options, on_event)
     timings["profile_s"] = time.monotonic() - start
-    if options.cache is not None:
-        warnings.extend(options.cache.problems)
 
     start = time.monotonic()
-    slots, unusable = _rank_slots(job, inventories, device_keys, profiles, dead_nodes, failed_nodes)
-    excluded.extend(unusable)
-    excluded.extend(
-        ExcludedDevice(node=node, device_index=None, gpu=None, reason=f"probe failed: {failed_nodes.get(node)}",
-                       kind=ExclusionKind.PROBE_FAILED)
-        for node in dead_nodes if not any(e.node == node for e in excluded)
-    )
-    warnings.extend(_host_warnings(inventories, slots, options.workers_per_rank))
-    shared = _shared_gpus_line(job, inventories, slots)
-    if shared:
-        warnings.append(shared)
+    slots = _rank_slots(job, inventories, requests, profiling, failed_at_probe)
+    excluded = _excluded_devices(inventories, failed_at_probe, requests, profiling)
+    warnings = _warnings(job, inventories, profiling, slots, extra_warnings, options)
+    failed_nodes = {**failed_at_probe, **{n: r for n, r in profiling.failed_nodes.items() if n not in failed_at_probe}}
     on_event(Event(stage="allocate", status="start", item=f"{len(slots)} devices"))
-    outcome = PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profile_calls,
+    outcome = PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profiling.calls,
                           failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
-    sync = _sync_inputs(job, backend, inventories, (fingerprint, torch_version), options, interconnect,
-                        warnings) if any_selected else None
+    profiles = {p.key: p.profile for p in profiling.profiled.values()}
+    sync = _sync_inputs(job, backend, inventories, identity, options, interconnect, warnings) if any_selected else None
     try:
         plan = build_plan(
             job, slots, profiles, excluded=excluded, warnings=warnings,
@@ -410,7 +447,7 @@ def run_plan(
     on_event(Event(stage="allocate", status="done"))
     # cluster: what the plan was made for (the config's name, or the Ray address), e.g. in a plot's title
     outcome.plan = plan.with_extra(cluster=cluster_label,
-                                   probing={**backend.probing_metadata(), "profile_calls": profile_calls,
+                                   probing={**backend.probing_metadata(), "profile_calls": profiling.calls,
                                             "timings_s": {k: round(v, 3) for k, v in timings.items()}})
     return outcome
 
@@ -455,10 +492,8 @@ def plan_with_ray(
 ) -> PlanOutcome:
     """Plan over Ray: a cluster config simulated on 127.0.0.1, a cluster at ``address``, or embedded Ray."""
     from planner.probing.session import ray_session
-    from torchkit.hardware.catalog import load_catalog
-
     options = options or DriverOptions()
-    catalog = cluster.catalog if cluster is not None else (catalog or load_catalog())
+    catalog = catalog_for(cluster) if cluster is not None or catalog is None else catalog
     start = time.monotonic()
     on_event(Event(stage="ray", status="start", item=address or ("simulated" if cluster else "local")))
     with ray_session(
@@ -473,8 +508,8 @@ def plan_with_ray(
         on_event(Event(stage="ray", status="done", detail={"raylets": len(session.nodes)}))
         if cluster is not None and len(backend.actors) < len(cluster.nodes):
             # run metadata, not part of the plan (the same whatever the raylets): said with the progress
-            log.info("%d simulated nodes share %d probe process(es) on %d raylet(s) (--raylet-cap; "
-                     "BATCHPLAN_RAYLET_CAP)", len(cluster.nodes), len(backend.actors), len(session.nodes))
+            log.info("%d simulated nodes share %d probe process(es) on %d raylet(s) (%s; BATCHPLAN_RAYLET_CAP)",
+                     len(cluster.nodes), len(backend.actors), len(session.nodes), options.name_of("raylet_cap"))
         return run_plan(
             job,
             backend,

@@ -6,14 +6,13 @@ layer trusts it. ``job`` in plan.json is its ``to_json()``.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from enum import Enum
 from typing import Literal, get_args
 
-from planner.errors import ConfigError
+from planner.errors import ConfigError, FieldError
 from torchkit.hardware.catalog import GpuSpec
-from torchkit.seed_api.batch_choice import DEFAULT_FRACTION, memory_budget_bytes
+from torchkit.step.budget import DEFAULT_FRACTION, memory_budget_bytes
 from torchkit.step.fit import MemoryFitKind
 from torchkit.step.options import OPTIMIZERS, AmpMode, OptimizerName
 
@@ -27,39 +26,36 @@ DEFAULT_MAX_UTILIZATION_FRACTION = 0.5
 # The job's vocabulary, each written once: the CLI's choices and every check read these Literals.
 AmpChoice = Literal["auto", AmpMode]
 Mode = Literal["balanced", "max", "uniform"]
-Method = Literal["auto", "measure", "estimate"]
 FitKind = MemoryFitKind
 
 AMP_CHOICES: tuple[str, ...] = get_args(AmpChoice)
 MODES: tuple[str, ...] = get_args(Mode)
-METHODS: tuple[str, ...] = get_args(Method)
 FIT_KINDS: tuple[str, ...] = get_args(FitKind)
-INPUT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "int64", "int32")
-"""``--input-dtype`` choices: ``torchkit.workloads.INPUT_DTYPES``, named here without importing torch"""
+#: a user factory's input dtypes: ``torchkit.workloads.INPUT_DTYPES``, named here without importing torch
+InputDtype = Literal["float32", "float16", "bfloat16", "int64", "int32"]
+INPUT_DTYPES: tuple[str, ...] = get_args(InputDtype)
+
+
+class Method(str, Enum):
+    """How a profile is made (``planner.profiling``): ``auto`` measures where the probe finds a free CUDA GPU
+    of the type and estimates elsewhere, with a note."""
+
+    AUTO = "auto"
+    MEASURE = "measure"
+    ESTIMATE = "estimate"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+METHODS: tuple[str, ...] = tuple(m.value for m in Method)
 
 #: largest ``bucket_cap_mb`` accepted, MiB (1 TiB: one bucket for any model that fits a GPU)
 MAX_BUCKET_CAP_MB = 2**20
 
 
-class JobFieldError(ConfigError):
-    """A ``JobSpec`` field has a value that cannot be planned with; ``field`` names it.
-
-    The message names fields in backticks in ``template``; ``str()`` shows them as the field names
-    (``global_batch``), and a front end shows them as what its user typed: the CLI renders them as its
-    flags (``render(flag_of)``, ``planner.cli.options``). The core does not know the flags.
-    """
-
-    def __init__(self, field: str, template: str) -> None:
-        self.field = field
-        self.template = template
-        super().__init__(self.render())
-
-    def render(self, name_of: Callable[[str], str] = str) -> str:
-        """The message with every `field` reference written as ``name_of(field)``."""
-        return re.sub(r"`(\w+)`", lambda m: name_of(m.group(1)), self.template)
-
-    def __reduce__(self):  # a probe's error crosses Ray by pickle: rebuild it from its parts
-        return type(self), (self.field, self.template)
+class JobFieldError(FieldError):
+    """A ``JobSpec`` field has a value that cannot be planned with (``planner.errors.FieldError``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +73,7 @@ class JobSpec:
     """sequence length for token workloads"""
     vocab_size: int | None = None
     """a user factory's input is integer token ids in ``[0, vocab_size)``"""
-    input_dtype: str | None = None
+    input_dtype: InputDtype | None = None
     """a user factory's input dtype (one of ``INPUT_DTYPES``; default float32, int64 with ``vocab_size``)"""
     amp: AmpChoice = "auto"
     """mixed precision: ``auto`` takes bf16 where the GPU supports it, else fp16"""
@@ -93,8 +89,9 @@ class JobSpec:
     """every per-rank batch is a multiple of this"""
     min_batch: int = 1
     """a rank that cannot fit this many samples is excluded"""
-    method: Method = "auto"
-    """how profiles are made: measure on a real GPU, estimate on fake tensors, or auto (measure where possible)"""
+    method: Method = Method.AUTO
+    """how profiles are made: measure on a real GPU, estimate on fake tensors, or auto (measure where the GPU's
+    own process can use it with CUDA, else estimate: ``planner.profiling.method``)"""
     gpus: str = "all"
     """per node: ``all``, ``-1,-1`` (that many most idle GPUs) or explicit indices ``0,2``"""
     min_free_memory_fraction: float = DEFAULT_MIN_FREE_MEMORY_FRACTION
@@ -135,6 +132,7 @@ class JobSpec:
             raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
         if self.method not in METHODS:
             raise bad("method", self.method, f"use one of {', '.join(METHODS)}")
+        object.__setattr__(self, "method", Method(self.method))
         if self.fit not in FIT_KINDS:
             raise bad("fit", self.fit, f"use one of {', '.join(FIT_KINDS)}")
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, int | float) or not 0 < self.fraction <= 1:
@@ -185,6 +183,7 @@ class JobSpec:
 
     def to_json(self) -> dict:
         data = asdict(self)
+        data["method"] = self.method.value
         data["input_shape"] = list(self.input_shape) if self.input_shape is not None else None
         return data
 

@@ -8,10 +8,11 @@ the wording of a reason.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from planner.allocate.advice import AdviceKind
+from planner.errors import FieldError, field_name
 from planner.plan.types import ExclusionKind, Plan
 from planner.probing.inventory import NodeInventory
 
@@ -31,7 +32,7 @@ class Check:
 
 @dataclass(frozen=True, kw_only=True)
 class Thresholds:
-    """What counts as go."""
+    """What counts as go. Checked here, whoever builds it (``FieldError`` names the field; the CLI shows its flag)."""
 
     max_imbalance: float = 0.15
     """largest share of a step any rank may sit idle waiting for the slowest (1 − t_i/t_step)"""
@@ -41,6 +42,20 @@ class Thresholds:
     """ranks the plan must have at least"""
     min_subset_gain: float = 1.10
     """fail when dropping some GPU types would be at least this many times faster"""
+
+    def __post_init__(self) -> None:
+        def number(value: object) -> bool:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+
+        if not number(self.max_imbalance) or not 0 <= self.max_imbalance <= 1:
+            raise FieldError("max_imbalance", f"`max_imbalance` {self.max_imbalance} is invalid (use a share in [0, 1])")
+        for name in ("expect_nodes", "expect_gpus"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise FieldError(name, f"`{name}` {value} is invalid (use an integer >= 1)")
+        if not number(self.min_subset_gain) or not self.min_subset_gain >= 1:
+            raise FieldError("min_subset_gain",
+                             f"`min_subset_gain` {self.min_subset_gain} is invalid (use a ratio >= 1, e.g. 1.1)")
 
 
 def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
@@ -107,7 +122,7 @@ def _node_checks(
     return checks
 
 
-def _plan_checks(plan: Plan, thresholds: Thresholds) -> list[Check]:
+def _plan_checks(plan: Plan, thresholds: Thresholds, name_of: Callable[[str], str]) -> list[Check]:
     """Is the plan complete (every rank fits, the global batch is reached), balanced, worth every GPU?"""
     checks = [
         Check(name="plan_feasible", ok=True,
@@ -139,7 +154,7 @@ def _plan_checks(plan: Plan, thresholds: Thresholds) -> list[Check]:
             ok=imbalance <= thresholds.max_imbalance,
             detail=f"largest idle share {imbalance:.1%}"
             + (f" (rank {worst.rank}, {worst.gpu})" if worst and imbalance > 0 else "")
-            + f"; limit {thresholds.max_imbalance:.0%} (--max-imbalance)",
+            + f"; limit {thresholds.max_imbalance:.0%} ({name_of('max_imbalance')})",
         )
     )
     checks.append(_subset_check(plan, thresholds))
@@ -184,8 +199,10 @@ def run_checks(
     plan: Plan | None,
     plan_error: str | None,
     thresholds: Thresholds,
+    name_of: Callable[[str], str] = field_name,
 ) -> list[Check]:
-    """Every check, in the order ``batchplan preflight`` prints them."""
+    """Every check, in the order ``batchplan preflight`` prints them; ``name_of`` names a threshold in a detail
+    (the CLI: by its flag)."""
     checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds)
     checks.append(_versions_check(inventories))
     shared = _shared_gpus_check(plan)
@@ -194,4 +211,4 @@ def run_checks(
     if plan is None:
         checks.append(Check(name="plan_feasible", ok=False, detail=plan_error or "no plan"))
         return checks
-    return checks + _plan_checks(plan, thresholds)
+    return checks + _plan_checks(plan, thresholds, name_of)

@@ -50,11 +50,51 @@ def test_every_public_torchkit_name_resolves_without_initialising_cuda_or_nvml()
 
 
 def test_the_seed_names_are_the_seed_api_modules_names():
-    # every lazy export names the module that defines it, so `from torchkit import X` is that object
+    # every lazy export names the module that defines it, so `from torchkit import X` is that object; the one
+    # name that is also a submodule (torchkit.autobatch) is the module once that was imported, and calls through
     from torchkit import _EXPORTS
 
     for name, module in _EXPORTS.items():
-        assert getattr(importlib.import_module(module), name) is getattr(torchkit, name), name
+        value = getattr(torchkit, name)
+        if isinstance(value, type(torchkit)):
+            assert value.__name__ == f"torchkit.{name}" and getattr(value, name) is getattr(
+                importlib.import_module(module), name), name
+        else:
+            assert getattr(importlib.import_module(module), name) is value, name
+
+
+def test_the_seed_api_keeps_the_names_the_engine_now_holds():
+    # the four things the planner takes moved into the engine; the seed's modules still hand them out
+    _run(
+        "import torchkit, torchkit.seed_api.device as d, torchkit.seed_api.distributed as z\n"
+        "import torchkit.seed_api.batch_choice as b, torchkit.step.budget as budget\n"
+        "from torchkit.process.device import parse_device\n"
+        "from torchkit.process.zero_first import torch_distributed_zero_first\n"
+        "from torchkit.hardware.host import get_cpu_info\n"
+        "assert d.parse_device is parse_device is torchkit.parse_device\n"
+        "assert d.get_cpu_info is get_cpu_info is torchkit.get_cpu_info\n"
+        "assert z.torch_distributed_zero_first is torch_distributed_zero_first is torchkit.torch_distributed_zero_first\n"
+        "assert b.DEFAULT_FRACTION is budget.DEFAULT_FRACTION and b.memory_budget_bytes is budget.memory_budget_bytes\n"
+    )
+
+
+def test_torchkit_autobatch_is_a_module_path_and_stays_callable_in_either_import_order():
+    # Ultralytics users write `from ultralytics.utils.autobatch import check_train_batch_size`; ours is
+    # `from torchkit.autobatch import ...`, while `torchkit.autobatch(...)` keeps working as the function
+    for first in ("function", "module"):
+        _run(
+            "import logging, torch, torchkit\n"
+            + ("f = torchkit.autobatch\n" if first == "function" else "")
+            + "import torchkit.autobatch as m\n"
+            "from torchkit.autobatch import autobatch, check_train_batch_size\n"
+            "from torchkit.seed_api import autobatch as impl\n"
+            "assert autobatch is impl.autobatch and check_train_batch_size is impl.check_train_batch_size\n"
+            "assert m.autobatch is impl.autobatch\n"
+            "model = torch.nn.Linear(3, 2)\n"
+            "logging.disable(logging.WARNING)\n"
+            "assert torchkit.autobatch(model, imgsz=32, batch_size=7) == 7  # CPU: the seed's default\n"
+            "assert m(model, imgsz=32, batch_size=5) == 5\n"
+        )
 
 
 def test_the_planner_core_imports_neither_torch_ray_nor_pynvml():
@@ -72,6 +112,60 @@ def test_the_planner_core_imports_neither_torch_ray_nor_pynvml():
 
 def _project_module(node: ast.ImportFrom) -> bool:
     return node.level > 0 or (node.module or "").split(".")[0] in {"planner", "torchkit", "cluster_configs"}
+
+
+def _package_of(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1])
+
+
+def _face_imports_its_package(package: str) -> bool:
+    """Whether ``package``'s ``__init__`` imports any module of ``package`` (a face with children; one that
+    only holds constants, like ``planner.__version__``, closes no cycle)."""
+    face = REPO.joinpath(*package.split("."), "__init__.py")
+    for node in ast.walk(ast.parse(face.read_text(), str(face))):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        if getattr(node, "level", 0) or any(n == package or n.startswith(package + ".") for n in names):
+            return True
+    return False
+
+
+def _face_imports(path: Path) -> list[str]:
+    """Imports in ``path`` of a name from the face (``__init__``) of its own package or of a package above it,
+    where that face imports modules of its package: ``from torchkit.workloads import Workload`` inside
+    ``torchkit/workloads/resnet.py``. A submodule named by ``from pkg import sub`` is not the face."""
+    package = _package_of(path)
+    if path.name == "__init__.py" or not package:
+        return []
+    ancestors = {".".join(package.split(".")[: i + 1]) for i in range(len(package.split(".")))}
+    ancestors = {a for a in ancestors if _face_imports_its_package(a)}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module not in ancestors:
+                continue
+            folder = REPO.joinpath(*module.split("."))
+            for alias in node.names:
+                if not ((folder / f"{alias.name}.py").exists() or (folder / alias.name / "__init__.py").exists()):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: from {module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            found += [f"{path.relative_to(REPO)}:{node.lineno}: import {a.name}" for a in node.names
+                      if a.name in ancestors]
+    return found
+
+
+def test_no_module_imports_the_face_of_its_own_package():
+    # acyclic_siblings cannot see a parent-child cycle (a package face importing its children, a child
+    # importing names from the face): a module takes what it needs from the sibling that defines it
+    sources = [p for p in SOURCES if p.relative_to(REPO).parts[0] in {"planner", "torchkit"}]
+    found = [line for path in sources for line in _face_imports(path)]
+    assert not found, "modules importing their own package's face (import from the defining module):\n" + "\n".join(found)
 
 
 def test_no_private_name_is_imported_from_another_module():

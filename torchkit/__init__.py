@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from torchkit.lazy import lazy_exports
 
-# public name -> submodule that defines it
+# public name -> submodule that defines it: the seed's surface (torchkit.seed_api) and, for the four names the
+# planner uses too, the engine modules that seed_api re-exports them from
 _EXPORTS: dict[str, str] = {
     # versions
     **{
@@ -22,10 +23,10 @@ _EXPORTS: dict[str, str] = {
         )
     },
     # device parsing and selection
-    "parse_device": "torchkit.seed_api.device",
+    "parse_device": "torchkit.process.device",
     "select_device": "torchkit.seed_api.device",
     "get_torch_device_backend": "torchkit.seed_api.device",
-    "get_cpu_info": "torchkit.seed_api.device",
+    "get_cpu_info": "torchkit.hardware.host",
     "get_gpu_info": "torchkit.seed_api.device",
     # NVML inventory and idle choice
     "GPUInfo": "torchkit.seed_api.gpu_info",
@@ -56,7 +57,7 @@ _EXPORTS: dict[str, str] = {
     "init_seeds": "torchkit.seed_api.training",
     "unset_deterministic": "torchkit.seed_api.training",
     # distributed
-    "torch_distributed_zero_first": "torchkit.seed_api.distributed",
+    "torch_distributed_zero_first": "torchkit.process.zero_first",
     # profiling
     "time_sync": "torchkit.seed_api.profiling",
     "cuda_memory_usage": "torchkit.seed_api.profiling",
@@ -64,7 +65,7 @@ _EXPORTS: dict[str, str] = {
     # checkpoints
     "strip_optimizer": "torchkit.seed_api.checkpoint",
     "convert_optimizer_state_dict_to_fp16": "torchkit.seed_api.checkpoint",
-    # autobatch
+    # autobatch (also a module path, ``torchkit.autobatch``, as Ultralytics' ``ultralytics.utils.autobatch``)
     "check_train_batch_size": "torchkit.seed_api.autobatch",
     "autobatch": "torchkit.seed_api.autobatch",
     "estimate_batch": "torchkit.seed_api.autobatch",

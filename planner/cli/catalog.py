@@ -10,7 +10,7 @@ import argparse
 from typing import Any
 
 from planner.cli.output import format_gib, print_json, print_table
-from torchkit.hardware.catalog import GpuCatalog, gpu_spec_to_dict, load_catalog
+from torchkit.hardware.catalog import GpuCatalog, gpu_spec_to_dict
 
 CATALOG_SCHEMA = "batchplan/catalog@1"
 
@@ -41,13 +41,15 @@ def _tflops(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.cluster:
-        from planner.cluster import load_cluster
+def catalog_of_args(args: argparse.Namespace) -> GpuCatalog:
+    """The catalog a command's ``--cluster FILE`` says applies (``planner.cluster.catalog_for``)."""
+    from planner.cluster import catalog_for, load_cluster
 
-        catalog = load_cluster(args.cluster).catalog
-    else:
-        catalog = load_catalog()
+    return catalog_for(load_cluster(args.cluster) if getattr(args, "cluster", None) else None)
+
+
+def run(args: argparse.Namespace) -> int:
+    catalog = catalog_of_args(args)
     if args.json:
         print_json(catalog_to_json(catalog))
         return 0

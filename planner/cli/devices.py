@@ -94,12 +94,12 @@ def local_node_inventory(
     Raises:
         ConfigError: malformed spec or thresholds, or an index this machine does not have.
     """
+    from planner.cluster import catalog_for
     from planner.probing.inventory import real_inventory
-    from torchkit.hardware.catalog import load_catalog
 
     validate_selection_options(select, min_free_memory_fraction, max_utilization_fraction)
     inventory = real_inventory(
-        load_catalog(),
+        catalog_for(None),
         select=select,
         min_free_memory_fraction=min_free_memory_fraction,
         max_utilization_fraction=max_utilization_fraction,

@@ -17,8 +17,7 @@ import traceback
 from planner import __version__
 from planner.cli import catalog, devices, plan, preflight, profile, show
 from planner.cli.options import flag_of
-from planner.errors import UserError
-from planner.job import JobFieldError
+from planner.errors import FieldError, UserError
 
 # one module per command, each defining add_parser(subparsers) (which sets func=run) and run(args) -> int;
 # each module imports its heavy parts (Ray, torch) inside run, so building the parser stays cheap
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             traceback.print_exc()
-        message = exc.render(flag_of) if isinstance(exc, JobFieldError) else str(exc)
+        message = exc.render(flag_of) if isinstance(exc, FieldError) else str(exc)
         sys.stderr.write(f"error: {message}\n")
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (planner.cli.signals): everything started is stopped

@@ -9,30 +9,13 @@ import argparse
 import re
 from pathlib import Path
 
+from planner.cli.spec_flags import FlagForm, add_spec_flags, flag_name, spec_from_args
 from planner.errors import ConfigError
-from planner.job import (
-    AMP_CHOICES,
-    DEFAULT_FRACTION,
-    DEFAULT_MAX_UTILIZATION_FRACTION,
-    DEFAULT_MIN_FREE_MEMORY_FRACTION,
-    FIT_KINDS,
-    INPUT_DTYPES,
-    METHODS,
-    MODES,
-    OPTIMIZERS,
-    JobSpec,
-)
+from planner.job import JobSpec
 from planner.plan.launch import DEFAULT_MASTER_PORT
 from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, DEFAULT_PROFILE_TIMEOUT_S
-
-#: the job options' flags whose names are not their JobSpec field's with dashes
-_FLAG_OF_FIELD = {"min_free_memory_fraction": "min-memory-fraction", "max_utilization_fraction": "max-utilization"}
-
-
-def flag_of(field: str) -> str:
-    """The flag that sets JobSpec ``field`` (``global_batch`` -> ``--global-batch``): how the CLI names a
-    field in an error (``JobFieldError.render``)."""
-    return "--" + _FLAG_OF_FIELD.get(field, field.replace("_", "-"))
+from planner.probing.session import DEFAULT_RAYLET_CAP
+from torchkit.workloads.registry import model_help
 
 
 def parse_input_shape(text: str) -> tuple[int, ...]:
@@ -45,82 +28,72 @@ def parse_input_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-class _PlanningOnly(argparse.Action):
-    """A job option that shapes a plan over many GPUs but not one GPU's profile: refused with the reason
-    (rather than accepted and silently ignored) by ``batchplan profile``."""
+#: the command-line forms of the JobSpec fields that need one (planner.cli.spec_flags); every other field is
+#: a flag by its name, default, type and docstring alone
+JOB_FLAG_FORMS: dict[str, FlagForm] = {
+    "model": FlagForm(required=True, help=model_help()),
+    "imgsz": FlagForm(exclusive="shape", help="square image size for image models"),
+    "input_shape": FlagForm(exclusive="shape", parse=parse_input_shape,
+                            help="per-sample input shape, e.g. 3,224,224 (needed for a factory)"),
+    "seq_len": FlagForm(exclusive="shape", help="sequence length for token models"),
+    "vocab_size": FlagForm(help="a factory's input is integer token ids in [0, N) (with --seq-len)"),
+    "input_dtype": FlagForm(help="a factory's input dtype (default float32; int64 with --vocab-size)"),
+    "amp": FlagForm(help="mixed precision; auto = bf16 where supported, else fp16"),
+    "optimizer": FlagForm(help="optimizer whose state is counted"),
+    "fraction": FlagForm(help="share of each GPU's available memory to plan for"),
+    "mode": FlagForm(planning_only=True, help="allocation mode"),
+    "global_batch": FlagForm(planning_only=True,
+                             help="samples per optimizer step over all ranks (default: max throughput)"),
+    "multiple_of": FlagForm(help="every rank's batch is a multiple of this"),
+    "min_batch": FlagForm(planning_only=True, help="exclude ranks that cannot fit this many samples"),
+    "method": FlagForm(help="profile by measuring, estimating, or auto (measure where a free CUDA GPU is, "
+                       "else estimate)"),
+    "gpus": FlagForm(planning_only=True, help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2"),
+    "min_free_memory_fraction": FlagForm(flag="min-memory-fraction", planning_only=True,
+                                         help="skip GPUs with less free memory than this share of their total "
+                                         "(0 keeps them)"),
+    "max_utilization_fraction": FlagForm(flag="max-utilization", planning_only=True,
+                                         help="skip GPUs busier than this utilisation, 0-1; the GPUs kept are "
+                                         "planned at (1 - utilisation) of their speed"),
+    "fit": FlagForm(help="memory curve model"),
+    "channels_last": FlagForm(help="the script trains in NHWC memory format (torch.channels_last): changes the "
+                              "estimated step time"),
+    "bucket_cap_mb": FlagForm(planning_only=True, help="DDP's bucket_cap_mb in your script, MiB (default: DDP's 25 "
+                              "with a 1 MiB first bucket): shapes the gradient-synchronisation model"),
+}
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} applies to plan and preflight, not to profile, which draws one GPU type's "
-                     f"curve: drop {option_string}, or run batchplan plan")
+
+#: the settings of the driver (``DriverOptions``) whose flags are not their names with dashes
+_OPTION_FLAG_FORMS: dict[str, FlagForm] = {"workers_per_rank": FlagForm(flag="workers")}
+
+
+def flag_of(field: str) -> str:
+    """The flag that sets ``field`` of JobSpec, the preflight thresholds or the driver's options
+    (``global_batch`` -> ``--global-batch``): how the CLI names a setting in a message
+    (``FieldError.render``, ``DriverOptions.name_of``)."""
+    return flag_name(field, {**JOB_FLAG_FORMS, **_OPTION_FLAG_FORMS})
+
+
+def _refused_by_profile(form: FlagForm) -> str | None:
+    """``batchplan profile`` draws one GPU type's curve: a flag that only shapes a plan is refused, with why."""
+    if not form.planning_only:
+        return None
+    return ("{flag} applies to plan and preflight, not to profile, which draws one GPU type's curve: drop {flag}, "
+            "or run batchplan plan")
 
 
 def add_job_options(parser: argparse.ArgumentParser, *, model_required: bool = True, planning: bool = True) -> None:
-    """The job flags. With ``planning=False`` (``profile``) the flags that only shape a plan over many GPUs
-    (mode, global batch, minimum batch, GPU selection and its thresholds) are refused when given."""
-    g = parser.add_argument_group("job")
-
-    def planning_flag(*names: str, help: str, **kwargs) -> None:  # noqa: A002 (argparse's own name)
-        if planning:
-            g.add_argument(*names, help=help, **kwargs)
-        else:  # keeps its default; a value given is refused
-            g.add_argument(*names, action=_PlanningOnly, help=argparse.SUPPRESS, **kwargs)
-
-    g.add_argument("--model", required=model_required, help="workload name (resnet18, resnet50, resnext101-32x4d, "
-                   "se-resnext101-32x4d, yolo-n, yolo-s, vit-b16, gpt2-small), timm:NAME, torchvision:NAME, hf:ARCH or "
-                   "hf:config.json, ultralytics:FILE.yaml, or package.module:factory")
-    shape = g.add_mutually_exclusive_group()
-    shape.add_argument("--imgsz", type=int, help="square image size for image models")
-    shape.add_argument("--input-shape", help="per-sample input shape, e.g. 3,224,224 (needed for a factory)")
-    shape.add_argument("--seq-len", type=int, help="sequence length for token models")
-    g.add_argument("--vocab-size", type=int, help="a factory's input is integer token ids in [0, N) (with --seq-len)")
-    g.add_argument("--input-dtype", choices=INPUT_DTYPES, help="a factory's input dtype (default float32; int64 "
-                   "with --vocab-size)")
-    g.add_argument("--amp", choices=AMP_CHOICES, default="auto", help="mixed precision; auto = bf16 where supported, else fp16")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="optimizer whose state is counted (default sgd)")
-    g.add_argument("--fraction", type=float, default=DEFAULT_FRACTION,
-                   help=f"share of each GPU's available memory to plan for (default {DEFAULT_FRACTION})")
-    planning_flag("--mode", choices=MODES, default="balanced", help="allocation mode (default balanced)")
-    planning_flag("--global-batch", type=int, help="samples per optimizer step over all ranks (default: max throughput)")
-    g.add_argument("--multiple-of", type=int, default=1, help="every rank's batch is a multiple of this")
-    planning_flag("--min-batch", type=int, default=1, help="exclude ranks that cannot fit this many samples")
-    g.add_argument("--method", choices=METHODS, default="auto", help="profile by measuring, estimating, or auto")
-    g.add_argument("--fit", choices=FIT_KINDS, default="affine", help="memory curve model (default affine)")
-    g.add_argument("--channels-last", action="store_true",
-                   help="the script trains in NHWC memory format (torch.channels_last): changes the estimated step time")
-    planning_flag("--bucket-cap-mb", type=float, help="DDP's bucket_cap_mb in your script, MiB (default: DDP's 25 "
-                  "with a 1 MiB first bucket): shapes the gradient-synchronisation model")
-    planning_flag("--gpus", default="all", help="GPUs per node: all, -1,-1 (two most idle) or indices 0,2")
-    planning_flag("--min-memory-fraction", type=float, default=DEFAULT_MIN_FREE_MEMORY_FRACTION,
-                  help="skip GPUs with less free memory than this share of their total "
-                  f"(default {DEFAULT_MIN_FREE_MEMORY_FRACTION}; 0 keeps them)")
-    planning_flag("--max-utilization", type=float, default=DEFAULT_MAX_UTILIZATION_FRACTION,
-                  help=f"skip GPUs busier than this utilisation, 0-1 (default {DEFAULT_MAX_UTILIZATION_FRACTION}); "
-                  "the GPUs kept are planned at (1 - utilisation) of their speed")
+    """The job flags, one per JobSpec field. With ``planning=False`` (``profile``) the flags that only shape a
+    plan over many GPUs (mode, global batch, minimum batch, GPU selection and its thresholds) are refused when
+    given."""
+    add_spec_flags(parser.add_argument_group("job"), JobSpec, JOB_FLAG_FORMS,
+                   **({} if planning else {"refuse": _refused_by_profile}),
+                   required={"model": model_required})
 
 
 def job_from_args(args: argparse.Namespace) -> JobSpec:
-    return JobSpec(
-        model=args.model,
-        imgsz=args.imgsz,
-        input_shape=parse_input_shape(args.input_shape) if args.input_shape else None,
-        seq_len=args.seq_len,
-        vocab_size=args.vocab_size,
-        input_dtype=args.input_dtype,
-        amp=args.amp,
-        optimizer=args.optimizer,
-        fraction=args.fraction,
-        mode=args.mode,
-        global_batch=args.global_batch,
-        multiple_of=args.multiple_of,
-        min_batch=args.min_batch,
-        method=args.method,
-        fit=args.fit,
-        channels_last=args.channels_last,
-        bucket_cap_mb=args.bucket_cap_mb,
-        gpus=args.gpus,
-        min_free_memory_fraction=args.min_memory_fraction,
-        max_utilization_fraction=args.max_utilization,
-    )
+    """The JobSpec the job flags spell."""
+    return spec_from_args(JobSpec, JOB_FLAG_FORMS, args)
 
 
 def add_cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +102,7 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--cluster", metavar="FILE", help="simulated cluster config (YAML); Ray runs on 127.0.0.1")
     where.add_argument("--address", metavar="ADDR", help="join a running Ray cluster (auto, host:6379, ray://host:10001)")
     g.add_argument("--no-ray", action="store_true", help="with --cluster: probe the simulated nodes in this process")
-    g.add_argument("--raylet-cap", type=int, help="most raylets for a simulated cluster (default 1: one probe "
+    g.add_argument("--raylet-cap", type=int, help=f"most raylets for a simulated cluster (default {DEFAULT_RAYLET_CAP}: one probe "
                    "process answers for all nodes; up to about 8 gives each node its own)")
     g.add_argument("--probe-timeout", type=float, default=DEFAULT_PROBE_TIMEOUT_S, help="seconds a node's probe may take to answer")
     g.add_argument("--profile-timeout", type=float, default=DEFAULT_PROFILE_TIMEOUT_S, help="seconds one profile may take")

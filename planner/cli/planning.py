@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.options import check_cluster_args
+from planner.cli.options import check_cluster_args, flag_of
 from planner.cli.progress import progress_sink
 from planner.cli.stdout_guard import stdout_to_stderr
 from planner.cli.user_code import announce_user_code
@@ -31,6 +31,7 @@ def driver_options(args: argparse.Namespace) -> DriverOptions:
         master_port=args.master_port,
         # the launch lines name the file the plan is written to (-o), as the user spelt it
         plan_path=getattr(args, "output", None) or DEFAULT_PLAN_PATH,
+        name_of=flag_of,
     )
 
 

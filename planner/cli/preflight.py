@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import argparse
 
-from planner.cli.options import add_cluster_options, add_job_options, job_from_args
+from planner.cli.options import add_cluster_options, add_job_options, flag_of, job_from_args
 from planner.cli.output import echo, print_json
 from planner.cli.planning import run_planning
+from planner.cli.spec_flags import FlagForm, add_spec_flags, spec_from_args
 from planner.cli.user_code import user_code_summary
-from planner.errors import ConfigError, InfeasiblePlanError
+from planner.errors import InfeasiblePlanError
+from planner.preflight import Thresholds
+
+#: the thresholds' flags are their fields' (planner.preflight.Thresholds): name, default, type, docstring
+THRESHOLD_FLAG_FORMS: dict[str, FlagForm] = {
+    "max_imbalance": FlagForm(help="largest idle share of a step allowed for any rank"),
+    "min_subset_gain": FlagForm(help="fail if dropping some GPU types would be this many times faster"),
+}
 
 
 def add_parser(subparsers) -> None:
@@ -20,34 +28,16 @@ def add_parser(subparsers) -> None:
     )
     add_cluster_options(p)
     add_job_options(p)
-    g = p.add_argument_group("thresholds")
-    g.add_argument("--max-imbalance", type=float, default=0.15,
-                   help="largest idle share of a step allowed for any rank (default 0.15)")
-    g.add_argument("--expect-nodes", type=int, help="nodes that must answer")
-    g.add_argument("--expect-gpus", type=int, help="ranks the plan must have at least")
-    g.add_argument("--min-subset-gain", type=float, default=1.10,
-                   help="fail if dropping some GPU types would be this many times faster (default 1.10)")
+    add_spec_flags(p.add_argument_group("thresholds"), Thresholds, THRESHOLD_FLAG_FORMS)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("-o", "--output", help="also write the plan to this file when all checks pass")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.preflight import SCHEMA, Check, Thresholds, run_checks
+    from planner.preflight import SCHEMA, Check, run_checks
 
-    if not 0 <= args.max_imbalance <= 1:
-        raise ConfigError(f"--max-imbalance {args.max_imbalance} is invalid (use a share in [0, 1])")
-    for flag, value in (("--expect-nodes", args.expect_nodes), ("--expect-gpus", args.expect_gpus)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} {value} is invalid (use an integer >= 1)")
-    if not args.min_subset_gain >= 1:
-        raise ConfigError(f"--min-subset-gain {args.min_subset_gain} is invalid (use a ratio >= 1, e.g. 1.1)")
-    thresholds = Thresholds(
-        max_imbalance=args.max_imbalance,
-        expect_nodes=args.expect_nodes,
-        expect_gpus=args.expect_gpus,
-        min_subset_gain=args.min_subset_gain,
-    )
+    thresholds = spec_from_args(Thresholds, THRESHOLD_FLAG_FORMS, args)
     job = job_from_args(args)
     try:
         outcome = run_planning(args, job, allow_infeasible=True)
@@ -62,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
             plan=outcome.plan,
             plan_error=outcome.error,
             thresholds=thresholds,
+            name_of=flag_of,
         )
         plan = outcome.plan
     summary = user_code_summary(job)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import math
 
-from planner.cli.options import add_job_options, job_from_args
+from planner.cli.options import add_job_options, flag_of, job_from_args
 from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
-from planner.errors import ConfigError
-from planner.job import JobSpec
+from planner.errors import ConfigError, render_fields
+from planner.job import JobSpec, Method
 from planner.profiles.profile import DeviceProfile
+from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX
 
 SCHEMA = "batchplan/profile@1"
 
@@ -42,7 +43,7 @@ def _local_device(spec: str):
         raise ConfigError(
             f"--device {spec}: no CUDA GPU is usable on this machine (use --gpu TYPE to estimate for a catalog GPU)"
         )
-    from torchkit.seed_api.device import parse_device
+    from torchkit.process.device import parse_device
 
     parsed = parse_device(spec)
     if not parsed.startswith("cuda") and not parsed[:1].isdigit():
@@ -73,36 +74,34 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["chosen_batch"] else 1
 
 
-def _cached_profile(args: argparse.Namespace, job: JobSpec, gpu, method: str, device_index: int | None):
-    """The profile from the cache ``plan`` shares, or made now (and cached)."""
-    from planner.probing.make_profile import make_profile, profile_key_inputs, resolve_method
+def _obtained_profile(args: argparse.Namespace, request) -> DeviceProfile:
+    """The profile from the cache ``plan`` shares, or made here now (and cached): ``planner.profiling``."""
     from planner.profiles.cache import ProfileCache
-    from planner.profiles.key import key_of_inputs
+    from planner.profiling import ProfileOrigin, job_fingerprint, make_profile, obtain_profile, planned_method
 
     cache = None if args.no_cache else ProfileCache(args.cache_dir)
-    resolved = resolve_method(method, device_index)
-    inputs = profile_key_inputs(job, gpu, method=resolved)
-    key = key_of_inputs(inputs)
-    cached = cache.get(key) if cache is not None else None
-    if cached is not None:
-        note(f"profile of {job.model} on {gpu.name} ({resolved}) from the cache {cache.path_for(key)}")
-        return cached
-    note(f"{'estimating' if resolved == 'estimate' else 'measuring'} {job.model} on {gpu.name}")
-    profile = make_profile(job, gpu, method=method, device_index=device_index)
-    if cache is not None:
-        cache.put(key, profile, inputs=inputs)
-    return profile
+    job, gpu = request.job, request.gpu
+    planned = planned_method(request.method, request.device_index)
+
+    def make(request) -> DeviceProfile:
+        note(f"{'estimating' if planned is Method.ESTIMATE else 'measuring'} {job.model} on {gpu.name}")
+        return make_profile(job, gpu, method=request.method, device_index=request.device_index)
+
+    result = obtain_profile(request, make, cache=cache, identity=job_fingerprint(job))
+    assert result is not None  # make raises rather than giving none
+    if result.origin is not ProfileOrigin.MADE:
+        note(f"profile of {job.model} on {gpu.name} ({result.profile.method}) from the cache {cache.path_for(result.key)}")
+    for line in result.notes:
+        note(render_fields(line, flag_of))
+    return result.profile
 
 
 def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile]:
     """Profile the GPU the flags name; the ``batchplan/profile@1`` document and the profile."""
-    from torchkit.hardware.catalog import load_catalog
+    from planner.cli.catalog import catalog_of_args
+    from planner.profiling import ProfileRequest
 
-    catalog = load_catalog()
-    if args.cluster:
-        from planner.cluster import load_cluster
-
-        catalog = load_cluster(args.cluster).catalog
+    catalog = catalog_of_args(args)
     if args.device is None and args.gpu is None:
         raise ConfigError("say which GPU: --gpu TYPE (estimated, e.g. --gpu T4) or --device 0 (a local GPU)")
     device_index = None
@@ -111,14 +110,14 @@ def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile
             raise ConfigError("--method measure needs a local GPU: use --device, or --method estimate with --gpu")
         gpu = catalog.get(args.gpu)
         total_bytes = free_bytes = gpu.memory_bytes
-        method = "estimate"
+        method = Method.ESTIMATE
     else:
         device_index, total_bytes, free_bytes, name = _local_device(args.device)
         gpu = catalog.resolve(name)
         if gpu is None:
-            raise ConfigError(f"local GPU '{name}' is not in the GPU catalog (add it with a cluster config's gpu_types:)")
+            raise ConfigError(f"local GPU '{name}' is not in the GPU catalog ({ADD_GPU_TYPE_FIX})")
         method = job.method
-    profile = _cached_profile(args, job, gpu, method, device_index)
+    profile = _obtained_profile(args, ProfileRequest(job=job, gpu=gpu, method=method, device_index=device_index))
     budget = job.memory_budget_bytes(free_bytes)
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {

@@ -9,16 +9,16 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence, Set
 from typing import Any, Protocol
 
 from planner.cluster import ClusterSpec
 from planner.events import Event, EventSink
-from planner.job import JobSpec
 from planner.probing.inventory import NodeInventory, simulated_inventory
-from planner.probing.make_profile import factory_search_dirs, make_profile
 from planner.profiles.profile import DeviceProfile
+from planner.profiling.make import factory_search_dirs, make_profile
+from planner.profiling.method import planned_method
+from planner.profiling.request import ProfileRequest
 from torchkit.hardware.catalog import GpuCatalog
 
 log = logging.getLogger(__name__)
@@ -27,19 +27,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PROBE_TIMEOUT_S = 120.0
 #: seconds one profile may take (fake passes, or measured steps on a real GPU)
 DEFAULT_PROFILE_TIMEOUT_S = 900.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProfileRequest:
-    key: str
-    key_inputs: dict[str, str]
-    """what the key is made of (``planner.profiles.key.job_key_inputs``), recorded in the cache entry"""
-    gpu_type: str
-    method: str
-    """``estimate`` or ``measure``"""
-    node: str | None = None
-    """for ``measure``: the node whose GPU is used"""
-    device_index: int | None = None
 
 
 class ProbeFailure(Exception):
@@ -57,8 +44,9 @@ class Backend(Protocol):
     ) -> tuple[list[NodeInventory], dict[str, str]]:
         """Inventories of the nodes that answered (with ``select`` applied), and failures ``{node: reason}``."""
 
-    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
-        """Run one profile on a probe not in ``avoid``; returns the profile and the node that ran it.
+    def profile(self, request: ProfileRequest, avoid: Set[str]) -> tuple[DeviceProfile, str]:
+        """Make one profile (``planner.profiling.make_profile``) on a probe not in ``avoid``: on
+        ``request.node`` when it names one; returns the profile and the node that made it.
 
         Raises ProbeFailure (the probe is unusable) or a UserError (the job itself is bad)."""
 
@@ -90,10 +78,10 @@ class LocalBackend:
         ]
         return found, {}
 
-    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
+    def profile(self, request: ProfileRequest, avoid: Set[str]) -> tuple[DeviceProfile, str]:
         profile = make_profile(
-            job,
-            self.cluster.catalog.get(request.gpu_type),
+            request.job,
+            request.gpu,
             method=request.method,
             device_index=request.device_index,
             estimates_cache=self._cache,
@@ -251,7 +239,7 @@ class RayBackend:
         found.sort(key=lambda inventory: self._config_order.get(inventory.name, len(self._config_order)))
         return found, failed_nodes
 
-    def profile(self, job: JobSpec, request: ProfileRequest, avoid: set[str]) -> tuple[DeviceProfile, str]:
+    def profile(self, request: ProfileRequest, avoid: Set[str]) -> tuple[DeviceProfile, str]:
         if request.node is not None:
             candidates = [self.node_group[request.node]] if request.node in self.node_group else []
         else:
@@ -264,10 +252,12 @@ class RayBackend:
         group_id = candidates[0]
         node = request.node or (self.group_nodes[group_id][0] if self.group_nodes[group_id] else group_id)
         self.on_event(
-            Event(stage="profile", status="start", item=request.gpu_type,
-                  detail={"node": node, "actor_name": self.actor_names[group_id], "method": request.method})
+            Event(stage="profile", status="start", item=request.gpu.name,
+                  detail={"node": node, "actor_name": self.actor_names[group_id],
+                          "method": planned_method(request.method, request.device_index).value})
         )
-        ref = self.actors[group_id].profile.remote(job.to_json(), request.gpu_type, request.method, request.device_index)
+        ref = self.actors[group_id].profile.remote(request.job.to_json(), request.gpu.name, request.method.value,
+                                                   request.device_index)
         results, failures = self._wait({group_id: ref}, self.profile_timeout_s)
         if group_id in results:
             return DeviceProfile.from_json(results[group_id]["profile"]), node

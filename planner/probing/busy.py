@@ -58,7 +58,8 @@ def busy_summary(
     min_free_memory_fraction: float,
     max_utilization_fraction: float,
 ) -> str | None:
-    """One line on what the policy did with shared GPUs, or None when no GPU is shared.
+    """One line on what the policy did with shared GPUs, or None when no GPU is shared. The settings are named
+    in backticks (``planner.errors.render_fields``).
 
     Args:
         skipped: ``(node, stats, reason)`` of shared GPUs left out by the idle thresholds.
@@ -75,4 +76,4 @@ def busy_summary(
             for node, s, budget in derated))
     return (f"shared GPUs: {'; '.join(said)} (policy: skip below {min_free_memory_fraction:.0%} free memory or "
             f"above {max_utilization_fraction:.0%} utilisation, else plan at 1 - utilisation of the speed; "
-            "--min-memory-fraction, --max-utilization)")
+            "`min_free_memory_fraction`, `max_utilization_fraction`)")

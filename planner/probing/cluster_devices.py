@@ -6,10 +6,9 @@ node whose probe died or did not answer is listed with no devices and the reason
 
 from __future__ import annotations
 
-from planner.cluster import ClusterSpec
+from planner.cluster import ClusterSpec, catalog_for
 from planner.probing.backends import DEFAULT_PROBE_TIMEOUT_S, RayBackend
 from planner.probing.session import ray_session
-from torchkit.hardware.catalog import load_catalog
 
 
 def cluster_inventory(
@@ -23,7 +22,7 @@ def cluster_inventory(
 ) -> list[dict]:
     """Every node's inventory as ``devices --json`` node entries: the simulated ``cluster``'s, or those of
     the Ray cluster at ``address`` (``cluster`` None)."""
-    catalog = cluster.catalog if cluster is not None else load_catalog()
+    catalog = catalog_for(cluster)
     with ray_session(
         address=address if cluster is None else None,
         num_simulated_nodes=len(cluster.nodes) if cluster is not None else 0,

@@ -12,7 +12,7 @@ import socket
 from dataclasses import dataclass
 
 from planner.cluster import NodeSpec
-from torchkit.hardware.catalog import GpuCatalog
+from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX, GpuCatalog
 from torchkit.hardware.gpu_select import GpuSelection, select_gpus_or_none
 from torchkit.hardware.nvml import GpuStats
 
@@ -132,7 +132,7 @@ def simulated_inventory(
 def local_host_info() -> HostInfo:
     import psutil
 
-    from torchkit.seed_api.device import get_cpu_info
+    from torchkit.hardware.host import get_cpu_info
 
     return HostInfo(
         hostname=socket.gethostname(),
@@ -184,8 +184,7 @@ def real_inventory(
         spec = catalog.resolve(stats.name)
         if spec is None:
             warnings.append(
-                f"GPU {stats.index} '{stats.name}' is not in the GPU catalog; add it under gpu_types: in a "
-                "cluster config to plan for it"
+                f"GPU {stats.index} '{stats.name}' is not in the GPU catalog; {ADD_GPU_TYPE_FIX} to plan for it"
             )
         gpu_types.append(spec.name if spec else None)
     selection = (

@@ -92,7 +92,7 @@ class NodeProbe:
     def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None) -> dict:
         """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity."""
         from planner.job import JobSpec
-        from planner.probing.make_profile import make_profile
+        from planner.profiling.make import make_profile
 
         job = JobSpec.from_json(job_json)
         profile = make_profile(

@@ -1,11 +1,11 @@
 """Connecting to Ray: join a cluster (``--address``), start a local simulated one (``--cluster FILE``), or an
 embedded single-node Ray (neither).
 
-A simulated cluster runs one raylet per simulated node, every raylet on 127.0.0.1 with the dashboard off
-(Ray has no authentication of its own: CVE-2023-48022). Every Ray worker that imports torch costs a few
-hundred MiB, so past ``raylet_cap`` raylets (default 8; ``BATCHPLAN_RAYLET_CAP``) simulated nodes share
-raylets: nodes are dealt round-robin onto the raylets, and one probe process answers for each group. A
-real cluster always gets one probe per node.
+A simulated cluster runs at most ``raylet_cap`` raylets (``DEFAULT_RAYLET_CAP``, 1; ``--raylet-cap`` or
+``BATCHPLAN_RAYLET_CAP`` raise it up to one per simulated node), every raylet on 127.0.0.1 with the dashboard
+off (Ray has no authentication of its own: CVE-2023-48022). Every Ray worker that imports torch costs a few
+hundred MiB, so simulated nodes share raylets: they are dealt round-robin onto the raylets, and one probe
+process answers for each group. A real cluster always gets one probe per node.
 
 A Ray cluster already running on this machine (a user's ``ray start --head``, found as ``ray.init()`` finds
 it: ``RAY_ADDRESS``, else the address file ``ray start`` leaves) is joined when neither ``--cluster`` nor

@@ -26,7 +26,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from planner.errors import ConfigError
+from planner.errors import ConfigError, FieldError
 from planner.jsonio import read_json_file
 from planner.profiles.checks import checked_profile
 from planner.profiles.key import key_of_inputs
@@ -68,9 +68,9 @@ class ProfileCache:
         for path in (self.directory, *self.directory.parents):
             if path.exists():
                 if not path.is_dir():
-                    raise ConfigError(
-                        f"{what} {self.directory} is not a directory ({path} is a file; choose another --cache-dir "
-                        "or remove the file)"
+                    raise FieldError(
+                        "cache_dir", f"{what} {self.directory} is not a directory ({path} is a file; choose another "
+                        "`cache_dir` or remove the file)"
                     )
                 return
 
@@ -102,7 +102,8 @@ class ProfileCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path_for(key)
         if path.is_dir():
-            raise ConfigError(f"profile cache entry {path} is a directory (remove it, or choose another --cache-dir)")
+            raise FieldError("cache_dir",
+                             f"profile cache entry {path} is a directory (remove it, or choose another `cache_dir`)")
         fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(fd, "w") as handle:

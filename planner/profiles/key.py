@@ -1,6 +1,6 @@
-"""The one name of a profile: a short content key of everything that determines it. The driver, the profile
-cache and ``autobatch_ddp`` all name profiles with ``job_profile_key``, so a profile made by one is found by
-the others. Pure Python."""
+"""The one name of a profile: a short content key of everything that determines it (``job_key_inputs`` →
+``key_of_inputs``). ``planner.profiling.obtain`` names every profile the driver, ``batchplan profile`` and
+``autobatch_ddp`` obtain with it, so a profile made by one is found by the others. Pure Python."""
 
 from __future__ import annotations
 
@@ -48,11 +48,3 @@ def key_of_inputs(inputs: dict[str, str]) -> str:
     """``profile_key`` of named parts, in their order (``job_key_inputs``, or
     ``planner.profiles.measured.measured_key_inputs``)."""
     return profile_key(*inputs.values())
-
-
-def job_profile_key(
-    job: JobSpec, gpu: GpuSpec, *, method: str, fingerprint: str, torch_version: str, time_model: str = ""
-) -> str:
-    """The key of ``job``'s profile on ``gpu`` (see ``job_key_inputs``)."""
-    return key_of_inputs(job_key_inputs(job, gpu, method=method, fingerprint=fingerprint,
-                                        torch_version=torch_version, time_model=time_model))

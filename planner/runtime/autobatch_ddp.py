@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,9 @@ from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.types import Plan, RankSlot
-from planner.profiles.key import key_of_inputs
 from planner.profiles.profile import DeviceProfile
+from planner.profiling.request import Profiled
+from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def _local_device_info(device_index: int, gpu: str | None, catalog) -> tuple[str
     name = torch.cuda.get_device_name(device_index)
     spec = catalog.resolve(name)
     if spec is None:
-        raise InfeasiblePlanError(f"GPU '{name}' is not in the GPU catalog (add it with a cluster config's gpu_types:)")
+        raise InfeasiblePlanError(f"GPU '{name}' is not in the GPU catalog ({ADD_GPU_TYPE_FIX})")
     free, total = torch.cuda.mem_get_info(device_index)
     # available to this process = driver-free + what it already holds (DESIGN.md, Profiles)
     available = int(free) + int(torch.cuda.memory_reserved(device_index))
@@ -108,9 +109,9 @@ def autobatch_ddp(
     """
     import torch.distributed as dist
 
-    from planner.probing.make_profile import job_fingerprint, profile_key_inputs
+    from planner.cluster import catalog_for
+    from planner.profiling import job_fingerprint
     from planner.runtime.rank_plan import load_rank_plan
-    from torchkit.hardware.catalog import load_catalog
 
     if not dist.is_available() or not dist.is_initialized():
         raise InfeasiblePlanError("autobatch_ddp needs an initialised process group (call it inside torchrun)")
@@ -118,7 +119,7 @@ def autobatch_ddp(
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(environ.get("LOCAL_RANK", 0))
     device_index = local_rank if device_index is None else device_index
-    catalog = catalog or load_catalog()
+    catalog = catalog or catalog_for(None)
 
     gpu_type, total_bytes, available_bytes, visible_id = _local_device_info(device_index, gpu, catalog)
     me = {"rank": rank, "node": _node_name(environ), "local_rank": local_rank, "device_index": device_index,
@@ -126,22 +127,17 @@ def autobatch_ddp(
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
 
-    fingerprint, torch_version = job_fingerprint(job)
-    method = "estimate" if gpu is not None else job.method
-
-    def inputs_for(gpu_name: str) -> dict[str, str]:
-        return profile_key_inputs(job, catalog.get(gpu_name), method=method, identity=(fingerprint, torch_version))
-
-    def key_for(gpu_name: str) -> str:
-        return key_of_inputs(inputs_for(gpu_name))
-
-    profiles, profiled_here = _node_profiles(job, me, everyone, inputs_for, catalog, method=method,
+    profiled, profiled_here = _node_profiles(job, me, everyone, catalog, identity=job_fingerprint(job),
                                              simulated=gpu is not None, cache_dir=cache_dir)
     gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, {k: p.to_json() for k, p in profiles.items()})
-    all_profiles = {k: DeviceProfile.from_json(v) for entry in gathered for k, v in entry.items()}
+    dist.all_gather_object(gathered, {"keys": {name: p.key for name, p in profiled.items()},
+                                      "profiles": {p.key: p.profile.to_json() for p in profiled.values()}})
+    all_profiles = {k: DeviceProfile.from_json(v) for entry in gathered for k, v in entry["profiles"].items()}
 
-    plan = _every_rank_plan(job, everyone, key_for, all_profiles)
+    def key_of_rank(p: dict) -> str:  # the key of the profile the rank's own node obtained for its GPU type
+        return gathered[p["rank"]]["keys"][p["gpu"]]
+
+    plan = _every_rank_plan(job, everyone, key_of_rank, all_profiles)
     # one timestamp for all ranks: the plans are then identical byte for byte
     stamp: list[Any] = [plan.created]
     dist.broadcast_object_list(stamp, src=0)
@@ -151,43 +147,49 @@ def autobatch_ddp(
 
 
 def _node_profiles(
-    job: JobSpec, me: dict, everyone: list[dict], inputs_for, catalog, *, method: str, simulated: bool, cache_dir,
-) -> tuple[dict[str, DeviceProfile], list[str]]:
-    """The profile of every GPU type on this rank's node: the node's first rank makes (or finds) each one in
-    the node's cache while the others wait, then the others read it from the cache."""
-    from planner.probing.make_profile import make_profile
+    job: JobSpec, me: dict, everyone: list[dict], catalog, *, identity: tuple[str, str], simulated: bool, cache_dir,
+) -> tuple[dict[str, Profiled], list[str]]:
+    """The profile of every GPU type on this rank's node (``planner.profiling.obtain_profile``): the node's first
+    rank makes (or finds) each one in the node's cache while the others wait, then the others read it there.
+    A simulated GPU type (``gpu=``) is estimated; a real one is asked for with the job's method, decided here."""
     from planner.profiles.cache import ProfileCache
-    from torchkit.seed_api.distributed import torch_distributed_zero_first
+    from planner.profiling import Method, ProfileRequest, make_profile, obtain_profile
+    from torchkit.process.zero_first import torch_distributed_zero_first
 
     cache = ProfileCache(cache_dir)
     node, local_rank = me["node"], me["local_rank"]
-    profiles: dict[str, DeviceProfile] = {}
+    profiled: dict[str, Profiled] = {}
     profiled_here: list[str] = []
+
+    def make(request: ProfileRequest) -> DeviceProfile:
+        if local_rank != 0:
+            log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", me["rank"],
+                        request.gpu.name)
+        profiled_here.append(request.gpu.name)
+        return make_profile(request.job, request.gpu, method=request.method, device_index=request.device_index)
+
     with torch_distributed_zero_first(local_rank):
         for gpu_name in sorted({p["gpu"] for p in everyone if p["node"] == node}):
-            inputs = inputs_for(gpu_name)
-            key = key_of_inputs(inputs)
-            cached = cache.get(key)
-            if cached is None:
-                if local_rank != 0:
-                    log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", me["rank"], gpu_name)
-                local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
-                cached = make_profile(job, catalog.get(gpu_name), method=method,
-                                      device_index=None if simulated else local_index)
-                cache.put(key, cached, inputs=inputs)
-                profiled_here.append(gpu_name)
-            profiles[key] = cached
-    return profiles, profiled_here
+            local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
+            request = ProfileRequest(job=job, gpu=catalog.get(gpu_name),
+                                     method=Method.ESTIMATE if simulated else job.method,
+                                     device_index=None if simulated else local_index)
+            result = obtain_profile(request, make, cache=cache, identity=identity)
+            assert result is not None  # make raises rather than giving none
+            profiled[gpu_name] = result
+    return profiled, profiled_here
 
 
-def _every_rank_plan(job: JobSpec, everyone: list[dict], key_for, profiles: dict[str, DeviceProfile]) -> Plan:
+def _every_rank_plan(
+    job: JobSpec, everyone: list[dict], key_of_rank: Callable[[dict], str], profiles: dict[str, DeviceProfile]
+) -> Plan:
     """The plan over every rank of the process group, checked to keep each rank in and in torchrun's order."""
     slots = [
         RankSlot(
             node=p["node"],
             device_index=p["device_index"],
             gpu=p["gpu"],
-            profile=key_for(p["gpu"]),
+            profile=key_of_rank(p),
             memory_budget_bytes=job.memory_budget_bytes(p["available"]),
             total_memory_bytes=p["total"],
             visible_id=p["visible_id"],
@@ -198,7 +200,7 @@ def _every_rank_plan(job: JobSpec, everyone: list[dict], key_for, profiles: dict
     if plan.excluded:
         reasons = "; ".join(f"{e.node} GPU {e.device_index} ({e.gpu}): {e.reason}" for e in plan.excluded)
         raise InfeasiblePlanError(f"every rank of a running job must take part, but some cannot: {reasons} "
-                                  "(lower --min-batch/--multiple-of, or relaunch without those GPUs)")
+                                  "(lower the job's min_batch or multiple_of, or relaunch without those GPUs)")
     for entry in plan.ranks:
         if (entry.node, entry.local_rank) != (slots[entry.rank].node, everyone[entry.rank]["local_rank"]):
             raise InfeasiblePlanError(

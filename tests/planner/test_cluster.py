@@ -239,7 +239,7 @@ BAD_CONFIGS = [
     # unknown GPU type: close matches and the fix
     (
         node_b_gpu("{type: A100-80, count: 2}"),
-        r"nodes\[1\]\.gpus\[0\]\.type: GPU type 'A100-80' is not in the catalog \(close matches: A100-SXM4-80GB.*; or add it under gpu_types:\)",
+        r"nodes\[1\]\.gpus\[0\]\.type: GPU type 'A100-80' is not in the catalog \(close matches: A100-SXM4-80GB.*; or add it under gpu_types: in a cluster config\)",
     ),
     (
         node_b_gpu("{type: 4090, count: 2}"),

@@ -237,12 +237,13 @@ def test_token_input_options_round_trip_and_are_checked() -> None:
 
 
 def test_channels_last_and_the_time_model_are_part_of_an_estimated_profiles_key(catalog):
-    from planner.profiles.key import job_profile_key
+    from planner.profiles.key import job_key_inputs, key_of_inputs
 
     gpu = catalog.get("T4")
 
     def key(job: JobSpec, method: str = "estimate", time_model: str = "tm1") -> str:
-        return job_profile_key(job, gpu, method=method, fingerprint="f", torch_version="2", time_model=time_model)
+        return key_of_inputs(job_key_inputs(job, gpu, method=method, fingerprint="f", torch_version="2",
+                                            time_model=time_model))
 
     nchw, nhwc = JobSpec(model="resnet50"), JobSpec(model="resnet50", channels_last=True)
     assert key(nchw) != key(nhwc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from planner.allocate.advice import Advice, AdviceKind
 from planner.cluster import NodeSpec, SimulatedGpu
 from planner.job import JobSpec
@@ -287,7 +289,8 @@ def test_a_global_batch_other_than_the_one_asked_for_fails():
 def test_imbalance_above_the_limit_fails_naming_the_idlest_rank():
     check = checks_of(plan=make_plan(idle=(0.0, 0.2, 0.05)))["imbalance"]
     assert not check.ok
-    assert check.detail == "largest idle share 20.0% (rank 1, A100-SXM4-80GB); limit 15% (--max-imbalance)"
+    # the core names the threshold by its field; the CLI passes its flags (tests/planner/cli/test_cli_preflight.py)
+    assert check.detail == "largest idle share 20.0% (rank 1, A100-SXM4-80GB); limit 15% (max_imbalance)"
 
 
 def test_imbalance_within_the_limit_passes_and_the_limit_is_adjustable():
@@ -299,7 +302,18 @@ def test_imbalance_within_the_limit_passes_and_the_limit_is_adjustable():
 def test_a_perfectly_balanced_plan_names_no_rank():
     check = checks_of(plan=make_plan(idle=(0.0, 0.0)))["imbalance"]
     assert check.ok
-    assert check.detail == "largest idle share 0.0%; limit 15% (--max-imbalance)"
+    assert check.detail == "largest idle share 0.0%; limit 15% (max_imbalance)"
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_imbalance", 1.5), ("max_imbalance", -0.1), ("expect_nodes", 0),
+                                              ("expect_gpus", True), ("min_subset_gain", 0.9)])
+def test_thresholds_are_checked_in_their_type_naming_the_field(field, value):
+    from planner.errors import FieldError
+
+    with pytest.raises(FieldError) as info:
+        Thresholds(**{field: value})
+    assert info.value.field == field
+    assert str(info.value).startswith(f"{field} {value} is invalid")
 
 
 def test_dropping_slow_gpus_being_much_faster_fails_with_the_advice():

@@ -175,6 +175,10 @@ def _normalize(name: str) -> str:
     return " ".join(name.split()).casefold()
 
 
+#: how to plan for a GPU type the catalog lacks: every message that meets one says it in these words
+ADD_GPU_TYPE_FIX = "add it under gpu_types: in a cluster config"
+
+
 def _rebuild_catalog(specs: tuple[GpuSpec, ...], source: str) -> GpuCatalog:
     return GpuCatalog(types={spec.name: spec for spec in specs}, source=source)
 
@@ -264,7 +268,7 @@ class GpuCatalog:
     def _suggest(self, name: str) -> str:
         matches = self.close_matches(name)
         listed = f"close matches: {', '.join(matches)}" if matches else f"known: {', '.join(self.names())}"
-        return f"{listed}; or add it under gpu_types:"
+        return f"{listed}; or {ADD_GPU_TYPE_FIX}"
 
     def with_types(self, extra: Sequence[GpuSpec]) -> GpuCatalog:
         """This catalog plus ``extra`` (types a cluster config defines).

@@ -8,7 +8,7 @@ The GPU edge around the pure decision in ``torchkit.seed_api.batch_choice``:
   errors give the seed's "error detected" fallback, nothing usable raises its RuntimeError, the cache is
   emptied in ``finally``.
 
-Where the probing differs from the seed, and why (reference §1, §5, §6):
+Where the probing differs from the seed, and why (shared/reference/ultralytics-behaviour.md §1, §5, §6):
 - available memory = driver-free + this process's reserved (the newest seed's formula; 8.0-8.4.0 used
   ``total - (reserved + allocated)``, which double-counts and ignores other processes);
 - a probe is a real training step: forward, backward **and an optimizer step** (SGD momentum by default, or
@@ -117,7 +117,7 @@ def run_probes(
 def loss_envelope_bytes(
     batch: int, imgsz: int, strides: Sequence[int], num_classes: int, max_num_obj: int
 ) -> int:
-    """The seed's loss/assigner memory for a detection head (reference §2.20 step 5).
+    """The seed's loss/assigner memory for a detection head (shared/reference/ultralytics-behaviour.md §2.20 step 5).
 
     ``B · A · 6 · (max_num_obj + 2·nc) · 4`` bytes with ``A = Σ_s (imgsz/s)²`` anchors; the 6 covers the
     assigner's metric/top-k state and the BCE path under AMP, the 2× on nc validation at up to 2× batch.

@@ -4,9 +4,9 @@ Pure numpy (no torch): used by ``torchkit.seed_api.autobatch`` on measured point
 fake-tensor estimator. ``choose_batch`` has four rules:
 - ``affine`` (default) and ``loglog``: ours, on a ``torchkit.step.fit`` curve;
 - ``seed-linear`` (ultralytics 8.4.190) and ``seed-loglog`` (8.3.51): the seed's own rules, quirks included
-  (reference §1.2, §1.5), kept for comparison (``bench/bench_fit.py``).
+  (shared/reference/ultralytics-behaviour.md §1.2, §1.5), kept for comparison (``bench/bench_fit.py``).
 
-Where ours differs from the seed, and why (reference §1.4, §5):
+Where ours differs from the seed, and why (shared/reference/ultralytics-behaviour.md §1.4, §5):
 - memory is fitted in bytes with ``torchkit.step.fit``: points that do not grow are dropped with their reason
   (compared with the last kept point, not the previous raw probe); a single point gives a proportional fit
   (it over-estimates the per-sample cost), not numpy's minimum-norm line (seed: [0.25, 0.25] -> 17 -> 1);
@@ -16,6 +16,8 @@ Where ours differs from the seed, and why (reference §1.4, §5):
 - a curve whose largest probes stop growing (reserved-memory caching, cudnn.benchmark; yolov5#9287) is not
   extrapolated beyond the largest batch that ran (seed: 53 on an 8 GB card; ours: 16, which the user ran);
 - ``multiple_of`` rounds down, and every adjustment is returned in ``warnings``.
+The budget rule itself (``fraction`` × available; ``DEFAULT_FRACTION``) is the engine's, ``torchkit.step.budget``,
+re-exported here.
 Shared with the newest seed: a probe at or above the device total is dropped and is no ceiling, failures
 below the smallest batch that ran are ignored, the batch is clamped to [first fit, 1024] and to
 ``dataset_size``, and nothing usable raises the seed's RuntimeError.
@@ -31,6 +33,7 @@ from typing import Literal
 
 import numpy as np
 
+from torchkit.step.budget import DEFAULT_FRACTION, memory_budget_bytes, memory_target_bytes
 from torchkit.step.fit import (
     AffineMemoryFit,
     DroppedPoint,
@@ -42,21 +45,6 @@ from torchkit.step.fit import (
 from torchkit.units import GIB
 
 PREFIX = "AutoBatch: "
-#: fraction of available memory the batch may use (seed: ``batch=-1`` -> 0.60)
-DEFAULT_FRACTION = 0.60
-
-
-def memory_target_bytes(fraction: float, available_bytes: float) -> float:
-    """The memory a batch may use: ``fraction`` of the available memory (the seed's target). The one budget
-    rule of batchplan: autobatch and the batch choice compare curves with it as a real number; the plan,
-    ``batchplan profile`` and ``autobatch_ddp`` report it in whole bytes (``memory_budget_bytes``)."""
-    return fraction * available_bytes
-
-
-def memory_budget_bytes(fraction: float, available_bytes: float) -> int:
-    """``memory_target_bytes`` in whole bytes (rounded down)."""
-    return int(memory_target_bytes(fraction, available_bytes))
-
 
 #: returned when AutoBatch cannot run (seed: ``DEFAULT_CFG.batch``)
 DEFAULT_BATCH = 16
@@ -404,7 +392,7 @@ def _seed_fallback(error: str, curve: MemoryFit | None, *, name: str, default_ba
 def _choose_seed(
     batches, peaks, *, total_bytes, available_bytes, fraction, loglog, dataset_size, max_batch, default_batch
 ) -> BatchChoice:
-    """The seed's decision, step by step, in GiB as the seed computes it (reference §1.2 steps 7-8, §1.5).
+    """The seed's decision, step by step, in GiB as the seed computes it (shared/reference/ultralytics-behaviour.md §1.2 steps 7-8, §1.5).
 
     ``seed-linear`` (8.4.190): linear polyfit, ``int()`` truncation, ceiling at the first failure above the
     smallest fitted batch -> the probe before it, clamp to [first fit, max_batch], then the dataset clamp.

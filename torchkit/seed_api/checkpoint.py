@@ -1,5 +1,5 @@
 """Checkpoint tools: strip a training checkpoint down to its FP16 weights, shrink optimizer state
-(reference §2.24, §2.25).
+(shared/reference/ultralytics-behaviour.md §2.24, §2.25).
 
 Deliberate differences from the seed:
 - Checkpoints are loaded with ``torch.load(weights_only=True)``, which cannot run code from the file.

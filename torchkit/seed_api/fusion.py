@@ -1,4 +1,4 @@
-"""Fold a BatchNorm into the convolution before it, for inference (reference §2.10, §2.11).
+"""Fold a BatchNorm into the convolution before it, for inference (shared/reference/ultralytics-behaviour.md §2.10, §2.11).
 
 With ``s = γ / √(running_var + eps)`` per output channel:
 

@@ -1,5 +1,5 @@
 """Small model helpers: unwrapping, attribute and state-dict copying, weight settings, test-time image
-scaling and a ``torch.compile`` that never breaks the caller (reference §2.17-2.19, §2.27).
+scaling and a ``torch.compile`` that never breaks the caller (shared/reference/ultralytics-behaviour.md §2.17-2.19, §2.27).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Precision contexts: inference mode for decorated functions and mixed-precision autocast.
 
-Re-implements Ultralytics' ``smart_inference_mode`` and ``autocast`` (reference §2.3, §2.4) for torch>=2.4
+Re-implements Ultralytics' ``smart_inference_mode`` and ``autocast`` (shared/reference/ultralytics-behaviour.md §2.3, §2.4) for torch>=2.4
 (the project's floor), so the branches for torch<1.13 are gone.
 
 Deliberate differences from the seed:

@@ -1,6 +1,6 @@
 """Timing and memory profiling of modules: synchronised clocks, reserved accelerator memory, and
 ``profile_ops``, the per-op speed/memory/FLOPs table that autobatch builds its memory curve from
-(reference §2.9, §2.20, §2.21).
+(shared/reference/ultralytics-behaviour.md §2.9, §2.20, §2.21).
 
 Deliberate differences from the seed:
 - ``cuda_memory_usage`` reports the **peak** reserved memory of the block (peak counters reset at entry),
@@ -31,7 +31,7 @@ from torchkit.units import GIB
 LOGGER = logging.getLogger(__name__)
 
 #: loss-memory envelope of a detection head per image, in float32 elements per (anchor, object/class slot):
-#: the factor 6 covers the assigner's metric/top-k state and the BCE path under AMP (reference §2.20 step 5)
+#: the factor 6 covers the assigner's metric/top-k state and the BCE path under AMP (shared/reference/ultralytics-behaviour.md §2.20 step 5)
 LOSS_ENVELOPE_FACTOR = 6
 
 

@@ -1,7 +1,7 @@
 """Model statistics: parameter/gradient counts, forward FLOPs and the one-line model summary.
 
 Re-implements Ultralytics' ``get_num_params``, ``get_num_gradients``, ``model_info``,
-``model_info_for_loggers`` and ``get_flops`` (reference §2.13-2.16).
+``model_info_for_loggers`` and ``get_flops`` (shared/reference/ultralytics-behaviour.md §2.13-2.16).
 
 FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` instead of ``thop``, on a copy of the
 model whose parameters and buffers are **fake tensors** (``FakeTensorMode``): shapes propagate, nothing is

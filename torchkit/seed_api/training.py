@@ -1,5 +1,5 @@
 """Training mechanics: weight EMA, early stopping, the one-cycle schedule and seeding
-(reference §2.19 ``one_cycle``, §2.22, §2.23, §2.26).
+(shared/reference/ultralytics-behaviour.md §2.19 ``one_cycle``, §2.22, §2.23, §2.26).
 """
 
 from __future__ import annotations

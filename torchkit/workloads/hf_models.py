@@ -29,7 +29,7 @@ AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq
 
 def hf_workload(spec: str, arch: str, *, seq_len: int | None, input_shape: tuple[int, ...] | None):
     """The workload of ``hf:ARCH`` / ``hf:config.json`` at ``seq_len`` tokens per sample."""
-    from torchkit.workloads import Workload
+    from torchkit.workloads.workload import Workload
 
     transformers = import_library("transformers", model=spec)
     import_library("transformers.modeling_utils", model=spec)  # lazy in transformers; where a broken torchvision shows

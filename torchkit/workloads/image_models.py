@@ -47,7 +47,7 @@ def classifier_workload(
     description: str,
 ):
     """A ``Workload`` training an image classifier with cross-entropy."""
-    from torchkit.workloads import Workload
+    from torchkit.workloads.workload import Workload
 
     height, width = size
     return Workload(

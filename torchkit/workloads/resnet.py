@@ -149,15 +149,6 @@ def se_resnext101_32x4d() -> ResNet:
     return ResNet(Bottleneck, (3, 4, 23, 3), groups=32, width_per_group=4, se=True)
 
 
-FACTORIES = {
-    "resnet18": resnet18,
-    "resnet50": resnet50,
-    "resnext101-32x4d": resnext101_32x4d,
-    "se-resnext101-32x4d": se_resnext101_32x4d,
-}
-"""built-in workload name -> model factory"""
-
-
 def make_image_classification_batch(batch: int, imgsz: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random images ``[B, 3, imgsz, imgsz]`` and labels ``[B]``; works under FakeTensorMode."""
     return torch.randn(batch, 3, imgsz, imgsz), torch.randint(0, NUM_CLASSES, (batch,))

@@ -15,6 +15,7 @@ weights and buffers.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ DEFAULT_IMGSZ = 640
 
 def ultralytics_workload(spec: str, yaml_name: str, *, imgsz: int | None, input_shape: tuple[int, ...] | None):
     """The workload of ``ultralytics:FILE.yaml`` at ``imgsz``."""
-    from torchkit.workloads import Workload
     from torchkit.workloads import yolo as dense
+    from torchkit.workloads.workload import Workload
 
     tasks = import_library("ultralytics.nn.tasks", model=spec)
     cfg = _check_yaml(spec, yaml_name, tasks)
@@ -52,7 +53,10 @@ def ultralytics_workload(spec: str, yaml_name: str, *, imgsz: int | None, input_
         return total
 
     with contextlib.redirect_stdout(sys.stderr):
-        nc = int(tasks.yaml_model_load(cfg).get("nc", dense.NUM_CLASSES))
+        model_yaml = tasks.yaml_model_load(cfg)
+    nc = int(model_yaml.get("nc", dense.NUM_CLASSES))
+    # the YAML defines the network: part of the fingerprint (with ultralytics' version, torchkit.workloads.fingerprint)
+    yaml_text = json.dumps(model_yaml, sort_keys=True, default=str)
     ema_bytes = _ema_bytes(build)
     return Workload(
         name=spec,
@@ -60,7 +64,7 @@ def ultralytics_workload(spec: str, yaml_name: str, *, imgsz: int | None, input_
         build_model=build,
         make_batch=lambda b: dense.make_detection_batch(b, size, nc=nc),
         loss_fn=loss,
-        config=f"max_obj={dense.MAX_OBJ},nc={nc},loss=dense-tal",
+        config=f"max_obj={dense.MAX_OBJ},nc={nc},loss=dense-tal,yaml={yaml_text}",
         description=f"Ultralytics {Path(yaml_name).name} at {size}, {nc} classes, {dense.MAX_OBJ} boxes/image, "
         "dense task-aligned assigner loss (stand-in for v8DetectionLoss)",
         notes=(

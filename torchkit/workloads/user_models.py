@@ -27,8 +27,8 @@ def user_workload(
     input_dtype: str | None,
 ):
     """The workload of ``package.module:factory`` with the input the flags describe."""
-    from torchkit.workloads import Workload, check_model
     from torchkit.workloads.construct import template_for
+    from torchkit.workloads.workload import Workload, check_model
 
     factory = _import_factory(spec)
 
@@ -74,7 +74,7 @@ def _import_factory(spec: str) -> Callable[[], Any]:
 
 
 def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
-    from torchkit.workloads import Workload
+    from torchkit.workloads.workload import Workload
 
     try:
         model = factory()

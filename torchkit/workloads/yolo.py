@@ -157,7 +157,7 @@ def ultralytics_loss_envelope_bytes(
 ) -> int:
     """Ultralytics' AutoBatch loss/assigner envelope ``B·A·6·(max_obj + 2·nc)·4`` bytes, A = anchors.
 
-    Source: ``ultralytics/utils/autobatch.py`` (PR #17514), summarised in reference/ultralytics-behaviour.md §6.
+    Source: ``ultralytics/utils/autobatch.py`` (PR #17514), summarised in shared/reference/ultralytics-behaviour.md §6.
     The factor 2 on ``nc`` stands for validation at 2x batch, which a training step does not run.
     """
     anchors = sum((imgsz // s) ** 2 for s in STRIDES)

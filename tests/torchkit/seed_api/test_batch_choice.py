@@ -1,4 +1,4 @@
-"""torchkit.seed_api.batch_choice: the seed's decision rules (every row of reference §1.4), ours, and where it differs."""
+"""torchkit.seed_api.batch_choice: the seed's decision rules (every row of shared/reference/ultralytics-behaviour.md §1.4), ours, and where it differs."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def choose(batches, mems_gib, total_gib, available_gib, **options):
 
 
 # ----------------------------------------------------------------------------------------------------------
-# seed-linear: every row of reference §1.4 "Verified behaviour" (ultralytics 8.4.190)
+# seed-linear: every row of shared/reference/ultralytics-behaviour.md §1.4 "Verified behaviour" (ultralytics 8.4.190)
 # Where the table does not give an input (driver-free memory, the made-up curves), the chosen value is stated.
 # ----------------------------------------------------------------------------------------------------------
 
@@ -131,7 +131,7 @@ def test_probe_list_depends_on_16_gib_and_dataset_size():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# seed-loglog: ultralytics 8.3.51 (reference §1.5; the seed article)
+# seed-loglog: ultralytics 8.3.51 (shared/reference/ultralytics-behaviour.md §1.5; the seed article)
 # ----------------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-"""torchkit.seed_api.device: parse_device (the seed's verified table, CUDA_VISIBLE_DEVICES, idle picks mapped by
-UUID), select_device, and the host/GPU description helpers. NVML is the fake driver; torch's CUDA view is
+"""torchkit.seed_api.device, the seed's device surface: parse_device (the seed's verified table,
+CUDA_VISIBLE_DEVICES, idle picks mapped by UUID; defined in torchkit.process.device), select_device, and the
+host/GPU description helpers (get_cpu_info from torchkit.hardware.host). NVML is the fake driver; torch's CUDA view is
 faked with ``fake_cuda`` where a test needs GPUs."""
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import torch
 from fake_pynvml import cuda_fastest_first, mixed_load_gpus, pci_order_gpus
 
 from torchkit.errors import ConfigError
+from torchkit.hardware.host import _clean_cpu_name
 from torchkit.seed_api.device import (
     NUM_THREADS,
-    _clean_cpu_name,
     get_cpu_info,
     get_gpu_info,
     get_torch_device_backend,

@@ -17,6 +17,7 @@ from typing import Literal
 
 from torchkit.errors import ConfigError
 from torchkit.hardware.catalog import GpuCatalog
+from torchkit.workloads.registry import WORKLOAD_NAMES
 
 DATA_PATH = Path(__file__).resolve().parent / "measured_throughput.csv"
 COLUMNS = (
@@ -27,10 +28,8 @@ REQUIRED_COLUMNS = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp32")
 LAYOUTS: tuple[str, ...] = ("nchw", "nhwc")
-CALIBRATION_MODELS: tuple[str, ...] = (
-    "resnet18", "resnet50", "resnext101-32x4d", "se-resnext101-32x4d", "vit-b16", "gpt2-small", "yolo-n", "yolo-s"
-)
-"""workloads a row may name: the built-in ones (torchkit/workloads; a test keeps the two in step)"""
+CALIBRATION_MODELS: tuple[str, ...] = WORKLOAD_NAMES
+"""workloads a row may name: the built-in ones (``torchkit.workloads.registry``)"""
 
 
 @dataclass(frozen=True, kw_only=True)

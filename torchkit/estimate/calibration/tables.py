@@ -32,7 +32,7 @@ def build_tables(rows: Iterable[MeasuredRow], *, optimizer: str = "sgd", progres
     """Run one fake pass per distinct (model, batch, amp) of ``rows``; returns the JSON document."""
     import torch
 
-    from torchkit.estimate import estimate_step
+    from torchkit.estimate.estimator import estimate_step
     from torchkit.estimate.roofline import kernel_table
     from torchkit.workloads import get_workload, workload_fingerprint
 

@@ -1,4 +1,4 @@
-"""torchkit.seed_api.distributed.torch_distributed_zero_first: a no-op without a process group; with real gloo
+"""torchkit.process.zero_first.torch_distributed_zero_first: a no-op without a process group; with real gloo
 processes on 127.0.0.1, the first rank runs first, and its failure releases the others at once.
 
 This file is also the worker script: ``python test_distributed.py worker RANK WORLD PORT OUT_DIR``.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from torchkit.seed_api.distributed import torch_distributed_zero_first
+from torchkit.process.zero_first import torch_distributed_zero_first
 
 WORLD_SIZE = 3
 PG_TIMEOUT_S = 120  # a waiting rank must be released long before this

@@ -1,9 +1,10 @@
-"""Making a device profile for one (job, GPU type): by estimation on fake tensors, or by measuring real
-training steps on a real GPU.
+"""Making a device profile for one (job, GPU type) in this process: by estimation on fake tensors, or by
+measuring real training steps on a real GPU.
 
-``estimate`` works for any catalog GPU on any machine; ``measure`` needs the GPU itself; ``auto`` measures
-where a CUDA GPU is present and estimates otherwise (the choice is recorded in the profile's ``method`` and
-a note).
+``estimate`` works for any catalog GPU on any machine; ``measure`` needs the GPU itself; ``auto`` is decided
+here, where the GPU is (``planner.profiling.method.resolve_method``), and recorded in the profile's
+``method`` and, where it estimated although a device was named, a note. Where a profile is looked up and
+cached: ``planner.profiling.obtain``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from planner.errors import ConfigError
-from planner.job import JobSpec
-from planner.profiles.key import job_key_inputs
+from planner.job import JobSpec, Method
 from planner.profiles.profile import DeviceProfile
-from torchkit.estimate.identity import estimate_identity
+from planner.profiling.method import resolve_method
 from torchkit.estimate.time_model import TimeUncertainty
 from torchkit.hardware.catalog import GpuSpec
 
@@ -82,18 +81,6 @@ def job_fingerprint(job: JobSpec) -> tuple[str, str]:
     return f"src-{digest.hexdigest()[:16]}", importlib.metadata.version("torch")
 
 
-def profile_key_inputs(
-    job: JobSpec, gpu: GpuSpec, *, method: str, identity: tuple[str, str] | None = None
-) -> dict[str, str]:
-    """The named parts of the key of ``job``'s profile on ``gpu`` made by ``method``, under this process's
-    estimator and step-time calibration (``estimate_identity``): the one way the driver, ``profile`` and
-    ``autobatch_ddp`` name a profile.
-    ``identity``: ``job_fingerprint(job)`` when the caller already has it (it hashes sources or traces a model)."""
-    fingerprint, torch_version = identity if identity is not None else job_fingerprint(job)
-    return job_key_inputs(job, gpu, method=method, fingerprint=fingerprint, torch_version=torch_version,
-                          time_model=estimate_identity())
-
-
 def _uncalibrated_note(gpu_name: str, uncertainty: TimeUncertainty) -> str:
     """The warning for a GPU type without measured rows in the step-time calibration."""
     scope = (
@@ -105,21 +92,6 @@ def _uncalibrated_note(gpu_name: str, uncertainty: TimeUncertainty) -> str:
         f"{gpu_name}: no measured training throughput of this GPU type in the step-time calibration ({scope}); "
         f"its predicted step time may be off by about ±{uncertainty.relative:.0%} (one sigma)"
     )
-
-
-def resolve_method(method: str, device_index: int | None) -> str:
-    """``auto`` → ``measure`` when this process can use a CUDA GPU at ``device_index``, else ``estimate``."""
-    if method != "auto":
-        return method
-    if device_index is None:
-        return "estimate"
-    try:
-        import torch
-
-        return "measure" if torch.cuda.is_available() and device_index < torch.cuda.device_count() else "estimate"
-    except Exception:  # a broken CUDA install must not stop a plan that can be estimated
-        log.warning("CUDA is not usable here; estimating instead of measuring", exc_info=True)
-        return "estimate"
 
 
 def _estimated_curves(
@@ -145,30 +117,32 @@ def make_profile(
     job: JobSpec,
     gpu: GpuSpec,
     *,
-    method: str = "estimate",
+    method: Method | str = Method.ESTIMATE,
     device_index: int | None = None,
     estimates_cache: dict[Any, Any] | None = None,
 ) -> DeviceProfile:
-    """Profile the job's training step on one GPU type.
+    """Profile the job's training step on one GPU type, here.
 
     Args:
-        method: ``estimate``, ``measure`` or ``auto``.
-        device_index: the CUDA device to measure on (PCI order) for ``measure``/``auto``.
+        method: ``estimate``, ``measure`` or ``auto`` (``planner.profiling.method``).
+        device_index: the CUDA device to measure on (PCI order) for ``measure``/``auto``; None: none here.
         estimates_cache: fake-pass results kept between calls; fake passes do not depend on the GPU type,
             so profiling several types in one process reuses them.
 
     Raises:
-        ConfigError: ``measure`` without a usable GPU.
+        FieldError: ``measure`` without a usable GPU.
         WorkloadError: the model cannot be built or run.
     """
-    resolved = resolve_method(method, device_index)
+    resolved = resolve_method(Method(method), device_index, gpu.name)
     amp = job.amp_for(gpu)
     workload = workload_for(job)
-    if resolved == "estimate":
+    # what both ways record: the GPU type, the method that made the profile, its amp and memory curve model
+    made = {"gpu": gpu.name, "method": resolved.method.value, "amp": amp, "fit": job.fit}
+    if resolved.method is Method.ESTIMATE:
         from torchkit.estimate.time_model import uncertainty_for
 
         curves, range_probe = _estimated_curves(job, gpu, workload, amp, estimates_cache)
-        notes = [f"{gpu.name}: no free GPU of this type to measure on; estimated"] if method == "auto" else []
+        notes = [resolved.note] if resolved.note else []
         if range_probe is not None:
             log.info("%s: the small-batch probes are launch-bound (eager dispatch); one more fake pass at batch %d "
                      "prices the batches near the memory cap", gpu.name, range_probe)
@@ -177,45 +151,34 @@ def make_profile(
         if not uncertainty.calibrated_gpu:
             notes.append(_uncalibrated_note(gpu.name, uncertainty))
         return DeviceProfile.from_points(
-            gpu=gpu.name,
-            method="estimate",
-            amp=amp,
+            **made,
             memory_points=curves.memory_points,
             time_points=curves.time_points,
-            fit=job.fit,
             notes=notes,
             breakdown_bytes=curves.breakdown_bytes,
             min_memory_bytes=curves.floor_device_bytes,
             time_log_sigma=uncertainty.log_sigma,
             time_model=uncertainty.basis,
         )
-    if resolved == "measure":
+    if resolved.method is Method.MEASURE:
         import torch
 
-        if device_index is None or not torch.cuda.is_available() or device_index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"--method measure needs a CUDA GPU of type {gpu.name} (device {device_index}) on the probing "
-                "node, and none is usable here (use --method estimate or auto)"
-            )
         from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
         from torchkit.step.measure import measure_curve
 
         curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer,
                               context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
         notes = (
-            [f"{gpu.name}: measured in the default (NCHW) memory format; --channels-last changes estimates only"]
+            [f"{gpu.name}: measured in the default (NCHW) memory format; channels_last changes estimates only"]
             if job.channels_last
             else []
         )
         return DeviceProfile.from_points(
-            gpu=gpu.name,
-            method="measure",
-            amp=amp,
+            **made,
             memory_points=curve.memory_points,
             time_points=curve.time_points,
             oom_batch=curve.oom_batch,
-            fit=job.fit,
             notes=notes,
             time_model="measured",
         )
-    raise ConfigError(f"unknown profiling method {method!r} (use auto, measure or estimate)")
+    raise AssertionError(f"resolve_method gave {resolved.method!r}")  # our own invariant: estimate or measure

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from planner.job import JobSpec
-from planner.probing.make_profile import make_profile
+from planner.profiling.make import make_profile
 from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, TIME_MODEL_ENV, load_time_model
 from torchkit.hardware.catalog import load_catalog
 
@@ -90,11 +90,11 @@ def test_a_gpu_bound_model_keeps_the_default_probes(catalog, cache) -> None:
 
 def test_a_new_estimator_revision_names_new_estimates_but_not_measurements(catalog, monkeypatch) -> None:
     import torchkit.estimate.identity as identity
-    from planner.probing.make_profile import profile_key_inputs
+    from planner.profiling import Method, ProfileRequest, profile_key_inputs
 
-    job, gpu = JobSpec(**TINY), catalog.get("T4")
-    before = {m: profile_key_inputs(job, gpu, method=m, identity=("f", "2.13")) for m in ("estimate", "measure")}
+    request = ProfileRequest(job=JobSpec(**TINY), gpu=catalog.get("T4"), method=Method.AUTO)
+    before = {m: profile_key_inputs(request, Method(m), ("f", "2.13")) for m in ("estimate", "measure")}
     monkeypatch.setattr(identity, "ESTIMATE_REVISION", "next")
-    after = {m: profile_key_inputs(job, gpu, method=m, identity=("f", "2.13")) for m in ("estimate", "measure")}
+    after = {m: profile_key_inputs(request, Method(m), ("f", "2.13")) for m in ("estimate", "measure")}
     assert after["estimate"] != before["estimate"] and after["estimate"]["time_model"].endswith("estimator-next")
     assert after["measure"] == before["measure"]
