@@ -179,11 +179,9 @@ def allocate(
             f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
             "use a smaller model or input")
     rows = make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, lo)
-    if accumulate is not None:
-        accumulate = _check_int("accumulate", accumulate, 1)
+    accumulate = None if accumulate is None else _check_int("accumulate", accumulate, 1)
     split = split_with_sync(rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate, sync=sync)
     accumulate = split.accumulate
-
     batches = np.zeros(n, dtype=np.int64)
     batches[rows.ranks] = split.units * k
     rank_time = np.where(included, t0 + t1 * batches, 0.0)
@@ -194,7 +192,6 @@ def allocate(
     cap_r = cap_u[included] * k
     bound = float(np.sum(cap_r / (t0[included] + t1[included] * cap_r)))
     idle = np.where(included, 1.0 - rank_time / compute_time, 0.0)
-
     alternatives, said = advise(rows, t0, t1, k, mode, global_batch, labels,
                                 Option(throughput, split.global_time_s, batches[rows.ranks], accumulate), sync)
     efficiency = min(1.0, throughput / bound) if bound > 0 else 0.0
@@ -202,8 +199,7 @@ def allocate(
     return Allocation(
         batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
         step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
-        compute_time_s=compute_time, sync_time_s=split.sync_s,
-        rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
+        compute_time_s=compute_time, sync_time_s=split.sync_s, rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
         balance_efficiency=efficiency, idle_fraction=idle, mode=mode,
         advice=tuple(a for a in said if a.kind not in NOTE_KINDS),
         notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)
