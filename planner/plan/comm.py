@@ -11,7 +11,7 @@ plan.json gains (as top-level fields after the standard ones; old plans without 
 
     {"gradient_bytes", "num_gradient_tensors", "bucket_cap_mb", "bucket_bytes": [...], "num_ranks",
      "num_nodes", "links": [{"hop", "link", "bus_bytes_per_s", "step_latency_s", "source"}], "bottleneck",
-     "allreduce_s", "exposed_s", "compute_s", "exposed_share", "backward_share", "backward_share_source",
+     "allreduce_s", "exposed_s", "exposed_range_s": [full overlap, no overlap], "compute_s", "exposed_share", "backward_share", "backward_share_source",
      "gradients_source", "measured"}
 
 Pure Python + numpy: no torch, Ray or pynvml.
@@ -137,6 +137,11 @@ def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: Sync
         "bottleneck": bottleneck.hop if bottleneck is not None else None,
         "allreduce_s": timeline.allreduce_total_s if ring.num_ranks > 1 else 0.0,
         "exposed_s": exposed,
+        # how sure: from full overlap (the model's figure) to none (every all-reduce after the backward pass,
+        # as when the collective competes with the compute for the same units); PyTorch's published DDP
+        # benchmark sits near the no-overlap end (bench/bench_comm.py)
+        "exposed_range_s": [exposed, exposed_sync_s(buckets, ring, compute_s=compute_s,
+                                                    backward_share=inputs.backward_share, overlap_efficiency=0.0)],
         "compute_s": compute_s,
         "exposed_share": exposed / optimizer_step_s if optimizer_step_s > 0 else 0.0,
         "backward_share": inputs.backward_share,
@@ -223,7 +228,9 @@ def comm_summary(plan_extra: Mapping[str, Any]) -> str | None:
     slowest = next((link for link in comm["links"] if link["hop"] == comm["bottleneck"]), None)
     over = (f"{comm['bottleneck']} ({slowest['link']}, {slowest['bus_bytes_per_s'] / 1e9:.3g} GB/s, "
             f"{slowest['source'].split(' (')[0]})" if slowest else "?")
+    span = comm.get("exposed_range_s")
+    upto = f", up to {float(span[1]) * 1e3:.1f} ms without overlap" if isinstance(span, list) and len(span) == 2 else ""
     return (f"gradient sync: {comm['gradient_bytes'] / 1e6:.1f} MB in {len(comm['bucket_bytes'])} buckets; "
             f"compute {float(comm['compute_s']) * 1e3:.1f} ms + exposed sync {exposed_ms:.1f} ms per optimizer step "
             f"({float(comm['exposed_share']):.0%} of it; all-reduce {allreduce_ms:.1f} ms, the rest overlaps "
-            f"backward) over {over}")
+            f"backward{upto}) over {over}")

@@ -82,6 +82,8 @@ def test_step_time_is_compute_plus_exposed_sync_and_every_figure_uses_it():
     assert data["balance_efficiency"] < free.balance_efficiency
     assert data["balance_efficiency_range"][0] < free.balance_efficiency_range[0]
     assert comm["exposed_share"] > 0.3
+    low, high = comm["exposed_range_s"]
+    assert low == sync_s and comm["allreduce_s"] <= high <= comm["allreduce_s"] * (1 + 1e-9)  # no overlap: all of it
     assert any("no_sync()" in w and "faster" in w for w in synced.warnings)
     validate_plan(data)
     assert Plan.from_json(json.loads(json.dumps(data))).extra["comm"] == comm
