@@ -6,6 +6,7 @@ layer trusts it. ``job`` in plan.json is its ``to_json()``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Literal, get_args
@@ -23,13 +24,43 @@ DEFAULT_MIN_FREE_MEMORY_FRACTION = 0.2
 #: (planner.probing.busy derates the GPUs kept by their utilisation)
 DEFAULT_MAX_UTILIZATION_FRACTION = 0.5
 
-# The job's vocabulary, each written once: the CLI's choices and every check read these Literals.
-AmpChoice = Literal["auto", AmpMode]
-Mode = Literal["balanced", "max", "uniform"]
+# The job's vocabulary, each written once: the CLI's choices and every check read these enums and Literals.
+# An enum member is its string (``Mode.BALANCED == "balanced"``, JSON writes ``"balanced"``): plan.json and
+# every comparison with a string keep working.
+
+
+class Mode(str, Enum):
+    """How per-rank batches are chosen (``planner.allocate``)."""
+
+    BALANCED = "balanced"
+    """speed- and memory-aware: the step time of the slowest rank is minimised"""
+    MAX = "max"
+    """each rank its own cap (per-device autobatch)"""
+    UNIFORM = "uniform"
+    """every rank the smallest cap (plain DDP)"""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AmpChoice(str, Enum):
+    """Mixed precision asked for: ``auto`` is bf16 where the GPU supports it, else fp16; the others are
+    ``torchkit.step.options.AmpMode`` (checked below)."""
+
+    AUTO = "auto"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 FitKind = MemoryFitKind
 
-AMP_CHOICES: tuple[str, ...] = get_args(AmpChoice)
-MODES: tuple[str, ...] = get_args(Mode)
+AMP_CHOICES: tuple[str, ...] = tuple(a.value for a in AmpChoice)
+assert set(AMP_CHOICES) == {"auto", *get_args(AmpMode)}, "AmpChoice must be auto and torchkit's AmpMode"
+MODES: tuple[str, ...] = tuple(m.value for m in Mode)
 FIT_KINDS: tuple[str, ...] = get_args(FitKind)
 #: a user factory's input dtypes: ``torchkit.workloads.INPUT_DTYPES``, named here without importing torch
 InputDtype = Literal["float32", "float16", "bfloat16", "int64", "int32"]
@@ -53,6 +84,45 @@ METHODS: tuple[str, ...] = tuple(m.value for m in Method)
 #: largest ``bucket_cap_mb`` accepted, MiB (1 TiB: one bucket for any model that fits a GPU)
 MAX_BUCKET_CAP_MB = 2**20
 
+#: bounds of the sizes a job may ask for, checked before any tensor is built (``--imgsz 2**31`` once ended in a
+#: torch TypeError inside the input builder): far above any real training input, far below int64 overflow
+MAX_IMAGE_SIDE = 16_384
+"""largest ``imgsz``: 16,384² RGB is 805 M values a sample (aerial tiles are cut smaller)"""
+MAX_INPUT_DIM = 2**24
+"""largest dimension of ``input_shape`` (16 M: a 17-minute 16 kHz waveform)"""
+MAX_SAMPLE_ELEMENTS = 2**40
+"""most values in one sample of ``input_shape``: times a batch of 65,536 and 8 bytes a value, a byte count
+still fits an int64"""
+MAX_SEQ_LEN = 2**20
+"""longest ``seq_len`` (1 M tokens, the longest contexts trained)"""
+MAX_VOCAB_SIZE = 2**24
+"""largest ``vocab_size`` (16 M; tokenizers have under 300 k)"""
+DEFAULT_USER_CODE_TIMEOUT_S = 300.0
+"""a factory builds its model in seconds (the largest library models in under a minute on a CPU); one that
+hangs is stopped after five minutes"""
+MAX_USER_CODE_TIMEOUT_S = 86_400.0
+"""the longest ``user_code_timeout_s``: a day"""
+MAX_BATCH_ARGUMENT = 65_536
+"""largest ``multiple_of`` and ``min_batch``: the planner never gives a rank more (``MAX_PLANNED_BATCH``)"""
+
+
+def _size_over_its_limit(job: JobSpec) -> tuple[str, object, str] | None:
+    """``(field, value, fix)`` of the first size over its bound above, or None."""
+    for name, limit in (("imgsz", MAX_IMAGE_SIDE), ("seq_len", MAX_SEQ_LEN), ("vocab_size", MAX_VOCAB_SIZE),
+                        ("multiple_of", MAX_BATCH_ARGUMENT), ("min_batch", MAX_BATCH_ARGUMENT)):
+        value = getattr(job, name)
+        if value is not None and value > limit:
+            return name, value, f"at most {limit}"
+    timeout = job.user_code_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_USER_CODE_TIMEOUT_S:
+        return "user_code_timeout_s", timeout, f"seconds in (0, {MAX_USER_CODE_TIMEOUT_S:g}]"
+    if job.input_shape is not None:
+        if max(job.input_shape) > MAX_INPUT_DIM:
+            return "input_shape", job.input_shape, f"each dimension at most {MAX_INPUT_DIM}"
+        if math.prod(job.input_shape) > MAX_SAMPLE_ELEMENTS:
+            return "input_shape", job.input_shape, f"at most {MAX_SAMPLE_ELEMENTS} values a sample"
+    return None
+
 
 class JobFieldError(FieldError):
     """A ``JobSpec`` field has a value that cannot be planned with (``planner.errors.FieldError``)."""
@@ -75,13 +145,13 @@ class JobSpec:
     """a user factory's input is integer token ids in ``[0, vocab_size)``"""
     input_dtype: InputDtype | None = None
     """a user factory's input dtype (one of ``INPUT_DTYPES``; default float32, int64 with ``vocab_size``)"""
-    amp: AmpChoice = "auto"
+    amp: AmpChoice = AmpChoice.AUTO
     """mixed precision: ``auto`` takes bf16 where the GPU supports it, else fp16"""
     optimizer: OptimizerName = "sgd"
     """optimizer whose state is counted in memory: SGD with momentum or AdamW"""
     fraction: float = DEFAULT_FRACTION
     """share of each device's available memory a rank may plan to use, in (0, 1]"""
-    mode: Mode = "balanced"
+    mode: Mode = Mode.BALANCED
     """``balanced`` (speed- and memory-aware), ``max`` (each rank its own cap) or ``uniform`` (plain DDP)"""
     global_batch: int | None = None
     """samples per optimizer step over all ranks; None maximises throughput"""
@@ -104,6 +174,9 @@ class JobSpec:
     """the training script keeps model and batch in NHWC memory format (``torch.channels_last``): convolutions
     then skip (16-bit, TF32) or pay (fp32 on CUDA cores) the layout transposes, which the estimated step
     time counts"""
+    user_code_timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S
+    """seconds a ``package.module:factory`` may take to import and build its model, in the driver and in each
+    probe, before the run stops it with an error (``planner.profiling.time_limit``); shapes no plan"""
     bucket_cap_mb: float | None = None
     """DDP's ``bucket_cap_mb`` in the training script, MiB (None: DDP's default, 25 MiB with a 1 MiB first
     bucket): how the gradients are bucketed for the synchronisation model (``torchkit.estimate.ddp_sync``)"""
@@ -126,10 +199,12 @@ class JobSpec:
             raise bad("input_dtype", self.input_dtype, f"use one of {', '.join(INPUT_DTYPES)}")
         if self.amp not in AMP_CHOICES:
             raise bad("amp", self.amp, f"use one of {', '.join(AMP_CHOICES)}")
+        object.__setattr__(self, "amp", AmpChoice(self.amp))
         if self.optimizer not in OPTIMIZERS:
             raise bad("optimizer", self.optimizer, f"use one of {', '.join(OPTIMIZERS)}")
         if self.mode not in MODES:
             raise bad("mode", self.mode, f"use one of {', '.join(MODES)}")
+        object.__setattr__(self, "mode", Mode(self.mode))
         if self.method not in METHODS:
             raise bad("method", self.method, f"use one of {', '.join(METHODS)}")
         object.__setattr__(self, "method", Method(self.method))
@@ -159,6 +234,9 @@ class JobSpec:
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
         if not isinstance(self.channels_last, bool):
             raise bad("channels_last", self.channels_last, "use true or false")
+        too_large = _size_over_its_limit(self)
+        if too_large is not None:
+            raise bad(*too_large)
         cap = self.bucket_cap_mb
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap <= MAX_BUCKET_CAP_MB):
             raise bad("bucket_cap_mb", cap, f"use DDP's bucket_cap_mb in MiB, > 0 and at most {MAX_BUCKET_CAP_MB}, e.g. 25")
@@ -173,13 +251,13 @@ class JobSpec:
         Raises:
             JobFieldError: bf16 asked for on a GPU without bf16.
         """
-        if self.amp == "auto":
+        if self.amp == AmpChoice.AUTO:
             return "bf16" if gpu.supports_bf16 else "fp16"
-        if self.amp == "bf16" and not gpu.supports_bf16:
+        if self.amp == AmpChoice.BF16 and not gpu.supports_bf16:
             raise JobFieldError(
                 "amp", f"`amp` bf16 asked for, but {gpu.name} has no bf16 support (use `amp` auto or `amp` fp16)"
             )
-        return self.amp
+        return self.amp.value
 
     def to_json(self) -> dict:
         data = asdict(self)

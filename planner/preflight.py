@@ -80,7 +80,7 @@ def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
 
 def _node_checks(
     inventories: Sequence[NodeInventory], failed_nodes: dict[str, str], expected_node_names: Sequence[str],
-    plan: Plan | None, thresholds: Thresholds,
+    plan: Plan | None, thresholds: Thresholds, name_of: Callable[[str], str] = field_name,
 ) -> list[Check]:
     """Did the cluster answer, every expected node, with the GPUs asked for, idle enough?"""
     answered = {inv.name for inv in inventories}
@@ -106,20 +106,33 @@ def _node_checks(
             + (f", {want} required" if want is not None else ""),
         )
     )
+    # with --gpus -1,-1 (pick N idle GPUs) a busy GPU the pick left out was never requested: only a node that
+    # got fewer than N fails on its busy GPUs
+    auto_count = _auto_pick_count(plan.job.gpus) if plan is not None else None
     busy = [
         f"{inv.name} GPU {index}: {reason}"
         for inv in inventories
+        if auto_count is None or len(inv.selection.selected) < auto_count
         for index, reason in inv.selection.skipped
         if index in inv.selection.busy
     ]
+    memory, utilization = name_of("min_free_memory_fraction"), name_of("max_utilization_fraction")
+    fix = (f" (free those GPUs, pick others with {name_of('gpus')}, or relax {memory} / {utilization}; "
+           f"{memory} 0 and {utilization} 1 keep every GPU, derated)")
     checks.append(
         Check(
             name="idle_thresholds",
             ok=not busy,
-            detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy),
+            detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy) + fix,
         )
     )
     return checks
+
+
+def _auto_pick_count(gpus: str) -> int | None:
+    """N for a selection of N most idle GPUs (``-1,-1``), None for ``all`` or explicit indices."""
+    parts = [p.strip() for p in gpus.split(",")]
+    return len(parts) if parts and all(p == "-1" for p in parts) else None
 
 
 def _plan_checks(plan: Plan, thresholds: Thresholds, name_of: Callable[[str], str]) -> list[Check]:
@@ -203,7 +216,7 @@ def run_checks(
 ) -> list[Check]:
     """Every check, in the order ``batchplan preflight`` prints them; ``name_of`` names a threshold in a detail
     (the CLI: by its flag)."""
-    checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds)
+    checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds, name_of)
     checks.append(_versions_check(inventories))
     shared = _shared_gpus_check(plan)
     if shared is not None:

@@ -6,6 +6,11 @@ from planner.plan.launch import NodeLaunch
 from planner.runtime.weights import loss_weights
 
 
+def _step_time_s(batch: int) -> float:
+    """The step time the plan's one profile (``p0``: 0.01 s + 0.01 s per sample) gives ``batch``."""
+    return 0.01 + 0.01 * batch
+
+
 def make_plan(batches=(5, 3, 8), nodes=(("node-a", 3),), accumulate=1, gpus=None) -> dict:
     """A minimal plan that ``planner.plan.io.validate_plan`` accepts: ranks numbered node by node."""
     weights = loss_weights(batches)
@@ -17,7 +22,8 @@ def make_plan(batches=(5, 3, 8), nodes=(("node-a", 3),), accumulate=1, gpus=None
                 "rank": rank, "node": name, "node_rank": node_rank, "local_rank": local_rank,
                 "device_index": local_rank, "gpu": gpus[rank], "profile": "p0", "batch": batches[rank],
                 "max_batch": 64, "loss_weight": weights[rank], "predicted_memory_bytes": 1_000_000,
-                "memory_budget_bytes": 2_000_000, "total_memory_bytes": 4_000_000, "predicted_step_time_s": 0.1,
+                "memory_budget_bytes": 2_000_000, "total_memory_bytes": 4_000_000,
+                "predicted_step_time_s": _step_time_s(batches[rank]),
             })
             rank += 1
         launch = NodeLaunch(nnodes=len(nodes), node_rank=node_rank, nproc_per_node=nproc, master_addr=nodes[0][0],
@@ -28,10 +34,12 @@ def make_plan(batches=(5, 3, 8), nodes=(("node-a", 3),), accumulate=1, gpus=None
             "nproc_per_node": nproc, "torchrun": launch.torchrun_line(), "env": launch.env(),
         })
     step_batch = sum(batches)
+    step_time_s = max(_step_time_s(b) for b in batches)
     return {
         "schema": "batchplan/plan@1", "created": "2025-01-01T00:00:00+00:00", "job": {"model": "mlp"},
         "world_size": len(batches), "global_batch": step_batch * accumulate, "accumulate": accumulate,
-        "step_batch": step_batch, "predicted_step_time_s": 0.1, "throughput_samples_per_s": 160.0,
+        "step_batch": step_batch, "predicted_step_time_s": step_time_s,
+        "throughput_samples_per_s": step_batch / step_time_s,
         "balance_efficiency": 1.0, "mode": "balanced", "ranks": ranks, "nodes": node_entries,
         "launch": {"master_addr": nodes[0][0], "master_port": 29500, "script": "train.py", "plan_path": "plan.json"},
         "excluded": [],

@@ -58,6 +58,8 @@ def add_parser(subparsers: Any) -> None:
         metavar="F",
         help=f"only GPUs at most this busy (0..1, default {DEFAULT_MAX_UTILIZATION_FRACTION}, as plan)",
     )
+    p.add_argument("--no-ray", action="store_true", help="with --cluster: read the simulated nodes in this process, "
+                   "no Ray")
     p.add_argument("--json", action="store_true", help=f"print JSON ({SCHEMA}) instead of a table")
     p.set_defaults(func=run)
 
@@ -181,7 +183,18 @@ def run(args: argparse.Namespace) -> int:
     explicit = args.select is not None
     args.select = args.select if explicit else DEFAULT_SELECT
     validate_selection_options(args.select, args.min_memory_fraction, args.max_utilization)
-    if args.cluster or args.address:
+    if args.no_ray and not args.cluster:
+        from planner.errors import ConfigError
+
+        raise ConfigError("--no-ray needs --cluster FILE (a real cluster is read through Ray)")
+    if args.cluster and args.no_ray:
+        from planner.cluster import load_cluster
+        from planner.probing.backends import LocalBackend
+
+        inventories, _ = LocalBackend(load_cluster(args.cluster)).inventories(
+            args.select, args.min_memory_fraction, args.max_utilization)
+        nodes = [inventory.to_json() for inventory in inventories]
+    elif args.cluster or args.address:
         from planner.cli.stdout_guard import stdout_to_stderr
         from planner.cluster import load_cluster
         from planner.probing.cluster_devices import cluster_inventory

@@ -12,10 +12,12 @@ The values come from the validated plan (``planner.plan.validate``) and every on
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from planner.errors import ConfigError
+
+if TYPE_CHECKING:
+    from planner.plan.types import Plan
 
 
 def add_node_options(parser: argparse.ArgumentParser) -> None:
@@ -31,13 +33,13 @@ def check_node_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"{flag} chooses the node for --emit env (add --emit env, or drop {flag})")
 
 
-def selected_node_rank(plan: Mapping[str, Any], node: str | None, node_rank: int | None) -> int:
+def selected_node_rank(plan: Plan, node: str | None, node_rank: int | None) -> int:
     """The node rank ``--node``/``--node-rank`` name in ``plan`` (the only node when there is one).
 
     Raises:
         ConfigError: no choice on a multi-node plan, or a choice the plan does not have.
     """
-    names = [n["name"] for n in plan["nodes"]]
+    names = [n.name for n in plan.nodes]
     listed = ", ".join(f"{i}: {name}" for i, name in enumerate(names))
     if node is not None:
         if node not in names:
@@ -57,12 +59,12 @@ def selected_node_rank(plan: Mapping[str, Any], node: str | None, node_rank: int
     )
 
 
-def env_lines(plan: Mapping[str, Any], node_rank: int) -> list[str]:
+def env_lines(plan: Plan, node_rank: int) -> list[str]:
     """The ``export`` lines of ``nodes[node_rank]``, with a comment saying whose they are."""
     from planner.plan.launch import export_lines
     from planner.plan.validate import node_launch
 
     launch = node_launch(plan, node_rank)
-    name = plan["nodes"][node_rank]["name"]
+    name = plan.nodes[node_rank].name
     header = f"# batchplan: environment of node {name} (node rank {node_rank} of {launch.nnodes}); source it, then run torchrun"
     return [header, *export_lines(launch.env())]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import re
-from pathlib import Path
 
 from planner.cli.spec_flags import FlagForm, add_spec_flags, flag_name, spec_from_args
 from planner.errors import ConfigError
@@ -60,6 +59,9 @@ JOB_FLAG_FORMS: dict[str, FlagForm] = {
                               "estimated step time"),
     "bucket_cap_mb": FlagForm(planning_only=True, help="DDP's bucket_cap_mb in your script, MiB (default: DDP's 25 "
                               "with a 1 MiB first bucket): shapes the gradient-synchronisation model"),
+    "user_code_timeout_s": FlagForm(flag="user-code-timeout", metavar="SECONDS",
+                                    help="seconds a package.module:factory may take to import and build its model, "
+                                    "here and in each probe"),
 }
 
 
@@ -101,6 +103,13 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     where = g.add_mutually_exclusive_group()
     where.add_argument("--cluster", metavar="FILE", help="simulated cluster config (YAML); Ray runs on 127.0.0.1")
     where.add_argument("--address", metavar="ADDR", help="join a running Ray cluster (auto, host:6379, ray://host:10001)")
+    where.add_argument("--slurm", action="store_true", help="plan the SLURM job this runs in (its nodes and GPUs, "
+                       "from scontrol; no Ray)")
+    where.add_argument("--slurm-partition", metavar="NAME", help="plan the GPU nodes of a SLURM partition (from sinfo; "
+                       "no Ray): a pre-flight check before sbatch")
+    g.add_argument("--gres-type", action="append", default=[], metavar="NAME=TYPE",
+                   help="with --slurm/--slurm-partition: the catalog type of a GRES type name (e.g. a100=A100-SXM4-80GB; "
+                   "repeatable; overrides the default table)")
     g.add_argument("--no-ray", action="store_true", help="with --cluster: probe the simulated nodes in this process")
     g.add_argument("--raylet-cap", type=int, help=f"most raylets for a simulated cluster (default {DEFAULT_RAYLET_CAP}: one probe "
                    "process answers for all nodes; up to about 8 gives each node its own)")
@@ -117,8 +126,12 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
 def check_cluster_args(args: argparse.Namespace) -> None:
     if args.no_ray and not args.cluster:
         raise ConfigError("--no-ray needs --cluster FILE (a real cluster is probed through Ray)")
-    if args.cluster and not Path(args.cluster).is_file():
-        raise ConfigError(f"cluster config {args.cluster} does not exist (see cluster_configs/ for examples)")
+    if args.gres_type and not (args.slurm or args.slurm_partition):
+        raise ConfigError("--gres-type maps SLURM GRES names: add --slurm or --slurm-partition NAME, or drop it")
+    if args.cluster:
+        from planner.cluster import find_cluster_config
+
+        find_cluster_config(args.cluster)  # a path, or the name of a shipped example (demo-mixed)
     if args.raylet_cap is not None and args.raylet_cap < 1:
         raise ConfigError(f"--raylet-cap {args.raylet_cap} is invalid (use an integer >= 1)")
     for flag, value in (("--probe-timeout", args.probe_timeout), ("--profile-timeout", args.profile_timeout)):

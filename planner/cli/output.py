@@ -12,6 +12,9 @@ from typing import Any
 from planner.errors import ConfigError
 from torchkit.units import GIB
 
+#: a table of more rows than this is printed as plain text even on a terminal (rich takes minutes for 65,536)
+RICH_MAX_ROWS = 2000
+
 
 def format_gib(num_bytes: int | float | None, digits: int = 1) -> str:
     """Bytes as GiB (2^30) with ``digits`` decimals; ``-`` for unknown."""
@@ -35,7 +38,7 @@ def print_json(obj: Any) -> None:
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A table on stdout: rich when stdout is a terminal, plain aligned text otherwise (pipes, files, CI)."""
     cells = [[("" if c is None else str(c)) for c in row] for row in rows]
-    if sys.stdout.isatty():
+    if sys.stdout.isatty() and len(cells) <= RICH_MAX_ROWS:
         from rich.console import Console
         from rich.table import Table
 
@@ -46,14 +49,13 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
             table.add_row(*row)
         Console().print(table)
         return
-    widths = [len(c) for c in columns]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=False)]
-    if title:
-        sys.stdout.write(title + "\n")
-    sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=False)).rstrip() + "\n")
-    for row in cells:
-        sys.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() + "\n")
+    # column by column (a 65,536-rank plan is a table of 65,536 rows); zip stops at the shortest row, as before
+    by_column = zip(*cells, strict=False)
+    widths = [max(len(name), max(map(len, column))) for name, column in zip(columns, by_column, strict=False)] \
+        if cells else [len(c) for c in columns]
+    lines = [title] if title else []
+    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in [columns, *cells])
+    sys.stdout.write("\n".join(lines) + "\n")
 
 
 def echo(text: str = "") -> None:

@@ -9,7 +9,6 @@ from planner.cli.options import add_cluster_options, add_job_options, job_from_a
 from planner.cli.output import check_writable, note
 from planner.cli.planning import run_planning
 from planner.cli.render import EMIT_FORMS, print_plan
-from planner.errors import ConfigError
 from planner.plan.types import Plan
 
 
@@ -32,19 +31,20 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-write", action="store_true", help="do not write plan.json")
     g.add_argument("--plot", metavar="FILE.png", help="draw the plan (needs the plot extra: matplotlib)")
     g.add_argument("--emit", choices=EMIT_FORMS, default="table",
-                   help="env: print one node's environment as export lines (choose it with --node or --node-rank)")
+                   help="env: print one node's environment as export lines (choose it with --node or --node-rank); "
+                   "slurm: the srun line that starts torchrun on every node of a SLURM job")
     add_node_options(g)
 
 
 def check_output_args(args: argparse.Namespace) -> None:
     """Fail on an unusable output path before any planning work."""
     check_node_options(args)
-    if args.plot and not args.plot.lower().endswith(".png"):
-        raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot plan.png)")
-    targets = [("--plot", args.plot)] + ([] if args.no_write else [("-o", args.output)])
-    for flag, value in targets:
-        if value:
-            check_writable(flag, value)
+    if args.plot:
+        from planner.cli.plot import check_plot_path
+
+        check_plot_path(args.plot)
+    if not args.no_write:
+        check_writable("-o", args.output)
 
 
 def emit(plan: Plan, args: argparse.Namespace) -> None:
@@ -54,6 +54,9 @@ def emit(plan: Plan, args: argparse.Namespace) -> None:
     if not args.no_write:
         path = write_plan(plan, args.output)
         note(f"wrote {path}")
+    else:
+        note(f"plan not written (--no-write): the launch lines name {args.output}, which this run did not write "
+             f"(drop --no-write, or write it later from the same flags)")
     if args.plot:
         from planner.cli.plot import plot_plan
 

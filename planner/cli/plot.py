@@ -77,6 +77,15 @@ def _panel(ax, title: str, ncol: int) -> None:
               borderaxespad=0.2)
 
 
+def check_plot_path(path: str) -> None:
+    """``--plot``'s value names a PNG this run can write (checked before any work)."""
+    from planner.cli.output import check_writable
+
+    if not path.lower().endswith(".png"):
+        raise ConfigError(f"--plot {path} must name a .png file (e.g. --plot plan.png)")
+    check_writable("--plot", path)
+
+
 def plot_plan(plan: Plan | dict, path: str) -> Path:
     """Draw ``plan_figure(plan)`` to ``path`` (PNG, written atomically)."""
     plt = _pyplot()

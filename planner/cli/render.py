@@ -9,7 +9,7 @@ from planner.plan.comm import comm_summary
 from planner.plan.types import Plan
 
 #: how ``plan`` and ``show`` print a plan: the table, or per-node environment lines (``--emit``)
-EmitForm = Literal["table", "env"]
+EmitForm = Literal["table", "env", "slurm"]
 EMIT_FORMS: tuple[str, ...] = get_args(EmitForm)
 
 
@@ -19,11 +19,17 @@ def render_plan(plan: Plan) -> None:
         f"plan for {job.model} ({plan.mode}, optimizer {job.optimizer}, amp {job.amp}, "
         f"fraction {job.fraction}): {plan.world_size} ranks on {len(plan.nodes)} node(s)"
     )
+    memory: dict[tuple[int, int, int], str] = {}  # most ranks share their figures with others of their type
+
+    def memory_cell(r) -> str:
+        key = (r.predicted_memory_bytes, r.memory_budget_bytes, r.total_memory_bytes)
+        if key not in memory:
+            memory[key] = "/".join(format_gib(b) for b in key)
+        return memory[key]
+
     rows = [
         [
-            r.rank, r.node, r.local_rank, r.device_index, r.gpu, r.batch, r.max_batch,
-            f"{format_gib(r.predicted_memory_bytes)}/{format_gib(r.memory_budget_bytes)}/"
-            f"{format_gib(r.total_memory_bytes)}",
+            r.rank, r.node, r.local_rank, r.device_index, r.gpu, r.batch, r.max_batch, memory_cell(r),
             format_ms(r.predicted_step_time_s),
             f"{(r.idle_fraction or 0.0) * 100:.0f}%",
             f"{r.loss_weight:.4f}",
@@ -68,15 +74,19 @@ def print_plan(
     plan: Plan, *, as_json: bool, emit: EmitForm, node: str | None = None, node_rank: int | None = None
 ) -> None:
     """A plan on stdout in the form asked for: exact JSON, one node's environment (``--emit env``, the node
-    chosen by name or node rank; see ``planner.cli.emit_env``), or the table."""
+    chosen by name or node rank; see ``planner.cli.emit_env``), the ``srun`` line of a SLURM job (``--emit
+    slurm``: ``planner.plan.slurm_launch``), or the table."""
     if as_json:
         print_json(plan.to_json())
     elif emit == "env":
         from planner.cli.emit_env import env_lines, selected_node_rank
 
-        document = plan.to_json()
-        for line in env_lines(document, selected_node_rank(document, node, node_rank)):
+        for line in env_lines(plan, selected_node_rank(plan, node, node_rank)):
             echo(line)
+    elif emit == "slurm":
+        from planner.plan.slurm_launch import srun_line
+
+        echo(srun_line(plan.to_json()))
     else:
         render_plan(plan)
 

@@ -14,10 +14,28 @@ import sys
 
 from planner.job import JobSpec
 
+#: model sources of the libraries (``torchkit.workloads.LIBRARY_PREFIXES``) -> how each builds a model by name
+LIBRARY_BUILDERS = {
+    "timm:": "timm.create_model({name!r}, pretrained=False)",
+    "torchvision:": "torchvision.models.get_model({name!r}, weights=None)",
+    "hf:": "transformers' {name} model from its config, fresh weights",
+    "ultralytics:": "ultralytics' DetectionModel({name!r})",
+}
+
+
+def library_model_summary(job: JobSpec) -> str | None:
+    """One sentence saying a job's model comes from a model library (``timm:convnext_tiny``), or None."""
+    for prefix, builder in LIBRARY_BUILDERS.items():
+        if job.model.startswith(prefix):
+            name = job.model[len(prefix):]
+            return f"library model: {job.model}, built with {builder.format(name=name)} (nothing downloaded)"
+    return None
+
 
 def user_code_summary(job: JobSpec) -> str | None:
-    """One sentence naming the module, its file and the factory a job runs; None for a built-in workload."""
-    if ":" not in job.model:
+    """One sentence naming the module, its file and the factory a job runs; None for a built-in workload or a
+    library model (:func:`library_model_summary`)."""
+    if ":" not in job.model or library_model_summary(job) is not None:
         return None
     module, _, factory = job.model.partition(":")
     top = module.split(".", 1)[0]
@@ -38,7 +56,7 @@ def user_code_summary(job: JobSpec) -> str | None:
 
 def announce_user_code(job: JobSpec) -> str | None:
     """Write the summary on stderr (once per run); returns it."""
-    summary = user_code_summary(job)
+    summary = user_code_summary(job) or library_model_summary(job)
     if summary:
         sys.stderr.write(summary + "\n")
     return summary

@@ -18,10 +18,12 @@ from planner.allocate.uncertainty import balance_efficiency_range
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.comm import SyncInputs, plan_comm_fields, sync_model
+from planner.plan.derived import check_identities, loss_weight_of, rank_time_fit
 from planner.plan.io import SCHEMA
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH, DEFAULT_SCRIPT, NodeLaunch
 from planner.plan.types import ExcludedDevice, ExclusionKind, LaunchInfo, NodeEntry, Plan, RankEntry, RankSlot
 from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
+from torchkit.step.fit import AffineTimeFit
 
 
 def build_plan(
@@ -54,8 +56,9 @@ def build_plan(
     """
     slots = _node_ordered(slots, excluded)
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
-    allocation = _allocate(job, slots, profiles, caps, sync)
-    efficiency_range = _expected_balance_range(slots, profiles, caps, allocation, job.multiple_of)
+    fits = [rank_time_fit(profiles[s.profile].time_fit, s.speed_factor) for s in slots]  # each rank's own curve
+    allocation = _allocate(job, slots, fits, caps, sync)
+    efficiency_range = _expected_balance_range(slots, profiles, fits, caps, allocation, job.multiple_of)
     all_excluded = list(excluded) + [
         ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
                        kind=ExclusionKind.BELOW_MIN_BATCH)
@@ -63,6 +66,7 @@ def build_plan(
     ]
     included = [slots[i] for i in range(len(slots)) if allocation.included[i]]
     ranks = _rank_entries(included, [caps[i] for i in range(len(slots)) if allocation.included[i]],
+                          [fits[i] for i in range(len(slots)) if allocation.included[i]],
                           [int(b) for b, inc in zip(allocation.batches, allocation.included, strict=True) if inc],
                           [float(f) for f, inc in zip(allocation.idle_fraction, allocation.included, strict=True) if inc],
                           profiles, allocation.step_batch)
@@ -70,7 +74,7 @@ def build_plan(
     master_addr = addresses.get(ranks[0].node, ranks[0].node)
     used_profiles = sorted({s.profile for s in slots})
     comm_fields, comm_warnings, comm_notes = plan_comm_fields(included, allocation, sync)
-    return Plan(
+    plan = Plan(
         schema=SCHEMA,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         job=job,
@@ -95,6 +99,8 @@ def build_plan(
         advice=allocation.advice,
         extra={**comm_fields, **(extra or {})},
     )
+    check_identities(plan, where="built plan")
+    return plan
 
 
 def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice]) -> list[RankSlot]:
@@ -109,15 +115,15 @@ def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice])
 
 
 def _allocate(
-    job: JobSpec, slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], caps: Sequence[int],
+    job: JobSpec, slots: Sequence[RankSlot], fits: Sequence[AffineTimeFit], caps: Sequence[int],
     sync: SyncInputs | None = None,
 ) -> Allocation:
-    """The job's allocation over ``slots``: each device's profiled time curve at its speed factor, plus the
-    gradient synchronisation of the ranks taking part."""
+    """The job's allocation over ``slots``, each device at its own time curve ``fits``, plus the gradient
+    synchronisation of the ranks taking part."""
     return allocate(
         caps,
-        [profiles[s.profile].time_fit.intercept_s / s.speed_factor for s in slots],
-        [profiles[s.profile].time_fit.s_per_sample / s.speed_factor for s in slots],
+        [fit.intercept_s for fit in fits],
+        [fit.s_per_sample for fit in fits],
         mode=job.mode,
         global_batch=job.global_batch,
         multiple_of=job.multiple_of,
@@ -128,14 +134,15 @@ def _allocate(
 
 
 def _expected_balance_range(
-    slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], caps: Sequence[int], allocation: Allocation,
-    multiple_of: int,
+    slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], fits: Sequence[AffineTimeFit],
+    caps: Sequence[int], allocation: Allocation, multiple_of: int,
 ) -> tuple[float, float]:
     """The allocation's balance efficiency when each GPU type's step time is off by ±1σ of its profile's time
-    model (``planner.allocate.uncertainty``); caps rounded down to ``multiple_of`` as the bound is."""
+    model (``planner.allocate.uncertainty``), every device at its own curve ``fits`` (the one the allocation
+    used); caps rounded down to ``multiple_of`` as the bound is."""
     return balance_efficiency_range(
-        [profiles[s.profile].time_fit.intercept_s for s in slots],
-        [profiles[s.profile].time_fit.s_per_sample for s in slots],
+        [fit.intercept_s for fit in fits],
+        [fit.s_per_sample for fit in fits],
         [cap // multiple_of * multiple_of for cap in caps],
         allocation.batches,
         allocation.included,
@@ -149,6 +156,7 @@ def _expected_balance_range(
 def _rank_entries(
     slots: Sequence[RankSlot],
     caps: Sequence[int],
+    fits: Sequence[AffineTimeFit],
     batches: Sequence[int],
     idle_fractions: Sequence[float],
     profiles: Mapping[str, DeviceProfile],
@@ -159,7 +167,8 @@ def _rank_entries(
     world_size = len(slots)
     local_counts: dict[str, int] = {}
     ranks = []
-    for rank, (slot, cap, batch, idle) in enumerate(zip(slots, caps, batches, idle_fractions, strict=True)):
+    node_ranks = {node: i for i, node in enumerate(node_order)}
+    for rank, (slot, cap, fit, batch, idle) in enumerate(zip(slots, caps, fits, batches, idle_fractions, strict=True)):
         profile = profiles[slot.profile]
         local_rank = local_counts.get(slot.node, 0)
         local_counts[slot.node] = local_rank + 1
@@ -167,18 +176,18 @@ def _rank_entries(
             RankEntry(
                 rank=rank,
                 node=slot.node,
-                node_rank=node_order.index(slot.node),
+                node_rank=node_ranks[slot.node],
                 local_rank=local_rank,
                 device_index=slot.device_index,
                 gpu=slot.gpu,
                 profile=slot.profile,
                 batch=batch,
                 max_batch=int(cap),
-                loss_weight=batch * world_size / step_batch,
+                loss_weight=loss_weight_of(batch, world_size, step_batch),
                 predicted_memory_bytes=profile.memory_bytes(batch),
                 memory_budget_bytes=int(slot.memory_budget_bytes),
                 total_memory_bytes=int(slot.total_memory_bytes),
-                predicted_step_time_s=profile.step_time_s(batch) / slot.speed_factor,
+                predicted_step_time_s=fit.predict_s(batch),
                 idle_fraction=idle,
                 speed_factor=float(slot.speed_factor),
             )
@@ -197,16 +206,18 @@ def _node_entries(
 ) -> tuple[NodeEntry, ...]:
     """Each node with its CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank order), its torchrun line and
     its environment, built from checked values (``planner.plan.launch.NodeLaunch``)."""
-    node_order = list(dict.fromkeys(r.node for r in ranks))
+    devices: dict[str, list[str]] = {}  # node -> its ranks' devices in local-rank order (dicts keep node order)
+    for r in ranks:
+        devices.setdefault(r.node, []).append(slots[r.rank].visible_id or str(r.device_index))
     nodes = []
-    for node_rank, name in enumerate(node_order):
+    for node_rank, (name, node_devices) in enumerate(devices.items()):
         launch = NodeLaunch(
-            nnodes=len(node_order),
+            nnodes=len(devices),
             node_rank=node_rank,
-            nproc_per_node=sum(1 for r in ranks if r.node == name),
+            nproc_per_node=len(node_devices),
             master_addr=master_addr,
             master_port=master_port,
-            cuda_visible_devices=",".join(slots[r.rank].visible_id or str(r.device_index) for r in ranks if r.node == name),
+            cuda_visible_devices=",".join(node_devices),
             script=script,
             plan_path=plan_path,
         )

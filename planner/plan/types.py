@@ -17,7 +17,8 @@ from enum import Enum
 from typing import Any
 
 from planner.allocate.advice import Advice
-from planner.job import JobSpec
+from planner.job import JobSpec, Mode
+from planner.plan.derived import check_identities
 from planner.profiles.profile import DeviceProfile
 
 
@@ -131,8 +132,15 @@ class RankEntry:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RankEntry:
-        return cls(**{name: data[name] for name in _RANK_REQUIRED}, idle_fraction=data.get("idle_fraction"),
-                   speed_factor=data.get("speed_factor", 1.0))
+        """The entry of a validated document (``planner.plan.validate.check_rank_fields`` checked its fields).
+
+        Built without the dataclass ``__init__`` (which sets each of 16 fields through ``object.__setattr__``):
+        a 65,536-rank plan has that many entries, and ``show`` must take seconds, not tens of seconds."""
+        entry = object.__new__(cls)
+        values = {name: data[name] for name in _RANK_REQUIRED}
+        values.update(idle_fraction=data.get("idle_fraction"), speed_factor=data.get("speed_factor", 1.0))
+        entry.__dict__.update(values)
+        return entry
 
 
 _RANK_REQUIRED = tuple(f for f in RankEntry.__dataclass_fields__ if f not in ("idle_fraction", "speed_factor"))
@@ -206,7 +214,7 @@ class Plan:
     predicted_step_time_s: float
     throughput_samples_per_s: float
     balance_efficiency: float
-    mode: str
+    mode: Mode
     alternatives: dict[str, float] | None
     """throughput of the options the advice compared; None in plans written without it"""
     ranks: tuple[RankEntry, ...]
@@ -268,11 +276,17 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "plan") -> Plan:
-        """The plan of a validated document (``planner.plan.io.validate_plan`` checks the fields first)."""
+        """The plan of a document whose fields are of their types (``planner.plan.validate.validate_plan``
+        checks them first), its identities checked (``planner.plan.derived.check_identities``).
+
+        Raises:
+            ConfigError: an identity between the fields is broken, naming ``where``.
+        """
         launch = data.get("launch")
-        return cls(
+        plan = cls(
             **{name: data[name] for name in _PLAN_SCALARS},
             job=JobSpec.from_json(data["job"]),
+            mode=Mode(data["mode"]),
             alternatives=dict(data["alternatives"]) if data.get("alternatives") is not None else None,
             balance_efficiency_range=(
                 tuple(data["balance_efficiency_range"]) if data.get("balance_efficiency_range") is not None else None
@@ -286,8 +300,10 @@ class Plan:
             notes=tuple(data.get("notes", ())),
             extra={k: v for k, v in data.items() if k not in _PLAN_FIELDS},
         )
+        check_identities(plan, where)
+        return plan
 
 
 _PLAN_SCALARS = ("schema", "created", "world_size", "global_batch", "accumulate", "step_batch",
-                 "predicted_step_time_s", "throughput_samples_per_s", "balance_efficiency", "mode")
+                 "predicted_step_time_s", "throughput_samples_per_s", "balance_efficiency")
 _PLAN_FIELDS = frozenset(Plan.__dataclass_fields__) - {"advice", "extra"}

@@ -160,7 +160,8 @@ class RayBackend:
         self.actor_addresses: dict[str, str] = {}  # group id -> its node's address (the link probe's rendezvous)
         for group_id, (ray_node, sim_nodes) in groups.items():
             self.actor_addresses[group_id] = ray_node.address
-            label = sim_nodes[0].name if sim_nodes else ray_node.address
+            # a real node by address and Ray node id: several raylets may share one host's address
+            label = sim_nodes[0].name if sim_nodes else f"{ray_node.address}-{ray_node.node_id[:8]}"
             name = f"batchplan-probe-{label}-{self.run_id}"
             self.actor_names[group_id] = name
             self.actors[group_id] = remote_probe.options(

@@ -109,6 +109,30 @@ def _accepts_connections(address: str) -> bool:
         return False
 
 
+def _gcs_address(address: str) -> str | None:
+    """The ``host:port`` of the GCS that ``address`` names (``auto``: the cluster running here), or None for
+    a Ray Client address (``ray://``) or an ``auto`` that finds nothing."""
+    if address == "auto":
+        found = running_local_cluster()
+        address = found[0] if found is not None else ""
+    host, _, port_text = address.rpartition(":")
+    if "://" in address or not host or not port_text.isdigit():
+        return None
+    return address
+
+
+def _is_loopback(gcs_address: str) -> bool:
+    import ipaddress
+
+    host = gcs_address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def running_local_cluster() -> tuple[str, str] | None:
     """``(address, where it was found)`` of a Ray cluster ``ray.init()`` would join here, or None.
 
@@ -140,11 +164,16 @@ def _own_cluster_only() -> Iterator[None]:
 
     saved_address = os.environ.pop("RAY_ADDRESS", None)
     write, reset = ray_utils.write_ray_address, ray_common_utils.reset_ray_address
+    set_sigterm = ray_utils.set_sigterm_handler
     ray_utils.write_ray_address = ray_common_utils.reset_ray_address = lambda *args, **kwargs: None
+    # keep this process's SIGTERM handler while its Ray starts: Ray's in-process head would drain for 30 s and
+    # exit 1, ray.init's would sys.exit(15); ours stops everything like Ctrl-C (planner.cli.signals)
+    ray_utils.set_sigterm_handler = lambda *args, **kwargs: None
     try:
         yield
     finally:
         ray_utils.write_ray_address, ray_common_utils.reset_ray_address = write, reset
+        ray_utils.set_sigterm_handler = set_sigterm
         if saved_address is not None:
             os.environ["RAY_ADDRESS"] = saved_address
 
@@ -257,8 +286,9 @@ def ray_session(
             address = found[0]
             log.info("found a running Ray cluster at %s (from %s): joining it, as --address auto would "
                      "(give --cluster FILE to plan a simulated cluster instead)", *found)
-    if address is None:
-        _keep_ray_on_loopback()
+    gcs_address = _gcs_address(address) if address is not None else None
+    if address is None or (gcs_address is not None and _is_loopback(gcs_address)):
+        _keep_ray_on_loopback()  # a cluster on 127.0.0.1 is joined from this host, as 127.0.0.1
     import ray
 
     if ray.is_initialized():
@@ -267,6 +297,10 @@ def ray_session(
 
     if address is not None:
         _check_reachable(address)
+        if gcs_address is not None:
+            from planner.probing.ray_auth import prepare_join_auth
+
+            prepare_join_auth(gcs_address)
         try:
             with _keeping_sigterm_handler():
                 ray.init(address=address, **_init_kwargs())
@@ -302,7 +336,8 @@ def _local_ray(num_raylets: int, started_env: dict[str, str]) -> Iterator[None]:
             if num_raylets > 0:
                 with _own_cluster_only(), _environment(started_env):
                     cluster = _start_simulated_cluster(num_raylets)
-                    ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+                    with _signals_held(sigterm):  # the driver's core worker installs C++ handlers here
+                        ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
             else:
                 log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
                 with _own_cluster_only(), _environment(started_env):
@@ -322,6 +357,27 @@ def _local_ray(num_raylets: int, started_env: dict[str, str]) -> Iterator[None]:
                 with contextlib.suppress(Exception), _own_cluster_only():
                     cluster.shutdown()
             _restore_sigterm_handler(sigterm)
+
+
+@contextlib.contextmanager
+def _signals_held(handler) -> Iterator[None]:
+    """SIGINT and SIGTERM held pending while a driver connects to a cluster started here (which starts no
+    process: nothing inherits the mask), then delivered to ``handler``, put back first. Ray's core worker
+    installs a C++ SIGTERM handler that dumps a stack and aborts; a signal in that window ended batchplan with
+    SIGABRT instead of a clean teardown. Main thread only (elsewhere nothing is held)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        _restore_sigterm_handler(handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a pending signal is delivered now, to ours
 
 
 def _start_simulated_cluster(num_raylets: int):

@@ -4,27 +4,36 @@ Pure Python (no torch): ``load_rank_plan`` can run before ``init_process_group``
 match the plan (wrong number of processes, nodes started in a different order) fails with a message that
 says how to launch, before any collective could hang.
 
-The plan is checked by ``planner.plan.validate.validate_plan``, the one validator ``show`` and the writer use too
-(finite numbers, every cross-field identity including each rank's ``loss_weight = batch · world_size /
-step_batch``); this module adds what only the running job can check: the launcher's environment against
-the plan.
+A rank reads only its part of an indexed plan file (``planner.plan.rank_view``: the header, its entry, its
+node; under a second at 65,536 ranks) and checks it with the validator's own rules, which ``show`` and the
+writer use too (finite numbers, types, each rank's ``loss_weight = batch · world_size / step_batch`` and step
+time); a plan without a matching index is read and validated whole. This module adds what only the running
+job can check: the launcher's environment against the plan, and the GPU the rank runs on against its entry
+(``planner.runtime.rank_gpu``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import ConfigError
+from planner.plan.derived import WEIGHT_REL_TOLERANCE as _WEIGHT_REL_TOLERANCE
 from planner.runtime.weights import loss_weight as expected_loss_weight
+
+if TYPE_CHECKING:
+    from planner.plan.rank_view import RankView
+    from planner.plan.types import NodeEntry, Plan
+    from torchkit.hardware.nvml import GpuStats
 
 __all__ = ["RankPlan", "load_rank_plan"]
 
-from planner.plan.validate import WEIGHT_REL_TOLERANCE as _WEIGHT_REL_TOLERANCE
+#: most nodes a launch summary in an error names (a plan can have thousands)
+_MAX_SUMMARY_NODES = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,49 +92,77 @@ class RankPlan:
 
 
 def load_rank_plan(
-    plan: str | os.PathLike | Mapping[str, Any],
+    plan: str | os.PathLike | Mapping[str, Any] | Plan,
     rank: int | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    gpu: GpuStats | None = None,
+    check_gpu: bool = True,
 ) -> RankPlan:
     """This process's entry of a plan.
 
     Args:
-        plan: path of a ``plan.json`` (read with ``planner.plan.io.read_plan``) or the plan as a mapping
-            (checked with ``planner.plan.io.validate_plan``).
+        plan: path of a ``plan.json`` (only this rank's part is read where the file has its index:
+            ``planner.plan.rank_view``), the plan as a mapping (checked with ``planner.plan.io.validate_plan``)
+            or a typed ``Plan``.
         rank: the global rank; default ``RANK`` from the environment (set by torchrun), or 0 for a
             one-rank plan started without a launcher.
-        env: the environment to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``GROUP_RANK`` from;
-            default ``os.environ``.
+        env: the environment to read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK`` and
+            ``CUDA_VISIBLE_DEVICES`` from; default ``os.environ``.
+        gpu: the GPU this rank runs on; default: read through NVML when the process runs under its node's
+            ``CUDA_VISIBLE_DEVICES`` (``planner.runtime.rank_gpu``).
+        check_gpu: False to skip the GPU check.
 
     Raises:
         ConfigError: the plan is malformed; no rank is given or in the environment; ``WORLD_SIZE`` is not
             the plan's world size; torchrun numbered this process differently from the plan (``LOCAL_RANK``
             or ``GROUP_RANK`` disagree with the plan's entry for ``RANK``); a loss weight does not match
-            its batch.
+            its batch; the GPU is not the type (or memory) its entry was planned for.
     """
-    from planner.plan.io import read_plan, validate_plan  # numpy-level imports, only when a plan is read
+    from planner.plan.io import load_plan, validate_plan  # numpy-level imports, only when a plan is read
+    from planner.plan.rank_view import rank_view, read_rank_view
+    from planner.plan.types import Plan
 
     environ: Mapping[str, str] = os.environ if env is None else env
-    if isinstance(plan, Mapping):
-        data = dict(plan)
+    env_rank = _env_int(environ, "RANK")
+    if isinstance(plan, Plan | Mapping):
         where = "plan"
-        validate_plan(data, where=where)
+        typed = plan if isinstance(plan, Plan) else validate_plan(dict(plan), where=where)
+        view = rank_view(typed, _choose_rank(rank, env_rank, environ, where, typed.world_size, lambda: typed.nodes))
+        whole: Callable[[], Plan] = lambda: typed  # noqa: E731
     else:
         where = str(plan)
-        data = read_plan(Path(plan))
+        view = read_rank_view(Path(plan), lambda world_size, nodes: _choose_rank(
+            rank, env_rank, environ, where, world_size, nodes))
+        whole = lambda: load_plan(Path(plan))  # noqa: E731
+    entry = view.entry
+    this_process = env_rank == entry.rank  # the environment describes this very process
+    if this_process:
+        # torchrun's numbering must match the plan's, or this rank would take the batch planned for another GPU
+        _check_launch_position(environ, view, where)
+    if check_gpu and (gpu is not None or this_process):
+        from planner.runtime.rank_gpu import check_rank_gpu, local_gpu
 
-    world_size: int = data["world_size"]
-    ranks: list[dict[str, Any]] = data["ranks"]
-    batches = tuple(int(r["batch"]) for r in ranks)
+        here = gpu if gpu is not None else local_gpu(view, environ)
+        if here is not None:
+            check_rank_gpu(view, here, where, whole)
+    return RankPlan(rank=entry.rank, world_size=view.world_size, local_rank=entry.local_rank,
+                    node_rank=entry.node_rank, batch=entry.batch, loss_weight=entry.loss_weight,
+                    step_batch=view.step_batch, global_batch=view.global_batch, accumulate=view.accumulate,
+                    device_index=entry.device_index, gpu=entry.gpu, batches=view.batches)
 
+
+def _choose_rank(
+    rank: int | None, env_rank: int | None, environ: Mapping[str, str], where: str, world_size: int,
+    nodes: Callable[[], Sequence[NodeEntry]],
+) -> int:
+    """The rank to read, once the plan's world size is known; ``WORLD_SIZE`` must be it."""
     env_world_size = _env_int(environ, "WORLD_SIZE")
     if env_world_size is not None and env_world_size != world_size:
         raise ConfigError(
             f"{where} is for {world_size} ranks but WORLD_SIZE={env_world_size}: re-plan for the devices this "
-            f"job has, or launch with the plan's torchrun lines (nodes[].torchrun: {_launch_summary(data)})"
+            f"job has, or launch with the plan's torchrun lines (nodes[].torchrun: {_launch_summary(nodes())})"
         )
-
-    env_rank = _env_int(environ, "RANK")
     if rank is None and env_rank is None and world_size == 1:
         rank = 0  # a one-rank plan run as plain `python train.py`: there is only one entry to take
     if rank is None:
@@ -137,45 +174,28 @@ def load_rank_plan(
         rank = env_rank
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank!r} is not in {where} (it has ranks 0..{world_size - 1})")
-
-    entry = ranks[rank]
-    if env_rank == rank:
-        # the environment describes this very process: torchrun's numbering must match the plan's, or this
-        # rank would take the batch planned for a different GPU
-        _check_launch_position(environ, entry, where, data)
-
-    return RankPlan(
-        rank=rank,
-        world_size=world_size,
-        local_rank=int(entry["local_rank"]),
-        node_rank=int(entry["node_rank"]),
-        batch=int(entry["batch"]),
-        loss_weight=float(entry["loss_weight"]),
-        step_batch=int(data["step_batch"]),
-        global_batch=int(data["global_batch"]),
-        accumulate=int(data["accumulate"]),
-        device_index=int(entry["device_index"]),
-        gpu=str(entry["gpu"]),
-        batches=batches,
-    )
+    return rank
 
 
-def _check_launch_position(environ: Mapping[str, str], entry: Mapping[str, Any], where: str, data: Mapping) -> None:
-    rank = entry["rank"]
+def _check_launch_position(environ: Mapping[str, str], view: RankView, where: str) -> None:
+    entry = view.entry
     for variable, field in (("LOCAL_RANK", "local_rank"), ("GROUP_RANK", "node_rank")):
         value = _env_int(environ, variable)
-        if value is not None and value != entry[field]:
+        planned = getattr(entry, field)
+        if value is not None and value != planned:
             raise ConfigError(
-                f"{where} puts rank {rank} on node {entry['node']!r} as {field} {entry[field]}, but torchrun "
+                f"{where} puts rank {entry.rank} on node {entry.node!r} as {field} {planned}, but torchrun "
                 f"started it with {variable}={value}: the nodes were launched in a different order or shape "
-                f"than planned. Run each node's own line from the plan (static rendezvous with --node-rank: "
-                f"{_launch_summary(data)})"
+                f"than planned. Run each node's own line from the plan (static rendezvous with --node-rank; "
+                f"this rank's node is {_launch_summary([view.node])})"
             )
 
 
-def _launch_summary(data: Mapping[str, Any]) -> str:
-    nodes = data.get("nodes") or []
-    parts = [f"{n['name']}: --node-rank {n['node_rank']} --nproc-per-node {n['nproc_per_node']}" for n in nodes]
+def _launch_summary(nodes: Sequence[NodeEntry]) -> str:
+    parts = [f"{n.name}: --node-rank {n.node_rank} --nproc-per-node {n.nproc_per_node}"
+             for n in nodes[:_MAX_SUMMARY_NODES]]
+    if len(nodes) > _MAX_SUMMARY_NODES:
+        parts.append(f"... {len(nodes)} nodes in all, see batchplan show PLAN")
     return "; ".join(parts) if parts else "see batchplan show plan.json"
 
 

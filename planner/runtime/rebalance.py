@@ -55,7 +55,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -76,6 +76,9 @@ from planner.runtime.simulate import SimulatedSpeed
 from planner.runtime.weights import loss_weight as split_loss_weight
 from torchkit.step.fit import AffineTimeFit
 
+if TYPE_CHECKING:
+    from planner.plan.types import Plan
+
 __all__ = ["RebalanceReport", "Rebalancer", "Switch", "limits_from_plan", "samples_once"]  # report names re-exported
 
 log = logging.getLogger(__name__)
@@ -83,22 +86,20 @@ log = logging.getLogger(__name__)
 DecideFn = Callable[..., Decision | None]
 
 
-def limits_from_plan(plan: Mapping[str, Any]) -> tuple[tuple[RankLimits, ...], int, int]:
+def limits_from_plan(plan: Plan) -> tuple[tuple[RankLimits, ...], int, int]:
     """Every rank's limits (cap, prior time curve, memory budget and slope) and the job's multiple-of and
-    minimum batch, from a validated plan.json document."""
+    minimum batch, from a typed (so validated) plan."""
     limits = []
-    for entry in plan["ranks"]:
-        profile = plan["profiles"][entry["profile"]]
-        time_fit = profile["time_fit"]
-        memory_fit = profile.get("memory_fit") or {}
+    for entry in plan.ranks:
+        profile = plan.profiles[entry.profile]
+        memory_fit = profile.memory_fit
         limits.append(RankLimits(
-            cap=int(entry["max_batch"]),
-            prior=AffineTimeFit(intercept_s=float(time_fit["intercept_s"]), s_per_sample=float(time_fit["s_per_sample"])),
-            memory_budget_bytes=int(entry["memory_budget_bytes"]),
-            bytes_per_sample=float(memory_fit["bytes_per_sample"]) if memory_fit.get("kind") == "affine" else None,
+            cap=entry.max_batch,
+            prior=AffineTimeFit(intercept_s=profile.time_fit.intercept_s, s_per_sample=profile.time_fit.s_per_sample),
+            memory_budget_bytes=entry.memory_budget_bytes,
+            bytes_per_sample=float(memory_fit.bytes_per_sample) if memory_fit.kind == "affine" else None,
         ))
-    job = plan.get("job") or {}
-    return tuple(limits), int(job.get("multiple_of") or 1), int(job.get("min_batch") or 1)
+    return tuple(limits), plan.job.multiple_of, plan.job.min_batch
 
 
 class _Clock:
@@ -192,8 +193,8 @@ class Rebalancer:
         self._intervals: list[tuple[Any, Any]] = []
         self._step_splits: list[tuple[int, ...]] = []
         self._peak_bytes: int | None = None
-        self.plan: dict | None = None
-        """the plan document (set by ``from_plan``); what ``write_feedback`` updates"""
+        self.plan: Plan | None = None
+        """the typed plan (set by ``from_plan``); what ``write_feedback`` updates"""
         if ddp is not None and isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(None, self._comm_hook)
             ddp.module.register_forward_pre_hook(self._forward_pre_hook)
@@ -203,31 +204,32 @@ class Rebalancer:
     @classmethod
     def from_plan(
         cls,
-        plan: str | Path | Mapping[str, Any],
+        plan: str | Path | Mapping[str, Any] | Plan,
         sampler: PlannedBatchSampler,
         ddp: torch.nn.Module | None,
         **options: Any,
     ) -> Rebalancer:
         """The re-balancer for a plan: a path of plan.json, the document as a mapping (``autobatch_ddp``'s), or
-        a typed plan with ``to_json()``.
+        a typed ``Plan``; every form is validated into the typed plan.
 
         Options are those of the constructor (``policy``, ``simulate``, ``device``, ...).
         """
-        from planner.plan.io import read_plan, validate_plan
+        from planner.plan.io import load_plan, validate_plan
+        from planner.plan.types import Plan
 
-        if hasattr(plan, "to_json"):
-            plan = plan.to_json()
-        if isinstance(plan, Mapping):
-            data = dict(plan)
-            validate_plan(data)
+        if isinstance(plan, Plan):
+            typed = plan
+        elif isinstance(plan, Mapping):
+            typed = validate_plan(dict(plan))
         else:
-            data = read_plan(plan)
-        if [int(r["batch"]) for r in data["ranks"]] != list(sampler.batches):
-            raise ConfigError(f"the sampler's batches {list(sampler.batches)} are not the plan's "
-                              f"{[r['batch'] for r in data['ranks']]} (build the sampler from this plan)")
-        limits, multiple_of, min_batch = limits_from_plan(data)
+            typed = load_plan(plan)
+        batches = [r.batch for r in typed.ranks]
+        if batches != list(sampler.batches):
+            raise ConfigError(f"the sampler's batches {list(sampler.batches)} are not the plan's {batches} (build the "
+                              "sampler from this plan)")
+        limits, multiple_of, min_batch = limits_from_plan(typed)
         rebalancer = cls(sampler, ddp, limits, multiple_of=multiple_of, min_batch=min_batch, **options)
-        rebalancer.plan = data
+        rebalancer.plan = typed
         return rebalancer
 
     # --------------------------------------------------------------------------------- in the step
@@ -404,8 +406,8 @@ class Rebalancer:
         return build_report(self.splits, self.measures, self.switches, warmup_steps=self.policy.warmup_steps)
 
     def feedback(self) -> tuple[dict, dict]:
-        """The updated plan (final batches, weights, ``measured`` section) and the measured profiles by
-        cache key (``planner.runtime.rebalance_feedback``). Needs ``from_plan``."""
+        """The updated plan's JSON document (final batches, weights, ``measured`` section) and the measured
+        profiles by cache key (``planner.runtime.rebalance_feedback``). Needs ``from_plan``."""
         from planner.runtime.rebalance_feedback import measured_profiles, measured_section, updated_plan
 
         if self.plan is None:
@@ -416,7 +418,7 @@ class Rebalancer:
                                    prior_weight=self.policy.prior_weight, simulated=simulated)
         profiles = measured_profiles(self.plan, usable, prior_weight=self.policy.prior_weight,
                                      note=f"declared simulation: {simulated}" if simulated else "")
-        return updated_plan(self.plan, section), profiles
+        return updated_plan(self.plan, section).to_json(), profiles
 
     def write_feedback(self, plan_path: str | Path | None, cache_dir: str | Path | None = None) -> list[Path]:
         """On rank 0: write the updated plan to ``plan_path`` (atomically; None: not written) and the measured
@@ -430,14 +432,17 @@ class Rebalancer:
         from planner.plan.io import write_plan
         from planner.profiles.cache import ProfileCache
         from planner.profiles.measured import measured_key_inputs
+        from planner.runtime.rebalance_feedback import measured_fingerprint
 
         plan, profiles = self.feedback()
+        job = self.plan.job.to_json()
+        fingerprint = measured_fingerprint(job)
         written = []
         if plan_path is not None:
             written.append(write_plan(plan, plan_path))
         cache = ProfileCache(cache_dir)
         written.extend(
-            cache.put(key, profile, inputs=measured_key_inputs(self.plan.get("job") or {}, profile.gpu, profile.amp))
+            cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp, fingerprint=fingerprint))
             for key, profile in profiles.items()
         )
         return written

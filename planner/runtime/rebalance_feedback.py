@@ -1,8 +1,9 @@
 """What a re-balanced job leaves for the next plan: measured profiles in the profile cache, and the plan file
 updated with the batches that ran and a ``measured`` section.
 
-Pure (no torch): it works on the gathered ``StepMeasure`` list and the plan document, so the planner side
-(``--method auto`` in the driver) can read what it wrote without importing the runtime's torch parts.
+Pure (no torch): it works on the gathered ``StepMeasure`` list and the typed ``Plan`` (its ``DeviceProfile``s),
+so the planner side (``--method auto`` in the driver) can read what it wrote without importing the runtime's
+torch parts.
 
 Measured profiles. For every GPU type in the job, the compute times all ranks of that type measured
 (medians per batch) become the profile's time points, refitted with the plan profile's curve as prior
@@ -24,8 +25,9 @@ import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from planner.plan.derived import check_identities
 from planner.profiles.measured import MEASURED_METHOD, measured_profile_key
 from planner.profiles.profile import DeviceProfile
 from planner.runtime.rebalance_model import (
@@ -36,9 +38,13 @@ from planner.runtime.rebalance_model import (
     median_points,
 )
 from planner.runtime.weights import loss_weights
-from torchkit.step.fit import AffineTimeFit, fit_memory
+from torchkit.step.fit import fit_memory, time_fit_from_json
 
-__all__ = ["MEASURED_METHOD", "measured_profile_key", "measured_profiles", "measured_section", "updated_plan"]
+if TYPE_CHECKING:
+    from planner.plan.types import Plan
+
+__all__ = ["MEASURED_METHOD", "measured_fingerprint", "measured_profile_key", "measured_profiles", "measured_section",
+           "updated_plan"]
 
 
 def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> list[tuple[int, float, int]]:
@@ -49,21 +55,33 @@ def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> lis
     return [(b, statistics.median(ts), len(ts)) for b, ts in sorted(by_batch.items())]
 
 
+def measured_fingerprint(job: Mapping[str, Any]) -> str:
+    """The workload fingerprint of a plan's ``job`` (a ``JobSpec.to_json()``), the part of a measured profile's
+    key that names the model's step (``planner.profiling.job_fingerprint``); "" for a plan without a model."""
+    from planner.job import JobSpec
+    from planner.profiling import job_fingerprint
+
+    if not job.get("model"):
+        return ""
+    return job_fingerprint(JobSpec.from_json(dict(job)))[0]
+
+
 def measured_profiles(
-    plan: Mapping[str, Any],
+    plan: Plan,
     measures: Sequence[StepMeasure],
     *,
     prior_weight: float = 1.0,
     note: str = "",
 ) -> dict[str, DeviceProfile]:
     """One measured profile per GPU type of the plan, keyed by :func:`measured_profile_key`."""
-    job = plan.get("job") or {}
+    job = plan.job.to_json()
+    fingerprint = measured_fingerprint(job)
     types: dict[str, list[int]] = {}
-    for entry in plan["ranks"]:
-        types.setdefault(entry["gpu"], []).append(int(entry["rank"]))
+    for entry in plan.ranks:
+        types.setdefault(entry.gpu, []).append(entry.rank)
     out: dict[str, DeviceProfile] = {}
     for gpu, ranks in types.items():
-        base = DeviceProfile.from_json(plan["profiles"][plan["ranks"][ranks[0]]["profile"]])
+        base = plan.profiles[plan.ranks[ranks[0]].profile]
         points = _pooled_points(measures, ranks)
         time_fit = fit_rank_time(points, base.time_fit, prior_weight)
         notes = [f"{gpu}: step time measured in a running job ({len(measures)} steps on {len(ranks)} rank(s)"
@@ -81,14 +99,14 @@ def measured_profiles(
             notes.append(f"{gpu}: memory from the job's measured peak reserved bytes at batches {sorted(peaks)}")
         else:
             notes.append(f"{gpu}: memory curve from the plan's {base.method} profile (no peaks measured at two batches)")
-        out[measured_profile_key(job, gpu, base.amp)] = dataclasses.replace(
+        out[measured_profile_key(job, gpu, base.amp, fingerprint=fingerprint)] = dataclasses.replace(
             base, method=MEASURED_METHOD, time_points=tuple((b, t) for b, t, _ in points), time_fit=time_fit,
             notes=tuple(notes), **memory)
     return out
 
 
 def measured_section(
-    plan: Mapping[str, Any],
+    plan: Plan,
     measures: Sequence[StepMeasure],
     report: Any,
     limits: Sequence[RankLimits],
@@ -98,12 +116,12 @@ def measured_section(
 ) -> dict[str, Any]:
     """The plan's ``measured`` section: what ran, what each rank measured, the refitted curves."""
     ranks = []
-    for entry in plan["ranks"]:
-        rank = int(entry["rank"])
+    for entry in plan.ranks:
+        rank = entry.rank
         points = median_points(measures, rank)
         fit = fit_rank_time(points, limits[rank].prior, prior_weight)
         peaks = sorted({(m.batches[rank], m.peak_bytes[rank]) for m in measures if m.peak_bytes is not None})
-        ranks.append({"rank": rank, "gpu": entry["gpu"], "time_points": [[b, t] for b, t, _ in points],
+        ranks.append({"rank": rank, "gpu": entry.gpu, "time_points": [[b, t] for b, t, _ in points],
                       "time_fit": fit.to_json(), "peak_reserved_points": [[b, p] for b, p in peaks]})
 
     def step_s(split: Sequence[int]) -> float | None:
@@ -132,25 +150,19 @@ def measured_section(
     }
 
 
-def updated_plan(plan: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any]:
+def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
     """The plan with the batches that ran last, their loss weights and measured step times, and ``measured``."""
-    new = {key: value for key, value in plan.items()}
     batches = [int(b) for b in section["batches_last"]]
     weights = loss_weights(batches)
-    fits = [AffineTimeFit(intercept_s=r["time_fit"]["intercept_s"], s_per_sample=r["time_fit"]["s_per_sample"])
-            for r in section["ranks"]]
+    fits = [time_fit_from_json(r["time_fit"]) for r in section["ranks"]]
     times = [fit.predict_s(b) for fit, b in zip(fits, batches, strict=True)]
     idle = idle_fractions(times)
-    new["ranks"] = [
-        {**entry, "batch": batches[i], "loss_weight": weights[i], "predicted_step_time_s": times[i],
-         "idle_fraction": idle[i]}
-        for i, entry in enumerate(plan["ranks"])
-    ]
+    ranks = tuple(
+        dataclasses.replace(entry, batch=batches[i], loss_weight=weights[i], predicted_step_time_s=times[i],
+                            idle_fraction=idle[i])
+        for i, entry in enumerate(plan.ranks)
+    )
     step_time = max(times)
-    new["step_batch"] = sum(batches)
-    new["global_batch"] = sum(batches) * int(plan["accumulate"])
-    new["predicted_step_time_s"] = step_time
-    new["throughput_samples_per_s"] = sum(batches) / step_time if step_time > 0 else 0.0
     if section["switches"]:
         what = f"re-balanced in the running job: batches {section['batches_first']} -> {batches}"
     else:
@@ -158,6 +170,10 @@ def updated_plan(plan: Mapping[str, Any], section: Mapping[str, Any]) -> dict[st
     what += f" from measured compute times (max idle {section['max_idle_last']:.1%}; see 'measured')"
     if section.get("simulated"):
         what += f"; {section['simulated']}"
-    new["warnings"] = [*plan.get("warnings", []), what]
-    new["measured"] = dict(section)
-    return new
+    updated = plan.replace(
+        ranks=ranks, step_batch=sum(batches), global_batch=sum(batches) * plan.accumulate,
+        predicted_step_time_s=step_time, throughput_samples_per_s=sum(batches) / step_time if step_time > 0 else 0.0,
+        warnings=(*plan.warnings, what),
+    ).with_extra(measured=dict(section))
+    check_identities(updated, where="re-balanced plan")
+    return updated

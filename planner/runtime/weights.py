@@ -54,6 +54,7 @@ import operator
 from collections.abc import Sequence
 
 from planner.errors import ConfigError
+from planner.plan.derived import loss_weight_of
 
 __all__ = ["loss_weight", "loss_weights", "sum_loss_scale"]
 
@@ -98,7 +99,7 @@ def loss_weight(rank_batch: int, world_size: int, step_batch: int) -> float:
             f"holding at least one sample each (rank_batch ≤ {step_batch - others}; step_batch is the sum of "
             f"all ranks' batches)"
         )
-    return rank_batch * world_size / step_batch
+    return loss_weight_of(rank_batch, world_size, step_batch)
 
 
 def loss_weights(batches: Sequence[int]) -> tuple[float, ...]:

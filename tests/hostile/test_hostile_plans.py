@@ -264,3 +264,88 @@ def test_a_huge_plan_file_is_refused_before_it_is_read(tmp_path) -> None:
     assert_user_error(run_cli("show", path, cwd=tmp_path), 2, "over the limit")
     with pytest.raises(ConfigError, match="over the limit"):
         load_rank_plan(path, rank=0, env={})
+
+
+# --- plans that passed the validator and crashed a renderer (issue 25: no traceback, exit 2) --------------
+
+
+def _job(field: str, value) -> Callable[[dict], None]:
+    return _set(("job", field), value)
+
+
+CRASH_CASES: dict[str, tuple[Callable[[dict], None], str]] = {
+    "alternatives a string": (_set(("alternatives",), "fast"), "alternatives must be dict/null"),
+    "alternatives an int": (_set(("alternatives",), 3), "alternatives must be dict/null"),
+    "alternatives of strings": (_set(("alternatives",), {"balanced": "1000"}), "alternatives['balanced'] must be"),
+    "notes an int": (_set(("notes",), 7), "notes must be list"),
+    "a note an int": (_set(("notes",), [7]), "notes[0] must be a string"),
+    "job.input_shape an int": (_job("input_shape", 5), "job.input_shape must be a list"),
+    "job.input_shape of strings": (_job("input_shape", ["3"]), "job.input_shape ('3',) is invalid"),
+    "a lone surrogate in a warning": (lambda p: p["warnings"].append("ok \ud800"), "lone surrogate"),
+    "a lone surrogate in a node name": (lambda p: _rename_node(p, "node-\udfff"), "lone surrogate"),
+    "job.multiple_of -3": (_job("multiple_of", -3), "job.multiple_of -3 is invalid"),
+    "job.fraction 7": (_job("fraction", 7), "job.fraction 7 is invalid"),
+    "job.amp unknown": (_job("amp", "fp8"), "job.amp 'fp8' is invalid"),
+    "speed_factor 0": (_set(("ranks", 0, "speed_factor"), 0), "speed_factor must be"),
+    "idle_fraction a string": (_set(("ranks", 0, "idle_fraction"), "0.5"), "idle_fraction must be"),
+    "node env of numbers": (_set(("nodes", 0, "env"), {"NODE_RANK": 0}), "env must map names to strings"),
+    "excluded gpu an int": (lambda p: p["excluded"].append({"node": "n", "device_index": 0, "gpu": 4, "reason": "x"}),
+                            "excluded[0].gpu must be str/null"),
+    "a profile's notes an int": (lambda p: next(iter(p["profiles"].values())).__setitem__("notes", 3), "notes must be"),
+    "a point above its own range": (_set(("balance_efficiency_range",), [0.1, 0.2]), "outside its own expected range"),
+    "a rank time off its profile": (lambda p: p["ranks"][0].__setitem__(
+        "predicted_step_time_s", p["ranks"][0]["predicted_step_time_s"] * 2), "ranks[0].predicted_step_time_s"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRASH_CASES))
+def test_plans_that_crashed_show_and_emit_env_are_one_line_errors(planned, tmp_path, case) -> None:
+    """Every field is typed before a renderer sees it; job fields are named as the plan names them, never as
+    the CLI flag that would set them (``--multiple-of``)."""
+    edit, words = CRASH_CASES[case]
+    plan = copy.deepcopy(planned)
+    edit(plan)
+    path = _write(tmp_path, plan)
+    shown = assert_user_error(run_cli("show", path, cwd=tmp_path), 2, words)
+    assert_user_error(run_cli("show", path, "--emit", "env", "--node-rank", "0", cwd=tmp_path), 2, words)
+    assert_user_error(run_cli("show", path, "--json", cwd=tmp_path), 2, words)
+    assert "--multiple-of" not in shown and "--fraction" not in shown
+    with pytest.raises(ConfigError) as refused:
+        load_rank_plan(path, rank=0, env={})
+    assert shown == f"error: {refused.value}"
+
+
+def test_a_plan_written_with_its_index_and_then_tampered_is_refused_by_every_rank_as_by_show(planned, tmp_path):
+    """The index beside a plan (``plan.json.index``) lets a rank read only its part; a plan edited after it was
+    written no longer matches it, and every rank reports what ``show`` reports."""
+    from planner.plan.io import write_plan
+
+    path = write_plan(planned, tmp_path / "plan.json")
+    assert (tmp_path / "plan.json.index").is_file()
+    assert load_rank_plan(path, rank=5, env={}).rank == 5
+    text = path.read_text()
+    path.write_text(text.replace('"loss_weight": ', '"loss_weight": 1', 1))  # rank 0's weight, in place
+    shown = assert_user_error(run_cli("show", path, cwd=tmp_path), 2, "loss_weight")
+    for rank in (0, 5):
+        with pytest.raises(ConfigError) as refused:
+            load_rank_plan(path, rank=rank, env={})
+        assert shown == f"error: {refused.value}"
+
+
+def test_a_small_plan_padded_to_the_size_limit_costs_memory_of_a_few_times_its_size(planned, tmp_path) -> None:
+    """127 MiB of spaces inside a valid plan cost 2.4 GiB to read (a regular expression and an int64 per byte
+    for the nesting count); now the nesting is counted on the quotes and brackets alone."""
+    import subprocess
+    import sys
+
+    from planner.plan.validate import MAX_PLAN_BYTES
+
+    text = json.dumps(planned)
+    path = tmp_path / "padded.json"
+    path.write_text(text[:-1] + " " * (MAX_PLAN_BYTES - len(text) - 16) + "}")
+    code = ("import resource, sys; from planner.plan.io import load_plan; load_plan(sys.argv[1]); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    peak_mib = int(done.stdout.strip()) / 1024  # ru_maxrss is KiB on Linux
+    assert peak_mib < 6 * MAX_PLAN_BYTES / 2**20, f"{peak_mib:.0f} MiB to read a {MAX_PLAN_BYTES >> 20} MiB plan"

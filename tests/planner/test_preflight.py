@@ -182,7 +182,7 @@ def test_a_busy_gpu_skipped_by_the_thresholds_fails_idle_thresholds():
     assert node.selection.selected == (0,)
     check = checks_of(inventories=[node], expected=("node-t4",))["idle_thresholds"]
     assert not check.ok
-    assert check.detail == "node-t4 GPU 1: busy: 97% utilisation > 50%"
+    assert check.detail.startswith("node-t4 GPU 1: busy: 97% utilisation > 50% (free those GPUs, pick others with ")
 
 
 def test_gpus_left_out_because_not_requested_do_not_fail_idle_thresholds():

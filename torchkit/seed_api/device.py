@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from torchkit.errors import ConfigError
 from torchkit.hardware.host import get_cpu_info
-from torchkit.process.device import is_device_index, parse_device
+from torchkit.process.device import (  # noqa: F401  (the seed module keeps every name it had)
+    AUTO_MIN_MEMORY_FRACTION,
+    is_device_index,
+    parse_device,
+    torch_index_by_nvml_index,
+)
 
 if TYPE_CHECKING:
     import torch

@@ -35,6 +35,7 @@ import importlib.metadata
 import inspect
 import json
 import math
+import numbers
 import types
 from collections.abc import Callable
 from enum import Enum
@@ -123,8 +124,13 @@ def value_identity(value: Any, depth: int = 0) -> Any:
     address, a set's order or an id."""
     if value is None or isinstance(value, bool | int | str):
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, numbers.Integral):  # numpy integers and the like
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else repr(number)
+    if isinstance(value, bytes):
+        return ["bytes", hashlib.sha256(value).hexdigest()[:16]]
     if isinstance(value, Enum):
         return f"{_path(type(value))}.{value.name}"
     if isinstance(value, torch.dtype | torch.device | torch.Size):

@@ -1,6 +1,7 @@
 """Hugging Face text models from a config (``hf:ARCH`` or ``hf:path/to/config.json``), fresh weights, no
-download: ``hf:gpt2`` is ``AutoConfig.for_model("gpt2")`` (the architecture's default config), a path is
-read from disk.
+download: ``hf:gpt2`` is ``AutoConfig.for_model("gpt2")`` (the architecture's default config),
+``hf:GPT2LMHeadModel`` (a class name, as a config.json's ``architectures`` lists it) that class on its config
+class's defaults, a path is read from disk.
 
 The model class is the config's own ``architectures[0]`` where it names one, else the first of causal LM,
 masked LM and sequence classification that the architecture has. The inputs are a dict,
@@ -73,6 +74,11 @@ def _config(transformers, spec: str, arch: str):
             return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
         except Exception as e:
             raise WorkloadError(f"model {spec!r}: {arch} is not a Hugging Face config: {type(e).__name__}: {e}") from e
+    model_class = _named_model_class(transformers, arch)
+    if model_class is not None:  # a class name as config.json's "architectures" lists it (GPT2LMHeadModel)
+        config = model_class.config_class()
+        config.architectures = [arch]
+        return config
     try:
         return transformers.AutoConfig.for_model(arch)
     except ValueError as e:
@@ -82,8 +88,24 @@ def _config(transformers, spec: str, arch: str):
         close = difflib.get_close_matches(arch, known, n=3)
         raise WorkloadError(
             f"transformers has no architecture {arch!r} ({'did you mean ' + ', '.join(close) + '? ' if close else ''}"
-            "give a model type such as gpt2, bert, llama, or a path to a config.json)"
+            "give a model type such as gpt2, bert, llama, a model class such as GPT2LMHeadModel, or a path to a "
+            "config.json)"
         ) from e
+
+
+def _named_model_class(transformers, name: str):
+    """The transformers model class called ``name`` (``GPT2LMHeadModel``), or None: only a name that starts
+    upper-case (model types are lower-case) and is a ``PreTrainedModel`` with a config class."""
+    if not name[:1].isupper():
+        return None
+    try:
+        candidate = getattr(transformers, name, None)
+    except Exception:  # transformers' lazy module raises when an optional backend of that class is missing
+        return None
+    base = getattr(transformers, "PreTrainedModel", None)
+    if isinstance(candidate, type) and base is not None and issubclass(candidate, base) and candidate.config_class:
+        return candidate
+    return None
 
 
 def _model_class(transformers, config, spec: str):

@@ -323,7 +323,8 @@ def test_slots_not_grouped_by_node_still_get_torchrun_rank_numbering():
 
 
 def leftovers(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.iterdir() if p.name != "plan.json")
+    """Files besides the plan and its index (``planner.plan.layout``): temporary files left behind."""
+    return sorted(p.name for p in directory.iterdir() if p.name not in ("plan.json", "plan.json.index"))
 
 
 def test_write_then_read_gives_the_same_plan_and_leaves_no_temporary_file(plan, tmp_path):
@@ -345,11 +346,25 @@ def test_a_failure_mid_write_leaves_the_old_file_intact_and_no_temporary_file(pl
     target = tmp_path / "plan.json"
     write_plan(plan, target)
     before = target.read_bytes()
-    def failing_dump(obj, handle, **kwargs):
-        handle.write('{"schema": ')  # a write that fails half-way, as a full disk would
-        raise OSError(28, "No space left on device")
+    real_fdopen = os.fdopen
 
-    monkeypatch.setattr(json, "dump", failing_dump)
+    class HalfWrite:
+        """The temporary file, whose write stops half-way with ENOSPC, as a full disk would."""
+
+        def __init__(self, fd, *args, **kwargs):
+            self.handle = real_fdopen(fd, *args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, text):
+            self.handle.write(text[: len(text) // 2])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("planner.plan.io.os.fdopen", HalfWrite)
     with pytest.raises(ConfigError, match="No space left"):
         write_plan(plan, target)
     assert target.read_bytes() == before
@@ -435,7 +450,7 @@ BAD_PLANS = {
     "nproc sum mismatch": (_mutation("nodes.2.nproc_per_node", 2), "nproc_per_node do not add up to world_size"),
     "malformed profile": (
         lambda plan: plan["profiles"][_first_profile_key(plan)].pop("memory_fit"),
-        "profiles['k-a100'] is malformed",
+        "profiles['k-a100'] lacks the field 'memory_fit'",
     ),
     "inverted efficiency range": (_mutation("balance_efficiency_range", [0.9, 0.8]), "balance_efficiency_range must be"),
     "efficiency range not a pair": (_mutation("balance_efficiency_range", [0.9]), "balance_efficiency_range must be"),
@@ -475,6 +490,7 @@ def test_a_plan_that_is_not_an_object_is_rejected(tmp_path, document):
 def test_validate_plan_accepts_an_int_where_a_float_is_expected(plan):
     plan["predicted_step_time_s"] = 1
     plan["balance_efficiency"] = 1
+    plan["balance_efficiency_range"] = [0, 1]
     validate_plan(plan)
 
 

@@ -41,6 +41,7 @@ def wrong_plan(wrong_by: float, caps: Sequence[int] = (64, 64, 64)) -> dict:
         key = f"p{rank}"
         entry["profile"], entry["max_batch"] = key, int(caps[rank])
         entry["memory_budget_bytes"] = 10**9
+        entry["predicted_step_time_s"] = slopes[rank] * entry["batch"]  # its profile's time (plan/derived.py)
         plan["profiles"][key] = {
             "gpu": entry["gpu"], "method": "estimate", "amp": "off",
             "memory_points": [[1, 1_000_000], [8, 1_700_000]],

@@ -28,6 +28,15 @@ def test_string_path_and_mapping_give_the_same_rank_plan(tmp_path):
     assert load_rank_plan(str(path), rank=1, env={}) == load_rank_plan(make_plan(), rank=1, env={})
 
 
+def test_a_typed_plan_and_an_indexed_file_give_the_same_rank_plan(tmp_path):
+    from planner.plan.io import validate_plan, write_plan
+
+    document = make_plan(batches=(4, 4, 4, 6, 2), nodes=(("a", 3), ("b", 2)))
+    path = write_plan(document, tmp_path / "plan.json")  # with its index: only rank 4's part is read
+    assert load_rank_plan(validate_plan(document), rank=4, env={}) == load_rank_plan(path, rank=4, env={}) \
+        == load_rank_plan(document, rank=4, env={})
+
+
 def test_rank_comes_from_torchrun_environment_when_not_given():
     env = {"RANK": "4", "WORLD_SIZE": "5", "LOCAL_RANK": "1", "GROUP_RANK": "1"}
     plan = load_rank_plan(make_plan(batches=(4, 4, 4, 6, 2), nodes=(("a", 3), ("b", 2))), env=env)

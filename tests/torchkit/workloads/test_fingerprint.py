@@ -163,3 +163,16 @@ def test_library_versions_name_the_libraries_of_the_model_and_of_the_source():
     hf = Workload(name="hf:tiny", sample_shape=(8,), build_model=Block, make_batch=workload.make_batch,
                   loss_fn=workload.loss_fn)
     assert "transformers" in dict(library_versions(hf, model))  # its version, or "not installed"
+
+
+def test_settings_are_hashed_by_value_and_objects_by_type_never_by_address():
+    import numpy as np
+
+    from torchkit.workloads.fingerprint import value_identity
+
+    assert value_identity(np.float32(0.5)) == 0.5 and value_identity(np.int64(3)) == 3
+    assert value_identity(float("nan")) == "nan"
+    assert value_identity({"b": 1, "a": (2.0, None)}) == [["a", [2.0, None]], ["b", 1]]
+    assert value_identity({3, 1, 2}) == value_identity({2, 3, 1})
+    assert value_identity(object()) == value_identity(object()) == ["object", "builtins.object"]
+    assert value_identity(torch.zeros(2, 3)) == ["tensor", [2, 3], "torch.float32"]

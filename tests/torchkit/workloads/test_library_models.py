@@ -25,7 +25,7 @@ def test_cpu_estimate_is_within_5_percent_of_the_real_step_at_two_batches(case: 
     require_library(case)
     workload = get_workload(case.name_with(write_tiny_gpt2_config(tmp_path)), **case.options)
     for batch in case.batches:
-        estimate = estimate_step(workload, batch)
+        estimate = estimate_step(workload, batch, target="cpu")
         truth = measure_cpu_peak(workload, batch)
         assert cpu_peak_bytes(estimate) == pytest.approx(truth.peak_bytes, rel=0.05), (case.model, batch)
 
@@ -173,3 +173,12 @@ def test_yolo_loss_stand_in_and_its_margin_are_stated() -> None:
         get_workload(case.model, imgsz=300)
     with pytest.raises(WorkloadError, match=r"no model YAML 'yolov99z.yaml'"):
         get_workload("ultralytics:yolov99z.yaml")
+
+
+def test_hf_class_name_as_config_json_lists_it_builds_that_class() -> None:
+    case = next(c for c in CASES if c.model.startswith("hf:"))
+    require_library(case)
+    workload = get_workload("hf:GPT2LMHeadModel", seq_len=16)
+    assert workload.description.startswith("Hugging Face GPT2LMHeadModel (gpt2), sequence length 16")
+    with pytest.raises(WorkloadError, match=r"a model class such as GPT2LMHeadModel"):
+        get_workload("hf:NoSuchLMHeadModel", seq_len=16)

@@ -1,0 +1,177 @@
+"""How plan.json is laid out on disk, and the index beside it by which one rank reads its part without
+parsing the whole plan.
+
+The writer (:func:`plan_text`) puts every top-level field on its own lines as ``json.dump(indent=2)`` would,
+except ``ranks`` and ``nodes``, whose entries take one line each (a 65,536-rank plan is then 33 MB instead
+of 45); the document is the same. Beside ``plan.json`` it writes ``plan.json.index`` (:func:`index_path`),
+``{"sha256", "schema", "plan_bytes", "ranks_at", "nodes_at", "ranks", "nodes", "batches"}``: a SHA-256 of the
+plan file's bytes and of the index's other fields, the byte spans ``[start, end)`` of the ``ranks`` and
+``nodes`` arrays and of each of their entries (flat: ``[s0, e0, s1, e1, ...]``), and every rank's batch.
+
+:func:`plan_parts` reads that back: it checks the digest (a plan edited by hand, re-indented by a tool, cut
+short, or written again without its index no longer matches, and is read whole instead), then parses only
+what it is asked for: the header (every field but the two arrays), one rank entry, one node entry; and it
+checks that the entries' ``"batch"`` in the bytes are the index's, so no rank can take another split than
+the file's entries say. Text is ASCII (``json.dumps`` escapes the rest), so character and byte offsets
+agree. A plan without an index (copied alone to a node, ``--json`` output saved by hand, an older file) is
+still a plan, read whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from planner.errors import ConfigError
+from planner.jsonio import check_tree, loads_strict
+
+INDEX_SCHEMA = "batchplan/rank-index@1"
+INDEX_SUFFIX = ".index"
+#: top-level arrays written one entry per line and indexed
+INDEXED_ARRAYS = ("ranks", "nodes")
+_SIGNED = re.compile(rb'\{"sha256":"([0-9a-f]{64})",')
+_BATCH = re.compile(rb'"batch": (\d{1,16})[,}]')
+
+
+def index_path(plan_path: Path) -> Path:
+    """Where the index of the plan file ``plan_path`` lies: ``plan.json`` -> ``plan.json.index``."""
+    return plan_path.with_name(plan_path.name + INDEX_SUFFIX)
+
+
+def plan_text(doc: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The file text of the plan document ``doc`` (field order kept) and of its index (None for a document
+    without ranks and nodes, which the validator refuses anyway)."""
+    pieces: list[str] = ["{\n"]
+    length = 2
+    spans: dict[str, tuple[int, int]] = {}
+    entries: dict[str, list[int]] = {name: [] for name in INDEXED_ARRAYS}
+
+    def put(text: str) -> None:
+        nonlocal length
+        pieces.append(text)
+        length += len(text)
+
+    for i, (key, value) in enumerate(doc.items()):
+        put((",\n" if i else "") + f"  {json.dumps(key)}: ")
+        if key in INDEXED_ARRAYS and isinstance(value, list) and value:
+            start = length
+            put("[\n")
+            for j, item in enumerate(value):
+                put(",\n    " if j else "    ")
+                entries[key].extend((length, length + len(item_text := json.dumps(item))))
+                put(item_text)
+            put("\n  ]")
+            spans[key] = (start, length)
+        else:
+            put(json.dumps(value, indent=2).replace("\n", "\n  "))
+    put("\n}\n")
+    text = "".join(pieces)
+    if set(spans) != set(INDEXED_ARRAYS):
+        return text, None
+    fields = json.dumps({
+        "schema": INDEX_SCHEMA, "plan_bytes": length,
+        "ranks_at": list(spans["ranks"]), "nodes_at": list(spans["nodes"]),
+        "ranks": entries["ranks"], "nodes": entries["nodes"],
+        "batches": [r.get("batch") if isinstance(r, Mapping) else None for r in doc["ranks"]],
+    }, separators=(",", ":"))
+    digest = _digest(text.encode("ascii"), fields.encode("ascii"))
+    return text, f'{{"sha256":"{digest}",{fields[1:]}\n'
+
+
+def _digest(plan: bytes, fields: bytes) -> str:
+    """SHA-256 of the plan file's bytes, then of the index's text without its digest (``{"schema":...}``)."""
+    digest = hashlib.sha256(plan)
+    digest.update(fields)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanParts:
+    """The parts of an indexed plan file one rank reads, parsed but not yet validated."""
+
+    header: dict[str, Any]
+    """every top-level field but the layout's, with ``ranks`` and ``nodes`` empty"""
+    batches: tuple[int, ...]
+    """every rank's batch, in rank order (the index's)"""
+    num_nodes: int
+    raw: bytes
+    """the file's bytes, from which :meth:`rank` and :meth:`node` parse single entries"""
+    rank_spans: tuple[int, ...]
+    node_spans: tuple[int, ...]
+    source: str
+
+    def rank(self, i: int) -> Any:
+        """``ranks[i]`` parsed from its own bytes."""
+        return self._entry(self.rank_spans, i, f"ranks[{i}]")
+
+    def node(self, j: int) -> Any:
+        """``nodes[j]`` parsed from its own bytes."""
+        return self._entry(self.node_spans, j, f"nodes[{j}]")
+
+    def _entry(self, spans: tuple[int, ...], i: int, what: str) -> Any:
+        start, end = spans[2 * i], spans[2 * i + 1]
+        value = loads_strict(self.raw[start:end], source=f"{self.source}: {what}", fix="regenerate the plan")
+        check_tree(value, f"{self.source}: {what}")
+        return value
+
+
+def plan_parts(raw: bytes, index_text: bytes, source: str) -> PlanParts | None:
+    """The indexed parts of the plan file's bytes ``raw`` by its index's bytes ``index_text``; None when the
+    index does not match them (the plan is then read whole, which also gives the error of a damaged file)."""
+    index_text = index_text.rstrip(b"\n")
+    signed = _SIGNED.match(index_text)
+    if signed is None or _digest(raw, b"{" + index_text[signed.end():]) != signed.group(1).decode():
+        return None
+    try:
+        index = loads_strict(index_text, source=source, fix="")
+    except ConfigError:
+        return None
+    spans = _checked_index(index, len(raw))
+    if spans is None or not _batches_match(raw, spans[0], index["batches"]):
+        return None
+    (r0, r1), (n0, n1) = index["ranks_at"], index["nodes_at"]
+    try:
+        header = loads_strict(raw[:r0] + b"[]" + raw[r1:n0] + b"[]" + raw[n1:], source=source,
+                              fix="regenerate the plan")
+    except ConfigError:
+        return None
+    if not isinstance(header, dict):
+        return None
+    return PlanParts(header=header, batches=tuple(index["batches"]), num_nodes=len(spans[1]) // 2, raw=raw,
+                     rank_spans=spans[0], node_spans=spans[1], source=source)
+
+
+def _batches_match(raw: bytes, rank_spans: tuple[int, ...], batches: list[int]) -> bool:
+    """The entries' bytes hold one ``"batch": N`` per rank, in order, and they are the index's batches: an index
+    edited with its digest recomputed still cannot give a rank another split than the entries that the writer
+    wrote (a JSON string cannot hold the unescaped quotes this pattern needs)."""
+    found = _BATCH.findall(raw, rank_spans[0], rank_spans[-1])
+    return len(found) == len(batches) and list(map(int, found)) == batches
+
+
+def _checked_index(index: Any, plan_bytes: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The entry spans of a well-formed index of a plan file of ``plan_bytes`` bytes, in order; else None."""
+    if not (isinstance(index, dict) and index.get("schema") == INDEX_SCHEMA and index.get("plan_bytes") == plan_bytes):
+        return None
+    arrays = [index.get(name) for name in ("ranks_at", "nodes_at", "ranks", "nodes", "batches")]
+    if not all(isinstance(a, list) and all(type(v) is int for v in a) for a in arrays):
+        return None
+    ranks_at, nodes_at, ranks, nodes, batches = arrays
+    if len(ranks_at) != 2 or len(nodes_at) != 2 or not ranks or not nodes or len(ranks) % 2 or len(nodes) % 2:
+        return None
+    if len(batches) != len(ranks) // 2 or any(b < 1 for b in batches):
+        return None
+    for whole, parts in ((ranks_at, ranks), (nodes_at, nodes)):
+        bounds = np.asarray([whole[0], *parts, whole[1]], dtype=np.int64)
+        if not np.all(np.diff(bounds) > 0):  # strictly increasing: entries in order, inside their array
+            return None
+    if not ranks_at[1] < nodes_at[0] or not nodes_at[1] < plan_bytes:
+        return None
+    return tuple(ranks), tuple(nodes)
