@@ -49,14 +49,14 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os
                     ) -> tuple[tuple[int, ...], str]:
     """(gradient bytes per parameter that requires grad, where they come from) for ``job``'s model.
 
-    ``identity``: ``planner.probing.make_profile.job_fingerprint(job)``, the cache key. Raises whatever
+    ``identity``: ``planner.profiling.job_fingerprint(job)``, the cache key. Raises whatever
     building the model raises (the caller reports it and plans without the synchronisation)."""
     path = _cache_path(Path(cache_dir), job, identity) if cache_dir is not None else None
     if path is not None and (cached := _read(path)) is not None:
         return cached, f"{job.model}: {len(cached)} gradient tensors (cached layout, built on the meta device)"
     import torch
 
-    from planner.probing.make_profile import workload_for
+    from planner.profiling.make import workload_for
     from torchkit.estimate.ddp_sync import gradient_bytes_of
 
     workload = workload_for(job)

@@ -151,3 +151,23 @@ def test_intra_overrides_the_catalog_and_a_node_network_the_clusters():
     assert net.intra_link("a", "A100-SXM4-80GB").name == "pcie4"
     assert net.intra_link("b", "T4").bus_bytes_per_s == 50e9 and net.intra_link("b", "T4").step_latency_s == 2e-6
     assert net.network_link("a")[0].bus_bytes_per_s == 25e9 / 8 and net.network_link("b")[0].bus_bytes_per_s == 10e9 / 8
+
+
+@pytest.mark.slow  # estimates ResNet-50 on three GPU types (about a minute on 2 cores)
+def test_demo_mixed_over_1g_and_100g_plans_differ_and_the_slow_one_advises_with_its_gain(tmp_path):
+    from planner.driver import DriverOptions, plan_without_ray
+    from planner.profiles.cache import ProfileCache
+
+    job = JobSpec(model="resnet50", global_batch=768)
+    options = DriverOptions(cache=ProfileCache(tmp_path))
+    slow = plan_without_ray(job, load_cluster("demo-mixed-1g"), options=options).plan
+    fast = plan_without_ray(job, load_cluster("demo-mixed-100g"), options=options).plan
+    for plan in (slow, fast):
+        assert plan.extra["comm"]["gradient_bytes"] > 100e6  # ResNet-50: 25.6 M fp32 parameters
+        assert not any("not modelled" in w for w in plan.warnings)
+    assert slow.predicted_step_time_s > 3 * fast.predicted_step_time_s
+    assert slow.extra["comm"]["exposed_share"] > 0.3 > fast.extra["comm"]["exposed_share"]
+    assert any("no_sync()" in w and "× faster" in w for w in slow.warnings)
+    assert any(w.startswith("dropping") and "× faster" in w for w in slow.warnings)
+    assert not any("no_sync()" in w for w in fast.warnings)
+    assert "exposed sync" in comm_summary(slow.extra) and "of it" in comm_summary(slow.extra)
