@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from planner.errors import ConfigError
+from planner.files import write_file_safely
 from planner.job import JobSpec
 
 _CACHE_SUBDIR = "gradients"
@@ -34,15 +35,13 @@ def _read(path: Path) -> tuple[int, ...] | None:
 
 
 def _write(path: Path, sizes: tuple[int, ...]) -> None:
-    """Temp name, then rename: a reader never sees half a file."""
+    """Written safely (``planner.files``); a cache that cannot be written costs a rebuild next time, nothing else."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"grad_bytes": list(sizes)}, f)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a cache that cannot be written costs a rebuild next time, nothing else
+        write_file_safely(path, json.dumps({"grad_bytes": list(sizes)}), what="gradient layout cache entry",
+                          fix="check the cache directory")
+    except (OSError, ConfigError):
+        pass
 
 
 def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os.PathLike | None

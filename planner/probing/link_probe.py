@@ -17,12 +17,13 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
+from planner.errors import ConfigError
+from planner.files import write_file_safely
 from torchkit.estimate.ddp_sync import LinkCost, fit_link
 from torchkit.units import MIB
 
@@ -93,16 +94,15 @@ def cached_network(cache_dir: str | os.PathLike | None, nodes: Sequence[str]) ->
 
 
 def store_network(cache_dir: str | os.PathLike | None, nodes: Sequence[str], link: LinkCost) -> None:
-    """Cache a measured network for these nodes (temp name, then rename); a failure costs a re-measure."""
+    """Cache a measured network for these nodes (written safely, ``planner.files``); a failure costs a
+    re-measure, nothing else."""
     if cache_dir is None:
         return
     path = _cache_path(cache_dir, nodes)
+    text = json.dumps({"bus_bytes_per_s": link.bus_bytes_per_s, "step_latency_s": link.step_latency_s,
+                       "source": link.source})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"bus_bytes_per_s": link.bus_bytes_per_s, "step_latency_s": link.step_latency_s,
-                       "source": link.source}, f)
-        os.replace(tmp, path)
-    except OSError:
+        write_file_safely(path, text, what="measured network cache entry", fix="check the cache directory")
+    except (OSError, ConfigError):
         pass
