@@ -13,8 +13,8 @@ gradients, DDP's default buckets) trains on a batch of 4. Each layer carries a f
 forward and a backward sleep that stand for a GPU's kernels, so the CPU is free for gloo while "the device"
 computes, as it is on a GPU node; the sleeps sit inside autograd, so the gradients become ready layer by
 layer through the backward pass and DDP's bucket all-reduces overlap it for real. Steps alternate between
-``no_sync()`` (compute alone: forward and backward timed apart, which gives the measured backward share)
-and synchronised (forward to the end of ``backward()``, which returns once DDP's all-reduces are done), each
+``no_sync()`` (compute alone: forward and backward timed apart, which gives the measured backward share; the
+slowest rank's of each step, gathered, since every all-reduce waits for it) and synchronised (forward to the end of ``backward()``, which returns once DDP's all-reduces are done), each
 after a barrier; medians over ``repeats`` of each. ``exposed = step - compute``.
 
 Prediction: the measured compute plus the model's exposed sync (``exposed_sync_s``: DDP's buckets, the ring
@@ -166,10 +166,16 @@ def _run_case(case: Case, repeats: int, world: int) -> dict:
         ddp(x).sum().backward()
         end_sync = time.perf_counter()
         ddp.zero_grad(set_to_none=True)
+        # the slowest rank's compute of this step: the one every all-reduce waits for (the model's premise)
+        mine = torch.tensor([mid - start, end - mid, cpu[-1]], dtype=torch.float64)
+        every = [torch.zeros(3, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(every, mine)
+        slowest = max(every, key=lambda t: float(t[0] + t[1])).tolist()
+        cpu[-1] = slowest[2]
         if i >= 3:
-            fwd.append(mid - start)
-            bwd.append(end - mid)
-            compute.append(end - start)
+            fwd.append(slowest[0])
+            bwd.append(slowest[1])
+            compute.append(slowest[0] + slowest[1])
             step.append(end_sync - start_sync)
             probes.append(probe)
     med = statistics.median
