@@ -114,7 +114,7 @@ def accuracy_rows(cases: list, skip_truth: bool) -> list[dict]:
             rows.append({"workload": name, "size": size, "skipped": str(e)})
             continue
         for batch in batches:
-            estimate = estimate_step(workload, batch, amp=amp, optimizer=optimizer)
+            estimate = estimate_step(workload, batch, amp=amp, optimizer=optimizer, target="cpu")
             row = {
                 "workload": name,
                 "size": size,

@@ -14,6 +14,9 @@ layout cost — what the estimator predicted before this calibration existed):
 Figures, over configurations measured on more than one GPU type (same model, precision, layout):
 ``ratio_error_max`` — the largest |predicted ratio / measured ratio − 1| of two GPUs' throughputs (target
 ±15%); ``inversions`` — pairs measured > 10% apart that the model orders the other way (target 0);
+``within_2sigma`` — share of the rows whose log error is within 2σ of the uncertainty the model states for
+their GPU (target >= 0.90; the σ is calibrated for 95%); ``logo_within_2sigma_unseen`` — the same for
+every row predicted without its GPU type, against the σ an unseen architecture gets;
 ``mix_efficiency_min`` — one GPU of each measured type, the batch split by predicted speed and run at
 measured speed: achieved throughput / the bound (target >= 0.95); ``abs_error_max`` — the largest
 |predicted / measured − 1| throughput of one row (target ±30%).
@@ -36,7 +39,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from torchkit.estimate.calibration.crossval import held_out_predictions, observations_from_rows  # noqa: E402
+from torchkit.estimate.calibration.crossval import (  # noqa: E402
+    held_out_predictions,
+    log_errors,
+    observations_from_rows,
+    within,
+)
 from torchkit.estimate.calibration.data import held_out_ids, read_measured  # noqa: E402
 from torchkit.estimate.calibration.fit import predict  # noqa: E402
 from torchkit.estimate.calibration.tables import load_cuda_peaks, load_tables, table_key  # noqa: E402
@@ -133,11 +141,24 @@ def main() -> int:
     print(f"time_model={model.source}")
     _print("heldout", metrics(rows, shipped, held))
     _print("prior_heldout", metrics(rows, prior, held))
-    _print("logo", metrics(rows, held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: o.gpu.name), everything))
+    _print("heldout", coverage(observations, shipped, held, model, catalog))
+    logo = held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: o.gpu.name)
+    _print("logo", metrics(rows, logo, everything))
+    _print("logo", {"within_2sigma_unseen": within(
+        list(log_errors(observations, logo).values()), [model.unseen_log_sigma] * len(logo)
+    )})
     _print("lomo", metrics(rows, held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: _model_of(o, rows)), everything))
     _print("prior_all", metrics(rows, prior, everything))
     _print("memory", memory_figures(rows, catalog))
     return 0
+
+
+def coverage(observations, predicted: dict[str, float], judged: set[str], model, catalog) -> dict[str, float]:
+    """Share of the judged rows whose log error is within 2σ of their GPU's stated uncertainty."""
+    rows = [o for o in observations if o.id in judged]
+    errors = log_errors(rows, predicted)
+    sigmas = [model.uncertainty_for(catalog.get(o.gpu.name)).log_sigma for o in rows]
+    return {"within_2sigma": within([errors[o.id] for o in rows], sigmas)}
 
 
 def _model_of(observation, rows) -> str:

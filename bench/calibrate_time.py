@@ -9,8 +9,13 @@
    (``held_out_ids``: a third of each (architecture, precision) group, by a hash of the row ids), priors and
    shrinkage as
    ``torchkit/estimate/calibration/fit.py`` says;
-3. the uncertainty per architecture: RMS of leave-one-row-out log errors of its fit rows (at least the
-   data noise); for architectures without rows: RMS of leave-one-architecture-out errors;
+3. the uncertainty per architecture, calibrated for coverage: the RMS of leave-one-row-out log errors of its
+   fit rows (at least the data noise), all scaled by the one factor that makes 95% of those errors lie
+   within 2σ (``coverage_scale``; RMS alone under-covers heavy-tailed errors); for architectures without
+   rows: its neighbours' errors when each of them was the unseen one (leave one architecture out): the RMS
+   of the worst-predicted architecture's rows (an unseen card's rows share one bias, so rows pooled over
+   architectures would understate it), at least the σ that covers 95% of all those errors at 2σ; the
+   held-out rows' coverage at 2σ is printed as the check;
 4. writes ``torchkit/estimate/calibration/time_model.json`` (atomically), every constant with the rows it
    came from, and prints every row's residual (held-out rows predicted by the fit that never saw them).
 """
@@ -29,10 +34,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from torchkit.estimate.calibration.crossval import (  # noqa: E402
+    COVERAGE_TARGET,
+    coverage_scale,
     held_out_predictions,
     log_errors,
     observations_from_rows,
     rms,
+    within,
 )
 from torchkit.estimate.calibration.data import DATA_PATH, held_out_ids, read_measured  # noqa: E402
 from torchkit.estimate.calibration.fit import ARCH_PARAMS, DATA_LOG_SIGMA, GLOBAL_PARAMS, fit, predict  # noqa: E402
@@ -63,21 +71,13 @@ def calibrate(rows: list, observations: list, held_ids: frozenset[str]) -> tuple
         value = getattr(result.global_constants, f.name)
         source = f"{fitted_on} (all architectures)" if f.name in GLOBAL_PARAMS else PRIOR_SOURCES[f.name]
         glob[f.name] = {"value": value, "source": source}
-    arch_doc = {}
-    for arch, constants in sorted(result.arch_constants.items()):
-        arch_rows = [o for o in fit_obs if o.arch == arch]
-        arch_doc[arch] = {
-            "constants": {
-                p: {"value": getattr(constants, p), "source": f"{fitted_on}: {', '.join(o.id for o in arch_rows)}"}
-                for p in ARCH_PARAMS
-            },
-            "rows": len(arch_rows),
-            "gpus": sorted({o.gpu.name for o in arch_rows}),
-            "log_sigma": max(rms([loo[o.id] for o in arch_rows]), DATA_LOG_SIGMA),
-            "log_sigma_source": "RMS of leave-one-row-out log errors of these rows (floor: the data noise)",
-        }
+    arch_doc = _arch_documents(result, fit_obs, loo, fitted_on)
     held = [o for o in observations if o.id in held_ids]
     held_pred = {o.id: predict(o, result.global_constants, result.arch_constants) for o in held}
+    held_errors = log_errors(held, held_pred)
+    unseen = _unseen_sigma(by_arch_out, fit_obs)
+    sigma_of = {a: e["log_sigma"] for a, e in arch_doc.items()}
+    held_sigmas = [sigma_of.get(o.arch, unseen) for o in held]
     doc = {
         "generated_by": "python bench/calibrate_time.py",
         "data": f"{rel_data} (sha256 {digest}; {len(rows)} rows, {len(fit_ids)} fitted, {len(held)} held out)",
@@ -85,18 +85,58 @@ def calibrate(rows: list, observations: list, held_ids: frozenset[str]) -> tuple
         "held_out_rows": [o.id for o in held],
         "global": glob,
         "arch": arch_doc,
-        "unseen_gpu_log_sigma": max(rms(list(by_arch_out.values())), DATA_LOG_SIGMA),
-        "unseen_gpu_log_sigma_source": "RMS of leave-one-architecture-out log errors over the fit rows",
+        "unseen_gpu_log_sigma": unseen,
+        "unseen_gpu_log_sigma_source": (
+            "RMS of the leave-one-architecture-out log errors of the worst-predicted architecture's fit rows "
+            f"(pooled over all architectures: {rms(list(by_arch_out.values())):.4f})"
+        ),
         "calibrated_gpus": sorted({o.gpu.name for o in fit_obs}),
         "fit": {
             "iterations": result.iterations,
             "in_sample_rms_log_error": rms(list(result.log_residuals.values())),
             "leave_one_out_rms_log_error": rms(list(loo.values())),
-            "held_out_rms_log_error": rms(list(log_errors(held, held_pred).values())),
+            "held_out_rms_log_error": rms(list(held_errors.values())),
+            "held_out_within_2_sigma": within([held_errors[o.id] for o in held], held_sigmas),
+            "leave_one_out_within_2_sigma": within([loo[o.id] for o in fit_obs], [sigma_of[o.arch] for o in fit_obs]),
             "params_log": result.params,
         },
     }
     return doc, result, held_pred
+
+
+def _arch_documents(result, fit_obs: list, loo: dict[str, float], fitted_on: str) -> dict:
+    """Per architecture: its constants with their rows, and its σ calibrated for coverage (module docstring)."""
+    base = {
+        arch: max(rms([loo[o.id] for o in fit_obs if o.arch == arch]), DATA_LOG_SIGMA)
+        for arch in result.arch_constants
+    }
+    scale = coverage_scale([loo[o.id] for o in fit_obs], [base[o.arch] for o in fit_obs])
+    out = {}
+    for arch, constants in sorted(result.arch_constants.items()):
+        arch_rows = [o for o in fit_obs if o.arch == arch]
+        out[arch] = {
+            "constants": {
+                p: {"value": getattr(constants, p), "source": f"{fitted_on}: {', '.join(o.id for o in arch_rows)}"}
+                for p in ARCH_PARAMS
+            },
+            "rows": len(arch_rows),
+            "gpus": sorted({o.gpu.name for o in arch_rows}),
+            "log_sigma": scale * base[arch],
+            "log_sigma_source": (
+                f"RMS of leave-one-row-out log errors of these rows ({base[arch]:.4f}, floor: the data noise) times "
+                f"{scale:.3f}, the factor that puts {COVERAGE_TARGET:.0%} of all fit rows' leave-one-out errors "
+                "within 2 sigma"
+            ),
+        }
+    return out
+
+
+def _unseen_sigma(by_arch_out: dict[str, float], fit_obs: list) -> float:
+    """σ of a GPU architecture without rows, from the leave-one-architecture-out errors (module docstring)."""
+    errors = list(by_arch_out.values())
+    pooled = max(rms(errors), DATA_LOG_SIGMA)
+    worst = max(rms([by_arch_out[o.id] for o in fit_obs if o.arch == arch]) for arch in {o.arch for o in fit_obs})
+    return max(worst, pooled * coverage_scale(errors, [pooled] * len(errors)))
 
 
 def write_document(doc: dict, path: Path) -> None:
@@ -129,6 +169,8 @@ def main() -> int:
     print(f"in_sample_rms_log_error={f['in_sample_rms_log_error']:.4f}")
     print(f"leave_one_out_rms_log_error={f['leave_one_out_rms_log_error']:.4f}")
     print(f"held_out_rms_log_error={f['held_out_rms_log_error']:.4f}")
+    print(f"held_out_within_2_sigma={f['held_out_within_2_sigma']:.3f}")
+    print(f"leave_one_out_within_2_sigma={f['leave_one_out_within_2_sigma']:.3f}")
     for name, entry in doc["global"].items():
         print(f"global.{name}={entry['value']:.4g}")
     for arch, entry in doc["arch"].items():

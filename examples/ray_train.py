@@ -159,15 +159,18 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
     from planner.profiles.cache import ProfileCache
     from planner.profiles.measured import measured_key_inputs
     from planner.profiles.profile import DeviceProfile
+    from planner.runtime.rebalance_feedback import measured_fingerprint
 
     feedback = json.loads(feedback_json)
     cache = ProfileCache(cache_dir)
     written = [write_plan(feedback["plan"], plan_path)]
     job = feedback["plan"].get("job") or {}
+    fingerprint = measured_fingerprint(job)
     for key, data in feedback["profiles"].items():
         profile = DeviceProfile.from_json(data)
         # the cache records what the key is made of, so that it can check the entry when it is read
-        written.append(cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp)))
+        written.append(cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp,
+                                                                            fingerprint=fingerprint)))
     return written
 
 

@@ -51,16 +51,33 @@ from torchkit.hardware.configio import (
     expect_str,
     read_yaml_file,
 )
+from torchkit.hardware.yaml_limits import DocumentLimits, TotalLimit
 from torchkit.units import GIB
 
 MAX_GPUS_PER_NODE = 256
 """sanity bound: the largest real single-host systems have 16 GPUs; a count beyond this is a typo"""
 MAX_NODES = 16_384
 """most nodes a config may list: 5,000-node configs plan in seconds; this bounds what a hostile file costs"""
+MAX_CLUSTER_GPUS = 65_536
+"""most GPUs a config may hold in all: a plan holds at most that many ranks (``planner.plan.validate.MAX_PLAN_RANKS``),
+so 16,384 nodes of 256 GPUs is refused on reading, before a GPU is built, rather than after minutes of planning"""
+MAX_NODE_NAME_CHARS = 253
+"""longest node name: a DNS host name (RFC 1035), as a plan's node names"""
+MAX_CONFIG_ENTRIES = 1024
+"""most entries any other collection of a config may hold (``gpu_types``, a node's keys, a type's aliases),
+checked while the YAML is read (``torchkit.hardware.yaml_limits``)"""
 MAX_CPU_COUNT = 65_536
 """most logical cores a node may claim (the largest hosts have under 2,000)"""
 MAX_HOST_MEMORY_GIB = 2**20
 """most host memory a node may claim, GiB (1 PiB; the largest hosts have tens of TiB)"""
+
+#: checked while the YAML is read: nodes, a node's GPU entries (the rest: MAX_CONFIG_ENTRIES) and the GPUs in all
+_READ_LIMITS = DocumentLimits(
+    max_entries={"nodes": MAX_NODES, "nodes[].gpus": MAX_GPUS_PER_NODE},
+    default_max_entries=MAX_CONFIG_ENTRIES,
+    total=TotalLimit(entries="nodes[].gpus[]", key="count", default=1, limit=MAX_CLUSTER_GPUS,
+                     max_each=MAX_GPUS_PER_NODE, what="GPUs"),
+)
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # usable as a hostname label and a Ray resource
 
@@ -188,7 +205,7 @@ def load_cluster(path: str | os.PathLike[str], catalog: GpuCatalog | None = None
             names the file, the path inside it and the fix).
     """
     file_path = find_cluster_config(path)
-    data = read_yaml_file(file_path, "cluster config")
+    data = read_yaml_file(file_path, "cluster config", limits=_READ_LIMITS)
     return parse_cluster(data, str(file_path), catalog=catalog, default_name=file_path.stem)
 
 
@@ -217,9 +234,11 @@ def parse_cluster(
     nodes_where = top.key("nodes")
     nodes_raw: list = []
     with problems.collect():
-        nodes_raw = expect_list(data["nodes"], nodes_where, what="a list of nodes")
-        if len(nodes_raw) > MAX_NODES:
-            raise nodes_where.error(f"lists {len(nodes_raw)} nodes, over the limit of {MAX_NODES} (split the config)")
+        listed = expect_list(data["nodes"], nodes_where, what="a list of nodes")
+        if len(listed) > MAX_NODES:
+            raise nodes_where.error(f"lists {len(listed)} nodes, over the limit of {MAX_NODES} (split the config)")
+        _check_total_gpus(listed, nodes_where)
+        nodes_raw = listed  # only within the limits is any node built
     nodes: list[NodeSpec] = []
     first_index_of: dict[str, int] = {}
     for i, node_raw in enumerate(nodes_raw):
@@ -235,6 +254,22 @@ def parse_cluster(
             nodes.append(node)
     problems.raise_any()
     return ClusterSpec(name=name, nodes=tuple(nodes), source_path=source, catalog=catalog)
+
+
+def _check_total_gpus(nodes_raw: list, where: ConfigLocation) -> None:
+    """The GPUs the nodes declare, summed from their raw ``count:`` values before a GPU is built."""
+    total = 0
+    for node in nodes_raw:
+        entries = node.get("gpus") if isinstance(node, dict) else None
+        for entry in entries if isinstance(entries, list) else ():
+            count = entry.get("count", 1) if isinstance(entry, dict) else 1
+            if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= MAX_GPUS_PER_NODE:
+                total += count  # other counts are reported per entry
+    if total > MAX_CLUSTER_GPUS:
+        raise where.error(
+            f"declare {total} GPUs in all, over the limit of {MAX_CLUSTER_GPUS} (a plan holds at most "
+            f"{MAX_CLUSTER_GPUS} ranks; split the cluster)"
+        )
 
 
 class _Problems:
@@ -308,6 +343,10 @@ def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation, probl
 def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: _Problems) -> NodeSpec:
     node = expect_mapping(raw, where, required=_NODE_REQUIRED, optional=_NODE_OPTIONAL, what="a node mapping")
     name = expect_str(node["name"], where.key("name"))
+    if len(name) > MAX_NODE_NAME_CHARS:
+        raise where.key("name").error(
+            f"node name of {len(name)} characters, over the limit of {MAX_NODE_NAME_CHARS} (a host name)"
+        )
     if not _NODE_NAME.match(name):
         raise where.key("name").error(
             f"node name {name!r} may hold only letters, digits, '.', '_' and '-' and must start with a letter "

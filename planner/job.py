@@ -6,6 +6,7 @@ layer trusts it. ``job`` in plan.json is its ``to_json()``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Literal, get_args
@@ -81,6 +82,45 @@ class Method(str, Enum):
 METHODS: tuple[str, ...] = tuple(m.value for m in Method)
 
 
+#: bounds of the sizes a job may ask for, checked before any tensor is built (``--imgsz 2**31`` once ended in a
+#: torch TypeError inside the input builder): far above any real training input, far below int64 overflow
+MAX_IMAGE_SIDE = 16_384
+"""largest ``imgsz``: 16,384² RGB is 805 M values a sample (aerial tiles are cut smaller)"""
+MAX_INPUT_DIM = 2**24
+"""largest dimension of ``input_shape`` (16 M: a 17-minute 16 kHz waveform)"""
+MAX_SAMPLE_ELEMENTS = 2**40
+"""most values in one sample of ``input_shape``: times a batch of 65,536 and 8 bytes a value, a byte count
+still fits an int64"""
+MAX_SEQ_LEN = 2**20
+"""longest ``seq_len`` (1 M tokens, the longest contexts trained)"""
+MAX_VOCAB_SIZE = 2**24
+"""largest ``vocab_size`` (16 M; tokenizers have under 300 k)"""
+DEFAULT_USER_CODE_TIMEOUT_S = 300.0
+"""a factory builds its model in seconds (the largest library models in under a minute on a CPU); one that
+hangs is stopped after five minutes"""
+MAX_USER_CODE_TIMEOUT_S = 86_400.0
+"""the longest ``user_code_timeout_s``: a day"""
+MAX_BATCH_ARGUMENT = 65_536
+"""largest ``multiple_of`` and ``min_batch``: the planner never gives a rank more (``MAX_PLANNED_BATCH``)"""
+
+
+def _size_over_its_limit(job: JobSpec) -> tuple[str, object, str] | None:
+    """``(field, value, fix)`` of the first size over its bound above, or None."""
+    for name, limit in (("imgsz", MAX_IMAGE_SIDE), ("seq_len", MAX_SEQ_LEN), ("vocab_size", MAX_VOCAB_SIZE),
+                        ("multiple_of", MAX_BATCH_ARGUMENT), ("min_batch", MAX_BATCH_ARGUMENT)):
+        value = getattr(job, name)
+        if value is not None and value > limit:
+            return name, value, f"at most {limit}"
+    timeout = job.user_code_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_USER_CODE_TIMEOUT_S:
+        return "user_code_timeout_s", timeout, f"seconds in (0, {MAX_USER_CODE_TIMEOUT_S:g}]"
+    if job.input_shape is not None:
+        if max(job.input_shape) > MAX_INPUT_DIM:
+            return "input_shape", job.input_shape, f"each dimension at most {MAX_INPUT_DIM}"
+        if math.prod(job.input_shape) > MAX_SAMPLE_ELEMENTS:
+            return "input_shape", job.input_shape, f"at most {MAX_SAMPLE_ELEMENTS} values a sample"
+    return None
+
 
 class JobFieldError(FieldError):
     """A ``JobSpec`` field has a value that cannot be planned with (``planner.errors.FieldError``)."""
@@ -132,6 +172,9 @@ class JobSpec:
     """the training script keeps model and batch in NHWC memory format (``torch.channels_last``): convolutions
     then skip (16-bit, TF32) or pay (fp32 on CUDA cores) the layout transposes, which the estimated step
     time counts"""
+    user_code_timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S
+    """seconds a ``package.module:factory`` may take to import and build its model, in the driver and in each
+    probe, before the run stops it with an error (``planner.profiling.time_limit``); shapes no plan"""
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, fix: str) -> JobFieldError:
@@ -186,6 +229,9 @@ class JobSpec:
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
         if not isinstance(self.channels_last, bool):
             raise bad("channels_last", self.channels_last, "use true or false")
+        too_large = _size_over_its_limit(self)
+        if too_large is not None:
+            raise bad(*too_large)
 
     def memory_budget_bytes(self, available_bytes: int) -> int:
         """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""

@@ -75,6 +75,7 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from planner.cli.signals import exit_code_and_line, handle_sigterm_like_sigint
+    from planner.cli.stdout_guard import guarded_result_stream
 
     handle_sigterm_like_sigint()
     parser = build_parser()
@@ -88,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.func(args) or 0)
+        with guarded_result_stream():
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()  # a full device fails here, inside the error handling, not at interpreter exit
+        return code
     except UserError as exc:
         if args.debug:
             traceback.print_exc()

@@ -57,6 +57,9 @@ JOB_FLAG_FORMS: dict[str, FlagForm] = {
     "fit": FlagForm(help="memory curve model"),
     "channels_last": FlagForm(help="the script trains in NHWC memory format (torch.channels_last): changes the "
                               "estimated step time"),
+    "user_code_timeout_s": FlagForm(flag="user-code-timeout", metavar="SECONDS",
+                                    help="seconds a package.module:factory may take to import and build its model, "
+                                    "here and in each probe"),
 }
 
 

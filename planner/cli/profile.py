@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.plot.lower().endswith(".png"):
             raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
         check_writable("--plot", args.plot)
-    result, profile = _gather(args, job)
+    from planner.cli.stdout_guard import stdout_to_stderr
+
+    with stdout_to_stderr():  # what the user's factory prints is not the result (profile --json)
+        result, profile = _gather(args, job)
     if args.plot:
         from planner.cli.plot import plot_profile
 

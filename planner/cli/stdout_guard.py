@@ -5,6 +5,10 @@ Ray's driver prints the errors its raylets report (``(raylet) A worker died or w
 ``--json`` reader would then get text before the JSON. So the commands run their Ray work inside
 ``stdout_to_stderr()``, which points both ``sys.stdout`` and file descriptor 1 (for C/C++ code) at stderr,
 and print their result after it.
+
+The result itself can fail to arrive: stdout on a full device (``> /dev/full``), a file over its size limit.
+``guarded_result_stream()`` turns such a write error into one ``error:`` line and exit 2 instead of a traceback
+(or Python's "Exception ignored" at exit), and sends what is still buffered nowhere.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any, TextIO
+
+from planner.errors import ConfigError
 
 
 @contextlib.contextmanager
@@ -32,3 +39,57 @@ def stdout_to_stderr() -> Iterator[None]:
             original.flush()
         os.dup2(saved_fd, 1)
         os.close(saved_fd)
+
+
+class _ResultStream:
+    """``sys.stdout`` whose write errors (other than a closed pipe, which ``main`` treats as the reader's
+    choice) are ConfigErrors naming stdout."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _discarded(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _discarded(exc) from None
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, buffer: the real stream's
+        return getattr(self._stream, name)
+
+
+def _discarded(exc: OSError) -> ConfigError:
+    """The error for a failed result write; what is still buffered goes to /dev/null (a second failure at
+    interpreter exit would print "Exception ignored ...")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+        os.close(devnull)
+    return ConfigError(
+        f"cannot write the result to stdout: {exc.strerror or exc} (free space where stdout goes, or redirect it)"
+    )
+
+
+@contextlib.contextmanager
+def guarded_result_stream() -> Iterator[None]:
+    """While the block runs, write errors on stdout are one-line errors (see the module docstring)."""
+    original = sys.stdout
+    if original is None or isinstance(original, _ResultStream):
+        yield
+        return
+    sys.stdout = _ResultStream(original)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if isinstance(sys.stdout, _ResultStream):
+            sys.stdout = original

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.files import write_file_safely
 from planner.jsonio import read_json_file
 from planner.plan.layout import index_path, plan_text
 from planner.plan.types import Plan
@@ -40,25 +40,14 @@ def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
 
 
 def _write_atomically(text: str, target: Path) -> None:
-    """``text`` into ``target`` by a temporary file in its directory and a rename; nothing half-written."""
+    """``text`` into ``target``: by a temporary file in its directory and a rename (nothing half-written), through
+    a link to its target, or written through to a FIFO or a device, never replacing one (``planner.files``)."""
+    fix = "choose another -o path"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
-        raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
-    try:
-        # mkstemp makes the file 0600; a plan is shared with the scheduler and the nodes: the usual 0666 & ~umask
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} (choose another -o path)") from exc
-        raise
+        raise ConfigError(f"cannot write the plan to {target}: {exc.strerror or exc} ({fix})") from exc
+    write_file_safely(target, text, what="the plan", fix=fix)
 
 
 def load_plan(path: str | os.PathLike) -> Plan:

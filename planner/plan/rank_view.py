@@ -2,14 +2,19 @@
 or from its own part of an indexed plan file (``planner.plan.layout``).
 
 A rank of a 65,536-rank job must not parse 33 MB of other ranks' entries (every rank reading the whole plan
-took 66 s at 8,000 ranks). :func:`read_rank_view` reads the file's bytes once, checks the SHA-256 of the index
-beside it (``plan.json.index``) over them, and parses only the header, this rank's entry and its node's; it validates everything it reads
-with the validator's own checks (``planner.plan.validate``: types and limits; ``planner.plan.derived``: the
-totals over the index's batches, this rank's loss weight and step time; its node's launch line rebuilt).
-Other ranks' entries are not read here, so they are checked by the ranks that read them and by ``show``.
-Whenever the fast path finds anything it does not accept (no index, a digest that does not match, a field
-it refuses), the plan is read whole and validated as ``show`` does, so every error a rank reports is the
-one ``show`` reports.
+took 66 s at 8,000 ranks). :func:`read_rank_view` reads the file's bytes once, checks the SHA-256 of the
+index beside it (``plan.json.index``) over them, and parses only the header, this rank's entry and its
+node's; it validates everything it reads with the validator's own checks (``planner.plan.validate``: types
+and limits; ``planner.plan.derived``: the totals over the index's batches, this rank's loss weight and step
+time; its node's launch line rebuilt). Other ranks' entries are not read here, so they are checked by the
+ranks that read them and by ``show``. Whenever the fast path finds anything it does not accept (no index, a
+digest that does not match, a field it refuses), the plan is read whole and validated as ``show`` does, so
+every error a rank reports is the one ``show`` reports.
+
+Known limitations: the digest proves that plan and index were written together, not who wrote them (as the
+profile cache's checksum); someone who can write the plan can write any plan. An index forged with its
+digest recomputed still cannot give a rank another split than the entries' bytes hold
+(``planner.plan.layout``), but a malformed entry of another rank is seen only by that rank and by ``show``.
 """
 
 from __future__ import annotations

@@ -164,11 +164,16 @@ def _own_cluster_only() -> Iterator[None]:
 
     saved_address = os.environ.pop("RAY_ADDRESS", None)
     write, reset = ray_utils.write_ray_address, ray_common_utils.reset_ray_address
+    set_sigterm = ray_utils.set_sigterm_handler
     ray_utils.write_ray_address = ray_common_utils.reset_ray_address = lambda *args, **kwargs: None
+    # keep this process's SIGTERM handler while its Ray starts: Ray's in-process head would drain for 30 s and
+    # exit 1, ray.init's would sys.exit(15); ours stops everything like Ctrl-C (planner.cli.signals)
+    ray_utils.set_sigterm_handler = lambda *args, **kwargs: None
     try:
         yield
     finally:
         ray_utils.write_ray_address, ray_common_utils.reset_ray_address = write, reset
+        ray_utils.set_sigterm_handler = set_sigterm
         if saved_address is not None:
             os.environ["RAY_ADDRESS"] = saved_address
 
@@ -331,7 +336,8 @@ def _local_ray(num_raylets: int, started_env: dict[str, str]) -> Iterator[None]:
             if num_raylets > 0:
                 with _own_cluster_only(), _environment(started_env):
                     cluster = _start_simulated_cluster(num_raylets)
-                    ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
+                    with _signals_held(sigterm):  # the driver's core worker installs C++ handlers here
+                        ray.init(address=cluster.address, _node_ip_address=LOOPBACK, **_init_kwargs())
             else:
                 log.info("starting an embedded local Ray on %s, dashboard off", LOOPBACK)
                 with _own_cluster_only(), _environment(started_env):
@@ -351,6 +357,27 @@ def _local_ray(num_raylets: int, started_env: dict[str, str]) -> Iterator[None]:
                 with contextlib.suppress(Exception), _own_cluster_only():
                     cluster.shutdown()
             _restore_sigterm_handler(sigterm)
+
+
+@contextlib.contextmanager
+def _signals_held(handler) -> Iterator[None]:
+    """SIGINT and SIGTERM held pending while a driver connects to a cluster started here (which starts no
+    process: nothing inherits the mask), then delivered to ``handler``, put back first. Ray's core worker
+    installs a C++ SIGTERM handler that dumps a stack and aborts; a signal in that window ended batchplan with
+    SIGABRT instead of a clean teardown. Main thread only (elsewhere nothing is held)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        _restore_sigterm_handler(handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a pending signal is delivered now, to ours
 
 
 def _start_simulated_cluster(num_raylets: int):

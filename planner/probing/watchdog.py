@@ -6,13 +6,18 @@ before it starts Ray, the session starts this watchdog, a small separate process
 environment with a fresh token (``BATCHPLAN_RAY_SESSION``) that every Ray process it starts inherits. The
 watchdog blocks reading a pipe from the session:
 
-- the session ends normally: it writes ``done`` and the watchdog exits, touching nothing;
-- the session dies: the pipe reaches end-of-file, and the watchdog terminates every process carrying the
-  token (SIGTERM, then SIGKILL after ``GRACE_S``), then exits.
+- the session ends (normally, on an exception, Ctrl-C or SIGTERM): after Ray's own shutdown it writes
+  ``sweep`` and waits while the watchdog terminates whatever still carries the token (a head that was being
+  started when the signal came, a worker a raylet spawned while stopping), then exits;
+- the session dies: the pipe reaches end-of-file, and the watchdog does the same on its own.
+
+Either way every process carrying the token is terminated (SIGTERM, then SIGKILL after ``GRACE_S``).
 
 Only processes with this run's token are ever signalled, so other Ray clusters on the machine (another
 user's, another run's) are never touched. The watchdog runs in its own session, so a Ctrl-C meant for the
-planner does not stop it before the planner's own teardown is done.
+planner does not stop it before the planner's own teardown is done, and with an isolated import path
+(``python -I`` on this file: no working directory, no ``PYTHONPATH``, standard library and psutil only), so
+a ``uuid.py`` or ``signal.py`` where the user runs batchplan cannot replace what it imports.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ SESSION_ENV = "BATCHPLAN_RAY_SESSION"
 GRACE_S = 3.0
 #: rounds of looking again: a raylet may start a worker while it is being stopped
 ROUNDS = 5
-_DONE = b"done\n"
+_SWEEP = b"sweep\n"
+#: seconds the session waits for the sweep (ROUNDS × GRACE_S in the worst case, plus the scan)
+SWEEP_WAIT_S = ROUNDS * GRACE_S + 10.0
 
 
 @contextlib.contextmanager
@@ -41,7 +48,7 @@ def ray_watchdog() -> Iterator[str]:
     previous = os.environ.get(SESSION_ENV)
     env = {k: v for k, v in os.environ.items() if k != SESSION_ENV}
     watchdog = subprocess.Popen(
-        [sys.executable, "-m", "planner.probing.watchdog", token],
+        [sys.executable, "-I", os.path.abspath(__file__), token],  # isolated: see the module docstring
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         env=env,
@@ -57,10 +64,10 @@ def ray_watchdog() -> Iterator[str]:
         else:
             os.environ[SESSION_ENV] = previous
         with contextlib.suppress(OSError):
-            watchdog.stdin.write(_DONE)
+            watchdog.stdin.write(_SWEEP)
             watchdog.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            watchdog.wait(timeout=5)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a second Ctrl-C here leaves it to finish alone
+            watchdog.wait(timeout=SWEEP_WAIT_S)
 
 
 def stop_session_processes(token: str, *, grace_s: float = GRACE_S) -> int:
@@ -97,12 +104,11 @@ def _with_token(psutil, token: str) -> list:
 def main(argv: list[str]) -> int:
     [token] = argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    line = sys.stdin.buffer.readline()  # blocks until the session says done, or dies (end of file)
-    if line == _DONE:
-        return 0
-    time.sleep(0.5)  # let a dying session's own fate-sharing children go first
+    line = sys.stdin.buffer.readline()  # blocks until the session asks for the sweep, or dies (end of file)
+    if line != _SWEEP:
+        time.sleep(0.5)  # let a dying session's own fate-sharing children go first
     count = stop_session_processes(token)
-    if count:
+    if count and line != _SWEEP:
         sys.stderr.write(f"batchplan: the planner died; stopped {count} Ray process(es) it had started\n")
     return 0
 

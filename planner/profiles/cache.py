@@ -8,7 +8,9 @@ so an entry is trusted only when, besides parsing strictly within size and nesti
 - its key, recomputed from the inputs it records, is its file's key, and the profile's GPU type, method and
   amp are those inputs' (a T4 profile filed under an A100's key is refused);
 - its profile is physically possible (``planner.profiles.checks``: positive finite points, memory growing
-  with the batch, ``oom_batch`` above a batch that fitted).
+  with the batch, ``oom_batch`` above a batch that fitted) and possible on its GPU (a catalog type: no step
+  faster than the card's bandwidth allows, no memory below the weights the entry lists);
+- its directory is writable by this user and no other (``check_directory``).
 
 An entry failing any of these is reported (a warning in the plan and on stderr), ignored, and rewritten by
 the fresh profile. Writes are atomic (temporary file + rename), so a crash or two planners writing at once
@@ -23,12 +25,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import stat
 from pathlib import Path
 
 from planner.errors import ConfigError, FieldError
+from planner.files import write_file_safely
 from planner.jsonio import read_json_file
-from planner.profiles.checks import checked_profile
+from planner.profiles.checks import check_against_gpu, checked_profile
 from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import MEASURED_METHOD, MEASURED_SCHEME
 from planner.profiles.profile import DeviceProfile
@@ -59,19 +62,28 @@ class ProfileCache:
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
         self.directory = Path(directory) if directory is not None else default_cache_dir()
         self.problems: list[str] = []
+        self._directory_checked = False
 
     def path_for(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
     def check_directory(self, what: str = "the profile cache directory") -> None:
-        """The cache directory is a directory or can become one (no regular file on its path)."""
+        """The cache directory is a directory or can become one (no regular file or dangling link on its path);
+        if it exists, this process can write it and no other user can (``_check_trusted_directory``)."""
         for path in (self.directory, *self.directory.parents):
+            if path.is_symlink() and not path.exists():
+                raise FieldError(
+                    "cache_dir", f"{what} {self.directory} is not a directory ({path} is a symbolic link to "
+                    f"{os.readlink(path)}, which does not exist; create it, or choose another `cache_dir`)"
+                )
             if path.exists():
                 if not path.is_dir():
                     raise FieldError(
                         "cache_dir", f"{what} {self.directory} is not a directory ({path} is a file; choose another "
                         "`cache_dir` or remove the file)"
                     )
+                if path == self.directory:
+                    _check_trusted_directory(path, what)
                 return
 
     def get(self, key: str) -> DeviceProfile | None:
@@ -82,6 +94,9 @@ class ProfileCache:
         path = self.path_for(key)
         if not path.exists():
             return None
+        if not self._directory_checked:  # no entry is read from a directory others may write
+            self.check_directory()
+            self._directory_checked = True
         try:
             entry = read_json_file(path, what="entry", max_bytes=MAX_ENTRY_BYTES, fix="it will be profiled again")
             return _trusted_profile(entry, key, str(path))
@@ -99,20 +114,38 @@ class ProfileCache:
         entry = {"schema": CACHE_SCHEMA, "key": key, "inputs": dict(inputs), "checksum": _checksum(profile_json),
                  "profile": profile_json}
         self.check_directory()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        fix = "choose another --cache-dir, or --no-cache"  # an OSError's text may hold backticks: plain words
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create the profile cache directory {self.directory}: {exc.strerror or exc} "
+                              f"({fix})") from None
         path = self.path_for(key)
         if path.is_dir():
             raise FieldError("cache_dir",
                              f"profile cache entry {path} is a directory (remove it, or choose another `cache_dir`)")
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(entry, handle, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file_safely(path, json.dumps(entry, indent=1), what="the profile cache entry", fix=fix)
         return path
+
+
+def _check_trusted_directory(directory: Path, what: str) -> None:
+    """Refuse a cache directory that others may write or this process may not.
+
+    An entry's name is its key, which anyone can compute, and its checksum anyone can recompute: whoever can
+    write the directory decides the plans (``checks.py`` rejects the impossible, not the merely wrong). So a
+    directory writable by every user (``/tmp``, mode ``o+w``) is refused, sticky bit or not. A directory this
+    process cannot write fails here, before any work, rather than after the profiling it was to store.
+    """
+    mode = directory.stat().st_mode
+    if mode & stat.S_IWOTH:
+        raise FieldError(
+            "cache_dir", f"{what} {directory} is writable by every user (mode {stat.filemode(mode)}): anyone could "
+            f"plant profiles there (chmod o-w {directory}, or choose another `cache_dir`)"
+        )
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise FieldError(
+            "cache_dir", f"{what} {directory} is not writable by this user (choose another `cache_dir`, or `no_cache`)"
+        )
 
 
 def _trusted_profile(entry: object, key: str, where: str) -> DeviceProfile:
@@ -137,4 +170,14 @@ def _trusted_profile(entry: object, key: str, where: str) -> DeviceProfile:
                                  ("amp", inputs.get("amp"), profile.amp)):
         if wanted != value:
             raise ValueError(f"its profile is for {field} {value!r} but its key is for {wanted!r}")
+    gpu = _shipped_gpu(profile.gpu)
+    if gpu is not None:  # a type a config adds is not known here: its entries get the checks above only
+        check_against_gpu(profile, gpu, "profile")
     return profile
+
+
+def _shipped_gpu(name: str):
+    """The shipped catalog's entry for ``name``, or None."""
+    from torchkit.hardware.catalog import load_catalog
+
+    return load_catalog().resolve(name)

@@ -7,8 +7,14 @@ and optimizer state are fixed; activations grow per sample), and a batch that ra
 a batch that did not. A profile breaking one of these would give nonsense caps: a negative
 ``bytes_per_sample`` made an A100's cap 65,536 and ``oom_batch: 0`` excluded every A100.
 
+Against the GPU it is for (``check_against_gpu``, where the GPU type is known): a step is no faster than
+writing its activations once at the card's memory bandwidth (the activations a step keeps for the backward
+pass are written in the forward; ``s_per_sample 1e-15`` is refused), and no memory point lies below the
+weights, gradients and optimizer state the profile's own breakdown lists.
+
 Known limitations: a profile that is physically possible but measured on another GPU is not detected here;
-the cache catches that by recomputing the entry's key from the job and GPU it records.
+the cache catches that by recomputing the entry's key from the job and GPU it records. A slower GPU's curve
+filed under a faster one's name passes every physical bound; only profiling again tells them apart.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any, get_args
 
 from planner.errors import ConfigError
 from planner.profiles.profile import DeviceProfile, ProfileMethod
+from torchkit.hardware.catalog import GpuSpec
 
 METHODS = get_args(ProfileMethod)
 AMP_MODES = ("fp16", "bf16", "off")
@@ -27,6 +34,12 @@ MAX_PROFILE_POINTS = 1024
 MAX_DEVICE_BYTES = 2**50
 #: no training step takes a day
 MAX_STEP_SECONDS = 86_400.0
+#: margin of the bandwidth bound: a step may be this many times faster than writing its activations once at
+#: peak bandwidth before it is refused (the memory curve's per-sample bytes include allocator overheads, not
+#: all of them written). Every estimate in the caches of the test machines was 3.4× slower or more than the bound.
+BANDWIDTH_BOUND_MARGIN = 2.0
+#: breakdown categories every step holds whatever the batch
+FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")
 
 
 def checked_profile(data: Any, where: str) -> DeviceProfile:
@@ -115,3 +128,29 @@ def _finite(value: float) -> bool:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_against_gpu(profile: DeviceProfile, gpu: GpuSpec, where: str) -> None:
+    """The bounds the GPU's own figures put on a profile (see the module docstring).
+
+    Raises:
+        ConfigError: a step faster than the card's memory bandwidth allows, or memory below the fixed part.
+    """
+    batches = sorted(b for b, _ in profile.memory_points)
+    low, high = batches[0], batches[-1]
+    if high > low:
+        per_sample_bytes = (profile.memory_fit.predict_bytes(high) - profile.memory_fit.predict_bytes(low)) / (high - low)
+        write_once_s = per_sample_bytes * high / gpu.memory_bandwidth_bytes_per_s
+        if profile.step_time_s(high) * BANDWIDTH_BOUND_MARGIN < write_once_s:
+            raise ConfigError(
+                f"{where}: a step of batch {high} in {profile.step_time_s(high):.3g} s is faster than a {gpu.name} "
+                f"can write its {per_sample_bytes * high / 2**30:.3g} GiB of activations once "
+                f"({write_once_s:.3g} s at {gpu.memory_bandwidth_bytes_per_s / 1e9:g} GB/s)"
+            )
+    fixed = sum((profile.breakdown_bytes or {}).get(name, 0) for name in FIXED_CATEGORIES)
+    for batch, num_bytes in profile.memory_points:
+        if num_bytes < fixed:
+            raise ConfigError(
+                f"{where}.memory_points: batch {batch} needs {num_bytes} bytes, less than the {fixed} bytes of "
+                "weights, gradients and optimizer state its breakdown lists"
+            )

@@ -3,7 +3,8 @@
 A re-balanced job writes, per GPU type, a profile whose step-time points are the compute times its ranks
 measured (method ``"job"``) into the profile cache under :func:`measured_profile_key`. The key holds what
 decides how fast one training step runs: the job's model, input and optimizer, the AMP mode and the GPU
-type; not the planning options (fraction, mode, global batch, multiple-of), so a re-plan with another
+type, and the workload's fingerprint (``planner.profiling.job_fingerprint``: a model whose code or
+settings changed is another step, whose plan must not be answered with the old model's times); not the planning options (fraction, mode, global batch, multiple-of), so a re-plan with another
 global batch still finds it. ``batchplan plan --method auto`` looks there before estimating
 (:func:`find_measured`) and says so in the plan's warnings. Pure: no torch.
 """
@@ -28,28 +29,29 @@ _STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
 MEASURED_SCHEME = "measured-in-job"
 
 
-def measured_key_inputs(job: Mapping[str, Any], gpu: str, amp: str) -> dict[str, str]:
+def measured_key_inputs(job: Mapping[str, Any], gpu: str, amp: str, *, fingerprint: str) -> dict[str, str]:
     """The named parts of :func:`measured_profile_key`, in the order it hashes them (the profile cache records
-    them so that an entry's key can be recomputed from what it claims to describe)."""
+    them so that an entry's key can be recomputed from what it claims to describe). ``fingerprint``: the
+    job's workload fingerprint (``planner.profiling.job_fingerprint(job)[0]``)."""
     parts = [job.get(name) for name in _STEP_FIELDS]
-    values = [MEASURED_SCHEME, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu]
-    names = ["scheme", *_STEP_FIELDS, "amp", "gpu"]
+    values = [MEASURED_SCHEME, fingerprint, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu]
+    names = ["scheme", "fingerprint", *_STEP_FIELDS, "amp", "gpu"]
     return {name: str(value) for name, value in zip(names, values, strict=True)}
 
 
-def measured_profile_key(job: Mapping[str, Any], gpu: str, amp: str) -> str:
+def measured_profile_key(job: Mapping[str, Any], gpu: str, amp: str, *, fingerprint: str) -> str:
     """Cache key of the in-job measured profile of (the job's model, input and optimizer; ``amp``; ``gpu``).
 
     ``job`` is a ``JobSpec.to_json()`` (as in plan.json's ``job``); missing fields count as unset.
     """
-    return key_of_inputs(measured_key_inputs(job, gpu, amp))
+    return key_of_inputs(measured_key_inputs(job, gpu, amp, fingerprint=fingerprint))
 
 
-def find_measured(cache: Any, job: Mapping[str, Any], gpu: str, amp: str) -> DeviceProfile | None:
+def find_measured(cache: Any, job: Mapping[str, Any], gpu: str, amp: str, *, fingerprint: str) -> DeviceProfile | None:
     """The measured-in-job profile of this job on ``gpu`` in ``cache`` (a ``ProfileCache``), or None."""
     if cache is None:
         return None
-    profile = cache.get(measured_profile_key(job, gpu, amp))
+    profile = cache.get(measured_profile_key(job, gpu, amp, fingerprint=fingerprint))
     if profile is None or profile.method != MEASURED_METHOD:
         return None
     return profile

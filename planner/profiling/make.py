@@ -9,6 +9,7 @@ cached: ``planner.profiling.obtain``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -37,19 +38,22 @@ def workload_for(job: JobSpec):
 
     The search directories are appended to ``sys.path``, not prepended: a ``json.py`` lying in the working
     directory must not replace the standard library's."""
+    from planner.profiling.time_limit import user_code_time_limit
     from torchkit.workloads import get_workload
 
     for directory in factory_search_dirs(job.model):
         if directory not in sys.path:
             sys.path.append(directory)
-    return get_workload(
-        job.model,
-        imgsz=job.imgsz,
-        input_shape=job.input_shape,
-        seq_len=job.seq_len,
-        vocab_size=job.vocab_size,
-        input_dtype=job.input_dtype,
-    )
+    limit = user_code_time_limit(job.user_code_timeout_s, job.model) if ":" in job.model else contextlib.nullcontext()
+    with limit:  # a factory that hangs is stopped (planner.profiling.time_limit)
+        return get_workload(
+            job.model,
+            imgsz=job.imgsz,
+            input_shape=job.input_shape,
+            seq_len=job.seq_len,
+            vocab_size=job.vocab_size,
+            input_dtype=job.input_dtype,
+        )
 
 
 def job_fingerprint(job: JobSpec) -> tuple[str, str]:

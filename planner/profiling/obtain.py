@@ -42,10 +42,10 @@ def planned_key(request: ProfileRequest, identity: JobIdentity) -> str:
     return key_of_inputs(profile_key_inputs(request, planned_method(request.method, request.device_index), identity))
 
 
-def _measured_in_job(request: ProfileRequest, cache: ProfileCache, key: str) -> Profiled | None:
+def _measured_in_job(request: ProfileRequest, cache: ProfileCache, key: str, fingerprint: str) -> Profiled | None:
     """With ``auto``: the profile a re-balanced job measured for this GPU type, named by the planned ``key``."""
     job, gpu = request.job, request.gpu
-    measured = find_measured(cache, job.to_json(), gpu.name, job.amp_for(gpu))
+    measured = find_measured(cache, job.to_json(), gpu.name, job.amp_for(gpu), fingerprint=fingerprint)
     if measured is None:
         return None
     planned = planned_method(request.method, request.device_index).value
@@ -76,7 +76,7 @@ def obtain_profile(
     inputs = profile_key_inputs(request, planned, identity)
     key = key_of_inputs(inputs)
     if cache is not None:
-        measured = _measured_in_job(request, cache, key) if Method(request.method) is Method.AUTO else None
+        measured = _measured_in_job(request, cache, key, identity[0]) if Method(request.method) is Method.AUTO else None
         if measured is not None:
             return measured
         cached = cache.get(key)

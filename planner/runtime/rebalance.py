@@ -432,14 +432,17 @@ class Rebalancer:
         from planner.plan.io import write_plan
         from planner.profiles.cache import ProfileCache
         from planner.profiles.measured import measured_key_inputs
+        from planner.runtime.rebalance_feedback import measured_fingerprint
 
         plan, profiles = self.feedback()
+        job = self.plan.job.to_json()
+        fingerprint = measured_fingerprint(job)
         written = []
         if plan_path is not None:
             written.append(write_plan(plan, plan_path))
         cache = ProfileCache(cache_dir)
         written.extend(
-            cache.put(key, profile, inputs=measured_key_inputs(self.plan.job.to_json(), profile.gpu, profile.amp))
+            cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp, fingerprint=fingerprint))
             for key, profile in profiles.items()
         )
         return written

@@ -38,12 +38,13 @@ from planner.runtime.rebalance_model import (
     median_points,
 )
 from planner.runtime.weights import loss_weights
-from torchkit.step.fit import AffineTimeFit, fit_memory
+from torchkit.step.fit import fit_memory, time_fit_from_json
 
 if TYPE_CHECKING:
     from planner.plan.types import Plan
 
-__all__ = ["MEASURED_METHOD", "measured_profile_key", "measured_profiles", "measured_section", "updated_plan"]
+__all__ = ["MEASURED_METHOD", "measured_fingerprint", "measured_profile_key", "measured_profiles", "measured_section",
+           "updated_plan"]
 
 
 def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> list[tuple[int, float, int]]:
@@ -52,6 +53,17 @@ def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> lis
         for rank in ranks:
             by_batch.setdefault(measure.batches[rank], []).append(measure.compute_s[rank])
     return [(b, statistics.median(ts), len(ts)) for b, ts in sorted(by_batch.items())]
+
+
+def measured_fingerprint(job: Mapping[str, Any]) -> str:
+    """The workload fingerprint of a plan's ``job`` (a ``JobSpec.to_json()``), the part of a measured profile's
+    key that names the model's step (``planner.profiling.job_fingerprint``); "" for a plan without a model."""
+    from planner.job import JobSpec
+    from planner.profiling import job_fingerprint
+
+    if not job.get("model"):
+        return ""
+    return job_fingerprint(JobSpec.from_json(dict(job)))[0]
 
 
 def measured_profiles(
@@ -63,6 +75,7 @@ def measured_profiles(
 ) -> dict[str, DeviceProfile]:
     """One measured profile per GPU type of the plan, keyed by :func:`measured_profile_key`."""
     job = plan.job.to_json()
+    fingerprint = measured_fingerprint(job)
     types: dict[str, list[int]] = {}
     for entry in plan.ranks:
         types.setdefault(entry.gpu, []).append(entry.rank)
@@ -86,7 +99,7 @@ def measured_profiles(
             notes.append(f"{gpu}: memory from the job's measured peak reserved bytes at batches {sorted(peaks)}")
         else:
             notes.append(f"{gpu}: memory curve from the plan's {base.method} profile (no peaks measured at two batches)")
-        out[measured_profile_key(job, gpu, base.amp)] = dataclasses.replace(
+        out[measured_profile_key(job, gpu, base.amp, fingerprint=fingerprint)] = dataclasses.replace(
             base, method=MEASURED_METHOD, time_points=tuple((b, t) for b, t, _ in points), time_fit=time_fit,
             notes=tuple(notes), **memory)
     return out
@@ -141,8 +154,7 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
     """The plan with the batches that ran last, their loss weights and measured step times, and ``measured``."""
     batches = [int(b) for b in section["batches_last"]]
     weights = loss_weights(batches)
-    fits = [AffineTimeFit(intercept_s=r["time_fit"]["intercept_s"], s_per_sample=r["time_fit"]["s_per_sample"])
-            for r in section["ranks"]]
+    fits = [time_fit_from_json(r["time_fit"]) for r in section["ranks"]]
     times = [fit.predict_s(b) for fit, b in zip(fits, batches, strict=True)]
     idle = idle_fractions(times)
     ranks = tuple(

@@ -85,7 +85,23 @@ def _t4_profile_under_a100_key(_: dict, entries: dict[str, dict]) -> dict:
     return swapped
 
 
+def _faster_than_the_bandwidth(entry: dict, _) -> dict:
+    entry["profile"]["time_fit"] = {"kind": "affine", "intercept_s": 1e-15, "s_per_sample": 1e-15}
+    return entry
+
+
+def _memory_below_the_weights(entry: dict, _) -> dict:
+    profile = entry["profile"]
+    assert profile["breakdown_bytes"]["parameters"] > 64 * 1000
+    profile["memory_points"] = [[b, 1000 * b] for b, _ in profile["memory_points"]]
+    profile["memory_fit"] = {"kind": "affine", "intercept_bytes": 0.0, "bytes_per_sample": 1000.0}
+    profile["min_memory_bytes"] = 0
+    return entry
+
+
 CASES = {
+    "a step faster than the GPU's bandwidth allows": _faster_than_the_bandwidth,
+    "memory below the weights": _memory_below_the_weights,
     "negative bytes_per_sample": _negative_bytes_per_sample,
     "oom_batch 0": _oom_at_zero,
     "NaN in the time fit": _nan_fit,

@@ -330,3 +330,22 @@ def test_a_plan_written_with_its_index_and_then_tampered_is_refused_by_every_ran
         with pytest.raises(ConfigError) as refused:
             load_rank_plan(path, rank=rank, env={})
         assert shown == f"error: {refused.value}"
+
+
+def test_a_small_plan_padded_to_the_size_limit_costs_memory_of_a_few_times_its_size(planned, tmp_path) -> None:
+    """127 MiB of spaces inside a valid plan cost 2.4 GiB to read (a regular expression and an int64 per byte
+    for the nesting count); now the nesting is counted on the quotes and brackets alone."""
+    import subprocess
+    import sys
+
+    from planner.plan.validate import MAX_PLAN_BYTES
+
+    text = json.dumps(planned)
+    path = tmp_path / "padded.json"
+    path.write_text(text[:-1] + " " * (MAX_PLAN_BYTES - len(text) - 16) + "}")
+    code = ("import resource, sys; from planner.plan.io import load_plan; load_plan(sys.argv[1]); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    peak_mib = int(done.stdout.strip()) / 1024  # ru_maxrss is KiB on Linux
+    assert peak_mib < 6 * MAX_PLAN_BYTES / 2**20, f"{peak_mib:.0f} MiB to read a {MAX_PLAN_BYTES >> 20} MiB plan"

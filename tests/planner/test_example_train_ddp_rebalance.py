@@ -12,7 +12,7 @@ import pytest
 
 from planner.profiles.cache import ProfileCache
 from planner.runtime.rank_plan import load_rank_plan
-from planner.runtime.rebalance_feedback import measured_profile_key
+from planner.runtime.rebalance_feedback import measured_fingerprint, measured_profile_key
 from tests.net import free_port
 from tests.planner.runtime.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
 from tests.planner.test_example_train_ddp import EXAMPLE, child_env
@@ -62,7 +62,8 @@ def test_rebalance_corrects_a_two_times_wrong_plan_and_writes_what_it_measured(t
     profiles = ProfileCache(cache)
     per_sample = {}
     for entry in updated["ranks"]:
-        profile = profiles.get(measured_profile_key(updated["job"], entry["gpu"], "off"))
+        profile = profiles.get(measured_profile_key(updated["job"], entry["gpu"], "off",
+                                                    fingerprint=measured_fingerprint(updated["job"])))
         assert profile is not None and profile.method == "job"
         per_sample[entry["rank"]] = profile.time_fit.s_per_sample
     assert per_sample[0] < per_sample[1] < per_sample[2]

@@ -22,8 +22,11 @@ Known limitations:
 - CPU autocast and CUDA autocast lower the same matmul/convolution/attention operators to 16 bits but
   differ on a few others (CUDA keeps e.g. ``layer_norm`` and ``softmax`` outputs in fp32, CPU keeps some
   in 16 bits); activations of such layers can differ by that factor.
-- CPU ``batch_norm``/attention kernels may save different auxiliaries than cuDNN/flash kernels (a few
-  per-channel or per-row vectors; negligible next to activations).
+- CPU ``batch_norm`` kernels may save different auxiliaries than cuDNN's (a few per-channel vectors).
+- Attention: the pass is made for a *target*. ``target="cuda"`` (the default: what the planner prices)
+  runs ``scaled_dot_product_attention`` as CUDA's flash / memory-efficient kernel would, whatever path CPU
+  would take (CPU's flash refuses dropout, so CPU stores the s×s probabilities and masks);
+  ``target="cpu"`` runs it as CPU does (what a real CPU step peaks at). See :mod:`torchkit.estimate.attention`.
 - GradScaler, EMA, validation and data-loader memory are not part of the step.
 """
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkit.errors import UserError, WorkloadError
+from torchkit.estimate.attention import AttentionTarget
 from torchkit.estimate.op_costs import KernelCost, OpCost, OpCostRecorder, aggregate
 from torchkit.hardware.catalog import GpuSpec
 from torchkit.step.options import AmpMode, OptimizerName
@@ -105,6 +109,10 @@ class StepEstimate:
     margin_bytes: int = 0
     """the workload's margin for memory the simulated step does not hold (``Workload.margin_bytes``);
     added to the device bytes, not to the CPU peak (a real CPU step does not hold it either)"""
+    target: str = "cuda"
+    """the device kind the pass was made for: ``cuda`` (attention as CUDA's fused kernels run it) or ``cpu``"""
+    cuda_attention_calls: int = 0
+    """attention calls run as a CUDA kernel would (0 for a CPU target, or a model without SDPA)"""
 
 
 def check_estimator_torch(version: str | None = None) -> None:
@@ -121,28 +129,26 @@ def check_estimator_torch(version: str | None = None) -> None:
 
 
 def estimate_step(
-    workload: Any, batch: int, *, amp: AmpMode = "off", optimizer: OptimizerName = "sgd"
+    workload: Any, batch: int, *, amp: AmpMode = "off", optimizer: OptimizerName = "sgd", target: AttentionTarget = "cuda"
 ) -> StepEstimate:
-    """One fake pass: memory, FLOPs and bytes of a full training step of ``workload`` at ``batch``.
+    """One fake pass: memory, FLOPs and bytes of a training step of ``workload`` at ``batch`` for ``target``.
 
     Raises:
         WorkloadError: the model cannot be built or run on fake tensors (with the cause).
-        ConfigError: unknown amp mode or optimizer.
+        ConfigError: unknown amp mode, optimizer or target.
         UserError: torch older than ``ESTIMATOR_MIN_TORCH``.
     """
-    check_estimator_torch()
+    _check_request(batch, amp, optimizer, target)
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from torchkit.estimate.attention import attention_as
     from torchkit.estimate.memory_tracker import MemoryCategory, MemoryTracker
     from torchkit.estimate.overhead import cpu_kernel_workspace_bytes, cuda_kernel_workspace_bytes
     from torchkit.estimate.rnn_workspace import RnnWorkspaceMode
     from torchkit.step.train_step import make_optimizer, run_training_iterations
     from torchkit.workloads.construct import fake_copy
 
-    check_options(amp, optimizer)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
     start = time.perf_counter()
     recorder = OpCostRecorder()
     tracker = MemoryTracker(
@@ -162,7 +168,7 @@ def estimate_step(
         tracker.register(torch.utils._pytree.tree_flatten((inputs, targets))[0], MemoryCategory.INPUTS)
         hooks = _TrackerHooks(tracker, recorder)
         try:
-            with RnnWorkspaceMode(), tracker:
+            with RnnWorkspaceMode(), tracker, attention_as(target) as attention:
                 run_training_iterations(
                     model, opt, inputs, targets, workload.loss_fn, amp=amp, hooks=hooks, warm_start=True
                 )
@@ -199,7 +205,23 @@ def estimate_step(
         kernels=kernels,
         num_params=int(num_params),
         margin_bytes=int(getattr(workload, "margin_bytes", 0)),
+        target=target,
+        cuda_attention_calls=attention.total,
     )
+
+
+def _check_request(batch: Any, amp: str, optimizer: str, target: str) -> None:
+    """What ``estimate_step`` refuses before it builds anything (see its Raises)."""
+    from torchkit.estimate.attention import TARGETS
+
+    check_estimator_torch()
+    check_options(amp, optimizer)
+    if target not in TARGETS:
+        from torchkit.errors import ConfigError
+
+        raise ConfigError(f"unknown estimate target {target!r} (use one of: {', '.join(TARGETS)})")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise WorkloadError(f"batch size must be a positive integer, got {batch!r}")
 
 
 def _fake_trainable_params(workload: Any, model: Any) -> list:
@@ -278,7 +300,17 @@ class _TrackerHooks(StepHooks):
 
 
 def cpu_peak_bytes(estimate: StepEstimate) -> int:
-    """What a real CPU training step peaks at: the fake peak plus the CPU kernel-workspace model."""
+    """What a real CPU training step peaks at: the fake peak plus the CPU kernel-workspace model.
+
+    Raises:
+        ValueError: the estimate ran attention as CUDA does (``target="cuda"`` on a model that calls SDPA),
+            so it is not what a CPU step holds; estimate with ``target="cpu"``.
+    """
+    if estimate.cuda_attention_calls:
+        raise ValueError(
+            f"this estimate of {estimate.workload!r} prices {estimate.cuda_attention_calls} attention calls as CUDA "
+            "runs them; a CPU peak needs estimate_step(..., target='cpu')"
+        )
     return max(estimate.cpu_peak_with_workspace_bytes, estimate.peak_allocated_bytes)
 
 
@@ -341,19 +373,20 @@ def estimate_steps(
     amp: AmpMode = "off",
     optimizer: OptimizerName = "sgd",
     estimates_cache: MutableMapping[tuple, StepEstimate] | None = None,
+    target: AttentionTarget = "cuda",
 ) -> tuple[tuple[StepEstimate, ...], int]:
     """``estimate_step`` for each batch, reusing ``estimates_cache`` (key: fingerprint, batch, amp,
-    optimizer). Returns the estimates (in the order of ``batches``) and the number of fake passes run."""
+    optimizer, target). Returns the estimates (in the order of ``batches``) and the number of fake passes run."""
     from torchkit.workloads import workload_fingerprint
 
     key_base = workload_fingerprint(workload) if estimates_cache is not None else ""
-    keys = [(key_base, int(batch), amp, optimizer) for batch in batches]
+    keys = [(key_base, int(batch), amp, optimizer, target) for batch in batches]
     todo = sum(1 for key in keys if estimates_cache is None or key not in estimates_cache)
     out, passes = [], 0
     for key in keys:
         cached = estimates_cache.get(key) if estimates_cache is not None else None
         if cached is None:
-            cached = estimate_step(workload, key[1], amp=amp, optimizer=optimizer)
+            cached = estimate_step(workload, key[1], amp=amp, optimizer=optimizer, target=target)
             passes += 1
             # progress inside a long estimate (a large model's pass takes seconds to tens of seconds)
             log.info("fake pass %d of %d done (batch %d, %.1f s)", passes, todo, key[1], cached.wall_s)

@@ -21,11 +21,13 @@ from typing import Any
 import yaml
 
 from torchkit.errors import ConfigError
+from torchkit.hardware.yaml_limits import DocumentLimits, YamlLimitError, check_yaml_limits
 
 #: largest config file read: the biggest shipped config is a few KiB, a 5,000-node one about 400 KiB
 MAX_CONFIG_BYTES = 16 * 2**20
 #: deepest nesting of a config: a cluster config needs 5 levels (nodes, node, gpus, entry, value); PyYAML
-#: composes recursively, so a few thousand '[' would otherwise end in RecursionError
+#: composes recursively, so a few thousand '[' would otherwise end in RecursionError (checked on the event
+#: stream, ``torchkit.hardware.yaml_limits``)
 MAX_YAML_DEPTH = 32
 #: a float in exponent notation without a '.' or a sign in the exponent (``1e3``, ``1.0e300``): YAML 1.2 and
 #: JSON read it as a number, YAML 1.1 (PyYAML) as a string
@@ -56,7 +58,7 @@ class ConfigLocation:
         )
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where PyYAML has it
     """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
 
 
@@ -90,31 +92,21 @@ def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping)
 
 
-def yaml_depth(text: str, limit: int = MAX_YAML_DEPTH) -> int:
-    """Deepest nesting of collections in YAML text, from the event stream (no recursion, nothing built);
-    stops counting as soon as it passes ``limit`` (PyYAML's scanner slows down with deep flow nesting)."""
-    depth = deepest = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > limit:
-                break
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
-    return deepest
-
-
-def parse_yaml_text(text: str, source: str) -> Any:
-    """Parse YAML text strictly (no duplicate keys, at most ``MAX_YAML_DEPTH`` levels); a syntax error becomes
-    a ConfigError with its line."""
+def parse_yaml_text(
+    text: str,
+    source: str,
+    *,
+    limits: DocumentLimits | None = None,
+) -> Any:
+    """Parse YAML text strictly: no duplicate keys, and every limit of ``torchkit.hardware.yaml_limits``
+    (``MAX_YAML_DEPTH`` levels, aliases bounded in count and expanded size, and ``limits``: entries per
+    collection, a total) checked on the event stream before anything is composed.
+    A syntax error becomes a ConfigError with its line, a limit one naming the limit."""
     try:
-        if yaml_depth(text) > MAX_YAML_DEPTH:
-            raise ConfigError(
-                f"{source}: nested more than {MAX_YAML_DEPTH} levels deep, over the limit of {MAX_YAML_DEPTH} (a "
-                "config needs about 5)"
-            )
+        check_yaml_limits(text, max_depth=MAX_YAML_DEPTH, limits=limits)
         return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass: no arbitrary objects
+    except YamlLimitError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{source}:{mark.line + 1}" if mark is not None else source
@@ -122,16 +114,20 @@ def parse_yaml_text(text: str, source: str) -> Any:
         raise ConfigError(f"{where}: YAML syntax error: {problem} (fix the YAML on that line)") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: YAML error: {exc} (fix the YAML)") from None
-    except ConfigError:
-        raise
     except ValueError as exc:  # an integer of more digits than Python converts (sys.int_info)
         raise ConfigError(f"{source}: a value batchplan cannot read: {exc} (fix the YAML)") from None
 
 
-def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
+def read_yaml_file(
+    path: str | os.PathLike[str],
+    what: str,
+    *,
+    limits: DocumentLimits | None = None,
+) -> Any:
     """Read and parse a YAML file; a missing, unreadable or malformed file is a ConfigError.
 
-    ``what`` names the kind of file for the message (``"cluster config"``, ``"GPU catalog"``).
+    ``what`` names the kind of file for the message (``"cluster config"``, ``"GPU catalog"``); ``limits``
+    bounds what it may hold (``parse_yaml_text``).
     """
     file_path = Path(path)
     if not file_path.exists():
@@ -149,7 +145,7 @@ def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
         raise ConfigError(
             f"{what} {file_path} cannot be read: {exc} (check its permissions and encoding)"
         ) from None
-    return parse_yaml_text(text, str(file_path))
+    return parse_yaml_text(text, str(file_path), limits=limits)
 
 
 def expect_mapping(

@@ -60,6 +60,11 @@ def _import_factory(spec: str) -> Callable[[], Any]:
         raise WorkloadError(f"model {spec!r} is not package.module:factory (e.g. mypkg.models:build_net)")
     try:
         module = importlib.import_module(module_name)
+    except SystemExit as e:  # sys.exit() in the user's module must not end batchplan with the user's code
+        raise WorkloadError(
+            f"importing {module_name!r} for model {spec!r} called sys.exit({e.code!r}) (a module imported for its "
+            "factory must not exit; guard its script part with if __name__ == '__main__':)"
+        ) from None
     except Exception as e:  # any import failure is the user's module, report it with its cause
         raise WorkloadError(
             f"cannot import {module_name!r} for model {spec!r}: {type(e).__name__}: {e} "
@@ -80,6 +85,10 @@ def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
         model = factory()
     except WorkloadError:
         raise
+    except SystemExit as e:  # contained: the exit code is the user's, not batchplan's
+        raise WorkloadError(
+            f"factory {spec!r} called sys.exit({e.code!r}) (it must return the model, not exit)"
+        ) from None
     except Exception as e:
         raise WorkloadError(
             f"factory {spec!r} failed: {type(e).__name__}: {e} (it must build the model with no arguments)"

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import planner.files as files_module
 import planner.profiles.cache as cache_module
+from planner.errors import ConfigError
 from planner.profiles.cache import CACHE_SCHEMA, ProfileCache, default_cache_dir
 from planner.profiles.key import KEY_FIELDS, key_of_inputs
 from planner.profiles.profile import DeviceProfile
@@ -184,7 +186,7 @@ def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache,
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(cache_module.os, "replace", failing_replace)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(ConfigError, match="cannot write the profile cache entry.*No space left"):
         cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     monkeypatch.undo()
 
@@ -196,16 +198,15 @@ def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache,
 def test_a_write_interrupted_while_dumping_leaves_no_partial_entry(cache, monkeypatch):
     cache.put(KEY, make_profile(per_sample=2**24), inputs=inputs_for())
     before = cache.path_for(KEY).read_bytes()
-    real_dump = json.dump
 
-    def half_dump(obj, handle, **kwargs):
-        handle.write(json.dumps(obj)[:20])
+    def interrupted_replace(src, dst):  # the temporary file is written; Ctrl-C comes before the rename
+        assert Path(src).read_bytes() != before
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cache_module.json, "dump", half_dump)
+    monkeypatch.setattr(files_module.os, "replace", interrupted_replace)
     with pytest.raises(KeyboardInterrupt):
         cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
-    monkeypatch.setattr(cache_module.json, "dump", real_dump)
+    monkeypatch.undo()
 
     assert cache.path_for(KEY).read_bytes() == before
     assert others(cache.directory) == []

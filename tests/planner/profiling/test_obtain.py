@@ -69,8 +69,8 @@ def test_auto_that_could_not_measure_files_the_estimate_under_the_estimates_key(
 
 def test_auto_prefers_a_profile_measured_in_a_running_job_and_says_so(cache):
     job = JOB.to_json()
-    cache.put(measured_profile_key(job, "T4", "fp16"), profile(MEASURED_METHOD),
-              inputs=measured_key_inputs(job, "T4", "fp16"))
+    cache.put(measured_profile_key(job, "T4", "fp16", fingerprint=IDENTITY[0]), profile(MEASURED_METHOD),
+              inputs=measured_key_inputs(job, "T4", "fp16", fingerprint=IDENTITY[0]))
     make = Maker("estimate")
     result = obtain_profile(request(Method.AUTO), make, cache=cache, identity=IDENTITY)
     assert result.origin is ProfileOrigin.MEASURED_IN_JOB and make.calls == 0
@@ -78,6 +78,9 @@ def test_auto_prefers_a_profile_measured_in_a_running_job_and_says_so(cache):
     assert result.key == planned_key(request(Method.AUTO), IDENTITY)
     (note,) = result.notes
     assert note.startswith("T4: step time measured in a running job") and "`method` auto prefers it" in note
+    # another model under the same name (a different fingerprint) does not get this job's measurement
+    other = obtain_profile(request(Method.AUTO), make, cache=cache, identity=("another-model", IDENTITY[1]))
+    assert other.origin is ProfileOrigin.MADE
     # asked for an estimate explicitly, the job's measurement is not used
     assert obtain_profile(request(Method.ESTIMATE), make, cache=cache, identity=IDENTITY).origin is ProfileOrigin.MADE
 

@@ -312,7 +312,7 @@ CPU_CASES = [
 @pytest.mark.parametrize(("name", "kwargs", "batch", "optimizer"), CPU_CASES)
 def test_estimated_cpu_peak_is_within_10_percent_of_the_real_one(name, kwargs, batch, optimizer) -> None:
     workload = get_workload(name, **kwargs)
-    estimate = estimate_step(workload, batch, optimizer=optimizer)
+    estimate = estimate_step(workload, batch, optimizer=optimizer, target="cpu")
     truth = measure_cpu_peak(workload, batch, optimizer=optimizer)
     assert cpu_peak_bytes(estimate) == pytest.approx(truth.peak_bytes, rel=0.10)
 

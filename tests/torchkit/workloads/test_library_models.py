@@ -25,7 +25,7 @@ def test_cpu_estimate_is_within_5_percent_of_the_real_step_at_two_batches(case: 
     require_library(case)
     workload = get_workload(case.name_with(write_tiny_gpt2_config(tmp_path)), **case.options)
     for batch in case.batches:
-        estimate = estimate_step(workload, batch)
+        estimate = estimate_step(workload, batch, target="cpu")
         truth = measure_cpu_peak(workload, batch)
         assert cpu_peak_bytes(estimate) == pytest.approx(truth.peak_bytes, rel=0.05), (case.model, batch)
 

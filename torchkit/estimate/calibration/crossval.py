@@ -63,3 +63,25 @@ def log_errors(observations: Sequence[Observation], predictions: dict[str, float
 
 def rms(values: Sequence[float]) -> float:
     return math.sqrt(sum(v * v for v in values) / len(values)) if values else 0.0
+
+
+COVERAGE_TARGET = 0.95
+"""share of cross-validated errors a stated σ must cover within ``COVERAGE_SIGMAS`` (a Gaussian's 2σ)"""
+COVERAGE_SIGMAS = 2.0
+
+
+def within(errors: Sequence[float], sigmas: Sequence[float], k: float = COVERAGE_SIGMAS) -> float:
+    """Share of ``errors`` with ``|error| <= k · sigma`` (their own sigma each)."""
+    pairs = list(zip(errors, sigmas, strict=True))
+    return sum(abs(e) <= k * s for e, s in pairs) / len(pairs) if pairs else 1.0
+
+
+def coverage_scale(errors: Sequence[float], sigmas: Sequence[float], target: float = COVERAGE_TARGET) -> float:
+    """The smallest factor ``c >= 1`` such that ``within(errors, c · sigmas) >= target``: how much a fitted σ
+    (an RMS) must grow to cover ``target`` of the errors at 2σ. RMS errors under-cover when the errors are
+    heavy-tailed, which cross-validated ones across models and cards are."""
+    ratios = sorted(abs(e) / (COVERAGE_SIGMAS * s) for e, s in zip(errors, sigmas, strict=True))
+    if not ratios:
+        return 1.0
+    needed = ratios[max(0, math.ceil(target * len(ratios)) - 1)]
+    return max(1.0, needed)
