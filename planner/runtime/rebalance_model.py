@@ -18,8 +18,9 @@ Every rank runs this on the same gathered numbers, so every rank reaches the sam
   bounded split is the min–max solution under those bounds (``bounded_split``).
 * **No lock-in.** When the fit over all steps promises no gain beyond the noise although the current split
   is measured imbalanced beyond it (older steps mislead; a small batch's fixed cost makes the neutral shape
-  under-promise), the split is solved from the current split's steps alone and taken for any predicted
-  gain: a bounded step in proportion to measured throughput, which the verdict undoes if it was wrong.
+  under-promise), the split is solved from the current split's steps alone and taken for a predicted gain
+  beyond the noise of one median (not of a difference of two): a bounded step in proportion to measured
+  throughput, which the verdict undoes if it was wrong.
 * **Verify, roll back** (``switch_verdict``): a split that measures no faster than the one before is undone
   (one only mildly slower is measured twice as long first: load bursts); a split undone is not proposed
   again for ``retry_after_steps`` steps or until the speeds change.
@@ -391,8 +392,9 @@ def decide(
     of them must be at ``current`` (one, when a measured peak is over a cap). Nothing changes while ``current`` is balanced within the noise-aware idle
     threshold and fits every cap. Otherwise the bounded split under the curves of every measured step
     (``decision_fit``), taken when it cuts the predicted step time by the gain threshold; failing that, the
-    bounded split under the current split's steps alone, taken for any predicted cut (no lock-in: a small
-    batch's fixed cost makes the neutral shape under-promise, and the verdict undoes a step that was wrong). A split in ``rejected`` (rolled back)
+    bounded split under the current split's steps alone, taken for a predicted cut beyond the noise of one
+    median (no lock-in: a small batch's fixed cost makes the neutral shape under-promise; the verdict undoes a
+    step that was wrong). A split in ``rejected`` (rolled back)
     is never proposed; a split over a (memory) cap is left whatever the gain.
     """
     at_current = [m for m in measures if m.batches == current]
@@ -404,9 +406,11 @@ def decide(
     limit = thresholds(at_current, policy)
     low, high = move_bounds(current, caps, multiple_of=multiple_of, min_batch=min_batch,
                             factor=policy.max_move_factor)
-    # the refit must promise a gain beyond the noise; the bounded step from the current split's steps alone
-    # only a gain at all: the split is measured imbalanced beyond the noise, and the verdict undoes a bad step
-    for basis, reason, needed in ((measures, "refit", limit.gain), (at_current, "bounded step", 0.0)):
+    # the refit must promise a gain beyond the noise of a difference of two medians; the bounded step from the
+    # current split's steps alone (measured imbalanced beyond the noise; the verdict undoes a bad step) beyond
+    # that of one median: identical ranks' noise does not move it, a small batch's fixed cost no longer locks
+    step_gain = max(policy.min_gain, limit.gain / math.sqrt(2.0))
+    for basis, reason, needed in ((measures, "refit", limit.gain), (at_current, "bounded step", step_gain)):
         fits = tuple(decision_fit(median_points(basis, r), policy.prior_weight) for r in range(len(current)))
         new = bounded_split(fits, sum(current), low, high, multiple_of)
         if new is None or new == current or new in rejected:
