@@ -86,7 +86,7 @@ def print_plan(
     elif emit == "slurm":
         from planner.plan.slurm_launch import srun_line
 
-        echo(srun_line(plan.to_json()))
+        echo(srun_line(plan))
     else:
         render_plan(plan)
 
