@@ -10,11 +10,15 @@ small MLP on a regression task) so the script runs anywhere; replace ``make_data
 with yours and keep the four marked lines.
 
 ``--rebalance`` lets the job correct its plan (``planner.runtime.Rebalancer``, the lines marked R): each rank
-times its own compute in the first steps, the split is re-solved from the measured times, and at the end
-rank 0 writes the measured profiles to the profile cache and the plan file back with the batches that ran
-and a ``measured`` section (``--write-plan``; default the ``--plan`` file itself), then prints one
-``rebalance: ...`` line. ``--simulate-speed 1,2,4`` declares a simulation of slower devices on CPU: rank i's
-compute is stretched in proportion to its batch (``planner.runtime.simulate``). The synthetic MLP's times
+times its own compute all run long, the split is re-solved in bounded, verified steps, and at the end rank 0
+writes the plan file back with the batches that ran and a ``measured`` section (``--write-plan``; default
+the ``--plan`` file itself) and, for a run that was not simulated, the measured profiles to the profile
+cache, then prints one ``rebalance: ...`` line. ``--simulate-speed 1,2,4`` declares a simulation of slower
+devices on CPU: rank i's compute is stretched to K_i times a per-sample time shared by all ranks
+(``--simulate-sample-ms``, or measured after warm-up and agreed); ``--simulate-speed-change 30:4,2,1``
+changes the speeds from step 30 on (``planner.runtime.simulate``). A simulated run writes no profile. If a
+rank dies or hangs, every other rank stops within ``--collective-timeout`` seconds (plus a few to name it)
+with one line ``error: rebalance: rank N stopped answering ...`` and exit code 1. The synthetic MLP's times
 are fed back under the plan's job name: with your own model, train the model the plan was made for.
 """
 
@@ -25,13 +29,14 @@ import contextlib
 import os
 import socket
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from planner.errors import UserError
+from planner.errors import RebalanceError, UserError
 from planner.runtime import PlannedBatchSampler, RankPlan, load_rank_plan
 
 
@@ -73,11 +78,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     group = parser.add_argument_group("re-balancing (planner.runtime.Rebalancer)")
     group.add_argument("--rebalance", action="store_true", help="measure each rank's compute and re-balance the split")
     group.add_argument("--probe-steps", type=int, default=10, help="steps measured at the start (default 10)")
-    group.add_argument("--check-every", type=int, default=50, help="later, one measured step in this many (default 50)")
+    group.add_argument("--check-every", type=int, default=5,
+                       help="later (watching), gather the steps' times at least every this many steps (default 5)")
     group.add_argument("--simulate-speed", metavar="K0,K1,...",
                        help="declared simulation: rank i computes K_i times slower per sample (needs --rebalance)")
     group.add_argument("--simulate-sample-ms", type=float, default=None,
-                       help="per-sample ms of a speed-1 rank in the simulation (default: measured in the first step)")
+                       help="per-sample ms of a speed-1 rank in the simulation (default: measured after warm-up, "
+                            "the same for all ranks)")
+    group.add_argument("--simulate-speed-change", metavar="STEP:K0,K1,...",
+                       help="from optimizer step STEP on, simulate these speeds instead (tests the watching)")
+    group.add_argument("--collective-timeout", type=float, default=30.0,
+                       help="seconds any rank waits for another before the job stops (default 30)")
     group.add_argument("--write-plan", default=None, help="where rank 0 writes the updated plan (default: --plan)")
     group.add_argument("--cache-dir", default=None, help="profile cache for the measured profiles (default: the planner's)")
     group.add_argument("--no-feedback", action="store_true", help="write neither the plan nor the measured profiles")
@@ -86,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--steps must be at least 1")
     if args.simulate_speed and not args.rebalance:
         parser.error("--simulate-speed needs --rebalance (the simulation runs inside the re-balancer's timing)")
+    if args.simulate_speed_change and not args.simulate_speed:
+        parser.error("--simulate-speed-change needs --simulate-speed (the speeds it changes from)")
+    if args.simulate_sample_ms is not None and not 0 < args.simulate_sample_ms < float("inf"):
+        parser.error("--simulate-sample-ms must be a number of milliseconds > 0")
+    if not 0 < args.collective_timeout < float("inf"):
+        parser.error("--collective-timeout must be a number of seconds > 0")
     if args.probe_steps < 1 or args.check_every < 1:
         parser.error("--probe-steps and --check-every must be at least 1")
     return args
@@ -96,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_rank_plan(args.plan)  # (1) this rank's batch and weight; fails before any collective
         if args.simulate_speed:
-            from planner.runtime.simulate import parse_speeds
+            from planner.runtime.simulate import parse_speed_change, parse_speeds
 
             parse_speeds(args.simulate_speed, plan.world_size)  # a bad list fails here, not inside a collective
+            if args.simulate_speed_change:
+                parse_speed_change(args.simulate_speed_change, plan.world_size)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -118,25 +137,34 @@ def main(argv: list[str] | None = None) -> int:
         device, backend = torch.device("cpu"), "gloo"
     if plan.world_size == 1 and "RANK" not in os.environ:
         _single_process_environment()
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    # with --rebalance every collective of the job waits at most --collective-timeout for a rank
+    timeout = {"timeout": timedelta(seconds=args.collective_timeout)} if args.rebalance else {}
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None, **timeout)
     try:
         train(args, plan, device)
-    finally:
-        dist.destroy_process_group()
+    except RebalanceError as exc:
+        # a rank died or hung: one line, and out without tearing gloo down (a dead peer makes it abort)
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    dist.destroy_process_group()
     return 0
 
 
 def make_rebalancer(args: argparse.Namespace, plan: RankPlan, sampler: PlannedBatchSampler, ddp, device):
     """The re-balancer of ``--rebalance`` (R1), with the declared simulation when asked for."""
     from planner.runtime import RebalancePolicy, Rebalancer, SimulatedSpeed
-    from planner.runtime.simulate import parse_speeds
+    from planner.runtime.simulate import parse_speed_change, parse_speeds
 
     simulate = None
     if args.simulate_speed:
         sample_s = args.simulate_sample_ms / 1e3 if args.simulate_sample_ms is not None else None
-        simulate = SimulatedSpeed(factors=parse_speeds(args.simulate_speed, plan.world_size), sample_s=sample_s)
+        changes = [parse_speed_change(args.simulate_speed_change, plan.world_size)] if args.simulate_speed_change else []
+        simulate = SimulatedSpeed(factors=parse_speeds(args.simulate_speed, plan.world_size), sample_s=sample_s,
+                                  changes=changes)
     policy = RebalancePolicy(probe_steps=args.probe_steps, check_every_steps=args.check_every)
-    return Rebalancer.from_plan(args.plan, sampler, ddp, policy=policy, simulate=simulate, device=device)
+    return Rebalancer.from_plan(args.plan, sampler, ddp, policy=policy, simulate=simulate, device=device,
+                                collective_timeout_s=args.collective_timeout)
 
 
 def train(args: argparse.Namespace, plan: RankPlan, device: torch.device) -> None:
@@ -184,7 +212,12 @@ def train(args: argparse.Namespace, plan: RankPlan, device: torch.device) -> Non
             step += 1
             # Σ_i w_i·L_i / W is the mean loss over all samples of the step (the weights make it so)
             global_loss = rank_loss * weight / plan.world_size
-            dist.all_reduce(global_loss)
+            try:
+                dist.all_reduce(global_loss)
+            except dist.DistError as exc:  # a rank died or hung: name it (the re-balancer asks the others)
+                if rebalancer is None:
+                    raise
+                raise rebalancer.collective_failure("the loss all-reduce", exc) from exc
             print(
                 f"rank {plan.rank} step {step}/{args.steps}: batch {len(index)} loss {rank_loss.item():.6f} "
                 f"global_loss {global_loss.item():.6f}",

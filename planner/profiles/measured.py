@@ -3,7 +3,7 @@
 A re-balanced job writes, per GPU type, a profile whose step-time points are the compute times its ranks
 measured (method ``"job"``) into the profile cache under :func:`measured_profile_key`. The key holds what
 decides how fast one training step runs: the job's model, input and optimizer, the AMP mode and the GPU
-type, and the workload's fingerprint (``planner.profiling.job_fingerprint``: a model whose code or
+type, the torch version, and the workload's fingerprint (``planner.profiling.job_fingerprint``: a model whose code or
 settings changed is another step, whose plan must not be answered with the old model's times); not the planning options (fraction, mode, global batch, multiple-of), so a re-plan with another
 global batch still finds it. ``batchplan plan --method auto`` looks there before estimating
 (:func:`find_measured`) and says so in the plan's warnings. Pure: no torch.
@@ -17,7 +17,8 @@ from typing import Any
 from planner.profiles.key import key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
-__all__ = ["MEASURED_METHOD", "MEASURED_SCHEME", "find_measured", "measured_key_inputs", "measured_profile_key"]
+__all__ = ["MEASURED_METHOD", "MEASURED_SCHEME", "find_measured", "measured_key_inputs", "measured_profile_key",
+           "software_version"]
 
 #: ``DeviceProfile.method`` of a profile measured inside a running job
 MEASURED_METHOD = "job"
@@ -29,13 +30,26 @@ _STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
 MEASURED_SCHEME = "measured-in-job"
 
 
+def software_version() -> str:
+    """The torch this process would train with (its installed version, read without importing torch): a
+    profile measured under one torch answers only plans made under the same."""
+    import importlib.metadata
+
+    try:
+        return "torch " + importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "torch unknown"
+
+
 def measured_key_inputs(job: Mapping[str, Any], gpu: str, amp: str, *, fingerprint: str) -> dict[str, str]:
     """The named parts of :func:`measured_profile_key`, in the order it hashes them (the profile cache records
     them so that an entry's key can be recomputed from what it claims to describe). ``fingerprint``: the
-    job's workload fingerprint (``planner.profiling.job_fingerprint(job)[0]``)."""
+    job's workload fingerprint (``planner.profiling.job_fingerprint(job)[0]``); ``software`` is this
+    process's torch: the job that measured and the planner that reads must run the same."""
     parts = [job.get(name) for name in _STEP_FIELDS]
-    values = [MEASURED_SCHEME, fingerprint, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu]
-    names = ["scheme", "fingerprint", *_STEP_FIELDS, "amp", "gpu"]
+    values = [MEASURED_SCHEME, fingerprint, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu,
+              software_version()]
+    names = ["scheme", "fingerprint", *_STEP_FIELDS, "amp", "gpu", "software"]
     return {name: str(value) for name, value in zip(names, values, strict=True)}
 
 

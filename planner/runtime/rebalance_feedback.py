@@ -13,6 +13,15 @@ notes say which). The profile's ``method`` is ``"job"``. It is cached under :fun
 the job's model, input, amp and optimizer and the GPU type — not the planning options (fraction, global
 batch, mode), which do not change how fast a step runs. ``batchplan plan --method auto`` looks there first.
 
+What it cannot poison. A simulated run (``--simulate-speed``) files no profile at all: its times are the
+simulation's (``planner.runtime.rebalance.Rebalancer.feedback``). A real run's profile is keyed by the job
+and by the torch that ran it (``planner.profiles.measured.measured_key_inputs``: ``software``), and carries
+its marks in its notes and in the plan's ``measured.marks``: the model the plan names, the software and the
+link (backend, nodes, ranks).
+
+Per step, each rank's compute and synchronisation wait (``sync_wait_s``) are in ``measured.step_times``: the
+wait is what a communication model can be checked against.
+
 Known limitations: the times are those of the training script that ran, under the plan's job name: a
 script that trains another model than the plan names feeds back that model's times (the synthetic
 examples do; their summary says so). Ranks of one GPU type are pooled, so a type that ran at different
@@ -28,7 +37,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from planner.plan.derived import check_identities
-from planner.profiles.measured import MEASURED_METHOD, measured_profile_key
+from planner.profiles.measured import MEASURED_METHOD, measured_profile_key, software_version
 from planner.profiles.profile import DeviceProfile
 from planner.runtime.rebalance_model import (
     RankLimits,
@@ -43,8 +52,16 @@ from torchkit.step.fit import fit_memory, time_fit_from_json
 if TYPE_CHECKING:
     from planner.plan.types import Plan
 
-__all__ = ["MEASURED_METHOD", "measured_fingerprint", "measured_profile_key", "measured_profiles", "measured_section",
-           "updated_plan"]
+__all__ = ["MEASURED_METHOD", "job_marks", "measured_fingerprint", "measured_profile_key", "measured_profiles",
+           "measured_section", "updated_plan"]
+
+#: the most steps ``measured.step_times`` lists (the latest); a long job's plan file stays small
+MAX_STEPS_LISTED = 500
+
+
+def job_marks(link: str) -> dict[str, str]:
+    """What a real run's feedback is marked with besides its key: the software and the link it ran on."""
+    return {"software": software_version(), "link": link}
 
 
 def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> list[tuple[int, float, int]]:
@@ -71,7 +88,7 @@ def measured_profiles(
     measures: Sequence[StepMeasure],
     *,
     prior_weight: float = 1.0,
-    note: str = "",
+    marks: Mapping[str, str] | None = None,
 ) -> dict[str, DeviceProfile]:
     """One measured profile per GPU type of the plan, keyed by :func:`measured_profile_key`."""
     job = plan.job.to_json()
@@ -84,8 +101,9 @@ def measured_profiles(
         base = plan.profiles[plan.ranks[ranks[0]].profile]
         points = _pooled_points(measures, ranks)
         time_fit = fit_rank_time(points, base.time_fit, prior_weight)
-        notes = [f"{gpu}: step time measured in a running job ({len(measures)} steps on {len(ranks)} rank(s)"
-                 f"{', ' + note if note else ''})"]
+        marked = "".join(f", {name} {value}" for name, value in (marks or {}).items())
+        notes = [f"{gpu}: step time measured in a running job of {job.get('model')} ({len(measures)} steps on "
+                 f"{len(ranks)} rank(s){marked})"]
         peaks: dict[int, int] = {}
         for measure in measures:
             if measure.peak_bytes is not None:
@@ -113,8 +131,10 @@ def measured_section(
     *,
     prior_weight: float = 1.0,
     simulated: str | None = None,
+    marks: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The plan's ``measured`` section: what ran, what each rank measured, the refitted curves."""
+    """The plan's ``measured`` section: what ran, what each rank measured (per step: compute and
+    synchronisation wait), the refitted curves."""
     ranks = []
     for entry in plan.ranks:
         rank = entry.rank
@@ -136,7 +156,7 @@ def measured_section(
         "steps": report.steps,
         "measured_steps": len(measures),
         "switches": [{"decided_at_step": s.decided_at_step, "batches": list(s.batches),
-                      "predicted_step_s": s.predicted_step_s, "previous_step_s": s.previous_step_s}
+                      "predicted_step_s": s.predicted_step_s, "previous_step_s": s.previous_step_s, "kind": s.kind}
                      for s in report.switches],
         "steps_to_balance": report.steps_to_balance,
         "batches_first": list(report.batches_first),
@@ -145,8 +165,16 @@ def measured_section(
         "max_idle_last": report.max_idle_last,
         "step_time_first_s": step_s(report.batches_first),
         "step_time_last_s": step_s(report.batches_last),
+        "rollbacks": report.rollbacks,
+        "watch_overhead": report.watch_overhead,
+        "compute_s_last": None if report.compute_s_last is None else list(report.compute_s_last),
+        "sync_wait_s_last": None if report.sync_wait_s_last is None else list(report.sync_wait_s_last),
         "simulated": simulated,
+        "marks": {"model": str(plan.job.model), **(marks or {})},
         "ranks": ranks,
+        "step_times": [{"step": m.step, "batches": list(m.batches), "compute_s": list(m.compute_s),
+                   "sync_wait_s": None if m.sync_wait_s is None else list(m.sync_wait_s)}
+                  for m in measures[-MAX_STEPS_LISTED:]],
     }
 
 
@@ -167,7 +195,8 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
         what = f"re-balanced in the running job: batches {section['batches_first']} -> {batches}"
     else:
         what = f"the running job kept the planned batches {batches}"
-    what += f" from measured compute times (max idle {section['max_idle_last']:.1%}; see 'measured')"
+    idle = section["max_idle_last"]
+    what += f" from measured compute times (max idle {'n/a' if idle is None else format(idle, '.1%')}; see 'measured')"
     if section.get("simulated"):
         what += f"; {section['simulated']}"
     updated = plan.replace(

@@ -3,18 +3,19 @@ every sample of an epoch was taken exactly once (pure Python: the gathered numbe
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.runtime.rebalance_model import StepMeasure, max_idle, median_points
+from planner.runtime.rebalance_model import StepMeasure, max_idle
 
 __all__ = ["RebalanceReport", "Switch", "build_report", "samples_once"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Switch:
-    """One re-balancing decision."""
+    """One change of the split: a re-balancing decision or the roll-back of one."""
 
     decided_at_step: int
     """optimizer step after which it was decided"""
@@ -22,9 +23,11 @@ class Switch:
     """(sampler pass, micro-step) from which the new split is used"""
     batches: tuple[int, ...]
     predicted_step_s: float
-    """step time of the new split under the refitted curves"""
+    """step time of the new split: predicted (a decision), or as measured before (a roll-back)"""
     previous_step_s: float
-    """step time of the old split under the same curves"""
+    """step time of the old split: under the same curves (a decision), or as measured (a roll-back)"""
+    kind: str = "refit"
+    """``refit``, ``bounded step`` (``planner.runtime.rebalance_model.Decision.reason``) or ``rollback``"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,33 +36,57 @@ class RebalanceReport:
 
     steps: int
     switches: tuple[Switch, ...]
+    """every change of the split, roll-backs included"""
     steps_to_balance: int
     """optimizer steps run before the final split took effect (0: the plan's split was kept)"""
-    max_idle_first: float
-    """largest idle share with the plan's split (medians of its measured steps)"""
-    max_idle_last: float
-    """largest idle share with the final split"""
+    max_idle_first: float | None
+    """largest idle share with the plan's split (medians of its measured steps); None: none measured"""
+    max_idle_last: float | None
+    """largest idle share with the final split (its last run's steps, else any); None: none measured"""
     batches_first: tuple[int, ...]
     batches_last: tuple[int, ...]
+    compute_s_last: tuple[float, ...] | None = None
+    """each rank's median compute per step with the final split"""
+    sync_wait_s_last: tuple[float, ...] | None = None
+    """each rank's median synchronisation wait per step with the final split (``StepMeasure.sync_wait_s``)"""
+    watch_overhead: float | None = None
+    """share of the watching steps' time spent gathering and deciding (None: the job never got to watch)"""
+
+    @property
+    def rollbacks(self) -> int:
+        return sum(1 for s in self.switches if s.kind == "rollback")
 
     def line(self, samples_once: bool) -> str:
         """The one summary line the examples print."""
+        def idle(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.3f}"
+
+        def seconds(values: tuple[float, ...] | None) -> str:
+            return "n/a" if values is None else "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
+
+        overhead = "n/a" if self.watch_overhead is None else f"{self.watch_overhead:.2%}"
         return (
             f"rebalance: switches={len(self.switches)} steps_to_balance={self.steps_to_balance} "
-            f"max_idle_first={self.max_idle_first:.3f} max_idle_last={self.max_idle_last:.3f} "
+            f"max_idle_first={idle(self.max_idle_first)} max_idle_last={idle(self.max_idle_last)} "
             f"batches_first={list(self.batches_first)} batches_last={list(self.batches_last)} "
-            f"samples_once={'true' if samples_once else 'false'}"
+            f"samples_once={'true' if samples_once else 'false'} rollbacks={self.rollbacks} "
+            f"compute_s_last={seconds(self.compute_s_last)} sync_wait_s_last={seconds(self.sync_wait_s_last)} "
+            f"watch_overhead={overhead}"
         )
 
 
-def _split_idle(measures: Sequence[StepMeasure], split: tuple[int, ...], since_step: int, warmup_steps: int) -> float:
-    """Largest idle share of the medians of the steps at ``split`` from ``since_step`` on (warm-up left out
-    when other steps exist); NaN when none was measured."""
+def _usable(measures: Sequence[StepMeasure], split: tuple[int, ...], since_step: int,
+            warmup_steps: int) -> list[StepMeasure]:
+    """The steps at ``split`` from ``since_step`` on (warm-up left out when other steps exist)."""
     candidates = [m for m in measures if m.batches == split and m.step >= since_step]
-    usable = [m for m in candidates if m.step > warmup_steps] or candidates
-    if not usable:
-        return float("nan")
-    return max_idle([median_points(usable, r)[0][1] for r in range(len(split))])
+    return [m for m in candidates if m.step > warmup_steps] or candidates
+
+
+def _medians(at: Sequence[StepMeasure], field: str) -> tuple[float, ...] | None:
+    rows = [getattr(m, field) for m in at if getattr(m, field) is not None]
+    if not rows:
+        return None
+    return tuple(statistics.median(row[r] for row in rows) for r in range(len(rows[0])))
 
 
 def build_report(
@@ -68,18 +95,25 @@ def build_report(
     switches: Sequence[Switch],
     *,
     warmup_steps: int,
+    watch_overhead: float | None = None,
 ) -> RebalanceReport:
     """The report of a run whose steps used ``splits`` (in step order)."""
     first, last = splits[0], splits[-1]
     run_start = len(splits)
     while run_start > 0 and splits[run_start - 1] == last:
         run_start -= 1
+    at_first = _usable(measures, first, 1, warmup_steps)
+    # the final split's last run; a split seen before and not measured since: its earlier steps
+    at_last = _usable(measures, last, run_start + 1, warmup_steps) or _usable(measures, last, 1, warmup_steps)
+    compute_first, compute_last = _medians(at_first, "compute_s"), _medians(at_last, "compute_s")
     return RebalanceReport(
         steps=len(splits), switches=tuple(switches),
         steps_to_balance=run_start if switches else 0,
-        max_idle_first=_split_idle(measures, first, 1, warmup_steps),
-        max_idle_last=_split_idle(measures, last, run_start + 1, warmup_steps),
-        batches_first=first, batches_last=last)
+        max_idle_first=None if compute_first is None else max_idle(compute_first),
+        max_idle_last=None if compute_last is None else max_idle(compute_last),
+        batches_first=first, batches_last=last,
+        compute_s_last=compute_last, sync_wait_s_last=_medians(at_last, "sync_wait_s"),
+        watch_overhead=watch_overhead)
 
 
 def samples_once(sampler: Any, taken: Sequence[Sequence[tuple[int, int, list[int]]]]) -> bool:

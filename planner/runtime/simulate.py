@@ -7,13 +7,21 @@ leave for the all-reduce (``planner.runtime.rebalance`` calls it from its DDP co
 ``no_sync`` micro-step). It is never on unless asked for (``--simulate-speed`` in the examples), and the
 plan, the logs and the summary line say so.
 
-Two forms:
+One per-sample time ``s`` is shared by all ranks, so ``--simulate-speed 1,2,4`` means speeds 1, 2 and 4:
 
 * ``sample_s`` declared: the simulated device needs ``k_i × sample_s`` seconds per sample, so the sleep is
   ``k_i × sample_s × b`` and the (small) real compute is noise on top. Tests and benchmarks use this: the
   sleeps dominate the noise of a loaded machine.
-* ``sample_s`` not given: the real compute plays the part of speed 1; the rank measures its own per-sample
-  time ``s`` in its first micro-step and sleeps ``(k_i − 1) × s × b``.
+* ``sample_s`` not given: the real compute plays the part of speed 1 and the sleep is ``(k_i − 1) × s × b``,
+  with ``s`` measured once, after the warm-up, and agreed by all ranks (the median of the ranks' real
+  seconds per sample in the same step: ``agree``). Until then nothing sleeps; the re-balancer leaves those
+  steps out of its fits.
+
+A speed that changes mid-run (``changes``, ``--simulate-speed-change STEP:K0,K1,...``) tests that the job keeps
+watching: from optimizer step STEP on, the factors are K0, K1, ...
+
+Known limitations: the simulated device is slower per sample only; a fixed per-step cost of a real slow
+device is not modelled.
 """
 
 from __future__ import annotations
@@ -23,10 +31,10 @@ from dataclasses import dataclass, field
 
 from planner.errors import ConfigError
 
-__all__ = ["SimulatedSpeed", "parse_speeds"]
+__all__ = ["SimulatedSpeed", "parse_speed_change", "parse_speeds"]
 
 
-def parse_speeds(text: str, world_size: int) -> tuple[float, ...]:
+def parse_speeds(text: str, world_size: int, flag: str = "--simulate-speed") -> tuple[float, ...]:
     """``"1,2,4"`` → ``(1.0, 2.0, 4.0)``: one slowdown factor ≥ 1 per rank.
 
     Raises:
@@ -35,12 +43,25 @@ def parse_speeds(text: str, world_size: int) -> tuple[float, ...]:
     try:
         factors = tuple(float(part) for part in text.split(","))
     except ValueError:
-        raise ConfigError(f"--simulate-speed {text!r} is invalid (use one factor per rank, e.g. 1,2,4)") from None
+        raise ConfigError(f"{flag} {text!r} is invalid (use one factor per rank, e.g. 1,2,4)") from None
     if len(factors) != world_size:
-        raise ConfigError(f"--simulate-speed {text!r} gives {len(factors)} factors for {world_size} ranks (give one per rank)")
-    if any(not f >= 1 for f in factors):
-        raise ConfigError(f"--simulate-speed {text!r}: every factor must be >= 1 (1 = this machine's speed)")
+        raise ConfigError(f"{flag} {text!r} gives {len(factors)} factors for {world_size} ranks (give one per rank)")
+    if any(not 1 <= f < float("inf") for f in factors):
+        raise ConfigError(f"{flag} {text!r}: every factor must be a number >= 1 (1 = this machine's speed)")
     return factors
+
+
+def parse_speed_change(text: str, world_size: int) -> tuple[int, tuple[float, ...]]:
+    """``"30:4,2,1"`` → ``(30, (4.0, 2.0, 1.0))``: from optimizer step 30 on, these factors.
+
+    Raises:
+        ConfigError: not ``STEP:K0,K1,...`` with STEP ≥ 1 and one factor ≥ 1 per rank.
+    """
+    flag = "--simulate-speed-change"
+    step_text, colon, factors_text = text.partition(":")
+    if not colon or not step_text.strip().isdigit() or int(step_text) < 1:
+        raise ConfigError(f"{flag} {text!r} is invalid (use STEP:K0,K1,... with STEP >= 1, e.g. 30:4,2,1)")
+    return int(step_text), parse_speeds(factors_text, world_size, flag)
 
 
 @dataclass(kw_only=True)
@@ -48,27 +69,65 @@ class SimulatedSpeed:
     """Slowdown factors per rank, and the per-sample time they multiply (see the module docstring)."""
 
     factors: Sequence[float]
-    """k_i per rank (1 = full speed)"""
+    """k_i per rank (1 = full speed), from the first step on"""
     sample_s: float | None = None
-    """declared seconds per sample of a speed-1 device; None: measured on each rank's first micro-step"""
-    _measured_sample_s: float | None = field(default=None, repr=False)
+    """declared seconds per sample of a speed-1 device; None: measured after the warm-up and agreed (``agree``)"""
+    changes: Sequence[tuple[int, Sequence[float]]] = ()
+    """``(step, factors)``: from optimizer step ``step`` on, these factors (a speed change mid-run)"""
+    _agreed_sample_s: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.factors = tuple(float(f) for f in self.factors)
-        if not self.factors or any(not f >= 1 for f in self.factors):
-            raise ConfigError(f"simulated speed factors must all be >= 1, got {list(self.factors)}")
-        if self.sample_s is not None and not self.sample_s > 0:
+        self.changes = tuple(sorted((int(step), tuple(float(f) for f in fs)) for step, fs in self.changes))
+        for factors in (self.factors, *(fs for _, fs in self.changes)):
+            if not factors or len(factors) != len(self.factors) or any(not 1 <= f < float("inf") for f in factors):
+                raise ConfigError(f"simulated speed factors must be one number >= 1 per rank, got {list(factors)}")
+        if any(step < 1 for step, _ in self.changes):
+            raise ConfigError(f"a simulated speed change must start at optimizer step >= 1, got {list(self.changes)}")
+        if self.sample_s is not None and not 0 < self.sample_s < float("inf"):
             raise ConfigError(f"simulated per-sample time must be > 0 s, got {self.sample_s!r}")
 
-    def extra_s(self, rank: int, batch: int, real_s: float) -> float:
-        """Seconds to sleep after ``real_s`` seconds of real compute on ``batch`` samples."""
-        factor = self.factors[rank]
+    def factors_at(self, step: int) -> tuple[float, ...]:
+        """The factors in force in optimizer step ``step`` (from 1)."""
+        factors = self.factors
+        for start, changed in self.changes:
+            if step >= start:
+                factors = changed
+        return tuple(factors)
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the shared per-sample time is still to be agreed (nothing sleeps until it is)."""
+        return self.sample_s is None and self._agreed_sample_s is None
+
+    def agree(self, sample_s: float) -> None:
+        """Set the shared per-sample time of speed 1 (the same value on every rank)."""
+        if not sample_s >= 0:
+            raise ValueError(f"the agreed per-sample time must be >= 0, got {sample_s!r}")  # our own invariant
+        self._agreed_sample_s = float(sample_s)
+
+    def extra_s(self, rank: int, batch: int, step: int) -> float:
+        """Seconds to sleep after rank ``rank``'s real compute on ``batch`` samples in optimizer step ``step``."""
+        factor = self.factors_at(step)[rank]
         if self.sample_s is not None:
             return factor * self.sample_s * batch
-        if self._measured_sample_s is None:
-            self._measured_sample_s = max(real_s, 0.0) / max(batch, 1)
-        return (factor - 1.0) * self._measured_sample_s * batch
+        if self._agreed_sample_s is None:
+            return 0.0
+        return (factor - 1.0) * self._agreed_sample_s * batch
+
+    def step_time_s(self, batches: Sequence[int], step: int) -> float:
+        """The simulated step time of a split, the slowest rank's (declared ``sample_s`` only: the truth a
+        benchmark compares with)."""
+        if self.sample_s is None:
+            raise ValueError("step_time_s needs a declared sample_s")  # our own invariant
+        return max(k * self.sample_s * b for k, b in zip(self.factors_at(step), batches, strict=True))
 
     def describe(self) -> str:
-        per_sample = f"{self.sample_s * 1e3:g} ms/sample" if self.sample_s is not None else "measured per-sample time"
-        return f"simulated speeds {list(self.factors)} × {per_sample}"
+        if self.sample_s is not None:
+            per_sample = f"{self.sample_s * 1e3:g} ms/sample"
+        elif self._agreed_sample_s is not None:
+            per_sample = f"{self._agreed_sample_s * 1e3:.3g} ms/sample (measured after warm-up, agreed by all ranks)"
+        else:
+            per_sample = "a per-sample time measured after warm-up"
+        changes = "".join(f", from step {step}: {list(fs)}" for step, fs in self.changes)
+        return f"simulated speeds {list(self.factors)}{changes} × {per_sample}"

@@ -38,4 +38,4 @@ def test_ray_train_workers_rebalance_and_the_driver_keeps_what_they_measured(tmp
     updated = json.loads(plan_path.read_text())
     assert [r["batch"] for r in updated["ranks"]] == batches_last
     assert updated["measured"]["batches_first"] == [24, 24, 8]
-    assert len(list((tmp_path / "cache").glob("*.json"))) == 3
+    assert not list((tmp_path / "cache").glob("*.json"))  # a simulated run files no profile (they would poison)

@@ -1,8 +1,10 @@
 """examples/train_ddp.py --rebalance under torchrun: three gloo ranks with simulated speeds 1,2,4 start from
-a plan 2× wrong, re-balance, print one summary line, and leave the measured plan and profiles behind."""
+a plan 2× wrong, re-balance, print one summary line, and leave the measured plan behind (and, simulated, no
+profile); a rank killed mid-run ends every rank within the collective timeout, each with one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -10,9 +12,7 @@ import sys
 
 import pytest
 
-from planner.profiles.cache import ProfileCache
 from planner.runtime.rank_plan import load_rank_plan
-from planner.runtime.rebalance_feedback import measured_fingerprint, measured_profile_key
 from tests.net import free_port
 from tests.planner.runtime.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
 from tests.planner.test_example_train_ddp import EXAMPLE, child_env
@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
 LINE = re.compile(
     r"^rebalance: switches=(?P<switches>\d+) steps_to_balance=(?P<steps>\d+) max_idle_first=(?P<first>[\d.]+) "
     r"max_idle_last=(?P<last>[\d.]+) batches_first=\[(?P<bfirst>[\d, ]+)\] batches_last=\[(?P<blast>[\d, ]+)\] "
-    r"samples_once=(?P<once>true|false)$", re.MULTILINE)
+    r"samples_once=(?P<once>true|false) rollbacks=(?P<rollbacks>\d+) compute_s_last=\[(?P<compute>[\d., ]+)\] "
+    r"sync_wait_s_last=\[(?P<wait>[\d., ]+)\] watch_overhead=(?P<watch>[\d.]+%|n/a)$", re.MULTILINE)
 
 
 def test_rebalance_corrects_a_two_times_wrong_plan_and_writes_what_it_measured(tmp_path):
@@ -58,16 +59,13 @@ def test_rebalance_corrects_a_two_times_wrong_plan_and_writes_what_it_measured(t
     assert updated["measured"]["batches_first"] == [24, 24, 8]
     assert updated["measured"]["simulated"].startswith("simulated speeds [1.0, 2.0, 4.0]")
     assert load_rank_plan(updated, rank=2).batch == batches_last[2]
-    # and the cache one measured profile per GPU type, rank 2 (speed 4) the slowest per sample
-    profiles = ProfileCache(cache)
-    per_sample = {}
-    for entry in updated["ranks"]:
-        profile = profiles.get(measured_profile_key(updated["job"], entry["gpu"], "off",
-                                                    fingerprint=measured_fingerprint(updated["job"])))
-        assert profile is not None and profile.method == "job"
-        per_sample[entry["rank"]] = profile.time_fit.s_per_sample
+    # a simulated run files no profile (its times are the simulation's); the plan's measured section has
+    # each rank's refitted curve, rank 2 (speed 4) the slowest per sample, and per step compute and wait apart
+    assert not cache.exists() or not any(cache.iterdir())
+    per_sample = [r["time_fit"]["s_per_sample"] for r in updated["measured"]["ranks"]]
     assert per_sample[0] < per_sample[1] < per_sample[2]
     assert per_sample[2] / per_sample[0] == pytest.approx(4.0, rel=0.25)
+    assert all(len(s["sync_wait_s"]) == 3 for s in updated["measured"]["step_times"])
 
 
 def test_simulate_speed_with_the_wrong_number_of_ranks_is_one_line_and_exit_2(tmp_path):
@@ -80,3 +78,67 @@ def test_simulate_speed_with_the_wrong_number_of_ranks_is_one_line_and_exit_2(tm
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: --simulate-speed '1,2' gives 2 factors")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["hang", "kill"])
+def test_a_rank_that_hangs_or_is_killed_mid_run_ends_the_job_within_60_s_naming_it(tmp_path, kind):
+    """A hung rank (SIGSTOP): the two others stop after the 15 s collective timeout, each with one line naming
+    rank 2, and torchrun then ends the job. A killed rank (SIGKILL): torchrun sees it and stops the others at
+    once (its summary names the rank); either way the job ends far within 60 s, not after 30 minutes."""
+    import os
+    import signal
+    import time
+
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(wrong_plan(2.0)))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
+        str(EXAMPLE), "--plan", str(plan_path), "--steps", "400", "--dataset-size", "560", "--rebalance",
+        "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--no-feedback", "--collective-timeout", "15",
+    ]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+                           cwd=tmp_path)
+    pid = None
+    try:
+        logs = tmp_path / "logs"
+        deadline = time.monotonic() + 180
+        while pid is None and time.monotonic() < deadline:  # rank 2 at work: its log shows step 12
+            if any("rank 2 step 12/" in log.read_text() for log in logs.rglob("stdout.log")):
+                pid = _rank_pid(2, plan_path)
+            time.sleep(0.2)
+        assert pid is not None, "rank 2 never got to step 12"
+        stopped_at = time.monotonic()
+        os.kill(pid, signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
+        _, launcher_err = job.communicate(timeout=120)
+        ended_s = time.monotonic() - stopped_at
+    finally:
+        if job.poll() is None:
+            job.kill()
+        if pid is not None and kind == "hang":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert ended_s < 60, ended_s
+    assert job.returncode != 0
+    errors = "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("stderr.log")))
+    assert "Traceback" not in errors
+    if kind == "hang":
+        lines = [x for x in errors.splitlines() if x.startswith("error: rebalance:")]
+        assert len(lines) == 2, errors[-3000:]  # one line from each survivor
+        assert all("rank 2 stopped answering" in x for x in lines), lines
+    else:
+        assert "rank: 2" in launcher_err  # torchrun's summary names the rank it saw die
+
+
+def _rank_pid(rank: int, plan_path) -> int | None:
+    """The pid of this test's example process whose environment says RANK=rank (a child of torchrun)."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = process.info["cmdline"] or []
+            if str(EXAMPLE) in cmdline and str(plan_path) in cmdline and process.environ().get("RANK") == str(rank):
+                return process.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None

@@ -1,0 +1,78 @@
+"""What a re-balanced job leaves behind cannot poison the next plan: a simulated run files no profile (not in
+the default cache, not in a given one, never under the real model's key); a real run's profile is found only
+by a planner running the same software, and is marked with the model, software and link. One process
+(a one-rank job needs no process group), a real tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from planner.profiles import measured
+from planner.profiles.cache import ProfileCache
+from planner.profiles.measured import find_measured
+from planner.runtime.rebalance import Rebalancer
+from planner.runtime.rebalance_feedback import measured_fingerprint
+from planner.runtime.sampler import PlannedBatchSampler
+from planner.runtime.simulate import SimulatedSpeed
+from tests.plans import make_plan
+
+STEPS = 8
+
+
+def run_one_rank(tmp_path, simulate=None, cache_dir=None) -> tuple[dict, list]:
+    plan = make_plan((8,), nodes=(("node-a", 1),))
+    plan["job"] = {"model": "mlp", "optimizer": "sgd", "imgsz": None, "input_shape": None, "seq_len": None}
+    model = torch.nn.Linear(4, 1)
+    sampler = PlannedBatchSampler(64, [8], 0, seed=0)
+    rebalancer = Rebalancer.from_plan(plan, sampler, model, simulate=simulate)
+    x = torch.randn(64, 4)
+    for _, indices in zip(range(STEPS), sampler, strict=False):
+        with rebalancer.compute():
+            (model(x[indices]).square().mean() * rebalancer.loss_weight).backward()
+        rebalancer.step_done()
+    plan_path = tmp_path / "trained.json"
+    written = rebalancer.write_feedback(plan_path, cache_dir)
+    return json.loads(plan_path.read_text()), written
+
+
+def test_a_simulated_run_writes_no_profile_anywhere_and_marks_its_plan(tmp_path, monkeypatch):
+    default = tmp_path / "default-cache"
+    monkeypatch.setenv("BATCHPLAN_CACHE_DIR", str(default))
+    given = tmp_path / "given-cache"
+    for cache_dir in (None, given):
+        trained, written = run_one_rank(tmp_path, SimulatedSpeed(factors=(2.0,), sample_s=0.001), cache_dir)
+        assert written == [tmp_path / "trained.json"]
+    assert not default.exists() or not any(default.iterdir())
+    assert not given.exists() or not any(given.iterdir())
+    assert trained["measured"]["simulated"].startswith("simulated speeds [2.0]")
+    assert any("simulated speeds" in w for w in trained["warnings"])
+
+
+def test_a_real_runs_profile_answers_the_same_job_and_software_only(tmp_path, monkeypatch):
+    cache_dir = tmp_path / "cache"
+    trained, written = run_one_rank(tmp_path, cache_dir=cache_dir)
+    assert len(written) == 2  # the plan and one profile
+    marks = trained["measured"]["marks"]
+    assert marks["model"] == "mlp" and marks["software"].startswith("torch ") and marks["link"].startswith("none, 1 node")
+    # per step after the 2 warm-up steps, compute and synchronisation wait apart (one rank: no wait)
+    steps = trained["measured"]["step_times"]
+    assert len(steps) == STEPS - 2 and all(s["compute_s"][0] > 0 and s["sync_wait_s"] == [0.0] for s in steps)
+    cache = ProfileCache(cache_dir)
+    fingerprint = measured_fingerprint(trained["job"])
+    found = find_measured(cache, trained["job"], "T4", "off", fingerprint=fingerprint)
+    assert found is not None and found.method == "job"
+    assert any("software torch" in note and "link none" in note for note in found.notes)
+    other = {**trained["job"], "model": "resnet18"}
+    assert find_measured(cache, other, "T4", "off", fingerprint=measured_fingerprint(other)) is None  # another model
+    monkeypatch.setattr(measured, "software_version", lambda: "torch 0.0.1")  # a planner on other software
+    assert find_measured(cache, trained["job"], "T4", "off", fingerprint=fingerprint) is None
+
+
+def test_the_collective_timeout_must_be_a_positive_number():
+    plan = make_plan((8,), nodes=(("node-a", 1),))
+    sampler = PlannedBatchSampler(64, [8], 0, seed=0)
+    with pytest.raises(Exception, match="collective_timeout_s"):
+        Rebalancer.from_plan(plan, sampler, torch.nn.Linear(4, 1), collective_timeout_s=0)
