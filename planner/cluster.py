@@ -5,12 +5,15 @@ A config names GPU types from the catalog (``cluster_configs/gpus.yaml``) and ma
 selection can be exercised without GPUs. Format (DESIGN.md, "Cluster config")::
 
     name: mixed-lab
+    network: {gbps: 25, latency_us: 20}   # optional: between nodes (planner.interconnect); assumed when absent
     gpu_types:                 # optional: extra catalog entries, as in gpus.yaml (a list with name: works too)
       MY-GPU: {memory_mib: 24576, fp16_tflops: 71, bf16_tflops: 71, fp32_tflops: 35.6, bandwidth_gb_s: 936}
     nodes:
       - name: node-a
         cpu_count: 64          # optional: host CPU cores, for the ranks x data-loader workers check
         host_memory_gib: 512   # optional: host memory
+        intra: nvlink          # optional: nvlink | pcie | {gbps: N, latency_us: N} (default by GPU type)
+        network: {gbps: 100}   # optional: this node's network, overriding the cluster's
         gpus: [{type: A100-SXM4-80GB, count: 8}]
       - name: node-b
         gpus:
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.interconnect import Interconnect, LinkConfig, parse_intra, parse_network
 from torchkit.hardware.catalog import (
     GPU_SPEC_OPTIONAL_KEYS,
     GPU_SPEC_REQUIRED_KEYS,
@@ -82,12 +86,12 @@ _READ_LIMITS = DocumentLimits(
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # usable as a hostname label and a Ray resource
 
 _TOP_REQUIRED = {"nodes": "a list of nodes, e.g. nodes: [{name: node-a, gpus: [{type: T4, count: 2}]}]"}
-_TOP_OPTIONAL = ("name", "gpu_types")
+_TOP_OPTIONAL = ("name", "gpu_types", "network")
 _NODE_REQUIRED = {
     "name": "e.g. name: node-a",
     "gpus": "e.g. gpus: [{type: A100-SXM4-80GB, count: 8}]",
 }
-_NODE_OPTIONAL = ("cpu_count", "host_memory_gib")
+_NODE_OPTIONAL = ("cpu_count", "host_memory_gib", "intra", "network")
 _GPU_REQUIRED = {"type": "a catalog GPU type, e.g. type: A100-SXM4-80GB (see `batchplan catalog`)"}
 _GPU_OPTIONAL = ("count", "used_memory_gib", "utilization")
 
@@ -128,6 +132,10 @@ class NodeSpec:
     """host CPU cores (logical), if the config gives them"""
     host_memory_bytes: int | None = None
     """host memory in bytes, if the config gives it (``host_memory_gib``)"""
+    intra: LinkConfig | None = None
+    """the GPU-to-GPU link (``intra:``); None: the catalog default of its GPU type (``planner.interconnect``)"""
+    network: LinkConfig | None = None
+    """this node's own ``network:``, overriding the cluster's"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +150,15 @@ class ClusterSpec:
     """the file it was read from, or the label given to ``parse_cluster``"""
     catalog: GpuCatalog
     """the catalog the GPU types were resolved against, including the config's ``gpu_types``"""
+    network: LinkConfig | None = None
+    """the network between nodes (``network:``); None: a plan assumes a default and says so"""
+
+    @property
+    def interconnect(self) -> Interconnect:
+        """Every link the config states, for the synchronisation model."""
+        return Interconnect(network=self.network,
+                            node_network={n.name: n.network for n in self.nodes if n.network is not None},
+                            node_intra={n.name: n.intra for n in self.nodes if n.intra is not None})
 
     @property
     def num_gpus(self) -> int:
@@ -252,8 +269,12 @@ def parse_cluster(
                 )
             first_index_of[node.name] = i
             nodes.append(node)
+    network = None
+    if data.get("network") is not None:
+        with problems.collect():
+            network = parse_network(data["network"], top.key("network"))
     problems.raise_any()
-    return ClusterSpec(name=name, nodes=tuple(nodes), source_path=source, catalog=catalog)
+    return ClusterSpec(name=name, nodes=tuple(nodes), source_path=source, catalog=catalog, network=network)
 
 
 def _check_total_gpus(nodes_raw: list, where: ConfigLocation) -> None:
@@ -375,7 +396,13 @@ def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: 
             raise gpus_where.error(
                 f"node {name!r} has more than {MAX_GPUS_PER_NODE} GPUs (check the counts, or split it into nodes)"
             )
-    return NodeSpec(name=name, gpus=tuple(gpus), cpu_count=cpu_count, host_memory_bytes=host_memory_bytes)
+    intra = network = None
+    if node.get("intra") is not None:
+        intra = parse_intra(node["intra"], where.key("intra"), tuple(dict.fromkeys(g.spec.name for g in gpus)))
+    if node.get("network") is not None:
+        network = parse_network(node["network"], where.key("network"))
+    return NodeSpec(name=name, gpus=tuple(gpus), cpu_count=cpu_count, host_memory_bytes=host_memory_bytes,
+                    intra=intra, network=network)
 
 
 def _parse_gpu_entry(

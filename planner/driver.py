@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from planner.cluster import ClusterSpec, catalog_for
 from planner.errors import InfeasiblePlanError, field_name, render_fields
 from planner.events import Event, EventSink, ignore_event
+from planner.interconnect import Interconnect
 from planner.job import JobSpec
 from planner.plan.build import build_plan
+from planner.plan.comm import SyncInputs
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH
 from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.probing.backends import (
@@ -57,6 +59,7 @@ from planner.profiling import (
     planned_key,
     planned_method,
 )
+from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX, GpuCatalog
 
 log = logging.getLogger(__name__)
@@ -341,6 +344,50 @@ def _warnings(
     return warnings
 
 
+def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInventory], identity: tuple[str, str],
+                 options: DriverOptions, interconnect: Interconnect | None, warnings: list[str]) -> SyncInputs | None:
+    """What the gradient synchronisation model needs (``planner.plan.comm``); None, with a warning, when the
+    model's gradients cannot be laid out."""
+    from planner.probing.gradients import gradient_layout
+
+    try:
+        grad_bytes, source = gradient_layout(job, identity, options.cache.directory if options.cache else None)
+    except Exception as exc:  # a user model that cannot be built on the meta device: plan compute only
+        warnings.append(f"gradient synchronisation not modelled: the model's gradients could not be laid out "
+                        f"({type(exc).__name__}: {exc}); the step times are compute only")
+        return None
+    measured, note = _measured_network(backend, inventories, options, warnings)
+    return SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=job.bucket_cap_mb,
+                      interconnect=interconnect or Interconnect(), measured=measured, measured_note=note)
+
+
+def _measured_network(backend: Backend, inventories: Sequence[NodeInventory], options: DriverOptions,
+                      warnings: list[str]) -> tuple[dict[str, LinkCost], str]:
+    """The network the probes measure among the nodes with GPUs to plan on (``planner.probing.link_probe``),
+    cached per cluster; nothing on a simulated cluster or one node. (links, what the plan says about it)"""
+    from planner.probing import link_probe
+
+    if any(inv.simulated for inv in inventories):
+        return {}, ("simulated cluster: no link measured; the synchronisation is priced from the config's links, "
+                    "the catalog's and the assumed network")
+    nodes = sorted(inv.name for inv in inventories if inv.selection.selected)
+    measure = getattr(backend, "measure_network", None)
+    if len(nodes) < 2 or measure is None:
+        return {}, ""
+    cache_dir = options.cache.directory if options.cache is not None else None
+    link = link_probe.cached_network(cache_dir, nodes)
+    if link is None:
+        try:
+            times, world = measure(link_probe.PROBE_SIZES_BYTES, link_probe.PROBE_REPEATS, link_probe.PROBE_TIMEOUT_S)
+            link = link_probe.network_link(link_probe.PROBE_SIZES_BYTES, times, world, "torch.distributed")
+        except (ProbeFailure, ValueError) as exc:
+            warnings.append(f"the network between nodes could not be measured ({exc}); the synchronisation is "
+                            "priced from the config's or the assumed network")
+            return {}, ""
+        link_probe.store_network(cache_dir, nodes, link)
+    return {"network": link}, f"network between nodes {link.source}"
+
+
 def run_plan(
     job: JobSpec,
     backend: Backend,
@@ -353,9 +400,13 @@ def run_plan(
     extra_warnings: Sequence[str] = (),
     allow_infeasible: bool = False,
     cluster_label: str = "",
+    interconnect: Interconnect | None = None,
 ) -> PlanOutcome:
     """Probe, profile, allocate over ``backend``: a pipeline of stages, each returning what the next reads
     (see the module docstring for the policy).
+
+    ``interconnect``: the links a cluster config states (None: none stated; catalog defaults and an assumed
+    network price the gradient synchronisation).
 
     With ``allow_infeasible`` an infeasible job returns an outcome with ``plan=None`` and ``error`` (for
     preflight, which reports it as a failed check) instead of raising InfeasiblePlanError.
@@ -381,11 +432,12 @@ def run_plan(
     outcome = PlanOutcome(plan=None, inventories=inventories, timings_s=timings, profile_calls=profiling.calls,
                           failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
     profiles = {p.key: p.profile for p in profiling.profiled.values()}
+    sync = _sync_inputs(job, backend, inventories, identity, options, interconnect, warnings) if any_selected else None
     try:
         plan = build_plan(
             job, slots, profiles, excluded=excluded, warnings=warnings,
             node_addresses={inv.name: inv.host.hostname for inv in inventories if not inv.simulated},
-            master_port=options.master_port, script=options.script, plan_path=options.plan_path,
+            master_port=options.master_port, script=options.script, plan_path=options.plan_path, sync=sync,
         )
     except InfeasiblePlanError as exc:
         if not allow_infeasible:
@@ -420,6 +472,7 @@ def plan_without_ray(
         expected_nodes=[n.name for n in cluster.nodes],
         allow_infeasible=allow_infeasible,
         cluster_label=cluster.name,
+        interconnect=cluster.interconnect,
     )
 
 
@@ -469,4 +522,5 @@ def plan_with_ray(
             timings_s=timings,
             allow_infeasible=allow_infeasible,
             cluster_label=cluster.name if cluster is not None else _session_label(session.address),
+            interconnect=cluster.interconnect if cluster is not None else None,
         )

@@ -81,6 +81,8 @@ class Method(str, Enum):
 
 METHODS: tuple[str, ...] = tuple(m.value for m in Method)
 
+#: largest ``bucket_cap_mb`` accepted, MiB (1 TiB: one bucket for any model that fits a GPU)
+MAX_BUCKET_CAP_MB = 2**20
 
 #: bounds of the sizes a job may ask for, checked before any tensor is built (``--imgsz 2**31`` once ended in a
 #: torch TypeError inside the input builder): far above any real training input, far below int64 overflow
@@ -175,6 +177,9 @@ class JobSpec:
     user_code_timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S
     """seconds a ``package.module:factory`` may take to import and build its model, in the driver and in each
     probe, before the run stops it with an error (``planner.profiling.time_limit``); shapes no plan"""
+    bucket_cap_mb: float | None = None
+    """DDP's ``bucket_cap_mb`` in the training script, MiB (None: DDP's default, 25 MiB with a 1 MiB first
+    bucket): how the gradients are bucketed for the synchronisation model (``torchkit.estimate.ddp_sync``)"""
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, fix: str) -> JobFieldError:
@@ -232,6 +237,9 @@ class JobSpec:
         too_large = _size_over_its_limit(self)
         if too_large is not None:
             raise bad(*too_large)
+        cap = self.bucket_cap_mb
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap <= MAX_BUCKET_CAP_MB):
+            raise bad("bucket_cap_mb", cap, f"use DDP's bucket_cap_mb in MiB, > 0 and at most {MAX_BUCKET_CAP_MB}, e.g. 25")
 
     def memory_budget_bytes(self, available_bytes: int) -> int:
         """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""

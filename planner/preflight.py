@@ -26,8 +26,11 @@ class Check:
     warning: bool = False
     """ok, but worth a look (printed as ``warn``; in JSON the detail starts with ``warning:``)"""
 
+    fix: str = ""
+    """for a failed check: what to change so that it passes (in JSON as ``fix`` when there is one)"""
+
     def to_json(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, **({"fix": self.fix} if self.fix else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +83,7 @@ def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
 
 def _node_checks(
     inventories: Sequence[NodeInventory], failed_nodes: dict[str, str], expected_node_names: Sequence[str],
-    plan: Plan | None, thresholds: Thresholds, name_of: Callable[[str], str] = field_name,
+    plan: Plan | None, thresholds: Thresholds,
 ) -> list[Check]:
     """Did the cluster answer, every expected node, with the GPUs asked for, idle enough?"""
     answered = {inv.name for inv in inventories}
@@ -116,14 +119,11 @@ def _node_checks(
         for index, reason in inv.selection.skipped
         if index in inv.selection.busy
     ]
-    memory, utilization = name_of("min_free_memory_fraction"), name_of("max_utilization_fraction")
-    fix = (f" (free those GPUs, pick others with {name_of('gpus')}, or relax {memory} / {utilization}; "
-           f"{memory} 0 and {utilization} 1 keep every GPU, derated)")
     checks.append(
         Check(
             name="idle_thresholds",
             ok=not busy,
-            detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy) + fix,
+            detail="every requested GPU meets the idle thresholds" if not busy else "; ".join(busy),
         )
     )
     return checks
@@ -204,6 +204,39 @@ def _shared_gpus_check(plan: Plan | None) -> Check | None:
                  "plan's warnings)")
 
 
+#: what to change when a check fails; ``{field}`` is a job or threshold field, named by ``name_of`` (the CLI:
+#: its flag)
+FIXES: dict[str, str] = {
+    "nodes_present": "start or repair the missing nodes (`ray status` lists the live ones), or accept fewer with "
+                     "{expect_nodes}",
+    "gpus_present": "relax {min_free_memory_fraction} / {max_utilization_fraction}, choose GPUs with {gpus}, or "
+                    "lower {expect_gpus}",
+    "idle_thresholds": "free those GPUs, pick others with {gpus}, or relax {min_free_memory_fraction} / "
+                       "{max_utilization_fraction} (0 and 1 keep every GPU, derated)",
+    "versions_consistent": "install the same NVIDIA driver, CUDA and torch on every node",
+    "plan_feasible": "a smaller {global_batch} or {min_batch}, or a larger {fraction}, may fit; the detail says why",
+    "min_batch_fits": "lower {min_batch}, raise {fraction}, or leave those GPUs out with {gpus}",
+    "global_batch_reachable": "ask for a global batch the plan reaches ({global_batch} = step batch × accumulate)",
+    "imbalance": "raise {max_imbalance}, plan with {mode} balanced, or leave the slow GPUs out with {gpus}",
+    "slow_gpus_worth_it": "leave the slow GPU types out (their nodes, or {gpus} per node), or raise {min_subset_gain}",
+}
+
+
+def _with_fixes(checks: list[Check], name_of: Callable[[str], str]) -> list[Check]:
+    """Every failed check with its fix (:data:`FIXES`), its fields named by ``name_of``."""
+    import dataclasses
+    import string
+
+    out = []
+    for check in checks:
+        template = FIXES.get(check.name)
+        if not check.ok and template and not check.fix:
+            fields = {f: name_of(f) for _, f, _, _ in string.Formatter().parse(template) if f}
+            check = dataclasses.replace(check, fix=template.format(**fields))
+        out.append(check)
+    return out
+
+
 def run_checks(
     *,
     inventories: Sequence[NodeInventory],
@@ -216,12 +249,12 @@ def run_checks(
 ) -> list[Check]:
     """Every check, in the order ``batchplan preflight`` prints them; ``name_of`` names a threshold in a detail
     (the CLI: by its flag)."""
-    checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds, name_of)
+    checks = _node_checks(inventories, failed_nodes, expected_node_names, plan, thresholds)
     checks.append(_versions_check(inventories))
     shared = _shared_gpus_check(plan)
     if shared is not None:
         checks.append(shared)
     if plan is None:
         checks.append(Check(name="plan_feasible", ok=False, detail=plan_error or "no plan"))
-        return checks
-    return checks + _plan_checks(plan, thresholds, name_of)
+        return _with_fixes(checks, name_of)
+    return _with_fixes(checks + _plan_checks(plan, thresholds, name_of), name_of)

@@ -18,7 +18,7 @@ from enum import Enum
 
 import numpy as np
 
-from planner.allocate.solver import Rows, split_units
+from planner.allocate.solver import Rows, SyncModel, split_with_sync
 from planner.errors import InfeasiblePlanError
 from planner.job import MODES
 
@@ -82,15 +82,13 @@ class Option:
     accumulate: int
 
 
-def _option(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            accumulate: int | None = None) -> Option | None:
+def _option(rows: Rows, k: int, mode: str, global_batch: int | None, sync: SyncModel | None) -> Option | None:
     try:
-        units, accumulate = split_units(rows, mode, k, global_batch, "", _ADVICE_TOLERANCE, accumulate)
+        split = split_with_sync(rows, mode, k, global_batch, "", tolerance=_ADVICE_TOLERANCE, sync=sync)
     except InfeasiblePlanError:
         return None
-    b = units * k
-    step_time = float(np.max(t0[rows.ranks] + t1[rows.ranks] * b))
-    return Option(float(b.sum()) / step_time, accumulate * step_time, b, accumulate)
+    b = split.units * k
+    return Option(float(b.sum()) * split.accumulate / split.global_time_s, split.global_time_s, b, split.accumulate)
 
 
 def _rank_list(idx: np.ndarray) -> str:
@@ -138,9 +136,11 @@ def _uniform_missing(rows: Rows, k: int, global_batch: int | None) -> str:
 
 
 def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            labels: np.ndarray | None, current: Option) -> tuple[dict[str, float], list[Advice]]:
-    """Alternatives (throughput per option) and advice sentences; O(groups · N log N)."""
-    options = {m: (current if m == mode else _option(rows, t0, t1, k, m, global_batch)) for m in MODES}
+            labels: np.ndarray | None, current: Option, sync: SyncModel | None = None,
+            ) -> tuple[dict[str, float], list[Advice]]:
+    """Alternatives (throughput per option) and advice sentences; O(groups · N log N). ``sync``: the
+    synchronisation model every option is priced with (``planner.allocate.solver.SyncModel``)."""
+    options = {m: (current if m == mode else _option(rows, k, m, global_batch, sync)) for m in MODES}
     alternatives = {m: o.throughput for m, o in options.items() if o is not None}
     advice: list[Advice] = []
     best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
@@ -159,13 +159,13 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
     if options["uniform"] is None:
         advice.append(Advice(AdviceKind.UNIFORM_NOT_COMPARED, _uniform_missing(rows, k, global_batch)))
 
-    _group_advice(rows, t0, t1, k, mode, global_batch, labels, current, alternatives, advice)
+    _group_advice(rows, t0, t1, k, mode, global_batch, labels, current, alternatives, advice, sync)
     return alternatives, advice
 
 
 def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
                   labels: np.ndarray | None, current: Option, alternatives: dict[str, float],
-                  advice: list[Advice]) -> None:
+                  advice: list[Advice], sync: SyncModel | None = None) -> None:
     """Add the group options (the fastest groups, each group alone) to ``alternatives`` and ``advice``."""
     ranks = rows.ranks
     if labels is None:
@@ -192,7 +192,7 @@ def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str,
     order = np.lexsort((first, -speed))
 
     def subset_option(groups_kept: np.ndarray) -> Option | None:
-        return _option(rows.subset(np.isin(gid, groups_kept)), t0, t1, k, mode, global_batch)
+        return _option(rows.subset(np.isin(gid, groups_kept)), k, mode, global_batch, sync)
 
     prefixes = [(order[:j], subset_option(order[:j])) for j in range(1, num_groups)]
     singles = [(np.array([g]), subset_option(np.array([g]))) for g in range(num_groups)]

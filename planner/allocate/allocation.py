@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from planner.allocate.advice import NOTE_KINDS, Advice, AdviceKind, Option, advise
-from planner.allocate.solver import MAX_GLOBAL_BATCH, make_rows, split_units
+from planner.allocate.solver import MAX_GLOBAL_BATCH, SyncModel, make_rows, split_with_sync
 from planner.errors import ConfigError, InfeasiblePlanError
 from planner.job import MODES, Mode
 
@@ -37,16 +37,23 @@ class Allocation:
     global_batch: int
     """step_batch · accumulate: samples per optimizer step."""
     step_time_s: float
-    """Predicted time of one (micro-)step: max over included ranks of t_i(b_i)."""
+    """Predicted time of one (micro-)step: compute_time_s + sync_time_s / accumulate (the synchronisation,
+    paid once per optimizer step, spread over its micro-steps), so that accumulate · step_time_s is the
+    time of one optimizer step."""
+    compute_time_s: float
+    """max over included ranks of t_i(b_i): one micro-step's compute, the slowest rank's."""
+    sync_time_s: float
+    """Exposed gradient synchronisation per optimizer step (0 without a ``sync`` model or for one rank)."""
     rank_step_time_s: np.ndarray
     """float64 per rank: t_i(b_i) = t0_i + t1_i·b_i; 0 for excluded ranks."""
     throughput_samples_per_s: float
-    """step_batch / step_time_s."""
+    """step_batch / step_time_s = global_batch / (accumulate · compute_time_s + sync_time_s)."""
     balance_efficiency: float
     """throughput / Σ_i c_i / t_i(c_i) over included ranks (c_i rounded down to multiple_of): the share of
     the bound where every GPU runs alone at its cap (≤ 1)."""
     idle_fraction: np.ndarray
-    """float64 per rank: 1 − t_i(b_i) / step_time_s, the share of a step the rank waits; 0 for excluded."""
+    """float64 per rank: 1 − t_i(b_i) / compute_time_s, the share of a step's compute the rank waits for the
+    slowest; 0 for excluded."""
     mode: str
     """The mode that produced ``batches``."""
     advice: tuple[Advice, ...]
@@ -127,6 +134,7 @@ def allocate(
     min_batch: int = 1,
     groups: ArrayLike | None = None,
     accumulate: int | None = None,
+    sync: SyncModel | None = None,
 ) -> Allocation:
     """Per-rank batches for one data-parallel step (see the module docstring for modes and algorithms).
 
@@ -141,6 +149,8 @@ def allocate(
             or identical (t0, t1) when that makes more than ``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups.
         accumulate: with ``global_batch``, use this accumulation (a running job re-splitting its step batch
             needs 1); default: the fastest valid one.
+        sync: the exposed gradient synchronisation per optimizer step of a set of ranks at a compute time
+            (``planner.allocate.solver.SyncModel``); None: none. Every option compared uses it too.
 
     Raises:
         ConfigError: malformed input (lengths, negative values, unknown mode).
@@ -169,28 +179,27 @@ def allocate(
             f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
             "use a smaller model or input")
     rows = make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, lo)
-    if accumulate is not None:
-        accumulate = _check_int("accumulate", accumulate, 1)
-    units, accumulate = split_units(rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate)
-
+    accumulate = None if accumulate is None else _check_int("accumulate", accumulate, 1)
+    split = split_with_sync(rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate, sync=sync)
+    accumulate = split.accumulate
     batches = np.zeros(n, dtype=np.int64)
-    batches[rows.ranks] = units * k
+    batches[rows.ranks] = split.units * k
     rank_time = np.where(included, t0 + t1 * batches, 0.0)
-    step_time = float(rank_time[included].max())
+    compute_time = float(rank_time[included].max())
+    step_time = split.global_time_s / accumulate
     step_batch = int(batches.sum())
     throughput = step_batch / step_time
     cap_r = cap_u[included] * k
     bound = float(np.sum(cap_r / (t0[included] + t1[included] * cap_r)))
-    idle = np.where(included, 1.0 - rank_time / step_time, 0.0)
-
+    idle = np.where(included, 1.0 - rank_time / compute_time, 0.0)
     alternatives, said = advise(rows, t0, t1, k, mode, global_batch, labels,
-                                Option(throughput, accumulate * step_time, batches[rows.ranks], accumulate))
+                                Option(throughput, split.global_time_s, batches[rows.ranks], accumulate), sync)
     efficiency = min(1.0, throughput / bound) if bound > 0 else 0.0
     said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r))
     return Allocation(
         batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
         step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
-        rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
+        compute_time_s=compute_time, sync_time_s=split.sync_s, rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
         balance_efficiency=efficiency, idle_fraction=idle, mode=mode,
         advice=tuple(a for a in said if a.kind not in NOTE_KINDS),
         notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)

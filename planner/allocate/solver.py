@@ -43,8 +43,14 @@ the fastest groups (dropping the slowest one by one, by cap / t(cap) per rank)
 and each group alone, all at the same global batch when one is given; the options are solved to 1% (the
 advice speaks from 5%).
 
-Known limitations: the step time model has no communication term (all-reduce time is the same for every
-split, so it shifts every option alike); accumulation micro-steps are assumed to cost one step each; only
+Gradient synchronisation (``sync_s``): a time per optimizer step added to the compute, ``time per global
+batch = a·max_i t_i(b_i) + C`` (with ``no_sync()`` accumulation the all-reduce runs once per optimizer
+step). The solver treats C as a constant of the ranks taking part: it leaves the split of a given step batch
+and the choice of accumulation unchanged (both minimise the compute term) and moves the throughput optimum
+without a global batch towards bigger steps (Σ b / (T + C) is maximised). ``split_with_sync`` evaluates C
+at the solved step and re-solves once with it, since overlap with the backward pass makes C depend on T.
+
+Known limitations: accumulation micro-steps are assumed to cost one step each; only
 the ``_MAX_ACCUMULATE_TRIALS`` smallest valid accumulations are compared; more than
 ``planner.allocate.advice._MAX_ADVICE_GROUPS`` (32) groups get no group advice (a line says so).
 """
@@ -53,6 +59,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -192,32 +199,36 @@ def _min_max_time(rows: Rows, target: int) -> np.ndarray:
     return _give_back(u_hi, u_hi - u_lo, int(u_hi.sum()) - target)
 
 
-def _best_in_interval(rows: Rows, u_a: np.ndarray, u_b: np.ndarray) -> tuple[float, float]:
-    """Exact best (throughput in units/s, time) over the step times where some row steps up in (a, b]."""
+def _best_in_interval(rows: Rows, u_a: np.ndarray, u_b: np.ndarray, sync_s: float = 0.0) -> tuple[float, float]:
+    """Exact best (throughput in units/s, time) over the step times where some row steps up in (a, b]; the
+    throughput of a step time T is F(T) / (T + sync_s)."""
     times, weights = rows.step_times(u_a, u_b)
     totals = rows.total(u_a) + np.cumsum(weights)
     last = np.ones(len(times), dtype=bool)
     last[:-1] = times[1:] != times[:-1]  # the total at a time counts every step at that time
-    h = totals[last] / times[last]
+    h = totals[last] / (times[last] + sync_s)
     j = int(np.argmax(h))
     return float(h[j]), float(times[last][j])
 
 
-def _best_throughput_time(rows: Rows, tolerance: float) -> float:
-    """The step time T whose allocation u(T) maximises Σ u / max t (the smallest T among equals).
+def _best_throughput_time(rows: Rows, tolerance: float, sync_s: float = 0.0) -> float:
+    """The step time T whose allocation u(T) maximises Σ u / (max t + sync_s) (the smallest T among equals).
 
     Throughput only changes where some rank steps up, so the optimum is at one of those times in
     [T_lb, T_hi] (T_lb: every rank at the minimum; T_hi: every rank at its cap). Branch and bound over
     time intervals: an interval (a, b] cannot beat F(b)/a (F = Σ units); intervals with at most
     ``_EXACT_CANDIDATE_LIMIT`` step times are enumerated exactly, the others are halved, and an interval
     whose bound is within ``tolerance`` of the best found is dropped. Small clusters (or
-    clusters of few distinct profiles) are therefore solved exactly in one enumeration.
+    clusters of few distinct profiles) are therefore solved exactly in one enumeration. With ``sync_s`` = C
+    every bound divides by J + C instead of J (still valid: F is non-decreasing, and a linear function over
+    J + C is monotone on an interval, so its maximum is at an end).
     """
+    c = sync_s
     t0, s, lo = rows.t0, rows.s, rows.lo
     t_lb = float(np.max(t0 + s * lo))
     t_hi = float(np.max(t0 + s * rows.cap))
     u_lb = rows.units_at(t_lb)
-    best_h, best_t = rows.total(u_lb) / t_lb, t_lb
+    best_h, best_t = rows.total(u_lb) / (t_lb + c), t_lb
     if t_hi <= t_lb:
         return best_t
 
@@ -227,15 +238,15 @@ def _best_throughput_time(rows: Rows, tolerance: float) -> float:
             best_h, best_t = h, time_s
 
     u_hi = rows.cap
-    consider(rows.total(u_hi) / t_hi, t_hi)  # = mode "max": never worse than it
+    consider(rows.total(u_hi) / (t_hi + c), t_hi)  # = mode "max": never worse than it
     u_uniform = rows.units_at(float(np.max(t0 + s * np.min(rows.cap))))
     t_uniform = float(np.max(t0 + s * u_uniform))
-    consider(rows.total(u_uniform) / t_uniform, t_uniform)  # ≥ mode "uniform": never worse than it
+    consider(rows.total(u_uniform) / (t_uniform + c), t_uniform)  # ≥ mode "uniform": never worse than it
     def bound(a: float, b: float, f_b: float, relaxed_a: tuple[float, float]) -> float:
         # Any step time J in (a, b] gives F(J)/J ≤ F(b)/a; and the relaxation Fc ≥ F is concave on
         # [T_lb, ∞) (each rank: linear, then flat at its cap), so F(J) ≤ Fc(a) + Fc'(a)·(J − a).
         fc_a, slope = relaxed_a
-        return min(f_b / a, max(fc_a / a, (fc_a + slope * (b - a)) / b))
+        return min(f_b / (a + c), max(fc_a / (a + c), (fc_a + slope * (b - a)) / (b + c)))
 
     relaxed_lb = rows.relaxed_at(t_lb)
     heap = [(-bound(t_lb, t_hi, rows.total(u_hi), relaxed_lb), t_lb, t_hi, u_lb, u_hi, relaxed_lb)]
@@ -247,16 +258,16 @@ def _best_throughput_time(rows: Rows, tolerance: float) -> float:
         f_a, f_b = rows.total(u_a), rows.total(u_b)
         mid = 0.5 * (a + b)
         if not a < mid < b:
-            consider(f_b / b, b)
+            consider(f_b / (b + c), b)
             continue
         if float(np.sum(u_b - u_a)) <= _EXACT_CANDIDATE_LIMIT:
-            consider(*_best_in_interval(rows, u_a, u_b))
+            consider(*_best_in_interval(rows, u_a, u_b, c))
             continue
         evaluations += 1
         u_m = rows.units_at(mid)
         f_m = rows.total(u_m)
         t_m = float(np.max(t0 + s * u_m))
-        consider(f_m / t_m, t_m)
+        consider(f_m / (t_m + c), t_m)
         if f_m > f_a:
             heapq.heappush(heap, (-bound(a, mid, f_m, relaxed_a), a, mid, u_a, u_m, relaxed_a))
         if f_b > f_m:
@@ -295,10 +306,12 @@ def _nearest_valid(global_batch: int, unit: int, lo: int, hi: int) -> tuple[int 
 
 
 def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: str,
-           tolerance: float = _THROUGHPUT_TOLERANCE, accumulate: int | None = None) -> tuple[np.ndarray, int]:
+           tolerance: float = _THROUGHPUT_TOLERANCE, accumulate: int | None = None,
+           sync_s: float = 0.0) -> tuple[np.ndarray, int]:
     """Per-rank units (in rows.ranks order) and accumulate for one mode; raises when B cannot be split.
 
-    ``accumulate`` forces one of the valid accumulations (default: the fastest, see the module docstring)."""
+    ``accumulate`` forces one of the valid accumulations (default: the fastest, see the module docstring);
+    ``sync_s``: the synchronisation time per optimizer step, a constant (module docstring)."""
     n, lo = len(rows.ranks), rows.lo
     cap_rank = rows.cap[rows.row].astype(np.int64)
     if global_batch is None:
@@ -306,7 +319,7 @@ def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: s
             return np.full(n, int(cap_rank.min()), dtype=np.int64), 1
         if mode == "max":
             return cap_rank, 1
-        return rows.units_at(_best_throughput_time(rows, tolerance))[rows.row].astype(np.int64), 1
+        return rows.units_at(_best_throughput_time(rows, tolerance, sync_s))[rows.row].astype(np.int64), 1
     unit, q_lo, q_hi = _step_bounds(rows, mode, k)
     valid = _accumulates(global_batch, unit, q_lo, q_hi)
     if not valid:
@@ -387,3 +400,48 @@ def _step_bounds(rows: Rows, mode: str, k: int) -> tuple[int, int, int]:
         return k * n, rows.lo, int(rows.cap.min())
     return k, n * rows.lo, int(rows.total(rows.cap))
 
+
+
+SyncModel = Callable[[np.ndarray, float], float]
+"""(input rank indices taking part, compute time of one micro-step in s) -> exposed synchronisation per
+optimizer step, s (``planner.plan.comm`` builds one from the cost model of ``torchkit.estimate.ddp_sync``)"""
+
+
+@dataclass(frozen=True)
+class SyncedSplit:
+    """A mode's split with its synchronisation."""
+
+    units: np.ndarray
+    """per rank of the rows, in units of K"""
+    accumulate: int
+    compute_s: float
+    """max_i t_i(b_i): one micro-step's compute"""
+    sync_s: float
+    """exposed synchronisation per optimizer step, at ``compute_s``"""
+
+    @property
+    def global_time_s(self) -> float:
+        """accumulate · compute + sync: one optimizer step"""
+        return self.accumulate * self.compute_s + self.sync_s
+
+
+def split_with_sync(rows: Rows, mode: str, k: int, global_batch: int | None, what: str, *,
+                    tolerance: float = _THROUGHPUT_TOLERANCE, accumulate: int | None = None,
+                    sync: SyncModel | None = None) -> SyncedSplit:
+    """``split_units`` with the synchronisation: solved without it, its time evaluated at that step, solved
+    again with that constant, and evaluated at the final step (what the plan reports is the model at its
+    own split)."""
+    units, acc = split_units(rows, mode, k, global_batch, what, tolerance, accumulate)
+    compute = _compute_s(rows, units)
+    if sync is None:
+        return SyncedSplit(units, acc, compute, 0.0)
+    sync_s = float(sync(rows.ranks, compute))
+    if sync_s > 0:
+        units, acc = split_units(rows, mode, k, global_batch, what, tolerance, accumulate, sync_s)
+        compute = _compute_s(rows, units)
+        sync_s = float(sync(rows.ranks, compute))
+    return SyncedSplit(units, acc, compute, sync_s)
+
+
+def _compute_s(rows: Rows, units: np.ndarray) -> float:
+    return float(np.max(rows.t0[rows.row] + rows.s[rows.row] * units))

@@ -20,9 +20,9 @@ MAX_ENUMERATED_TYPES = 10
 """up to 2^10 = 1024 sign combinations; beyond, the one-type-off-against-the-rest corners"""
 
 
-def _efficiency(t0, t1, cap, batches, included, factor) -> float:
+def _efficiency(t0, t1, cap, batches, included, factor, sync_per_step_s: float = 0.0) -> float:
     time = (t0 + t1 * batches) * factor
-    step_time = float(time[included].max())
+    step_time = float(time[included].max()) + sync_per_step_s
     throughput = float(batches[included].sum()) / step_time
     bound = float(np.sum(cap[included] / ((t0[included] + t1[included] * cap[included]) * factor[included])))
     return min(1.0, throughput / bound) if bound > 0 else 0.0
@@ -47,21 +47,26 @@ def balance_efficiency_range(
     included: Sequence[bool],
     log_sigma: Sequence[float],
     groups: Sequence[str],
+    *,
+    sync_s: float = 0.0,
+    accumulate: int = 1,
 ) -> tuple[float, float]:
     """(lowest, highest) balance efficiency of the allocation ``batches`` when each group's (GPU type's) real
     step time is ``exp(±log_sigma)`` times the predicted one. ``cap``: each rank's largest batch (what the
-    bound runs at), ``t0 + t1·b``: its predicted step time, ``log_sigma``: its model's log uncertainty."""
+    bound runs at), ``t0 + t1·b``: its predicted step time, ``log_sigma``: its model's log uncertainty;
+    ``sync_s``: the exposed synchronisation per optimizer step of ``accumulate`` micro-steps (held fixed)."""
+    per_step = sync_s / accumulate
     t0a, t1a = np.asarray(t0, dtype=np.float64), np.asarray(t1, dtype=np.float64)
     capa, ba = np.asarray(cap, dtype=np.float64), np.asarray(batches, dtype=np.float64)
     inc, sig = np.asarray(included, dtype=bool), np.asarray(log_sigma, dtype=np.float64)
     labels = np.asarray([str(g) for g in groups])
     uncertain = sorted({g for g, s, i in zip(labels, sig, inc, strict=True) if s > 0 and i})
-    nominal = _efficiency(t0a, t1a, capa, ba, inc, np.ones_like(t0a))
+    nominal = _efficiency(t0a, t1a, capa, ba, inc, np.ones_like(t0a), per_step)
     low = high = nominal
     for pattern in _patterns(len(uncertain)):
         factor = np.ones_like(t0a)
         for sign, group in zip(pattern, uncertain, strict=True):
             factor[labels == group] = np.exp(sign * sig[labels == group])
-        eff = _efficiency(t0a, t1a, capa, ba, inc, factor)
+        eff = _efficiency(t0a, t1a, capa, ba, inc, factor, per_step)
         low, high = min(low, eff), max(high, eff)
     return low, high

@@ -57,6 +57,8 @@ JOB_FLAG_FORMS: dict[str, FlagForm] = {
     "fit": FlagForm(help="memory curve model"),
     "channels_last": FlagForm(help="the script trains in NHWC memory format (torch.channels_last): changes the "
                               "estimated step time"),
+    "bucket_cap_mb": FlagForm(planning_only=True, help="DDP's bucket_cap_mb in your script, MiB (default: DDP's 25 "
+                              "with a 1 MiB first bucket): shapes the gradient-synchronisation model"),
     "user_code_timeout_s": FlagForm(flag="user-code-timeout", metavar="SECONDS",
                                     help="seconds a package.module:factory may take to import and build its model, "
                                     "here and in each probe"),

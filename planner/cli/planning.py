@@ -65,7 +65,7 @@ def _check_node_choice(args: argparse.Namespace, cluster: ClusterSpec | None) ->
     if args.node is None and args.node_rank is None:
         from planner.cli.emit_env import selected_node_rank
 
-        selected_node_rank({"nodes": [{"name": n.name} for n in cluster.nodes]}, None, None)  # raises, naming them
+        selected_node_rank(cluster, None, None)  # reads only .nodes[].name, which a cluster has too: raises, naming them
 
 
 def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bool = False) -> PlanOutcome:

@@ -42,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         outcome = run_planning(args, job, allow_infeasible=True)
     except InfeasiblePlanError as exc:  # --require-all-nodes and a node missing
-        checks = [Check(name="nodes_present", ok=False, detail=str(exc))]
+        from planner.preflight import FIXES
+
+        fix = FIXES["nodes_present"].format(expect_nodes=flag_of("expect_nodes"))
+        checks = [Check(name="nodes_present", ok=False, detail=str(exc), fix=fix)]
         plan = None
     else:
         checks = run_checks(
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for check in checks:
             status = "FAIL" if not check.ok else "warn" if check.warning else "ok  "
-            echo(f"{status}  {check.name}: {check.detail.removeprefix('warning: ')}")
+            fix = f" (fix: {check.fix})" if check.fix else ""
+            echo(f"{status}  {check.name}: {check.detail.removeprefix('warning: ')}{fix}")
         echo("preflight: " + ("go" if ok else "no-go"))
     return 0 if ok else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from planner.cli.output import echo, format_gib, format_ms, print_json, print_table
+from planner.plan.comm import comm_summary
 from planner.plan.types import Plan
 
 #: how ``plan`` and ``show`` print a plan: the table, or per-node environment lines (``--emit``)
@@ -46,6 +47,9 @@ def render_plan(plan: Plan) -> None:
         f"step {format_ms(plan.predicted_step_time_s)} ms; {plan.throughput_samples_per_s:.0f} samples/s; "
         f"balance efficiency {plan.balance_efficiency:.2f}" + _expected_range(plan)
     )
+    sync_line = comm_summary(plan.extra)
+    if sync_line:
+        echo(sync_line)
     if plan.alternatives:
         echo("throughput by mode (samples/s): " + ", ".join(f"{k} {v:.0f}" for k, v in plan.alternatives.items()))
     echo()
@@ -82,7 +86,7 @@ def print_plan(
     elif emit == "slurm":
         from planner.plan.slurm_launch import srun_line
 
-        echo(srun_line(plan.to_json()))
+        echo(srun_line(plan))
     else:
         render_plan(plan)
 

@@ -17,6 +17,7 @@ from planner.allocate.allocation import Allocation, allocate
 from planner.allocate.uncertainty import balance_efficiency_range
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
+from planner.plan.comm import SyncInputs, plan_comm_fields, sync_model
 from planner.plan.derived import check_identities, loss_weight_of, rank_time_fit
 from planner.plan.io import SCHEMA
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH, DEFAULT_SCRIPT, NodeLaunch
@@ -38,6 +39,7 @@ def build_plan(
     script: str = DEFAULT_SCRIPT,
     plan_path: str = DEFAULT_PLAN_PATH,
     extra: Mapping[str, Any] | None = None,
+    sync: SyncInputs | None = None,
 ) -> Plan:
     """Allocate per-rank batches over ``slots`` and assemble the plan.
 
@@ -47,6 +49,7 @@ def build_plan(
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
         script, plan_path: the training script and the plan file the launch lines name (``--plan``).
         extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
+        sync: the gradient synchronisation's inputs (``planner.plan.comm``); None: the step is compute only.
 
     Raises:
         InfeasiblePlanError: no device fits the minimum batch, or the global batch is unreachable.
@@ -54,7 +57,7 @@ def build_plan(
     slots = _node_ordered(slots, excluded)
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
     fits = [rank_time_fit(profiles[s.profile].time_fit, s.speed_factor) for s in slots]  # each rank's own curve
-    allocation = _allocate(job, slots, fits, caps)
+    allocation = _allocate(job, slots, fits, caps, sync)
     efficiency_range = _expected_balance_range(slots, profiles, fits, caps, allocation, job.multiple_of)
     all_excluded = list(excluded) + [
         ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
@@ -70,6 +73,7 @@ def build_plan(
     addresses = dict(node_addresses or {})
     master_addr = addresses.get(ranks[0].node, ranks[0].node)
     used_profiles = sorted({s.profile for s in slots})
+    comm_fields, comm_warnings, comm_notes = plan_comm_fields(included, allocation, sync)
     plan = Plan(
         schema=SCHEMA,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -89,10 +93,11 @@ def build_plan(
         launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script, plan_path=plan_path),
         excluded=tuple(all_excluded),
         profiles={key: profiles[key] for key in used_profiles},
-        warnings=tuple(_plan_warnings(warnings, [profiles[k] for k in used_profiles], allocation, caps)),
-        notes=(*notes, *allocation.notes),
+        warnings=tuple(_plan_warnings([*warnings, *comm_warnings], [profiles[k] for k in used_profiles], allocation,
+                                      caps)),
+        notes=(*notes, *allocation.notes, *comm_notes),
         advice=allocation.advice,
-        extra=dict(extra or {}),
+        extra={**comm_fields, **(extra or {})},
     )
     check_identities(plan, where="built plan")
     return plan
@@ -110,9 +115,11 @@ def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice])
 
 
 def _allocate(
-    job: JobSpec, slots: Sequence[RankSlot], fits: Sequence[AffineTimeFit], caps: Sequence[int]
+    job: JobSpec, slots: Sequence[RankSlot], fits: Sequence[AffineTimeFit], caps: Sequence[int],
+    sync: SyncInputs | None = None,
 ) -> Allocation:
-    """The job's allocation over ``slots``, each device at its own time curve ``fits``."""
+    """The job's allocation over ``slots``, each device at its own time curve ``fits``, plus the gradient
+    synchronisation of the ranks taking part."""
     return allocate(
         caps,
         [fit.intercept_s for fit in fits],
@@ -122,6 +129,7 @@ def _allocate(
         multiple_of=job.multiple_of,
         min_batch=job.min_batch,
         groups=[s.group for s in slots],  # advice names GPU types, never profile keys
+        sync=sync_model(slots, sync) if sync is not None else None,
     )
 
 
@@ -140,6 +148,8 @@ def _expected_balance_range(
         allocation.included,
         [profiles[s.profile].time_log_sigma for s in slots],
         [profiles[s.profile].gpu for s in slots],
+        sync_s=allocation.sync_time_s,
+        accumulate=allocation.accumulate,
     )
 
 

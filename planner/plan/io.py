@@ -60,8 +60,8 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 def read_plan(path: str | os.PathLike) -> dict:
-    """Read and validate a plan.json, its JSON document without the layout's fields (what training scripts
-    read): size and nesting limits first (``planner.jsonio``), then every rule of ``planner.plan.validate``.
+    """Read and validate a plan.json, its JSON document (what training scripts read): size and nesting limits
+    first (``planner.jsonio``), then every rule of ``planner.plan.validate``.
 
     Raises:
         ConfigError: missing file, too large or deep, not strict JSON, or breaking a rule of the plan.

@@ -14,10 +14,9 @@ each node) before the ``srun``.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
-from typing import Any
 
 from planner.plan.launch import NodeLaunch
+from planner.plan.types import Plan
 from planner.plan.validate import node_launch
 
 NODE_RANK_VAR = "SLURM_NODEID"
@@ -32,9 +31,9 @@ def _torchrun_words(launch: NodeLaunch, node_rank_word: str) -> str:
     return f"{env} exec {' '.join(words)}"
 
 
-def node_script(plan: Mapping[str, Any]) -> str:
+def node_script(plan: Plan) -> str:
     """The shell text each srun task runs (``bash -c`` takes it as one word)."""
-    launches = [node_launch(plan, rank) for rank in range(len(plan["nodes"]))]
+    launches = [node_launch(plan, rank) for rank in range(len(plan.nodes))]
     shapes = {(launch.nproc_per_node, launch.cuda_visible_devices) for launch in launches}
     if len(shapes) == 1:
         return _torchrun_words(launches[0], f'"${NODE_RANK_VAR}"')
@@ -43,13 +42,13 @@ def node_script(plan: Mapping[str, Any]) -> str:
     return f'case "${NODE_RANK_VAR}" in {cases} {unknown} esac'
 
 
-def srun_argv(plan: Mapping[str, Any]) -> list[str]:
+def srun_argv(plan: Plan) -> list[str]:
     """``srun`` and its words: one task per plan node, each running :func:`node_script`."""
-    names = [node["name"] for node in plan["nodes"]]
+    names = [node.name for node in plan.nodes]
     return ["srun", "--nodes", str(len(names)), "--ntasks-per-node", "1", "--nodelist", ",".join(names),
             "bash", "-c", node_script(plan)]
 
 
-def srun_line(plan: Mapping[str, Any]) -> str:
+def srun_line(plan: Plan) -> str:
     """The ``srun`` line, every word quoted."""
     return shlex.join(srun_argv(plan))

@@ -28,6 +28,7 @@ from typing import Any
 from planner.errors import ConfigError, FieldError
 from planner.job import MODES, JobSpec
 from planner.jsonio import check_text, check_tree
+from planner.plan.comm import check_comm_section
 from planner.plan.derived import WEIGHT_REL_TOLERANCE
 from planner.plan.launch import (
     DEFAULT_PLAN_PATH,
@@ -143,6 +144,7 @@ def check_header(plan: Mapping[str, Any], where: str) -> None:
     check_host(plan["launch"]["master_addr"], f"{where}.launch.master_addr")
     for i, entry in enumerate(plan["excluded"]):
         check_fields(entry, EXCLUDED_FIELDS, f"{where}.excluded[{i}]", EXCLUDED_OPTIONAL)
+    check_comm_section(plan, where)
 
 
 def check_fields(obj: Any, fields: Mapping[str, Kind], where: str, optional: Mapping[str, Kind] | None = None) -> None:

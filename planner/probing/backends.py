@@ -9,7 +9,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Set
+from collections.abc import Sequence, Set
 from typing import Any, Protocol
 
 from planner.cluster import ClusterSpec
@@ -157,7 +157,9 @@ class RayBackend:
         self.actors: dict[str, Any] = {}  # group id -> actor handle
         self.actor_names: dict[str, str] = {}
         self.group_nodes: dict[str, list[str]] = {}  # group id -> node names it answers for
+        self.actor_addresses: dict[str, str] = {}  # group id -> its node's address (the link probe's rendezvous)
         for group_id, (ray_node, sim_nodes) in groups.items():
+            self.actor_addresses[group_id] = ray_node.address
             # a real node by address and Ray node id: several raylets may share one host's address
             label = sim_nodes[0].name if sim_nodes else f"{ray_node.address}-{ray_node.node_id[:8]}"
             name = f"batchplan-probe-{label}-{self.run_id}"
@@ -268,6 +270,20 @@ class RayBackend:
 
     def num_probes(self) -> int:
         return sum(len(nodes) or 1 for nodes in self.group_nodes.values())
+
+    def measure_network(self, sizes: Sequence[int], repeats: int, timeout_s: float) -> tuple[list[float], int]:
+        """A timed all-reduce among the live probes of a real cluster (one per node): (median seconds per size
+        from rank 0, number of probes). Raises ProbeFailure when a probe fails or times out."""
+        live = [g for g in self.actors if g not in self.dead_groups]
+        master = self.actor_addresses[live[0]]
+        port = self._ray.get(self.actors[live[0]].free_port.remote(), timeout=self.probe_timeout_s)
+        refs = {g: self.actors[g].allreduce_probe.remote(rank, len(live), master, port, list(sizes), repeats)
+                for rank, g in enumerate(live)}
+        results, failures = self._wait(refs, timeout_s)
+        if failures:
+            group, reason = next(iter(failures.items()))
+            raise ProbeFailure(self.actor_names[group], f"link probe failed: {reason}")
+        return results[live[0]], len(live)
 
     def probing_metadata(self) -> dict:
         live = [actor for group, actor in self.actors.items() if group not in self.dead_groups]

@@ -74,6 +74,21 @@ class NodeProbe:
             found = [simulated_inventory(node, **thresholds) for node in self._simulated.values()]
         return [inv.with_probe(**ident) for inv in found]
 
+    def free_port(self) -> int:
+        """A TCP port free on this node now, for the link probe's rendezvous (the OS picks it)."""
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def allreduce_probe(self, rank: int, world: int, master_addr: str, master_port: int,
+                        sizes: Sequence[int], repeats: int) -> list[float]:
+        """Time an all-reduce among the probes (``planner.probing.link_probe``); medians per size."""
+        from planner.probing.link_probe import timed_allreduce
+
+        return timed_allreduce(rank, world, master_addr, master_port, sizes, repeats)
+
     def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None) -> dict:
         """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity."""
         from planner.job import JobSpec

@@ -116,7 +116,7 @@ class ProfileCache:
         self.check_directory()
         fix = "choose another --cache-dir, or --no-cache"  # an OSError's text may hold backticks: plain words
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)  # never o+w, whatever the umask
         except OSError as exc:
             raise ConfigError(f"cannot create the profile cache directory {self.directory}: {exc.strerror or exc} "
                               f"({fix})") from None
@@ -124,7 +124,7 @@ class ProfileCache:
         if path.is_dir():
             raise FieldError("cache_dir",
                              f"profile cache entry {path} is a directory (remove it, or choose another `cache_dir`)")
-        write_file_safely(path, json.dumps(entry, indent=1), what="the profile cache entry", fix=fix)
+        write_file_safely(path, json.dumps(entry, indent=1), what="the profile cache entry", fix=fix, mode=0o644)
         return path
 
 

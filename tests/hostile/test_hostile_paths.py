@@ -177,3 +177,20 @@ def test_dev_stdout_writes_through_a_pipe_and_refuses_a_regular_file(warm, tmp_p
     assert out.stat().st_ino == before and out.read_text() == ""
     _no_temporary_files(tmp_path)
 
+
+
+def test_the_cache_is_created_private_whatever_the_umask(tmp_path) -> None:
+    from planner.profiles.cache import ProfileCache
+    from planner.profiles.key import key_of_inputs
+    from tests.planner.profiles.test_profile_cache import inputs_for, make_profile
+
+    cache = ProfileCache(tmp_path / "fresh" / "cache")
+    inputs = inputs_for()
+    previous = os.umask(0)
+    try:
+        path = cache.put(key_of_inputs(inputs), make_profile(per_sample=2**24), inputs=inputs)
+    finally:
+        os.umask(previous)
+    assert not cache.directory.stat().st_mode & stat.S_IWOTH
+    assert not path.stat().st_mode & (stat.S_IWOTH | stat.S_IWGRP)
+    cache.check_directory()  # trusted on the next run

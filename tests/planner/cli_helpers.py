@@ -134,15 +134,16 @@ def check_plan(doc: Any) -> dict:
 
 
 def check_preflight(doc: Any) -> dict:
-    """A ``batchplan/preflight@1`` document: schema, ok, checks[{name, ok, detail}], plan (valid or null), and
-    ``ok`` is the conjunction of the checks."""
+    """A ``batchplan/preflight@1`` document: schema, ok, checks[{name, ok, detail} and, on a failed check, its
+    ``fix``], plan (valid or null), and ``ok`` is the conjunction of the checks."""
     assert isinstance(doc, dict)
     assert set(doc) == {"schema", "ok", "checks", "plan"}, sorted(doc)
     assert doc["schema"] == PREFLIGHT_SCHEMA
     assert isinstance(doc["ok"], bool)
     assert isinstance(doc["checks"], list) and doc["checks"]
     for check in doc["checks"]:
-        assert set(check) == {"name", "ok", "detail"}, check
+        assert set(check) - {"fix"} == {"name", "ok", "detail"}, check
+        assert "fix" not in check or (not check["ok"] and isinstance(check["fix"], str) and check["fix"]), check
         assert isinstance(check["name"], str) and check["name"]
         assert isinstance(check["ok"], bool)
         assert isinstance(check["detail"], str) and check["detail"]

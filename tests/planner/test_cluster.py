@@ -227,10 +227,10 @@ def node_b_gpu(entry: str) -> str:
 
 BAD_CONFIGS = [
     # unknown keys, with the allowed ones listed
-    ("zone: us-east\n" + GOOD, r"zone: unknown key 'zone' \(allowed keys: nodes, name, gpu_types\)"),
+    ("zone: us-east\n" + GOOD, r"zone: unknown key 'zone' \(allowed keys: nodes, name, gpu_types, network\)"),
     (
         edit("cpu_count: 64", "cpus: 64"),
-        r"nodes\[0\]\.cpus: unknown key 'cpus' \(allowed keys: name, gpus, cpu_count, host_memory_gib; did you mean 'cpu_count'\?\)",
+        r"nodes\[0\]\.cpus: unknown key 'cpus' \(allowed keys: name, gpus, cpu_count, host_memory_gib, intra, network; did you mean 'cpu_count'\?\)",
     ),
     (
         node_b_gpu("{type: T4, cnt: 2}"),

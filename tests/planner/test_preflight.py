@@ -107,6 +107,19 @@ def test_a_healthy_cluster_and_plan_pass_every_check_in_order():
 
 def test_check_to_json_shape():
     assert Check(name="x", ok=False, detail="why").to_json() == {"name": "x", "ok": False, "detail": "why"}
+    assert Check(name="x", ok=False, detail="why", fix="do").to_json()["fix"] == "do"
+
+
+def test_every_failed_check_carries_its_fix_and_passing_ones_none():
+    plan = make_plan(idle=(0.0, 0.3), job_global_batch=1000, global_batch=512, throughput=100.0,
+                     alternatives={"best_single_group": 200.0})
+    checks = checks_of(failed_nodes={"node-b": "gone"}, plan=plan, expect_gpus=9)
+    failed = [c for c in checks.values() if not c.ok]
+    assert {c.name for c in failed} >= {"nodes_present", "gpus_present", "global_batch_reachable", "imbalance",
+                                        "slow_gpus_worth_it"}
+    assert all(c.fix for c in failed), [c.name for c in failed if not c.fix]
+    assert not any(c.fix for c in checks.values() if c.ok)
+    assert "raise max_imbalance" in checks["imbalance"].fix
 
 
 # ---------------------------------------------------------------------------------------------- nodes_present
@@ -182,7 +195,8 @@ def test_a_busy_gpu_skipped_by_the_thresholds_fails_idle_thresholds():
     assert node.selection.selected == (0,)
     check = checks_of(inventories=[node], expected=("node-t4",))["idle_thresholds"]
     assert not check.ok
-    assert check.detail.startswith("node-t4 GPU 1: busy: 97% utilisation > 50% (free those GPUs, pick others with ")
+    assert check.detail == "node-t4 GPU 1: busy: 97% utilisation > 50%"
+    assert check.fix.startswith("free those GPUs, pick others with gpus, or relax min_free_memory_fraction")
 
 
 def test_gpus_left_out_because_not_requested_do_not_fail_idle_thresholds():
@@ -245,8 +259,9 @@ def test_no_plan_fails_plan_feasible_with_the_error_and_stops():
     result = run_checks(inventories=[real_node("node-a")], failed_nodes={}, expected_node_names=["node-a"],
                         plan=None, plan_error="global batch 7 cannot be split in mode 'uniform'",
                         thresholds=Thresholds())
-    assert result[-1] == Check(name="plan_feasible", ok=False,
-                               detail="global batch 7 cannot be split in mode 'uniform'")
+    assert (result[-1].name, result[-1].ok, result[-1].detail) == (
+        "plan_feasible", False, "global batch 7 cannot be split in mode 'uniform'")
+    assert result[-1].fix.startswith("a smaller global_batch or min_batch")
     assert "imbalance" not in {c.name for c in result}
 
 

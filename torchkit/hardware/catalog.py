@@ -333,7 +333,9 @@ def _load_catalog_file(path: Path) -> GpuCatalog:
     top = ConfigLocation(str(path))
     if data is None:
         raise top.error("is empty (expected a mapping with a gpus: section)")
-    expect_mapping(data, top, required={"gpus": "a mapping of GPU type name -> entry"}, what="a mapping")
+    # links: the intra-node link defaults, read by torchkit.hardware.links
+    expect_mapping(data, top, required={"gpus": "a mapping of GPU type name -> entry"}, optional=("links",),
+                   what="a mapping")
     entries = data["gpus"]
     gpus_where = top.key("gpus")
     if not isinstance(entries, dict) or not entries:

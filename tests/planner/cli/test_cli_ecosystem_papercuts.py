@@ -95,7 +95,7 @@ def test_preflight_judges_only_the_gpus_the_job_would_use(tmp_path: Path, gpus: 
     assert check["ok"] is ok
     if not ok:
         assert check["detail"].startswith("lab-server GPU 3: busy")
-        assert "(free those GPUs, pick others with --gpus, or relax --min-memory-fraction" in check["detail"]
+        assert check["fix"].startswith("free those GPUs, pick others with --gpus, or relax --min-memory-fraction")
 
 
 def test_a_long_estimate_says_each_fake_pass_as_it_ends(tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ def test_profile_refuses_the_flags_that_only_shape_a_plan_and_keeps_their_defaul
     actions = _job_actions("profile")
     planning_only = {name for name, form in JOB_FLAG_FORMS.items() if form.planning_only}
     assert planning_only == {"mode", "global_batch", "min_batch", "gpus", "min_free_memory_fraction",
-                             "max_utilization_fraction"}
+                             "max_utilization_fraction", "bucket_cap_mb"}
     for name in planning_only:
         assert actions[name].help == "==SUPPRESS==" and actions[name].default == getattr(JobSpec(model="m"), name)
 

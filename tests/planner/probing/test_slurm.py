@@ -88,8 +88,7 @@ def test_an_allocation_keeps_slurm_node_order_and_each_node_s_job_gres() -> None
 
 
 def test_a_mixed_plan_gets_one_case_branch_per_node_rank() -> None:
-    plan = make_plan(batches=(8, 8, 4), nodes=(("big", 2), ("small", 1)))
-    validate_plan(plan, "t")
+    plan = validate_plan(make_plan(batches=(8, 8, 4), nodes=(("big", 2), ("small", 1))), "t")
     script = node_script(plan)
     assert script.startswith('case "$SLURM_NODEID" in 0) CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1 exec')
     assert "--node-rank 0 --nproc-per-node 2 --master-addr big" in script

@@ -375,7 +375,7 @@ def test_bad_catalog_entry_is_a_config_error_naming_file_and_path(
 def test_unknown_top_level_key_in_catalog(tmp_path: Path) -> None:
     path = write(tmp_path, "version: 1\ngpus:\n" + GOOD_ENTRY)
     with pytest.raises(
-        ConfigError, match=r"gpus\.yaml: version: unknown key 'version' \(allowed keys: gpus\)"
+        ConfigError, match=r"gpus\.yaml: version: unknown key 'version' \(allowed keys: gpus, links\)"
     ):
         load_catalog(path)
 

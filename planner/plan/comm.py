@@ -1,0 +1,236 @@
+"""The gradient synchronisation of a plan: the ring over its ranks' links, the sync model the allocation
+optimises against, the plan's ``comm`` section and the advice the synchronisation changes.
+
+A plan's step is ``max_i compute_i(b_i) + exposed sync`` (``torchkit.estimate.ddp_sync``). The ring crosses
+the intra-node link of every node with two or more ranks and, with two or more nodes, every node's network
+link (``planner.interconnect``: the config's, the catalog's, an assumed default, or measured); its slowest link
+sets the bandwidth. Every figure carries where it comes from.
+
+plan.json gains (as top-level fields after the standard ones; old plans without them still load):
+``predicted_comm_time_s`` (exposed synchronisation per optimizer step, 0 for one GPU) and ``comm``::
+
+    {"gradient_bytes", "num_gradient_tensors", "bucket_cap_mb", "bucket_bytes": [...], "num_ranks",
+     "num_nodes", "links": [{"hop", "link", "bus_bytes_per_s", "step_latency_s", "source"}], "bottleneck",
+     "allreduce_s", "exposed_s", "exposed_range_s": [full overlap, no overlap], "compute_s", "exposed_share", "backward_share", "backward_share_source",
+     "gradients_source", "measured"}
+
+Pure Python + numpy: no torch, Ray or pynvml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from planner.allocate.allocation import Allocation
+from planner.errors import ConfigError
+from planner.interconnect import DEFAULT_NETWORK_GBPS, Interconnect
+from planner.plan.types import RankSlot
+from torchkit.estimate.ddp_sync import Bucket, LinkCost, RingCost, ddp_buckets, exposed_sync_s, sync_timeline
+
+DEFAULT_BACKWARD_SHARE = 2.0 / 3.0
+"""share of a step's compute that is backward when nothing measured it: backward ≈ 2× forward in FLOPs for
+convolutions and matmuls (a weight and an input gradient per forward product)"""
+ADVISE_EXPOSED_SHARE = 0.30
+"""an exposed synchronisation above this share of the step is worth advice (accumulate, bigger batch)"""
+_ACCUMULATE_TRIALS = (2, 4, 8, 16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncInputs:
+    """What the synchronisation model of a plan needs besides the ranks."""
+
+    grad_bytes: tuple[int, ...]
+    """gradient bytes of each parameter that requires grad, registration order"""
+    gradients_source: str
+    """where ``grad_bytes`` come from (the model built on the meta device, a cache)"""
+    bucket_cap_mb: float | None = None
+    """the job's ``bucket_cap_mb`` (None: DDP's default)"""
+    interconnect: Interconnect = field(default_factory=Interconnect)
+    measured: Mapping[str, LinkCost] = field(default_factory=dict)
+    """links measured by the probes or in the job: ``network`` and ``intra:<node>``; they replace the
+    config's and the catalog's"""
+    measured_note: str = ""
+    """what was measured, or why nothing was (a simulated cluster)"""
+    backward_share: float = DEFAULT_BACKWARD_SHARE
+    backward_share_source: str = "assumed: backward ≈ 2× forward FLOPs"
+
+    def buckets(self) -> tuple[Bucket, ...]:
+        return ddp_buckets(self.grad_bytes, self.bucket_cap_mb)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hop:
+    """A link class a ring crosses."""
+
+    hop: str
+    """``intra <node>`` or ``network <node>``"""
+    link: LinkCost
+    assumed: bool = False
+    """the assumed default network (nothing stated or measured it)"""
+
+
+def ring_hops(slots: Sequence[RankSlot], inputs: SyncInputs) -> tuple[RingCost, tuple[Hop, ...]]:
+    """The ring over ``slots`` and the links it crosses (an intra hop per node with two or more ranks, a
+    network hop per node when there are two or more nodes)."""
+    counts: dict[str, int] = {}
+    gpu_of: dict[str, str] = {}
+    for slot in slots:
+        counts[slot.node] = counts.get(slot.node, 0) + 1
+        gpu_of.setdefault(slot.node, slot.gpu)
+    hops: list[Hop] = []
+    for node, count in counts.items():
+        if count > 1:
+            link = inputs.measured.get(f"intra:{node}") or inputs.interconnect.intra_link(node, gpu_of[node])
+            hops.append(Hop(hop=f"intra {node}", link=link))
+    if len(counts) > 1:
+        for node in counts:
+            if "network" in inputs.measured:
+                hops.append(Hop(hop=f"network {node}", link=inputs.measured["network"]))
+                continue
+            link, assumed = inputs.interconnect.network_link(node)
+            hops.append(Hop(hop=f"network {node}", link=link, assumed=assumed))
+    intra = [h.link for h in hops if h.hop.startswith("intra")]
+    net = [h.link for h in hops if h.hop.startswith("network")]
+    ring = RingCost(num_ranks=len(slots), num_nodes=len(counts),
+                    intra=min(intra, key=lambda link: link.bus_bytes_per_s) if intra else None,
+                    network=min(net, key=lambda link: link.bus_bytes_per_s) if net else None)
+    return ring, tuple(hops)
+
+
+def sync_model(slots: Sequence[RankSlot], inputs: SyncInputs):
+    """The allocation's ``SyncModel``: (ranks taking part, compute s) -> exposed sync per optimizer step."""
+    buckets = inputs.buckets()
+    rings: dict[tuple[int, ...], RingCost] = {}
+
+    def exposed(ranks: np.ndarray, compute_s: float) -> float:
+        key = tuple(sorted(int(r) for r in ranks))
+        if key not in rings:
+            rings[key] = ring_hops([slots[r] for r in key], inputs)[0]
+        return exposed_sync_s(buckets, rings[key], compute_s=compute_s, backward_share=inputs.backward_share)
+
+    return exposed
+
+
+def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: SyncInputs) -> dict[str, Any]:
+    """The plan's ``comm`` section for the ranks the allocation kept (``slots``, included only)."""
+    ring, hops = ring_hops(slots, inputs)
+    buckets = inputs.buckets()
+    compute_s = allocation.compute_time_s
+    backward_s = compute_s * inputs.backward_share
+    timeline = sync_timeline(buckets, ring, backward_start_s=compute_s - backward_s, backward_s=backward_s)
+    exposed = allocation.sync_time_s
+    optimizer_step_s = allocation.accumulate * allocation.step_time_s
+    bottleneck = min(hops, key=lambda h: h.link.bus_bytes_per_s) if hops else None
+    return {
+        "gradient_bytes": int(sum(inputs.grad_bytes)),
+        "num_gradient_tensors": len(inputs.grad_bytes),
+        "bucket_cap_mb": inputs.bucket_cap_mb,
+        "bucket_bytes": [b.size_bytes for b in buckets],
+        "num_ranks": ring.num_ranks,
+        "num_nodes": ring.num_nodes,
+        "links": [{"hop": h.hop, "link": h.link.name, "bus_bytes_per_s": h.link.bus_bytes_per_s,
+                   "step_latency_s": h.link.step_latency_s, "source": h.link.source} for h in hops],
+        "bottleneck": bottleneck.hop if bottleneck is not None else None,
+        "allreduce_s": timeline.allreduce_total_s if ring.num_ranks > 1 else 0.0,
+        "exposed_s": exposed,
+        # how sure: from full overlap (the model's figure) to none (every all-reduce after the backward pass,
+        # as when the collective competes with the compute for the same units); PyTorch's published DDP
+        # benchmark sits near the no-overlap end (bench/bench_comm.py)
+        "exposed_range_s": [exposed, exposed_sync_s(buckets, ring, compute_s=compute_s,
+                                                    backward_share=inputs.backward_share, overlap_efficiency=0.0)],
+        "compute_s": compute_s,
+        "exposed_share": exposed / optimizer_step_s if optimizer_step_s > 0 else 0.0,
+        "backward_share": inputs.backward_share,
+        "backward_share_source": inputs.backward_share_source,
+        "gradients_source": inputs.gradients_source,
+        "measured": inputs.measured_note,
+    }
+
+
+def assumed_network_warning(slots: Sequence[RankSlot], inputs: SyncInputs) -> str | None:
+    """One warning when the plan's ring crosses a network nobody stated or measured."""
+    _, hops = ring_hops(slots, inputs)
+    assumed = [h.hop.removeprefix("network ") for h in hops if h.assumed]
+    if not assumed:
+        return None
+    return (f"the network between nodes is not stated: {DEFAULT_NETWORK_GBPS:g} Gb/s Ethernet assumed for "
+            f"{', '.join(assumed)} in the gradient synchronisation (state it in the cluster config: a network: "
+            "mapping with gbps: and latency_us:, per node where they differ)")
+
+
+def sync_advice(allocation: Allocation, section: Mapping[str, Any]) -> list[str]:
+    """When the exposed synchronisation is over ``ADVISE_EXPOSED_SHARE`` of the step: accumulating more
+    micro-steps under ``no_sync()`` (a larger global batch, the same per-rank batches) with its gain."""
+    share = float(section["exposed_share"])
+    if share <= ADVISE_EXPOSED_SHARE or allocation.sync_time_s <= 0:
+        return []
+    a, compute, sync = allocation.accumulate, allocation.compute_time_s, allocation.sync_time_s
+    now = a * allocation.step_batch / (a * compute + sync)
+    for k in _ACCUMULATE_TRIALS:
+        new_share = sync / (k * a * compute + sync)
+        if new_share <= ADVISE_EXPOSED_SHARE / 2 or k == _ACCUMULATE_TRIALS[-1]:
+            break
+    rate = k * a * allocation.step_batch / (k * a * compute + sync)
+    return [f"gradient synchronisation is {share:.0%} of the step ({sync * 1e3:.1f} ms exposed per optimizer step "
+            f"over {section['bottleneck']}): accumulating {k * a} micro-steps under DDP's no_sync() (global batch "
+            f"{k * a * allocation.step_batch}, the same per-rank batches) would give {rate:,.0f} samples/s, "
+            f"{rate / now:.2f}× faster (sync {new_share:.0%} of the step); so would a faster network"]
+
+
+def check_comm_section(plan: Mapping[str, Any], where: str) -> None:
+    """The optional ``comm`` and ``predicted_comm_time_s`` of a plan: present together, of their types."""
+    if "predicted_comm_time_s" not in plan and "comm" not in plan:
+        return  # a plan written before the synchronisation model
+    value = plan.get("predicted_comm_time_s")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"{where}.predicted_comm_time_s must be a number >= 0, got {value!r}")
+    comm = plan.get("comm")
+    if not isinstance(comm, dict):
+        raise ConfigError(f"{where}.comm must be an object (the synchronisation model), got {comm!r}")
+    for name in ("gradient_bytes", "num_ranks", "num_nodes"):
+        if isinstance(comm.get(name), bool) or not isinstance(comm.get(name), int) or comm[name] < 0:
+            raise ConfigError(f"{where}.comm.{name} must be an integer >= 0, got {comm.get(name)!r}")
+    for name in ("exposed_s", "allreduce_s", "compute_s", "exposed_share"):
+        v = comm.get(name)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
+            raise ConfigError(f"{where}.comm.{name} must be a number >= 0, got {v!r}")
+    if not isinstance(comm.get("links"), list):
+        raise ConfigError(f"{where}.comm.links must be a list of the links the ring crosses")
+    if comm.get("num_ranks") != plan.get("world_size"):
+        raise ConfigError(f"{where}.comm.num_ranks {comm.get('num_ranks')} != world_size {plan.get('world_size')}")
+
+
+def plan_comm_fields(slots: Sequence[RankSlot], allocation: Allocation,
+                     inputs: SyncInputs | None) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(top-level fields, warnings, notes) the synchronisation adds to a plan over the included ``slots``.
+    Without ``inputs`` (the model's gradients unknown) nothing is added."""
+    if inputs is None:
+        return {}, [], []
+    section = comm_section(slots, allocation, inputs)
+    warnings = [w for w in (assumed_network_warning(slots, inputs),) if w]
+    warnings.extend(sync_advice(allocation, section))
+    notes = [inputs.measured_note] if inputs.measured_note else []
+    return {"predicted_comm_time_s": allocation.sync_time_s, "comm": section}, warnings, notes
+
+
+def comm_summary(plan_extra: Mapping[str, Any]) -> str | None:
+    """One line for people: compute and exposed synchronisation per optimizer step, its share, the link."""
+    comm = plan_extra.get("comm")
+    if not isinstance(comm, dict):
+        return None
+    if comm.get("num_ranks", 0) <= 1:
+        return "gradient sync: none (one GPU)"
+    exposed_ms, allreduce_ms = float(comm["exposed_s"]) * 1e3, float(comm["allreduce_s"]) * 1e3
+    slowest = next((link for link in comm["links"] if link["hop"] == comm["bottleneck"]), None)
+    over = (f"{comm['bottleneck']} ({slowest['link']}, {slowest['bus_bytes_per_s'] / 1e9:.3g} GB/s, "
+            f"{slowest['source'].split(' (')[0]})" if slowest else "?")
+    span = comm.get("exposed_range_s")
+    upto = f", up to {float(span[1]) * 1e3:.1f} ms without overlap" if isinstance(span, list) and len(span) == 2 else ""
+    return (f"gradient sync: {comm['gradient_bytes'] / 1e6:.1f} MB in {len(comm['bucket_bytes'])} buckets; "
+            f"compute {float(comm['compute_s']) * 1e3:.1f} ms + exposed sync {exposed_ms:.1f} ms per optimizer step "
+            f"({float(comm['exposed_share']):.0%} of it; all-reduce {allreduce_ms:.1f} ms, the rest overlaps "
+            f"backward{upto}) over {over}")
