@@ -242,7 +242,8 @@ def main() -> int:
             records = json.loads(Path(tmp, f"{name}.json").read_text())
             metrics = [real_metrics(r) if not CASES[name][3] else simulated_metrics(name, r, sample_s)
                        for r in records]
-            results[name] = {"runs": metrics, "lines": [r["line"] for r in records]}
+            # every run's splits, switches and gathered steps too: a slow run can be read back afterwards
+            results[name] = {"runs": metrics, "lines": [r["line"] for r in records], "records": records}
             line = (f"rebalance: case={name} runs={len(metrics)} "
                     f"worst_final_vs_best={max(m['final_vs_best'] for m in metrics):.3f} "
                     f"worst_transient_vs_start={max(m['transient_vs_start'] for m in metrics):.3f} "

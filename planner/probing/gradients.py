@@ -52,7 +52,7 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os
     building the model raises (the caller reports it and plans without the synchronisation)."""
     path = _cache_path(Path(cache_dir), job, identity) if cache_dir is not None else None
     if path is not None and (cached := _read(path)) is not None:
-        return cached, f"{job.model}: {len(cached)} gradient tensors (cached layout, built on the meta device)"
+        return cached, _source(job, cached)
     import torch
 
     from planner.profiling.make import workload_for
@@ -65,4 +65,9 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os
         raise ValueError(f"{job.model} has no parameter that requires grad: nothing to synchronise")
     if path is not None:
         _write(path, sizes)
-    return sizes, f"{job.model}: {len(sizes)} gradient tensors (model built on the meta device)"
+    return sizes, _source(job, sizes)
+
+
+def _source(job: JobSpec, sizes: tuple[int, ...]) -> str:
+    """The same whether the layout was built now or read from the cache: a warm plan equals the cold one."""
+    return f"{job.model}: {len(sizes)} gradient tensors (the model built on the meta device)"

@@ -16,9 +16,11 @@ Every rank runs this on the same gathered numbers, so every rank reaches the sam
 * **Bounded moves.** A switch changes each rank's batch by at most ``max_move_factor`` (½×–2× by default),
   so the fit is never extrapolated far beyond a batch that was measured (the current one always was); the
   bounded split is the min–max solution under those bounds (``bounded_split``).
-* **No lock-in.** When the fit over all steps says "no gain" although the current split is measured
-  imbalanced (older steps mislead), the split is solved from the current split's steps alone: a bounded
-  step in proportion to measured throughput.
+* **No lock-in.** When the fit over all steps promises no gain beyond the noise although the current split
+  is measured imbalanced beyond it (older steps mislead; a small batch's fixed cost makes the neutral shape
+  under-promise), the split is solved from the current split's steps alone and taken for a predicted gain
+  beyond the noise of one median (not of a difference of two): a bounded step in proportion to measured
+  throughput, which the verdict undoes if it was wrong.
 * **Verify, roll back** (``switch_verdict``): a split that measures no faster than the one before is undone
   (one only mildly slower is measured twice as long first: load bursts); a split undone is not proposed
   again for ``retry_after_steps`` steps or until the speeds change.
@@ -390,7 +392,9 @@ def decide(
     of them must be at ``current`` (one, when a measured peak is over a cap). Nothing changes while ``current`` is balanced within the noise-aware idle
     threshold and fits every cap. Otherwise the bounded split under the curves of every measured step
     (``decision_fit``), taken when it cuts the predicted step time by the gain threshold; failing that, the
-    bounded split under the current split's steps alone (no lock-in). A split in ``rejected`` (rolled back)
+    bounded split under the current split's steps alone, taken for a predicted cut beyond the noise of one
+    median (no lock-in: a small batch's fixed cost makes the neutral shape under-promise; the verdict undoes a
+    step that was wrong). A split in ``rejected`` (rolled back)
     is never proposed; a split over a (memory) cap is left whatever the gain.
     """
     at_current = [m for m in measures if m.batches == current]
@@ -402,15 +406,18 @@ def decide(
     limit = thresholds(at_current, policy)
     low, high = move_bounds(current, caps, multiple_of=multiple_of, min_batch=min_batch,
                             factor=policy.max_move_factor)
-    bases = [(measures, "refit")] + ([(at_current, "bounded step")] if len(at_current) < len(measures) else [])
-    for basis, reason in bases:
+    # the refit must promise a gain beyond the noise of a difference of two medians; the bounded step from the
+    # current split's steps alone (measured imbalanced beyond the noise; the verdict undoes a bad step) beyond
+    # that of one median: identical ranks' noise does not move it, a small batch's fixed cost no longer locks
+    step_gain = max(policy.min_gain, limit.gain / math.sqrt(2.0))
+    for basis, reason, needed in ((measures, "refit", limit.gain), (at_current, "bounded step", step_gain)):
         fits = tuple(decision_fit(median_points(basis, r), policy.prior_weight) for r in range(len(current)))
         new = bounded_split(fits, sum(current), low, high, multiple_of)
         if new is None or new == current or new in rejected:
             continue
         predicted = max(f.predict_s(b) for f, b in zip(fits, new, strict=True))
         now = max(f.predict_s(b) for f, b in zip(fits, current, strict=True))
-        if over_cap or predicted <= now * (1.0 - limit.gain):
+        if over_cap or predicted < now * (1.0 - needed):
             return Decision(batches=new, caps=caps, fits=fits, predicted_step_s=float(predicted),
                             current_step_s=float(now), reason=reason)
     return None

@@ -96,7 +96,7 @@ def test_more_gpus_expected_than_the_cluster_has_is_no_go(tmp_path: Path, cache_
     assert lines[-1] == "preflight: no-go"
     [failing] = [line for line in lines if line.startswith("FAIL")]
     assert failing.startswith("FAIL  gpus_present: 6 of 6 GPU(s) selected"), describe(result)
-    assert failing.endswith("100 required"), describe(result)
+    assert "100 required (fix: " in failing and failing.endswith("or lower --expect-gpus)"), describe(result)
 
 
 @slow

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from planner.job import JobSpec
 from planner.probing.gradients import gradient_layout
 from planner.profiling import job_fingerprint
@@ -16,9 +18,11 @@ def test_layout_is_the_models_gradient_bytes_and_is_cached(tmp_path):
     model = convnet()
     assert sizes == tuple(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     assert "built on the meta device" in source
-    again, source = gradient_layout(JOB, identity, tmp_path)
-    assert again == sizes and "cached layout" in source
-    (next((tmp_path / "gradients").glob("*.json"))).write_text("{not json")
+    again, cached_source = gradient_layout(JOB, identity, tmp_path)
+    assert again == sizes and cached_source == source  # a warm plan says what a cold one says
+    entry = next((tmp_path / "gradients").glob("*.json"))
+    assert json.loads(entry.read_text()) == {"grad_bytes": list(sizes)}
+    entry.write_text("{not json")
     rebuilt, source = gradient_layout(JOB, identity, tmp_path)  # a broken entry is rebuilt, not trusted
     assert rebuilt == sizes and "built on the meta device" in source
     assert all(isinstance(s, int) and s > 0 for s in sizes)
