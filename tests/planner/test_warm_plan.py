@@ -47,6 +47,10 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
         key = key_of_inputs(inputs)
         ProfileCache(cache_dir).put(key, profile, inputs=inputs)
         keys[gpu_name] = key
+    # a cold run also leaves the model's gradient layout (the sync model's input) beside the profiles
+    from planner.probing.gradients import gradient_layout
+
+    gradient_layout(job, job_fingerprint(job), cache_dir)
     return keys
 
 

@@ -148,6 +148,13 @@ def _hf_workload(kind: str, attention_dropout: float) -> Workload:
     """A tiny HF GPT-2 or BERT (the libraries' configs shrunk; every other dropout at its default 0.1) with
     SDPA attention, attention dropout as given."""
     transformers = pytest.importorskip("transformers")
+    from torchkit.errors import WorkloadError
+    from torchkit.workloads.extras import import_library
+
+    try:  # transformers imports torchvision where it is installed: a torchvision built for another torch fails
+        import_library("transformers.modeling_utils", model=f"hf:{kind}")
+    except WorkloadError as e:
+        pytest.skip(str(e))
     if kind == "gpt2":
         config = transformers.GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, n_positions=SEQ, vocab_size=512,
                                          attn_pdrop=attention_dropout)
