@@ -165,7 +165,7 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
     cache = ProfileCache(cache_dir)
     written = [write_plan(feedback["plan"], plan_path)]
     job = feedback["plan"].get("job") or {}
-    fingerprint = measured_fingerprint(job)
+    fingerprint = measured_fingerprint(job) if feedback["profiles"] else ""
     for key, data in feedback["profiles"].items():
         profile = DeviceProfile.from_json(data)
         # the cache records what the key is made of, so that it can check the entry when it is read

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from planner.errors import ConfigError, RebalanceError
+from planner.errors import ConfigError, RebalanceError, WorkloadError
 from planner.runtime.rebalance_faults import default_store, missing_ranks
 from planner.runtime.rebalance_model import (
     Decision,
@@ -627,7 +627,6 @@ class Rebalancer:
         marked simulated)."""
         from planner.runtime.rebalance_feedback import (
             job_marks,
-            measured_profiles,
             measured_section,
             updated_plan,
         )
@@ -641,9 +640,21 @@ class Rebalancer:
         marks = job_marks(self._link())
         section = measured_section(self.plan, usable, self.report(), self.limits,
                                    prior_weight=self.policy.prior_weight, simulated=simulated, marks=marks)
-        profiles = {} if simulated else measured_profiles(self.plan, usable, prior_weight=self.policy.prior_weight,
-                                                          marks=marks)
+        profiles = {} if simulated else self._measured_profiles(usable, marks)
         return updated_plan(self.plan, section).to_json(), profiles
+
+    def _measured_profiles(self, usable: Sequence[StepMeasure], marks: Mapping[str, str]) -> dict:
+        """The measured profiles, or none (with a warning) where the plan's model cannot be rebuilt in this
+        process to name them (a ``module:factory`` not importable from the job's working directory, a library
+        not installed on the training nodes): a finished job must not fail over its feedback."""
+        from planner.runtime.rebalance_feedback import measured_profiles
+
+        try:
+            return measured_profiles(self.plan, usable, prior_weight=self.policy.prior_weight, marks=marks)
+        except WorkloadError as exc:
+            log.warning("rebalance: the measured profiles were not filed in the profile cache (the plan file still "
+                        "gets them): %s", exc)
+            return {}
 
     def _link(self) -> str:
         """How the ranks were connected: backend, nodes and ranks (the feedback's mark)."""
@@ -668,11 +679,11 @@ class Rebalancer:
 
         plan, profiles = self.feedback()
         job = self.plan.job.to_json()
-        fingerprint = measured_fingerprint(job)
         written = []
         if plan_path is not None:
             written.append(write_plan(plan, plan_path))
         if profiles:
+            fingerprint = measured_fingerprint(job)
             cache = ProfileCache(cache_dir)
             written.extend(
                 cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp, fingerprint=fingerprint))

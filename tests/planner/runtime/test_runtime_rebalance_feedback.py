@@ -22,9 +22,9 @@ from tests.plans import make_plan
 STEPS = 8
 
 
-def run_one_rank(tmp_path, simulate=None, cache_dir=None) -> tuple[dict, list]:
+def run_one_rank(tmp_path, simulate=None, cache_dir=None, model_name="mlp") -> tuple[dict, list]:
     plan = make_plan((8,), nodes=(("node-a", 1),))
-    plan["job"] = {"model": "mlp", "optimizer": "sgd", "imgsz": None, "input_shape": None, "seq_len": None}
+    plan["job"] = {"model": model_name, "optimizer": "sgd", "imgsz": None, "input_shape": None, "seq_len": None}
     model = torch.nn.Linear(4, 1)
     sampler = PlannedBatchSampler(64, [8], 0, seed=0)
     rebalancer = Rebalancer.from_plan(plan, sampler, model, simulate=simulate)
@@ -69,6 +69,19 @@ def test_a_real_runs_profile_answers_the_same_job_and_software_only(tmp_path, mo
     assert find_measured(cache, other, "T4", "off", fingerprint=measured_fingerprint(other)) is None  # another model
     monkeypatch.setattr(measured, "software_version", lambda: "torch 0.0.1")  # a planner on other software
     assert find_measured(cache, trained["job"], "T4", "off", fingerprint=fingerprint) is None
+
+
+@pytest.mark.parametrize("simulate", [None, SimulatedSpeed(factors=(2.0,), sample_s=0.001)], ids=["real", "simulated"])
+def test_a_model_the_job_cannot_import_still_gets_its_plan_written(tmp_path, simulate, caplog):
+    # the plan named a module:factory importable where the planner ran, not from the job's working directory:
+    # training finished, so the feedback must not fail it (it once ended rank 0 with exit 1 after its last step)
+    cache_dir = tmp_path / "cache"
+    trained, written = run_one_rank(tmp_path, simulate, cache_dir, model_name="no_such_module_here:factory")
+    assert written == [tmp_path / "trained.json"] and trained["measured"]["step_times"]
+    assert not cache_dir.exists() or not any(cache_dir.iterdir())
+    not_filed = [r.getMessage() for r in caplog.records if "were not filed" in r.getMessage()]
+    assert len(not_filed) == (0 if simulate else 1)
+    assert all("no_such_module_here" in line for line in not_filed)
 
 
 def test_the_collective_timeout_must_be_a_positive_number():
