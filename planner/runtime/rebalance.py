@@ -28,7 +28,9 @@ When it gathers and decides. Every step is timed locally (a few clock reads). Th
 of the first ``probe_steps``;
 every step after a switch until it is judged; and after that, watching, the steps of a window of
 ``check_every_steps`` at once, the window widened so that the gathers stay under ``watch_cost_share`` of the
-step time (measured; the summary states it). From the gathered steps every rank runs the same pure rules
+step time (measured; the summary states it). A watching gather is started without waiting (``async_op``)
+and read at the next ``step_done``, so it runs behind that step's compute; when its rules call for a switch,
+that step is gathered at once, since a switch needs every rank's sampler boundary as of now. From the gathered steps every rank runs the same pure rules
 (``planner.runtime.rebalance_model``: noise-aware thresholds, neutral shape from one batch, bounded moves,
 no lock-in) so all ranks reach the same decision; a checksum of the decisions is all-gathered and compared, and a rank
 that decided otherwise is a ``RebalanceError`` on every rank, never a silent skew. A switch takes effect on
@@ -61,6 +63,7 @@ step batch never change; the steps of the last, unfinished window are not gather
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -154,6 +157,17 @@ class _Clock:
         return end - start
 
 
+@dataclasses.dataclass
+class _PostedGather:
+    """A watching window's all-gather in flight: the work to wait for, its output, the steps it carries and
+    the seconds this rank spent starting it."""
+
+    work: Any
+    everyone: list[torch.Tensor]
+    records: list[tuple]
+    cost_s: float
+
+
 class Rebalancer:
     """Measures this rank's compute per optimizer step and re-balances the sampler's split (module docstring).
 
@@ -216,7 +230,9 @@ class Rebalancer:
         self._pending: tuple[int, int] | None = None  # position of a switch not yet seen in a step
         self._verify: list[StepMeasure] | None = None  # the steps before a switch that is still to be judged
         self._sample_agreed_step = 0
-        self._last_cost: tuple[float, bool] = (0.0, False)  # this rank's last gathering step_done: s, watching
+        self._last_cost: tuple[float, bool] = (0.0, False)  # this rank's last gather: s, watching
+        self._posted: _PostedGather | None = None  # a watching window's all-gather in flight
+        self._acting_s = 0.0  # seconds the last rules' run spent deciding and switching (not watching)
         self._watch_costs: list[float] = []  # the latest gathers' costs (all ranks' view)
         self._watch_totals = [0.0, 0.0]  # watching: seconds of gathers, seconds of the steps they covered
         self._watch_overhead: float | None = None
@@ -396,13 +412,19 @@ class Rebalancer:
         self._intervals, self._waits, self._step_splits, self._split = [], [], [], None
         if self._pending is not None and split == self.switches[-1].batches:
             self._pending = None  # the switch is in effect
-        watching = self._step > self.policy.probe_steps and self._verify is None and self._pending is None
         if self._last_done_s is not None:
             self._step_walls = [*self._step_walls[-49:], began - self._last_done_s]
+        if self._posted is not None:
+            self._complete_posted(split)
+        watching = self._step > self.policy.probe_steps and self._verify is None and self._pending is None
         if self._gather_due():
-            self._gather_steps()
-            self._after_gather(split)
-            self._last_cost = (time.perf_counter() - began, watching)
+            if watching and self.world_size > 1:
+                self._post_gather()
+            else:
+                self._gather_steps()
+                self._last_gather_step = self._step
+                self._after_gather(split)
+                self._last_cost = (time.perf_counter() - began, watching)
         self._last_done_s = time.perf_counter()
 
     def _gather_due(self) -> bool:
@@ -416,8 +438,48 @@ class Rebalancer:
         return self._step - self._last_gather_step >= self._window
 
     def _gather_steps(self) -> None:
-        """All-gather the steps recorded since the last gather (one tensor collective: a watching window
-        costs one all-gather); append them to ``measures``."""
+        """All-gather the steps recorded since the last gather (one tensor collective); append them to
+        ``measures``."""
+        values, records = self._step_values()
+        self._absorb(self._gather_tensor(values, "step times"), records)
+
+    def _post_gather(self) -> None:
+        """Start a watching window's all-gather without waiting for it: it completes in the background while
+        the next step computes, and :meth:`_complete_posted` reads it at the next ``step_done``. Watching then
+        costs a step a few clock reads and one collective's start, not a round trip of every rank."""
+        began = time.perf_counter()
+        values, records = self._step_values()
+        mine = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            work = dist.all_gather(everyone, mine, group=self._group, async_op=True)
+        except Exception as exc:  # gloo: connection closed by a dead peer
+            raise self.collective_failure("the all-gather of step times", exc) from exc
+        self._last_gather_step = self._step
+        self._posted = _PostedGather(work=work, everyone=everyone, records=records,
+                                     cost_s=time.perf_counter() - began)
+
+    def _complete_posted(self, split: tuple[int, ...]) -> None:
+        """Wait for the watching window posted at the last gathering step, take its steps in, and run the
+        rules on them; a decision to switch gathers this step at once (a switch needs every rank's boundary
+        as of now, not as of the posting)."""
+        posted, self._posted = self._posted, None
+        assert posted is not None
+        began = time.perf_counter()
+        try:
+            posted.work.wait()
+        except Exception as exc:  # gloo: connection closed by a dead peer, or the group's timeout
+            raise self.collective_failure("the all-gather of step times", exc) from exc
+        self._absorb([t.tolist() for t in posted.everyone], posted.records)
+        self._acting_s = 0.0
+        self._after_gather(split, boundary_fresh=False)
+        # watching's cost: starting the gather, waiting for it, the rules; a decision it led to (a gather of
+        # this step, the agreement, the switch) is the cost of re-balancing, as in the probing steps
+        self._last_cost = (posted.cost_s + time.perf_counter() - began - self._acting_s, True)
+
+    def _step_values(self) -> tuple[list[float], list[tuple]]:
+        """This rank's row of the next gather (header, then per step: step, compute s, wait s, peak bytes) and
+        the steps it holds; the recorded steps are handed over."""
         records = [(step, split, sum(self._clock.elapsed_s(a, b) for a, b in compute),
                     sum(self._clock.elapsed_s(a, b) for a, b in waits), peak)
                    for step, split, compute, waits, peak in self._records]
@@ -425,13 +487,15 @@ class Rebalancer:
         header = [len(records), zlib.crc32(repr([(r[0], r[1]) for r in records]).encode()),
                   *self.sampler.next_boundary(), self._last_cost[0], float(self._last_cost[1]), wall_s]
         values = header + [v for r in records for v in (r[0], r[2], r[3], -1 if r[4] is None else r[4])]
-        rows = self._gather_tensor(values, "step times")
+        self._records = []
+        return values, records
+
+    def _absorb(self, rows: list[list[float]], records: list[tuple]) -> None:
+        """Every rank's gathered rows of ``records``' steps into ``measures``, checked to be in step."""
         if len({(row[0], row[1]) for row in rows}) != 1:
             raise RebalanceError(f"rebalance: ranks are out of step after optimizer step {self._step} (their steps "
                                  "or splits differ): every rank must call compute() once per micro-step and "
                                  "step_done() once per optimizer step")
-        self._records = []
-        self._last_gather_step = self._step
         self._window_first = records[0][0]
         self._boundary = max((int(row[2]), int(row[3])) for row in rows)
         for index, (step, split, _, _, _) in enumerate(records):
@@ -447,23 +511,29 @@ class Rebalancer:
         self._update_window(rows, len(records))
 
     def _update_window(self, rows: list[list[float]], steps: int) -> None:
-        """The cost of watching, and its window: at least ``check_every_steps``, wide enough that a gather
-        costs at most ``watch_cost_share`` of the steps it covers.
+        """The cost of watching, and its window: at least ``check_every_steps``, wide enough that a watching
+        gather costs at most ``watch_cost_share`` of the steps it covers (on the mean of the latest 20).
 
-        The cost of a gather is the fastest rank's time in that ``step_done``: the others' extra time there is
-        waiting for the last rank to arrive, which they would otherwise wait at the next all-reduce."""
+        The cost of a watching gather is the fastest rank's time spent on it: starting it in one
+        ``step_done``, waiting for it and running the rules in the next (the others' extra time there is
+        waiting for the last rank to arrive, which they would otherwise wait at the next all-reduce). What the
+        gather takes from the step it overlaps is not in it: on a GPU job nothing (the step runs on the
+        device), on a CPU-only job a gloo thread's moment of a core."""
         walls = [row[6] for row in rows if row[6] > 0]
         if not walls:
             return
         wall_s = statistics.median(walls)
         cost_s = min(row[4] for row in rows)
-        self._watch_costs = [*self._watch_costs[-19:], cost_s]  # probing gathers too: the first window fits
-        if rows[0][5]:  # the last gather was a watching one: it counts as the cost of watching
-            self._watch_totals[0] += cost_s
-            self._watch_totals[1] += steps * wall_s
-            self._watch_overhead = self._watch_totals[0] / self._watch_totals[1]
+        if not rows[0][5]:
+            return  # a probing or verifying gather (synchronous, the cost of re-balancing): not watching's
+        # the last gather was a watching one (started in one step_done, read in the next): watching's cost
+        self._watch_costs = [*self._watch_costs[-19:], cost_s]
+        self._watch_totals[0] += cost_s
+        self._watch_totals[1] += steps * wall_s
+        self._watch_overhead = self._watch_totals[0] / self._watch_totals[1]
         if self.policy.watch_cost_share > 0:
-            needed = math.ceil(statistics.median(self._watch_costs) / (self.policy.watch_cost_share * wall_s))
+            # the mean, not the median: the share stated is a ratio of sums, and the costs are heavy-tailed
+            needed = math.ceil(statistics.fmean(self._watch_costs) / (self.policy.watch_cost_share * wall_s))
             self._window = max(self.policy.check_every_steps, min(_MAX_WINDOW, needed))
 
     def _usable(self) -> list[StepMeasure]:
@@ -473,8 +543,11 @@ class Rebalancer:
         # the latest steps only: the rules' cost stays bounded in a long job, and recent steps describe it best
         return [m for m in self.measures[-_MAX_RULE_STEPS:] if m.step > since]
 
-    def _after_gather(self, split: tuple[int, ...]) -> None:
-        """Judge a switch, watch for changed speeds, decide: the same on every rank (gathered data only)."""
+    def _after_gather(self, split: tuple[int, ...], *, boundary_fresh: bool = True) -> None:
+        """Judge a switch, watch for changed speeds, decide: the same on every rank (gathered data only).
+
+        ``boundary_fresh`` False: the gathered rows are a posted window's, whose sampler boundaries are a step
+        old; before deciding, this step is gathered at once for fresh ones."""
         self._maybe_agree_simulation()
         if self._pending is not None:
             return
@@ -496,12 +569,18 @@ class Rebalancer:
         if len(at_split) < self.policy.min_points or len(self.switches) >= self.policy.max_switches or balanced(
                 usable, self.limits, current=split, multiple_of=self.multiple_of, policy=self.policy):
             return  # the same on every rank (gathered data): no decision, no agreement to gather
+        acting_from = time.perf_counter()
+        if not boundary_fresh:
+            self._gather_steps()
+            self._last_gather_step = self._step
+            usable = self._usable()
         decision = self._decide(usable, self.limits, current=split, multiple_of=self.multiple_of,
                                 min_batch=self.min_batch, policy=self.policy, rejected=self._recently_rejected())
         self._agree(decision)
         if decision is not None:
             self._verify = [m for m in usable if m.batches == split]
             self._switch(decision.batches, decision.predicted_step_s, decision.current_step_s, decision.reason)
+        self._acting_s = time.perf_counter() - acting_from
 
     def _maybe_agree_simulation(self) -> None:
         """A measured simulation: after the warm-up, one per-sample time for every rank (the median of the
@@ -559,14 +638,17 @@ class Rebalancer:
         """Every rank's ``values`` (the same length on every rank), as float64 in one all-gather."""
         if self.world_size == 1:
             return [values]
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self._group) == "nccl" else None
-        mine = torch.tensor(values, dtype=torch.float64, device=device)
+        mine = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
         try:
             dist.all_gather(everyone, mine, group=self._group)
         except Exception as exc:  # gloo: connection closed by a dead peer, or the group's timeout
             raise self.collective_failure(f"the all-gather of {what}", exc) from exc
         return [t.tolist() for t in everyone]
+
+    def _collective_device(self) -> torch.device | None:
+        """Where the gathered tensors live: the current CUDA device under NCCL, else the CPU."""
+        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self._group) == "nccl" else None
 
     def _gather(self, payload: dict, what: str) -> list[dict]:
         if self.world_size == 1:
@@ -577,6 +659,18 @@ class Rebalancer:
         except Exception as exc:  # gloo: connection closed by a dead peer, or the group's timeout
             raise self.collective_failure(f"the all-gather of {what}", exc) from exc
         return gathered
+
+    def _flush_posted(self) -> None:
+        """Take in a posted watching window that no later step read (the run ended after it): its steps
+        count for the report and the feedback; no rule runs on them."""
+        if self._posted is None:
+            return
+        posted, self._posted = self._posted, None
+        try:
+            posted.work.wait()
+        except Exception as exc:
+            raise self.collective_failure("the all-gather of step times", exc) from exc
+        self._absorb([t.tolist() for t in posted.everyone], posted.records)
 
     def collective_failure(self, what: str, exc: BaseException) -> RebalanceError:
         """The one-line error of a failed collective (``what``: e.g. "the loss all-reduce"), naming the rank(s)
@@ -613,6 +707,7 @@ class Rebalancer:
         """What happened so far (the same on every rank: gathered data only)."""
         if not self.splits:
             raise ConfigError("Rebalancer.report() before any step")
+        self._flush_posted()
         kept = {m.step for m in self.measures}
         measures = [m for m in self._first_measures if m.step not in kept] + self.measures
         return build_report(self.splits, measures, self.switches, warmup_steps=self.policy.warmup_steps,

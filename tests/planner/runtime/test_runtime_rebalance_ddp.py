@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.runtime.rebalance_model import RebalancePolicy
 from planner.runtime.sampler import PlannedBatchSampler
 from tests.net import free_port
 from tests.planner.runtime.rebalance_helpers import (
@@ -188,7 +189,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _fault_worker(rank: int, port: int, out_dir: str, kind: str) -> None:
+def _fault_worker(rank: int, port: int, out_dir: str, kind: str, at_step: int = 3) -> None:
     _init(rank, port, None)  # the process group's default timeout (30 min): the re-balancer's own must act
 
     def die() -> None:
@@ -200,8 +201,8 @@ def _fault_worker(rank: int, port: int, out_dir: str, kind: str) -> None:
         time.sleep(20 * FAULT_TIMEOUT_S)  # the parent ends this process once the others have failed
 
     try:
-        result = _train(rank, wrong_plan(2.0), fault=(die if kind == "die" else hang, 3, 2), steps=8,
-                        timeout_s=FAULT_TIMEOUT_S)
+        result = _train(rank, wrong_plan(2.0), fault=(die if kind == "die" else hang, at_step, 2),
+                        steps=at_step + 5, timeout_s=FAULT_TIMEOUT_S)
     except Exception as exc:  # anything but a RebalanceError: recorded so that the test shows it
         result = {"error": f"unexpected {type(exc).__name__}: {exc}", "error_at": time.time()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"error": result["error"],
@@ -345,6 +346,31 @@ def test_a_rank_that_dies_or_hangs_in_the_all_gather_fails_the_others_with_a_cle
         assert result["error"].startswith("rebalance: rank 2 stopped answering after optimizer step 3"), result["error"]
         assert "all-gather of step times" in result["error"] and "died or hung" in result["error"]
         # within the re-balancer's timeout and the few seconds it waits to name the rank, far under 60 s
+        assert result["error_at"] - fault_at < FAULT_TIMEOUT_S + 10
+
+
+@pytest.mark.parametrize("kind", ["die", "hang"])
+def test_a_rank_that_dies_or_hangs_while_the_others_watch_fails_them_with_a_clear_error(tmp_path, kind):
+    # after balance the steps are gathered a window at a time, started in one step and read in the next: a
+    # rank lost then is seen by the gradient all-reduce or by the wait for that gather, never by a hang
+    import torch.multiprocessing as mp
+
+    watching_step = RebalancePolicy().probe_steps + 12
+    context = mp.start_processes(_fault_worker, args=(free_port(), str(tmp_path), kind, watching_step),
+                                 nprocs=WORLD_SIZE, start_method="spawn", join=False)
+    try:
+        for process in context.processes[:2]:
+            process.join(timeout=240)
+    finally:
+        context.processes[2].kill()
+        for process in context.processes:
+            process.join(timeout=30)
+    fault_at = float((tmp_path / "hung_at").read_text())
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["error"] is not None, f"rank {rank} did not fail"
+        assert "\n" not in result["error"] and result["error"].startswith("rebalance: rank 2 stopped answering")
+        assert "died or hung" in result["error"]
         assert result["error_at"] - fault_at < FAULT_TIMEOUT_S + 10
 
 
