@@ -5,7 +5,7 @@ Usage: ``python bench/bench_advise.py [--offers FILE] [--model resnet50] [--glob
 ``advise: offers=8 candidates=N evaluated=M front=K same_as_brute_force=true seconds=S``; writes
 bench/results/advise.json.
 
-What runs: the offers file (default ``cluster_configs/offers-example.yaml``, 8 offers on 3 networks) and the
+What runs: the offers file (default ``cluster_configs/offers/example.yaml``, 8 offers on 3 networks) and the
 job give one ``AdviseContext`` (profiles estimated once per GPU type, or read from the profile cache); every
 candidate of at most ``--max-gpus`` GPUs is enumerated; the brute force plans every one of them
 (``search(prune=False)``) and the advise search plans only those its bound does not rule out. The two fronts
@@ -45,7 +45,7 @@ def main() -> int:
     from planner.profiles.cache import ProfileCache
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--offers", default=str(REPO / "cluster_configs" / "offers-example.yaml"))
+    parser.add_argument("--offers", default=str(REPO / "cluster_configs" / "offers" / "example.yaml"))
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--global-batch", type=int)
     parser.add_argument("--max-gpus", type=int, default=16)

@@ -36,7 +36,7 @@ from typing import Any
 from planner.cluster import MAX_GPUS_PER_NODE, _Problems
 from planner.errors import ConfigError
 from planner.interconnect import LinkConfig, parse_intra, parse_network
-from torchkit.hardware.catalog import GpuCatalog, GpuSpec, load_catalog
+from torchkit.hardware.catalog import GpuCatalog, GpuSpec, cluster_configs_dir, load_catalog
 from torchkit.hardware.configio import (
     ConfigLocation,
     expect_int,
@@ -122,9 +122,27 @@ class OfferSet:
     catalog: GpuCatalog
 
 
-def load_offers(path: str | os.PathLike[str], catalog: GpuCatalog | None = None) -> OfferSet:
-    """Load and validate an offers file (ConfigError naming the file, the path in it and the fix)."""
+def shipped_offers() -> dict[str, Path]:
+    """The offers files shipped with batchplan (``cluster_configs/offers/``): name (file stem) -> path."""
+    return {path.stem: path for path in sorted((cluster_configs_dir() / "offers").glob("*.yaml"))}
+
+
+def find_offers_file(path: str | os.PathLike[str]) -> Path:
+    """The file ``path`` names: itself where it exists, else the shipped offers of that name (``example``)."""
     file_path = Path(path)
+    if file_path.exists():
+        return file_path
+    shipped = shipped_offers()
+    stem = file_path.name.removesuffix(".yaml").removesuffix(".yml")
+    if file_path.parent == Path(".") and stem in shipped:
+        return shipped[stem]
+    raise ConfigError(f"offers file {file_path} does not exist (check the path; shipped: {', '.join(shipped)})")
+
+
+def load_offers(path: str | os.PathLike[str], catalog: GpuCatalog | None = None) -> OfferSet:
+    """Load and validate an offers file (ConfigError naming the file, the path in it and the fix); ``path``
+    may be the name of a shipped one (``example``) where no such file exists here."""
+    file_path = find_offers_file(path)
     data = read_yaml_file(file_path, "offers file", limits=_READ_LIMITS)
     return parse_offers(data, str(file_path), catalog=catalog, default_name=file_path.stem)
 

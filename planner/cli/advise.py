@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
         "on one network), plan the job on each with estimated profiles (no GPU needed), and print the Pareto "
         "front of cost per epoch against time per epoch.",
     )
-    p.add_argument("--offers", required=True, metavar="FILE", help="offers YAML (see cluster_configs/offers-example.yaml)")
+    p.add_argument("--offers", required=True, metavar="FILE", help="offers YAML, or the name of a shipped one (example: cluster_configs/offers/example.yaml)")
     add_job_options(p)
     g = p.add_argument_group("search")
     g.add_argument("--epoch-samples", type=int, default=IMAGENET_TRAIN_SAMPLES,

@@ -25,12 +25,19 @@ def _with(**changes) -> dict:
 
 
 def test_the_shipped_example_has_eight_dated_offers_with_sources():
-    offers = load_offers(CONFIGS / "offers-example.yaml")
+    offers = load_offers(CONFIGS / "offers" / "example.yaml")
     assert len(offers.offers) == 8
     for offer in offers.offers:
         assert offer.source and datetime.date.fromisoformat(offer.date) <= datetime.date(2026, 12, 31)
         assert offer.price_per_node_hour_usd > 0
     assert {o.network for o in offers.offers} == set(offers.networks)
+
+
+def test_a_shipped_offers_file_is_found_by_its_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_offers("example").source_path == str(CONFIGS / "offers" / "example.yaml")
+    with pytest.raises(ConfigError, match="does not exist.*shipped: example"):
+        load_offers("nope")
 
 
 def test_a_good_offer_parses_with_its_figures():
