@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.cluster import MAX_GPUS_PER_NODE, _Problems
+from planner.cluster import MAX_GPUS_PER_NODE, ConfigProblems
 from planner.errors import ConfigError
 from planner.interconnect import LinkConfig, parse_intra, parse_network
 from torchkit.hardware.catalog import GpuCatalog, GpuSpec, cluster_configs_dir, load_catalog
@@ -156,7 +156,7 @@ def parse_offers(data: Any, source: str, *, catalog: GpuCatalog | None = None,
     expect_mapping(data, top, required=_TOP_REQUIRED, optional=("name",), what="a mapping with networks: and offers:")
     name = expect_str(data["name"], top.key("name")) if "name" in data else (default_name or Path(source).stem)
     catalog = catalog or load_catalog()
-    problems = _Problems(source)
+    problems = ConfigProblems(source)
     networks: dict[str, Network] = {}
     with problems.collect():
         networks = _parse_networks(data["networks"], top.key("networks"), problems)
@@ -178,7 +178,7 @@ def parse_offers(data: Any, source: str, *, catalog: GpuCatalog | None = None,
     return OfferSet(name=name, source_path=source, networks=networks, offers=tuple(offers), catalog=catalog)
 
 
-def _parse_networks(raw: Any, where: ConfigLocation, problems: _Problems) -> dict[str, Network]:
+def _parse_networks(raw: Any, where: ConfigLocation, problems: ConfigProblems) -> dict[str, Network]:
     if not isinstance(raw, dict) or not raw:
         raise where.error("expected a non-empty mapping of network name -> {gbps, latency_us}, e.g. "
                           "networks: {ethernet: {gbps: 100, latency_us: 14}}")

@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     front = _front_json(args, context, result)
     document = advice_json(result, context, args.offers, front)
     if args.plot:
-        from planner.cli.advise_plot import plot_advice
+        from planner.cli.plot import plot_advice
 
         note(f"wrote {plot_advice(result, front, args.plot)}")
     if args.pick is not None:

@@ -47,9 +47,12 @@ def print_advice(document: dict[str, Any], *, as_json: bool) -> None:
     print_table(title, columns, [_row(p) for p in front])
     for point in front:
         echo(f"#{point['rank']}: {point['plan_command']}")
+    ranks_of: dict[str, list[str]] = {}  # each uncalibrated GPU type's line once, with the points it concerns
     for point in front:
         for line in point["uncalibrated"]:
-            echo(f"#{point['rank']} {line}")
+            ranks_of.setdefault(line, []).append(f"#{point['rank']}")
+    for line, ranks in ranks_of.items():
+        echo(f"{','.join(ranks)}: {line}")
     rejected = document["rejected"]
     if rejected:
         echo(f"rejected {len(rejected)}:")
