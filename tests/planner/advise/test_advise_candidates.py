@@ -63,3 +63,16 @@ def test_a_candidate_is_a_cluster_config_with_its_links_and_price():
                       theirs.intra_link(node.name, node.gpus[0].spec.name))):
             assert (a.name, a.bus_bytes_per_s, a.step_latency_s) == (b.name, b.bus_bytes_per_s, b.step_latency_s)
     assert candidate.label == "1×big + 3×small" and candidate.slug == "bigx1_smallx3"
+
+
+def test_more_candidates_than_the_limit_are_refused_with_the_fix():
+    import pytest
+
+    from planner.advise.candidates import MAX_CANDIDATES
+    from planner.errors import ConfigError
+
+    many = parse_offers({"networks": {"n": {"gbps": 10}}, "offers": [
+        {"name": f"o{i}", "gpu": "T4", "gpus_per_node": 1, "max_nodes": 1024, "price_per_node_hour": 1,
+         "network": "n", "source": "t", "date": "2026-11-09"} for i in range(4)]}, "t.yaml")
+    with pytest.raises(ConfigError, match=f"more than {MAX_CANDIDATES:,} candidate clusters.*lower --max-gpus"):
+        enumerate_candidates(many, many.offers, max_gpus=4096)
