@@ -103,3 +103,15 @@ def test_too_many_offers_are_refused_while_reading(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError, match=str(MAX_OFFERS)):
         load_offers(path)
+
+
+def test_the_readmes_offers_example_is_a_valid_offers_file():
+    import re
+
+    import yaml
+
+    readme = (CONFIGS.parent / "README.md").read_text()
+    section = readme[readme.index("## Which GPUs should I rent?"):]
+    block = re.search(r"```yaml\n(.*?)```", section, flags=re.DOTALL).group(1)
+    offers = parse_offers(yaml.safe_load(block), "README.md")
+    assert [o.name for o in offers.offers] == ["lab-a100"] and offers.offers[0].price_per_node_hour_usd == 0
