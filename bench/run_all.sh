@@ -21,4 +21,5 @@ run bench/bench_e2e.py
 run bench/bench_search_cost.py
 run bench/bench_rebalance.py
 run bench/bench_comm.py
+run bench/bench_advise.py
 echo "all benchmarks done in ${SECONDS} s; figures in bench/results/" | tee -a "$log"

@@ -244,7 +244,7 @@ def parse_cluster(
         expect_str(data["name"], top.key("name")) if "name" in data else (default_name or Path(source).stem)
     )
 
-    problems = _Problems(source)
+    problems = ConfigProblems(source)
     catalog = _with_config_types(load_catalog() if catalog is None else catalog, data.get("gpu_types"), top,
                                  problems)
 
@@ -293,7 +293,7 @@ def _check_total_gpus(nodes_raw: list, where: ConfigLocation) -> None:
         )
 
 
-class _Problems:
+class ConfigProblems:
     """Config errors collected instead of raised one at a time, so that one run names all of them."""
 
     def __init__(self, source: str) -> None:
@@ -345,7 +345,7 @@ def _parse_config_type(where: ConfigLocation, name: Any, entry: Any, listed: boo
         raise name_where.error(str(exc)) from None
 
 
-def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation, problems: _Problems) -> GpuCatalog:
+def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation, problems: ConfigProblems) -> GpuCatalog:
     """The catalog plus the config's ``gpu_types`` entries (gpus.yaml keys; see ``_gpu_type_entries``)."""
     if raw is None:
         return catalog
@@ -361,7 +361,7 @@ def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation, probl
     return catalog
 
 
-def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: _Problems) -> NodeSpec:
+def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: ConfigProblems) -> NodeSpec:
     node = expect_mapping(raw, where, required=_NODE_REQUIRED, optional=_NODE_OPTIONAL, what="a node mapping")
     name = expect_str(node["name"], where.key("name"))
     if len(name) > MAX_NODE_NAME_CHARS:

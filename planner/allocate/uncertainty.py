@@ -70,3 +70,17 @@ def balance_efficiency_range(
         eff = _efficiency(t0a, t1a, capa, ba, inc, factor, per_step)
         low, high = min(low, eff), max(high, eff)
     return low, high
+
+
+def step_time_range_s(rank_step_time_s: Sequence[float], log_sigma: Sequence[float], *, accumulate: int = 1,
+                      sync_range_s: Sequence[float] = (0.0, 0.0)) -> tuple[float, float]:
+    """(lowest, highest) time of one optimizer step when each rank's predicted (micro-)step time
+    ``rank_step_time_s`` is ``exp(∓log_sigma)`` off: ``accumulate · max_i t_i·exp(∓σ_i)`` plus the exposed
+    synchronisation's low and high (``sync_range_s``: the plan's ``comm.exposed_range_s``, full overlap to
+    none). The slowest rank's time grows with every rank's, so the extremes are every type fast, every type
+    slow; the synchronisation is held at its range (not re-timed against the shifted compute)."""
+    times = np.asarray(rank_step_time_s, dtype=np.float64)
+    sig = np.asarray(log_sigma, dtype=np.float64)
+    low = accumulate * float(np.max(times * np.exp(-sig))) + float(sync_range_s[0])
+    high = accumulate * float(np.max(times * np.exp(sig))) + float(sync_range_s[1])
+    return low, high

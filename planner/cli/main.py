@@ -16,13 +16,13 @@ import sys
 import traceback
 
 from planner import __version__
-from planner.cli import catalog, devices, plan, preflight, profile, show
+from planner.cli import advise, catalog, devices, plan, preflight, profile, show
 from planner.cli.options import flag_of
 from planner.errors import FieldError, UserError
 
 # one module per command, each defining add_parser(subparsers) (which sets func=run) and run(args) -> int;
 # each module imports its heavy parts (Ray, torch) inside run, so building the parser stays cheap
-COMMANDS = (devices, profile, plan, preflight, show, catalog)
+COMMANDS = (devices, profile, plan, preflight, show, catalog, advise)
 
 
 #: flags whose value may start with "-" (a GPU selection such as -1,-1): argparse would take "-1,-1" for an

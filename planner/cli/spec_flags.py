@@ -153,3 +153,29 @@ def spec_from_args(cls: type, forms: Mapping[str, FlagForm], args: argparse.Name
             value = form.parse(value)
         values[spec_field.name] = value
     return cls(**values)
+
+
+def spec_argv(spec: Any, forms: Mapping[str, FlagForm]) -> list[str]:
+    """The flags that spell ``spec`` (the inverse of ``spec_from_args``): each field that differs from its default,
+    a required one always; a tuple as ``a,b,c`` (``--input-shape``), an enum by its value, a flag without a value
+    for a true ``store_true`` field, ``--no-...`` for a false field whose default is true."""
+    argv: list[str] = []
+    for spec_field in dataclasses.fields(spec):
+        value = getattr(spec, spec_field.name)
+        default = None if spec_field.default is dataclasses.MISSING else spec_field.default
+        if spec_field.default is not dataclasses.MISSING and value == default:
+            continue
+        flag = flag_name(spec_field.name, forms)
+        if isinstance(value, bool):
+            argv.append(flag if value else "--no-" + flag.removeprefix("--"))
+            continue
+        if value is None:
+            continue  # a default that is not None set back to None has no flag: not produced by the CLI
+        if isinstance(value, tuple):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value.value if isinstance(value, enum.Enum) else value)
+        argv.append(f"{flag}={text}" if text.startswith("-") else flag)
+        if not text.startswith("-"):
+            argv.append(text)
+    return argv

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from planner.allocate.uncertainty import balance_efficiency_range
+from planner.allocate.uncertainty import balance_efficiency_range, step_time_range_s
 
 
 def _eff(t1, cap, batches, factor):
@@ -49,3 +49,11 @@ def test_many_types_use_the_one_off_corners() -> None:
     batches = [round(100 / (1 + i / n)) for i in range(n)]
     lo, hi = balance_efficiency_range([0] * n, t1, [200] * n, batches, [True] * n, [0.1] * n, [str(i) for i in range(n)])
     assert 0 < lo < hi <= 1.0
+
+
+def test_the_optimizer_step_range_is_every_type_fast_to_every_type_slow_plus_the_sync_range() -> None:
+    # ranks at 0.10 s (sigma 0.2) and 0.09 s (sigma 0.5): fast, the slowest is 0.10·e^-0.2; slow, 0.09·e^0.5
+    low, high = step_time_range_s([0.10, 0.09], [0.2, 0.5], accumulate=3, sync_range_s=(0.01, 0.05))
+    assert low == pytest.approx(3 * 0.10 * math.exp(-0.2) + 0.01)
+    assert high == pytest.approx(3 * 0.09 * math.exp(0.5) + 0.05)
+    assert step_time_range_s([0.2], [0.0]) == (0.2, 0.2)

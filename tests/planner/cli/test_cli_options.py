@@ -145,3 +145,21 @@ def test_preflight_thresholds_are_flags_of_their_type():
     assert (actions["max_imbalance"].default, actions["min_subset_gain"].default) == (0.15, 1.10)
     assert actions["expect_gpus"].option_strings == ["--expect-gpus"]
     assert Thresholds().max_imbalance == actions["max_imbalance"].default
+
+
+def test_spec_argv_spells_a_job_that_the_flags_read_back() -> None:
+    from planner.cli.main import build_parser
+    from planner.cli.options import JOB_FLAG_FORMS, job_from_args
+    from planner.cli.spec_flags import spec_argv
+    from planner.job import JobSpec
+
+    jobs = [JobSpec(model="resnet50"),
+            JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=96,
+                    multiple_of=8, amp="bf16", optimizer="adamw", channels_last=True, fraction=0.5, mode="max",
+                    method="estimate", bucket_cap_mb=50.0)]
+    for job in jobs:
+        argv = spec_argv(job, JOB_FLAG_FORMS)
+        assert argv[:2] == ["--model", job.model]
+        args = build_parser().parse_args(["plan", *argv])
+        assert job_from_args(args) == job
+    assert spec_argv(JobSpec(model="resnet50"), JOB_FLAG_FORMS) == ["--model", "resnet50"]
