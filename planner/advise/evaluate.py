@@ -124,7 +124,8 @@ class AdviseContext:
             rate = cap / profile.time_fit.predict_s(cap) if cap > 0 else 0.0
             uncertainty = time_model.uncertainty_for(gpu)
             figures[gpu.name] = GpuFigures(key=got.key, profile=profile, max_batch=cap, rate_samples_per_s=rate,
-                                           calibrated=uncertainty.calibrated_gpu, calibration_note=uncertainty.basis)
+                                           calibrated=uncertainty.calibrated_gpu,
+                                           calibration_note=uncertainty.reason or uncertainty.basis)
         return figures
 
     def with_offers(self, offers: OfferSet) -> AdviseContext:

@@ -78,7 +78,9 @@ class TimeUncertainty:
     calibrated_arch: bool
     """its architecture has measured rows"""
     basis: str
-    """where the figure comes from, for people"""
+    """where the figure comes from, for people (with the calibration file it was read from)"""
+    reason: str = ""
+    """the same without the file: what a table's footnote has room for"""
 
     @property
     def relative(self) -> float:
@@ -115,12 +117,14 @@ class TimeModel:
                 calibrated_gpu=in_gpu,
                 calibrated_arch=True,
                 basis=f"leave-one-out error on {self.arch_rows.get(arch, 0)} measured {arch} rows ({self.source})",
+                reason=f"leave-one-out error on {self.arch_rows.get(arch, 0)} measured {arch} rows",
             )
         return TimeUncertainty(
             log_sigma=self.unseen_log_sigma,
             calibrated_gpu=in_gpu,
             calibrated_arch=False,
             basis=f"no measured {arch} rows; error on GPU types left out of the fit ({self.source})",
+            reason=f"no measured {arch} rows; error on GPU types left out of the fit",
         )
 
 
