@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,27 @@ def plot_profile(profile_json: dict, *, budget_bytes: int, total_bytes: int, cho
     return path_out
 
 
+def _nice_ticks(ax, xs: list[float], ys: list[float], plt) -> None:
+    """Ticks at 1-2-5 steps with plain labels (minutes; dollars) over the front's range: a log axis over less
+    than a decade otherwise shows one label or none."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    def steps(values: list[float]) -> list[float]:
+        positive = [v for v in values if v > 0]
+        if not positive:
+            return []
+        low, high = min(positive) / 1.5, max(positive) * 1.5
+        return [m * 10.0 ** e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                for m in (1, 2, 5) if low <= m * 10.0 ** e <= high]
+
+    for axis, values, unit in ((ax.xaxis, xs, ""), (ax.yaxis, ys, "$")):
+        ticks = steps(values)
+        if ticks:
+            axis.set_major_locator(FixedLocator(ticks))
+            axis.set_minor_locator(NullLocator())
+            axis.set_major_formatter(FuncFormatter(lambda v, _pos, unit=unit: f"{unit}{v:g}"))
+
+
 def plot_advice(result, front: list[dict[str, Any]], path: str) -> Path:
     """``batchplan advise --plot``: cost per epoch against time per epoch of every candidate planned (a
     ``planner.advise.search.SearchResult``), the front's points (``front``, as ``--json`` gives them) labelled
@@ -184,13 +206,16 @@ def plot_advice(result, front: list[dict[str, Any]], path: str) -> Path:
     xs = [p["time_per_epoch_s"] / 60 for p in front]
     ys = [p["cost_per_epoch_usd"] for p in front]
     ax.step(xs, ys, where="post", color="#dd8452", linewidth=1, alpha=0.6)
-    for point, x, y in zip(front, xs, ys, strict=True):
+    for index, (point, x, y) in enumerate(zip(front, xs, ys, strict=True)):
         low, high = (t / 60 for t in point["time_per_epoch_range_s"])
         ax.errorbar([x], [y], xerr=[[x - low], [high - x]], fmt="o", color="#dd8452", capsize=3)
-        ax.annotate(f"#{point['rank']} {point['cluster']}", (x, y), textcoords="offset points", xytext=(6, 4),
-                    fontsize=8)
+        # neighbours on a front sit close: their labels alternate above and below the point
+        ax.annotate(f"#{point['rank']} {point['cluster']}", (x, y), textcoords="offset points",
+                    xytext=(6, 5 if index % 2 == 0 else -12), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=0.01)
+    _nice_ticks(ax, xs, ys, plt)
+    ax.margins(x=0.2, y=0.1)
     ax.set_xlabel("time per epoch (min, log; bars: step-time model ±1σ)")
     ax.set_ylabel("cost per epoch (USD)")
     ax.set_title(f"batchplan advise: {len(front)} front points of {result.planned} planned, {result.candidates} candidates")
