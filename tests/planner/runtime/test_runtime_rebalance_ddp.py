@@ -323,40 +323,12 @@ def test_a_rank_that_decides_otherwise_is_an_error_on_every_rank_not_a_hang(rank
         assert "different decisions" in error and "rank 1:" in error
 
 
-@pytest.mark.parametrize("kind", ["die", "hang"])
-def test_a_rank_that_dies_or_hangs_in_the_all_gather_fails_the_others_with_a_clear_error(tmp_path, kind):
+def run_with_a_fault(tmp_path, kind: str, at_step: int) -> list[tuple[str, float]]:
+    """Rank 2 dies or hangs after optimizer step ``at_step``: ranks 0 and 1's errors and how long after the
+    fault each came."""
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(_fault_worker, args=(free_port(), str(tmp_path), kind), nprocs=WORLD_SIZE,
-                                 start_method="spawn", join=False)
-    survivors = [p for i, p in enumerate(context.processes) if i != 2]
-    try:
-        for process in survivors:
-            process.join(timeout=240)
-    finally:
-        context.processes[2].kill()
-        for process in context.processes:
-            process.join(timeout=30)
-    fault_at = float((tmp_path / "hung_at").read_text())
-    for rank in (0, 1):
-        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert result["error"] is not None, f"rank {rank} did not fail"
-        # one line, naming the rank that failed and the step
-        assert "\n" not in result["error"]
-        assert result["error"].startswith("rebalance: rank 2 stopped answering after optimizer step 3"), result["error"]
-        assert "all-gather of step times" in result["error"] and "died or hung" in result["error"]
-        # within the re-balancer's timeout and the few seconds it waits to name the rank, far under 60 s
-        assert result["error_at"] - fault_at < FAULT_TIMEOUT_S + 10
-
-
-@pytest.mark.parametrize("kind", ["die", "hang"])
-def test_a_rank_that_dies_or_hangs_while_the_others_watch_fails_them_with_a_clear_error(tmp_path, kind):
-    # after balance the steps are gathered a window at a time, started in one step and read in the next: a
-    # rank lost then is seen by the gradient all-reduce or by the wait for that gather, never by a hang
-    import torch.multiprocessing as mp
-
-    watching_step = RebalancePolicy().probe_steps + 12
-    context = mp.start_processes(_fault_worker, args=(free_port(), str(tmp_path), kind, watching_step),
+    context = mp.start_processes(_fault_worker, args=(free_port(), str(tmp_path), kind, at_step),
                                  nprocs=WORLD_SIZE, start_method="spawn", join=False)
     try:
         for process in context.processes[:2]:
@@ -366,12 +338,33 @@ def test_a_rank_that_dies_or_hangs_while_the_others_watch_fails_them_with_a_clea
         for process in context.processes:
             process.join(timeout=30)
     fault_at = float((tmp_path / "hung_at").read_text())
+    out = []
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["error"] is not None, f"rank {rank} did not fail"
-        assert "\n" not in result["error"] and result["error"].startswith("rebalance: rank 2 stopped answering")
-        assert "died or hung" in result["error"]
-        assert result["error_at"] - fault_at < FAULT_TIMEOUT_S + 10
+        out.append((result["error"], result["error_at"] - fault_at))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["die", "hang"])
+def test_a_rank_that_dies_or_hangs_in_the_all_gather_fails_the_others_with_a_clear_error(tmp_path, kind):
+    for error, after_s in run_with_a_fault(tmp_path, kind, 3):
+        # one line, naming the rank that failed and the step
+        assert "\n" not in error
+        assert error.startswith("rebalance: rank 2 stopped answering after optimizer step 3"), error
+        assert "all-gather of step times" in error and "died or hung" in error
+        # within the re-balancer's timeout and the few seconds it waits to name the rank, far under 60 s
+        assert after_s < FAULT_TIMEOUT_S + 10
+
+
+@pytest.mark.parametrize("kind", ["die", "hang"])
+def test_a_rank_that_dies_or_hangs_while_the_others_watch_fails_them_with_a_clear_error(tmp_path, kind):
+    # after balance the steps are gathered a window at a time, started in one step and read in the next: a
+    # rank lost then is seen by the gradient all-reduce or by the wait for that gather, never by a hang
+    for error, after_s in run_with_a_fault(tmp_path, kind, RebalancePolicy().probe_steps + 12):
+        assert "\n" not in error and error.startswith("rebalance: rank 2 stopped answering"), error
+        assert "died or hung" in error
+        assert after_s < FAULT_TIMEOUT_S + 10
 
 
 def test_a_switch_that_is_not_faster_is_rolled_back_with_exact_gradients_throughout(ranks):
