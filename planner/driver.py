@@ -75,6 +75,8 @@ class DriverOptions:
     """a node that cannot be probed fails the plan (exit 1) instead of being left out"""
     cache: ProfileCache | None = None
     """profile cache; None disables it"""
+    verify_cache: bool = False
+    """hold every profile read from the cache against a fresh estimate (``planner.profiling.verify``)"""
     workers_per_rank: int = 0
     """data-loader workers each rank will run; used to warn when a node's ranks oversubscribe its cores"""
     script: str = "train.py"
@@ -230,7 +232,8 @@ def _profile_all(
                 failed.setdefault(node, reason)
             return profile
 
-        result = obtain_profile(request, make, cache=options.cache, identity=identity)
+        result = obtain_profile(request, make, cache=options.cache, identity=identity,
+                                verify=options.verify_cache)
         if result is None:
             continue
         if result.origin is ProfileOrigin.MADE:
