@@ -6,9 +6,11 @@ the GPU's node, or in this process). With ``auto`` a profile that a running job 
 (``planner.profiles.measured``). The key is looked up under the method ``planned_method`` expects; a profile
 made by another method (``auto`` where CUDA could not measure) is filed under its own method's key.
 
-Known limitation: ``auto`` on a real node whose torch cannot use CUDA looks up the measured key first, misses,
-and the node's probe estimates again on every run (a second or so for most models); the estimate is cached
-under its own key, where ``estimate`` finds it.
+A node whose torch is a build without CUDA is planned as the estimate it will be (the driver's
+``_profile_requests``: its probe reads torch's build), so its second plan hits the cache. Known limitation:
+``auto`` on a node whose torch has CUDA but cannot use the GPU (a driver too old, a broken install) is still
+looked up under the measured key, misses, and estimates again on every run (a second or so for most
+models); the estimate is cached under its own key, where ``estimate`` finds it.
 """
 
 from __future__ import annotations
