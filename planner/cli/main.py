@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(_join_spec_values(words))
     except _UsageError as exc:  # under --json the reader gets a document too (planner.cli.json_error)
         if wants_json(words):
-            print_error_document(next((w for w in words if not w.startswith("-")), None), exc.message, 2)
+            named = {command.__name__.rsplit(".", 1)[-1] for command in COMMANDS}  # one module per command
+            print_error_document(next((w for w in words if w in named), None), exc.message, 2)
         raise
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
