@@ -75,6 +75,8 @@ class DriverOptions:
     """a node that cannot be probed fails the plan (exit 1) instead of being left out"""
     cache: ProfileCache | None = None
     """profile cache; None disables it"""
+    verify_cache: bool = False
+    """hold every profile read from the cache against a fresh estimate (``planner.profiling.verify``)"""
     workers_per_rank: int = 0
     """data-loader workers each rank will run; used to warn when a node's ranks oversubscribe its cores"""
     script: str = "train.py"
@@ -118,7 +120,9 @@ def _profile_requests(
     """One request per distinct GPU type among the selected devices (of a known type), and each device's key.
 
     A simulated GPU has no device to measure on: it is estimated (``measure`` too: the plan warns). A real
-    node's GPU is asked for with the job's method, on that node, where ``auto`` is decided (in its probe)."""
+    node's GPU is asked for with the job's method, on that node, where ``auto`` is decided (in its probe);
+    with ``auto`` on a node whose probe read a torch built without CUDA, as the estimate it will be (a plan
+    warning says why, ``_warnings``), so its key is the estimate's and a second plan finds it cached."""
     by_key: dict[str, ProfileRequest] = {}
     device_key: dict[tuple[str, int], str] = {}
     for inventory in inventories:
@@ -128,7 +132,8 @@ def _profile_requests(
                 continue  # excluded (_excluded_devices)
             simulated = inventory.simulated
             method = Method.ESTIMATE if simulated and job.method is Method.MEASURE else job.method
-            device_index = None if simulated else index
+            # auto on a node whose torch has no CUDA will estimate: looked up (and found next run) as one
+            device_index = None if simulated or (inventory.torch_without_cuda and method is Method.AUTO) else index
             measured = planned_method(method, device_index) is Method.MEASURE
             request = ProfileRequest(job=job, gpu=catalog.get(gpu_type), method=method,
                                      device_index=device_index if measured else None,
@@ -230,7 +235,8 @@ def _profile_all(
                 failed.setdefault(node, reason)
             return profile
 
-        result = obtain_profile(request, make, cache=options.cache, identity=identity)
+        result = obtain_profile(request, make, cache=options.cache, identity=identity,
+                                verify=options.verify_cache)
         if result is None:
             continue
         if result.origin is ProfileOrigin.MADE:
@@ -333,6 +339,12 @@ def _warnings(
     warnings = [*extra, *(w for inventory in inventories for w in inventory.warnings)]
     if job.method is Method.MEASURE and any(inv.simulated for inv in inventories):
         warnings.append("simulated GPUs cannot be measured: their profiles are estimated")
+    if job.method is Method.AUTO:
+        warnings.extend(
+            f"{inv.name}: torch {(inv.driver or {}).get('torch_version')} there is a build without CUDA: its GPUs are "
+            f"estimated, not measured (install a CUDA build of torch on it to measure)"
+            for inv in inventories if inv.torch_without_cuda and inv.selection.selected
+        )
     warnings.extend(render_fields(note, options.name_of) for p in profiling.profiled.values() for note in p.notes)
     if options.cache is not None:
         warnings.extend(options.cache.problems)

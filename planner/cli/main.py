@@ -3,7 +3,9 @@
 stdout carries the result (a table, or exact JSON with ``--json``); stderr carries logs and progress. A user
 error is one line ``error: <what> (<how to fix>)`` and exit code 2 (1 for an infeasible plan or a failed
 preflight); ``--debug`` shows the traceback too, with the same exit code. Ctrl-C and SIGTERM stop a run the
-same way: one ``error:`` line, everything it started torn down, exit 128 + the signal (130, 143).
+same way: one ``error:`` line, everything it started torn down, exit 128 + the signal (130, 143). Under
+``--json`` every such failure also puts one ``batchplan/error@1`` document on stdout
+(``planner.cli.json_error``).
 """
 
 from __future__ import annotations
@@ -45,12 +47,21 @@ def _join_spec_values(argv: list[str]) -> list[str]:
     return joined
 
 
+class _UsageError(SystemExit):
+    """A bad command line, already reported on stderr; ``message`` is that line without ``error: ``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+
 class _ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a bad flag in our one-line format with exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
-        raise SystemExit(2)
+        line = f"{message} (see '{self.prog} --help')"
+        sys.stderr.write(f"error: {line}\n")
+        raise _UsageError(line)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,12 +86,21 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from planner.cli.json_error import print_error_document, wants_json
     from planner.cli.signals import exit_code_and_line, handle_sigterm_like_sigint
-    from planner.cli.stdout_guard import guarded_result_stream
+    from planner.cli.stdout_guard import forget_writes, guarded_result_stream
 
+    forget_writes()
     handle_sigterm_like_sigint()
     parser = build_parser()
-    args = parser.parse_args(_join_spec_values(list(sys.argv[1:] if argv is None else argv)))
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(_join_spec_values(words))
+    except _UsageError as exc:  # under --json the reader gets a document too (planner.cli.json_error)
+        if wants_json(words):
+            named = {command.__name__.rsplit(".", 1)[-1] for command in COMMANDS}  # one module per command
+            print_error_document(next((w for w in words if w in named), None), exc.message, 2)
+        raise
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s" if args.debug else "%(message)s",
@@ -89,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    as_json = bool(getattr(args, "json", False))
     try:
         with guarded_result_stream():
             code = int(args.func(args) or 0)
@@ -99,17 +120,25 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         message = exc.render(flag_of) if isinstance(exc, FieldError) else str(exc)
         sys.stderr.write(f"error: {message}\n")
+        if as_json:
+            print_error_document(args.command, message, exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (planner.cli.signals): everything started is stopped
         if args.debug:
             traceback.print_exc()
         code, line = exit_code_and_line(exc)
         sys.stderr.write(line + "\n")
+        if as_json:
+            print_error_document(args.command, line.removeprefix("error: "), code)
         if argv is None and "ray" in sys.modules:  # this process is batchplan's own: end it here
             _exit_now(code)
         return code
     except BrokenPipeError:  # `batchplan plan | head`: not an error of ours
         return 0
+    except Exception as exc:  # a bug of ours: its traceback follows, and a --json reader still gets a document
+        if as_json:
+            print_error_document(args.command, f"internal error: {type(exc).__name__}: {exc}", 1)
+        raise
 
 
 def _exit_now(code: int) -> None:

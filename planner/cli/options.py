@@ -118,12 +118,26 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--require-all-nodes", action="store_true", help="fail (exit 1) if any node cannot be probed")
     g.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
+    add_verify_cache_flag(g)
     g.add_argument("--workers", type=int, default=0, help="data-loader workers per rank (for the core-count check)")
     g.add_argument("--script", default="train.py", help="training script named in the torchrun lines")
     g.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="torchrun master port")
 
 
+def add_verify_cache_flag(group) -> None:
+    """``--verify-cache`` (plan, preflight, profile): ``planner.profiling.verify``."""
+    group.add_argument("--verify-cache", action="store_true",
+                       help="hold every cached profile against a fresh estimate of the same job and GPU type; one "
+                       "outside the estimator's range is refused, with both figures, and profiled again")
+
+
+def check_cache_args(args: argparse.Namespace) -> None:
+    if args.verify_cache and args.no_cache:
+        raise ConfigError("--verify-cache checks what the profile cache holds, and --no-cache reads none: drop one")
+
+
 def check_cluster_args(args: argparse.Namespace) -> None:
+    check_cache_args(args)
     if args.no_ray and not args.cluster:
         raise ConfigError("--no-ray needs --cluster FILE (a real cluster is probed through Ray)")
     if args.gres_type and not (args.slurm or args.slurm_partition):

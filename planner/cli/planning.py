@@ -28,6 +28,7 @@ def driver_options(args: argparse.Namespace) -> DriverOptions:
         profile_timeout_s=args.profile_timeout,
         require_all_nodes=args.require_all_nodes,
         cache=cache,
+        verify_cache=args.verify_cache,
         workers_per_rank=args.workers,
         script=args.script,
         master_port=args.master_port,

@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 import math
 
-from planner.cli.options import add_job_options, flag_of, job_from_args
+from planner.cli.options import (
+    add_job_options,
+    add_verify_cache_flag,
+    check_cache_args,
+    flag_of,
+    job_from_args,
+)
 from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
 from planner.errors import ConfigError, render_fields
 from planner.job import JobSpec, Method
@@ -32,6 +38,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--cluster", metavar="FILE", help="cluster config whose gpu_types extend the catalog")
     p.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles, as plan)")
     p.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
+    add_verify_cache_flag(p)
     p.set_defaults(func=run)
 
 
@@ -55,6 +62,7 @@ def _local_device(spec: str):
 
 def run(args: argparse.Namespace) -> int:
     job = job_from_args(args)
+    check_cache_args(args)
     if args.plot:
         if not args.plot.lower().endswith(".png"):
             raise ConfigError(f"--plot {args.plot} must name a .png file (e.g. --plot curve.png)")
@@ -84,13 +92,13 @@ def _obtained_profile(args: argparse.Namespace, request) -> DeviceProfile:
 
     cache = None if args.no_cache else ProfileCache(args.cache_dir)
     job, gpu = request.job, request.gpu
-    planned = planned_method(request.method, request.device_index)
 
     def make(request) -> DeviceProfile:
-        note(f"{'estimating' if planned is Method.ESTIMATE else 'measuring'} {job.model} on {gpu.name}")
+        estimating = planned_method(request.method, request.device_index) is Method.ESTIMATE
+        note(f"{'estimating' if estimating else 'measuring'} {job.model} on {gpu.name}")
         return make_profile(job, gpu, method=request.method, device_index=request.device_index)
 
-    result = obtain_profile(request, make, cache=cache, identity=job_fingerprint(job))
+    result = obtain_profile(request, make, cache=cache, identity=job_fingerprint(job), verify=args.verify_cache)
     assert result is not None  # make raises rather than giving none
     if result.origin is not ProfileOrigin.MADE:
         note(f"profile of {job.model} on {gpu.name} ({result.profile.method}) from the cache {cache.path_for(result.key)}")

@@ -41,6 +41,21 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved_fd)
 
 
+#: whether a result stream was written to in this process (``stdout_written``)
+_wrote: list[bool] = [False]
+
+
+def stdout_written() -> bool:
+    """Whether anything was written (or tried) on the result stream: a second document must not follow it
+    (``planner.cli.json_error``)."""
+    return _wrote[0]
+
+
+def forget_writes() -> None:
+    """A new run of ``main`` in this process (tests call it several times) starts with nothing written."""
+    _wrote[0] = False
+
+
 class _ResultStream:
     """``sys.stdout`` whose write errors (other than a closed pipe, which ``main`` treats as the reader's
     choice) are ConfigErrors naming stdout."""
@@ -49,6 +64,8 @@ class _ResultStream:
         self._stream = stream
 
     def write(self, text: str) -> int:
+        if text:
+            _wrote[0] = True
         try:
             return self._stream.write(text)
         except BrokenPipeError:

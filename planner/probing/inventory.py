@@ -60,6 +60,14 @@ class NodeInventory:
 
         return replace(self, ray_node_id=ray_node_id, probe_pid=probe_pid)
 
+    @property
+    def torch_without_cuda(self) -> bool:
+        """A real node whose torch is a build without CUDA (its probe read so, ``torch_cuda_build``): nothing
+        can be measured there, so ``auto`` is planned as the estimate it will be."""
+        driver = self.driver or {}
+        return (not self.simulated and bool(driver.get("torch_version")) and "torch_cuda_version" in driver
+                and driver["torch_cuda_version"] is None)
+
     def device(self, index: int) -> GpuStats:
         for stats in self.devices:
             if stats.index == index:
@@ -151,6 +159,41 @@ def _package_version(name: str) -> str | None:
         return None
 
 
+#: torch records its build's CUDA version in ``torch/version.py`` (``cuda: Optional[str] = '12.1'``; None for
+#: a CPU build), what ``torch.version.cuda`` says; read as text, since importing torch costs seconds
+_TORCH_VERSION_FILE = ("torch", "version.py")
+
+
+def torch_cuda_build(version_text: str | None = None) -> tuple[bool, str | None]:
+    """``(known, cuda)``: whether this host's torch says which CUDA it is built for, and that version (None: a
+    build without CUDA). ``version_text``: the file's text (default: read from the installed torch)."""
+    import ast
+
+    if version_text is None:
+        import importlib.util
+        from pathlib import Path
+
+        spec = importlib.util.find_spec(_TORCH_VERSION_FILE[0])  # finds the package, imports nothing
+        if spec is None or not spec.origin:
+            return False, None
+        try:
+            version_text = (Path(spec.origin).parent / _TORCH_VERSION_FILE[1]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return False, None
+    try:
+        tree = ast.parse(version_text)
+    except (SyntaxError, ValueError):
+        return False, None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                      and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+            value = node.value.value
+            if value is None or isinstance(value, str):
+                return True, value
+    return False, None
+
+
 def real_inventory(
     catalog: GpuCatalog,
     *,
@@ -179,6 +222,9 @@ def real_inventory(
             "cuda_driver_version": nvml.cuda_driver_version,
             "torch_version": _package_version("torch"),
         }
+        known, cuda = torch_cuda_build()
+        if known:
+            driver["torch_cuda_version"] = cuda
     gpu_types = []
     for stats in devices:
         spec = catalog.resolve(stats.name)

@@ -13,7 +13,8 @@ so an entry is trusted only when, besides parsing strictly within size and nesti
 - its directory is writable by this user and no other (``check_directory``).
 
 An entry failing any of these is reported (a warning in the plan and on stderr), ignored, and rewritten by
-the fresh profile. Writes are atomic (temporary file + rename), so a crash or two planners writing at once
+the fresh profile. An entry that passes them is possible, not proven right (a plausible forgery passes):
+``--verify-cache`` holds it against a fresh estimate (``planner.profiling.verify``). Writes are atomic (temporary file + rename), so a crash or two planners writing at once
 cannot leave a half-written entry. A cache directory that is a regular file is a ConfigError before any
 work; a directory where an entry's file should be is a problem when read and a ConfigError when the fresh
 profile is written: nothing can be cached there until the user moves it.

@@ -25,9 +25,9 @@ from typing import Any, get_args
 from planner.errors import ConfigError
 from planner.profiles.profile import DeviceProfile, ProfileMethod
 from torchkit.hardware.catalog import GpuSpec
+from torchkit.step.options import AMP_MODES
 
 METHODS = get_args(ProfileMethod)
-AMP_MODES = ("fp16", "bf16", "off")
 #: most points a profile holds (the estimator uses 3, a measurement about 10): a bound for hostile files
 MAX_PROFILE_POINTS = 1024
 #: more device memory than any GPU has (H200: 141 GB) by far: 1 PiB

@@ -53,11 +53,15 @@ process group of their own whose timeout is ``collective_timeout_s`` (default 30
 group default (30 min). A rank that dies or hangs makes the others' next collective fail within that time;
 each survivor then names the rank(s) that did not answer (``planner.runtime.rebalance_faults``) in a
 one-line ``RebalanceError``. Raise the timeout if one rank does long work between steps (a checkpoint).
+DDP's own collectives in a ``compute()`` block run on the default group (its buffer broadcast before each
+forward, the bucket order once): while the block runs, that group's timeout is lowered to the same
+``collective_timeout_s`` (``planner.runtime.default_group_timeout``), so a rank 0 that hangs before its
+forward ends the others there within the same bound, with the same one line.
 
 Known limitations: the step time of one rank is assumed to depend on its own batch only (samples of equal
-cost); the comm hook slot of the DDP model is taken (a custom hook cannot be combined yet); DDP's buffer
-broadcast in the forward uses the default group and its timeout; the sampler's ``accumulate`` and the
-step batch never change; the steps of the last, unfinished window are not gathered.
+cost); the comm hook slot of the DDP model is taken (a custom hook cannot be combined yet); DDP's constructor
+and the training loop's collectives outside ``compute()`` keep the default group's timeout; the sampler's
+``accumulate`` and the step batch never change; the steps of the last, unfinished window are not gathered.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ import torch
 import torch.distributed as dist
 
 from planner.errors import ConfigError, RebalanceError, WorkloadError
+from planner.runtime.default_group_timeout import is_collective_failure, lowered_default_timeout
 from planner.runtime.rebalance_faults import default_store, missing_ranks
 from planner.runtime.rebalance_model import (
     Decision,
@@ -341,12 +346,19 @@ class Rebalancer:
         self._in_compute, self._slept = True, False
         self._forward_start = self._hook_end = None
         self._start = self._clock.mark()
+        bounded = lowered_default_timeout(self.collective_timeout_s) if self._group is not None \
+            else contextlib.nullcontext(False)
         try:
-            yield self
+            with bounded:  # DDP's own collectives in the block (its buffer broadcast) end within our timeout too
+                yield self
         except Exception as exc:
             if self._comm_error is not None:  # our all-reduce failed: name the rank, one line
                 self._in_compute = False
                 raise self.collective_failure("the gradient all-reduce", self._comm_error) from exc
+            if self._group is not None and is_collective_failure(exc):
+                self._in_compute = False
+                raise self.collective_failure("a collective of the default process group in the step (DDP's "
+                                              "buffer broadcast or bucket rebuild)", exc) from exc
             raise
         finally:
             self._in_compute = False

@@ -3,15 +3,21 @@
 A collective that fails (gloo: connection closed by a dead peer, or the re-balancer's own timeout) says
 neither which rank is gone nor why. Each surviving rank therefore writes "rank r reached the failure at
 step s" into the job's key-value store (the process group's rendezvous store, which torchrun's agent hosts)
-and waits a short grace for the others' marks: the ranks without a mark are the ones that died or hung.
+and waits a short grace for the others' marks: the ranks without a mark are the ones that died or hung. Each
+then waits (the same grace at most) until every survivor has named, so that a survivor hosting the store
+does not take it away from one still asking.
 Nothing is written while the job is healthy; the cost is paid only on the way out.
 
-Known limitations: a job whose store lives in the dead rank (rank 0 of a plain ``env://`` launch without
-torchrun) cannot be asked; the line then says that the rank could not be named.
+The store is asked with its timeout lowered to the grace (a store host stopped with SIGSTOP answers nothing,
+and the store's own timeout is the process group's: 30 min).
+
+Known limitations: a job whose store lives in the dead or stopped rank (rank 0 of a plain ``env://`` launch
+without torchrun) cannot be asked; the line then says that the rank could not be named.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -41,14 +47,43 @@ def missing_ranks(store: Any, prefix: str, rank: int, world_size: int, step: int
     """
     if store is None:
         return None
+    previous = _lower_timeout(store, grace_s)  # a stopped (SIGSTOP) store host must not hold us for its timeout
     try:
         store.set(f"{prefix}/failed/{rank}", str(step))
-        waiting = [r for r in range(world_size) if r != rank]
-        deadline = time.monotonic() + grace_s
-        while waiting and time.monotonic() < deadline:
-            waiting = [r for r in waiting if not store.check([f"{prefix}/failed/{r}"])]
-            if waiting:
-                time.sleep(_POLL_S)
-        return waiting
-    except Exception:  # the store's host is gone too
+        others = [r for r in range(world_size) if r != rank]
+        missing = _unmarked(store, f"{prefix}/failed", others, grace_s)
+        # then wait (as long again at most) for every survivor to have named: the rank that hosts the store (rank 0
+        # of a plain env:// launch) must not end it while another is still asking
+        store.set(f"{prefix}/named/{rank}", "1")
+        _unmarked(store, f"{prefix}/named", [r for r in others if r not in missing], grace_s)
+        return missing
+    except Exception:  # the store's host is gone too, or stopped
+        return None
+    finally:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                store.set_timeout(previous)
+
+
+def _unmarked(store: Any, prefix: str, ranks: list[int], grace_s: float) -> list[int]:
+    """The ``ranks`` whose key ``prefix/rank`` is still absent after ``grace_s``."""
+    waiting = list(ranks)
+    deadline = time.monotonic() + grace_s
+    while waiting and time.monotonic() < deadline:
+        waiting = [r for r in waiting if not store.check([f"{prefix}/{r}"])]
+        if waiting:
+            time.sleep(_POLL_S)
+    return waiting
+
+
+def _lower_timeout(store: Any, seconds: float) -> Any | None:
+    """Set the store's timeout to ``seconds``; the previous one, or None when it cannot be read or set (the
+    store's own timeout then bounds the naming: 30 min for a default ``env://`` group)."""
+    from datetime import timedelta
+
+    try:
+        previous = store.timeout
+        store.set_timeout(timedelta(seconds=seconds))
+        return previous
+    except Exception:
         return None

@@ -23,9 +23,12 @@ which equals ``∇L`` for every split exactly when ``w_i / (W·b_i) = 1/B``, i.e
 With equal batches ``b_i = B/W`` and ``w_i = 1``: plain DDP is the special case. The weights average to
 one (``Σ_i w_i = W``), so a learning rate tuned for the mean loss over ``B`` samples is still right.
 
-This is fix (a) of the three known ones (``reference/peers.md`` §3); (b) is a comm hook that multiplies by
-``b_i/B`` and all-reduces a SUM (Cannikin), (c) is summing the losses and dividing by the all-reduced
-sample count (fairseq / HetSeq). They give the same gradient; (a) needs no change to DDP.
+This is fix (a) of the three known ones; (b) is a DDP comm hook that multiplies each bucket by ``b_i/B`` and
+all-reduces a SUM with no division by ``W`` (Cannikin, Middleware 2024, arXiv 2402.05302: its
+``proportional_allreduce_hook`` in github.com/chengyinie/hetero_adaptdl), (c) is summing the losses and
+multiplying the gradients by ``W / sample_size`` with ``sample_size`` all-reduced (fairseq's trainer, which
+HetSeq, AAAI 2021, github.com/yifding/hetseq, runs on mixed nodes). They give the same gradient; (a) needs
+no change to DDP.
 
 Caveats
 -------

@@ -163,3 +163,57 @@ def test_a_huge_or_deep_cache_entry_is_ignored_not_parsed(clean, tmp_path) -> No
     plan = _plan(tmp_path, cache)
     assert _caps(plan) == _caps(clean_plan)
     assert len([w for w in plan["warnings"] if "cache entry" in w]) == 2, plan["warnings"]
+
+
+def _five_times_larger_and_slower(entry: dict, _) -> dict:
+    """The curve of a model 5× the size: every figure of memory and time ×5. Physically possible (slower and
+    larger is never refused), checksum valid: only profiling again shows it is not this job's."""
+    profile = entry["profile"]
+    profile["memory_points"] = [[b, 5 * v] for b, v in profile["memory_points"]]
+    profile["memory_fit"] = {k: (5 * v if k != "kind" else v) for k, v in profile["memory_fit"].items()}
+    profile["time_points"] = [[b, 5 * t] for b, t in profile["time_points"]]
+    profile["time_fit"] = {k: (5 * v if k != "kind" else v) for k, v in profile["time_fit"].items()}
+    profile["min_memory_bytes"] = 5 * profile["min_memory_bytes"]
+    return entry
+
+
+def _plan_verified(tmp_path: Path, cache: Path) -> dict:
+    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", cache, *MODEL,
+                     "--json", "--no-write", "--verify-cache", cwd=tmp_path)
+    assert_ok(result)
+    return parse_json_stdout(result)
+
+
+def test_a_plausible_forgery_is_trusted_unless_verified_then_refused_with_both_figures(clean, tmp_path) -> None:
+    _, clean_plan, entries = clean
+    (tmp_path / "two.yaml").write_text(TWO_TYPES)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for entry in entries.values():
+        (cache / f"{entry['key']}.json").write_text(json.dumps(entry))
+    a100_path = cache / f"{entries['A100-SXM4-80GB']['key']}.json"
+    a100_path.write_text(json.dumps(_tamper_a100(entries, _five_times_larger_and_slower)))
+
+    trusted = _plan(tmp_path, cache)  # what the cache's own checks cannot see
+    assert _caps(trusted)["A100-SXM4-80GB"] < _caps(clean_plan)["A100-SXM4-80GB"] / 3
+    assert not [w for w in trusted["warnings"] if "cache" in w]
+
+    plan = _plan_verified(tmp_path, cache)
+    assert _caps(plan) == _caps(clean_plan)
+    [refused] = [w for w in plan["warnings"] if a100_path.name in w and "disagrees" in w]
+    assert "estimate profile of A100-SXM4-80GB" in refused and "ignoring it and profiling again" in refused
+    assert "cached vs" in refused and "(×5.00, allowed ×1.02)" in refused, refused  # both figures, the range
+    [t4_checked] = [w for w in plan["warnings"] if w.startswith("T4: the cached estimate profile")]
+    assert "agrees with a fresh estimate" in t4_checked
+    assert json.loads(a100_path.read_text())["profile"] == entries["A100-SXM4-80GB"]["profile"]  # rewritten
+
+    again = _plan_verified(tmp_path, cache)
+    assert not [w for w in again["warnings"] if "disagrees" in w]
+    assert len([w for w in again["warnings"] if "agrees with a fresh estimate" in w]) == 2
+
+
+def test_verify_cache_without_a_cache_is_a_one_line_error(tmp_path) -> None:
+    (tmp_path / "two.yaml").write_text(TWO_TYPES)
+    for command in (("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--no-write"), ("profile", "--gpu", "T4")):
+        result = run_cli(*command, *MODEL, "--no-cache", "--verify-cache", cwd=tmp_path)
+        assert_user_error(result, 2, "--verify-cache", "--no-cache")

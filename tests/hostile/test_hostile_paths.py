@@ -173,8 +173,12 @@ def test_dev_stdout_writes_through_a_pipe_and_refuses_a_regular_file(warm, tmp_p
              str(cache), *TINY_MODEL, "-o", "/dev/stdout", "--json"],
             cwd=tmp_path, env=cli_env(), stdout=handle, stderr=subprocess.PIPE, text=True, timeout=300,
         )
-    assert result.returncode == 2 and "stdout" in result.stderr.strip().splitlines()[-1], result.stderr
-    assert out.stat().st_ino == before and out.read_text() == ""
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "stdout" in line, result.stderr
+    # not replaced (the same file), no plan written into it: it holds --json's error document, nothing else
+    assert out.stat().st_ino == before
+    assert json.loads(out.read_text()) == {"schema": "batchplan/error@1", "command": "plan",
+                                           "error": line.removeprefix("error: "), "exit_code": 2}
     _no_temporary_files(tmp_path)
 
 

@@ -2,7 +2,8 @@
 ``batchplan`` subprocess, which starts its own local Ray cluster on 127.0.0.1):
 
 - a probe killed mid-profile: ``--json`` output stays exactly one JSON document (Ray's ``(raylet) A worker
-  died ...`` goes to stderr, if anywhere);
+  died ...`` goes to stderr, if anywhere): the plan of the nodes left, or, when the killed probe was the only
+  one, the ``batchplan/error@1`` document of the run's one ``error:`` line (preflight: its no-go result);
 - SIGTERM: handled like Ctrl-C (one ``error:`` line, no traceback or C++ stack dump, everything started
   stopped, exit 128 + 15);
 - SIGKILL of the driver: the Ray processes it started exit on their own (the watchdog);
@@ -30,7 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.planner.cli_helpers import assert_ok, cli_env, describe, parse_json_stdout
+from tests.planner.cli_helpers import assert_error_document, assert_ok, cli_env, describe, parse_json_stdout
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -38,6 +39,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray]
 START_TIMEOUT_S = 150.0
 #: seconds the Ray processes of a dead driver may take to exit on their own
 ORPHAN_TIMEOUT_S = 60.0
+
+ONE_NODE = """name: one
+nodes:
+  - {name: n-a, gpus: [{type: T4, count: 1}]}
+"""
 
 THREE_NODES = """name: three
 nodes:
@@ -95,6 +101,7 @@ class Run:
         self.cwd.mkdir()
         self.marks.mkdir()
         (self.cwd / "three.yaml").write_text(THREE_NODES)
+        (self.cwd / "one.yaml").write_text(ONE_NODE)
         (self.cwd / "usermod.py").write_text(USER_MODULE)
         if shadow_json:
             (self.cwd / "json.py").write_text(SHADOW_JSON)
@@ -191,6 +198,27 @@ def test_json_stdout_survives_a_probe_killed_mid_profile(runs, tmp_path, command
     plan = doc if command == "plan" else doc["plan"]
     assert len({r["node"] for r in plan["ranks"]}) == 2  # the killed probe's node is left out, the rest planned
     assert "(raylet)" not in result.stdout and "\x1b[" not in result.stdout
+
+
+@pytest.mark.parametrize("command", ["plan", "preflight"])
+def test_json_stdout_is_a_document_when_the_only_probe_is_killed_mid_profile(runs, tmp_path, command) -> None:
+    extra = ("--no-write",) if command == "plan" else ()
+    run = _start(runs, tmp_path, command, "--cluster", "one.yaml", *MODEL, "--no-cache", "--json", *extra)
+    os.kill(run.wait_for_hung_probe(), signal.SIGKILL)
+    result = run.finish()
+    assert result.returncode == 1, describe(result)
+    assert "Traceback" not in result.stderr, describe(result)
+    assert "(raylet)" not in result.stdout and "\x1b[" not in result.stdout
+    if command == "plan":  # nothing left to plan on: the error, as a document and as the last stderr line
+        [line] = _error_lines(result.stderr)
+        assert result.stderr.strip().splitlines()[-1] == line, describe(result)
+        doc = assert_error_document(result, 1, line)
+        assert doc["command"] == "plan" and "n-a" in doc["error"], doc
+    else:  # preflight's own result: no-go, the failed check naming the killed probe's node
+        doc = parse_json_stdout(result)
+        assert doc["ok"] is False and doc["plan"] is None, doc
+        assert any(not c["ok"] and "n-a" in c["detail"] for c in doc["checks"]), doc["checks"]
+    assert run.wait_until_no_ray_processes(ORPHAN_TIMEOUT_S) == []
 
 
 def _error_lines(stderr: str) -> list[str]:

@@ -41,6 +41,7 @@ DEFAULT_TIMEOUT_S = 180.0
 PLAN_SCHEMA = "batchplan/plan@1"
 PREFLIGHT_SCHEMA = "batchplan/preflight@1"
 PROFILE_SCHEMA = "batchplan/profile@1"
+ERROR_SCHEMA = "batchplan/error@1"
 
 
 def cli_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -98,18 +99,30 @@ def assert_ok(result: subprocess.CompletedProcess[str], code: int = 0) -> None:
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
-    """The run failed the documented way: exit ``code``, no traceback, stdout empty, and stderr's last line
-    is ``error: ...`` containing every one of ``words``. Returns that line."""
+    """The run failed the documented way: exit ``code``, no traceback, stdout empty (with ``--json``: exactly
+    the ``batchplan/error@1`` document of that line and code), and stderr's last line is ``error: ...``
+    containing every one of ``words``. Returns that line."""
     assert result.returncode == code, describe(result)
     assert "Traceback" not in result.stderr, describe(result)
-    assert result.stdout == "", describe(result)
     lines = result.stderr.strip().splitlines()
     assert lines, describe(result)
     last = lines[-1]
     assert last.startswith("error: "), describe(result)
+    if "--json" in [str(a) for a in result.args]:
+        assert_error_document(result, code, last)
+    else:
+        assert result.stdout == "", describe(result)
     for word in words:
         assert word in last, f"{word!r} not in: {last}"
     return last
+
+
+def assert_error_document(result: subprocess.CompletedProcess[str], code: int, line: str) -> dict:
+    """stdout is exactly the ``--json`` error document (``planner.cli.json_error``) of the stderr ``line``."""
+    doc = parse_json_stdout(result)
+    assert doc == {"schema": ERROR_SCHEMA, "command": doc.get("command"), "error": line.removeprefix("error: "),
+                   "exit_code": code}, describe(result)
+    return doc
 
 
 def parse_json_stdout(result: subprocess.CompletedProcess[str]) -> Any:

@@ -87,3 +87,37 @@ def test_the_driver_names_settings_by_field_and_the_cli_by_flag():
     assert by_field[1].endswith("; min_free_memory_fraction, max_utilization_fraction)")
     assert by_flag[1].endswith("; --min-memory-fraction, --max-utilization)")
     assert not any("--" in w for w in by_field)
+
+
+class TorchWithoutCudaBackend(RealNodesBackend):
+    """Real nodes whose probes read a torch built without CUDA (``planner.probing.inventory.torch_cuda_build``)."""
+
+    def inventories(self, select, min_free_memory_fraction, max_utilization_fraction):
+        found, failed = super().inventories(select, min_free_memory_fraction, max_utilization_fraction)
+        driver = {"torch_version": "2.13.0+cpu", "torch_cuda_version": None}
+        return [replace(inventory, driver=driver) for inventory in found], failed
+
+
+def test_auto_on_a_node_whose_torch_has_no_cuda_is_cached_as_the_estimate_it_is(cluster, tmp_path):
+    cache = ProfileCache(tmp_path / "profiles")
+    options = DriverOptions(cache=cache)
+    first = run_plan(JobSpec(**JOB), TorchWithoutCudaBackend(cluster), cluster.catalog, options=options)
+    second = run_plan(JobSpec(**JOB), TorchWithoutCudaBackend(cluster), cluster.catalog, options=options)
+    assert (first.profile_calls, second.profile_calls) == (2, 0)  # the second run finds both estimates
+    for node in ("node-a", "node-b"):
+        [line] = [w for w in second.plan.warnings if w.startswith(f"{node}: torch 2.13.0+cpu there is a build")]
+        assert "its GPUs are estimated, not measured" in line
+    assert [r.batch for r in second.plan.ranks] == [r.batch for r in first.plan.ranks]
+    estimate = run_plan(JobSpec(**JOB, method="estimate"), TorchWithoutCudaBackend(cluster), cluster.catalog,
+                        options=options)
+    assert estimate.profile_calls == 0 and set(estimate.plan.profiles) == set(second.plan.profiles)
+
+
+@without_cuda
+def test_auto_where_torch_has_cuda_but_cannot_use_it_still_estimates_each_run(cluster, tmp_path):
+    """The limitation left (planner.profiling.obtain): a node whose probe cannot tell in advance."""
+    cache = ProfileCache(tmp_path / "profiles")
+    options = DriverOptions(cache=cache)
+    calls = [run_plan(JobSpec(**JOB), RealNodesBackend(cluster), cluster.catalog, options=options).profile_calls
+             for _ in range(2)]
+    assert calls == [2, 2]

@@ -15,6 +15,7 @@ import pytest
 
 from planner.cli.devices import SCHEMA, local_node_inventory
 from planner.cli.main import main
+from planner.probing.inventory import torch_cuda_build
 from torchkit.hardware.nvml import NvmlUnavailableError, read_local_inventory
 
 
@@ -133,6 +134,7 @@ def test_json_selection_with_thresholds_gives_reasons(four_gpus, capsys):
         "driver_version": "550.54.15",
         "cuda_driver_version": "12.4",
         "torch_version": importlib.metadata.version("torch"),
+        "torch_cuda_version": torch_cuda_build()[1],  # torch's build, read without importing torch
     }
     assert node["selected"] == [1, 2]
     assert node["skipped"] == [

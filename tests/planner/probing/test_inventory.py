@@ -217,3 +217,38 @@ def test_to_json_of_a_real_node_keeps_driver_unknown_types_and_all_warnings():
     assert data["host"]["cpu_count"] is None
     # the inventory's own warnings first, then the selection's
     assert data["warnings"] == ["GPU 0 'NVIDIA Mystery GPU' is not in the GPU catalog", "selection warning"]
+
+
+def test_the_cuda_build_of_torch_is_read_without_importing_it():
+    import subprocess
+    import sys
+
+    from planner.probing.inventory import torch_cuda_build
+
+    assert torch_cuda_build("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n") == (True, None)
+    assert torch_cuda_build("__version__ = '2.5.1+cu124'\ncuda: Optional[str] = '12.4'\n") == (True, "12.4")
+    assert torch_cuda_build("cuda = '11.8'\n") == (True, "11.8")
+    assert torch_cuda_build("cuda = get_cuda()\n") == (False, None)  # not a literal: unknown
+    assert torch_cuda_build("def (:\n") == (False, None)
+    code = ("import sys; from planner.probing.inventory import torch_cuda_build; known, cuda = torch_cuda_build(); "
+            "assert 'torch' not in sys.modules; import torch; assert known and cuda == torch.version.cuda")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_real_node_reads_whether_its_torch_has_cuda(monkeypatch):
+    import sys
+
+    from planner.probing import inventory
+    from tests.torchkit import fake_pynvml
+    from torchkit.hardware.catalog import load_catalog
+
+    gpus = [fake_pynvml.FakeGpu(name="Tesla T4", uuid="GPU-00000000", pci_bus_id="00000000:01:00.0")]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.FakeNvml(gpus).module())
+    monkeypatch.setattr(inventory, "torch_cuda_build", lambda: (True, None))
+    found = inventory.real_inventory(load_catalog())
+    assert found.torch_without_cuda and found.driver["torch_cuda_version"] is None
+    monkeypatch.setattr(inventory, "torch_cuda_build", lambda: (True, "12.4"))
+    assert not inventory.real_inventory(load_catalog()).torch_without_cuda
+    monkeypatch.setattr(inventory, "torch_cuda_build", lambda: (False, None))  # unknown: auto decides in the probe
+    unknown = inventory.real_inventory(load_catalog())
+    assert not unknown.torch_without_cuda and "torch_cuda_version" not in unknown.driver

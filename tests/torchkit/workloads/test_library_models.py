@@ -124,12 +124,57 @@ def test_options_a_source_does_not_take_are_refused() -> None:
 
 
 def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
     import sys
 
+    from torchkit.workloads.extras import extra_hint
+
     monkeypatch.setitem(sys.modules, "timm", None)  # what Python does for a module that is not installed
-    with pytest.raises(WorkloadError, match=r"needs timm, which is not installed \(pip install -e '\.\[models\]'\)") as e:
+    with pytest.raises(WorkloadError, match=rf"needs timm, which is not installed \({re.escape(extra_hint())}\)") as e:
         get_workload("timm:resnet18")
     assert "\n" not in str(e.value)
+
+
+class _Installed:
+    """A ``batchplan`` distribution as pip leaves it: ``direct_url.json`` (PEP 610) or none."""
+
+    def __init__(self, direct_url: dict | None) -> None:
+        self._text = None if direct_url is None else __import__("json").dumps(direct_url)
+
+    def read_text(self, name: str) -> str | None:
+        return self._text if name == "direct_url.json" else None
+
+
+@pytest.mark.parametrize("direct_url, hint", [
+    (None, "pip install 'batchplan[models]'"),  # from an index
+    ({"url": "file:///wheels/batchplan-0.1-py3-none-any.whl", "archive_info": {}}, "pip install 'batchplan[models]'"),
+    ({"url": "file:///home/me/batch%20plan", "dir_info": {"editable": True}},
+     "pip install -e '/home/me/batch plan[models]'"),
+    ({"url": "file:///home/me/batchplan", "dir_info": {}}, "pip install 'batchplan[models]'"),  # a non-editable checkout
+])
+def test_the_extra_hint_is_the_command_for_how_batchplan_was_installed(monkeypatch, direct_url, hint) -> None:
+    import importlib.metadata
+
+    from torchkit.workloads import extras
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: _Installed(direct_url))
+    extras.extra_hint.cache_clear()
+    try:
+        assert extras.extra_hint() == hint
+    finally:
+        extras.extra_hint.cache_clear()
+
+
+def test_the_extra_named_by_the_hint_is_declared_with_the_libraries() -> None:
+    import tomllib
+
+    from tests.planner.cli_helpers import REPO_ROOT
+    from torchkit.workloads import extras
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == extras.DISTRIBUTION
+    declared = {r.split(">")[0].split("=")[0] for r in project["optional-dependencies"][extras.EXTRA]}
+    assert declared == {"timm", "transformers", "ultralytics"}
 
 
 def test_hf_model_takes_dict_inputs_and_its_own_loss(tmp_path: Path) -> None:
