@@ -48,6 +48,7 @@ from planner.probing.backends import (
 from planner.probing.busy import busy_summary, is_shared, speed_factor
 from planner.probing.inventory import NodeInventory
 from planner.profiles.cache import ProfileCache
+from planner.profiles.measured_sync import find_job_sync, sync_key_inputs
 from planner.profiles.profile import DeviceProfile
 from planner.profiling import (
     Method,
@@ -357,8 +358,15 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
                         f"({type(exc).__name__}: {exc}); the step times are compute only")
         return None
     measured, note = _measured_network(backend, inventories, options, warnings)
+    job_sync = {}
+    if job.method is Method.AUTO:  # as the profiles measured in a running job: found where measurements may answer
+        inputs = sync_key_inputs(job.to_json(), fingerprint=identity[0], gradient_bytes=sum(grad_bytes),
+                                 bucket_cap_mb=job.bucket_cap_mb)
+        job_sync, problems = find_job_sync(options.cache.directory if options.cache else None, inputs)
+        warnings.extend(problems)
     return SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=job.bucket_cap_mb,
-                      interconnect=interconnect or Interconnect(), measured=measured, measured_note=note)
+                      interconnect=interconnect or Interconnect(), measured=measured, measured_note=note,
+                      job_sync=job_sync)
 
 
 def _measured_network(backend: Backend, inventories: Sequence[NodeInventory], options: DriverOptions,
