@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.cluster import ClusterSpec, catalog_for
 from planner.errors import InfeasiblePlanError, field_name, render_fields
@@ -33,7 +33,7 @@ from planner.events import Event, EventSink, ignore_event
 from planner.interconnect import Interconnect
 from planner.job import JobSpec
 from planner.plan.build import build_plan
-from planner.plan.comm import SyncInputs
+from planner.plan.comm import SyncInputs, backward_share_of
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH
 from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.probing.backends import (
@@ -441,6 +441,9 @@ def run_plan(
                           failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
     profiles = {p.key: p.profile for p in profiling.profiled.values()}
     sync = _sync_inputs(job, backend, inventories, identity, options, interconnect, warnings) if any_selected else None
+    if sync is not None:
+        share, share_source = backward_share_of([profiles[s.profile] for s in slots])
+        sync = replace(sync, backward_share=share, backward_share_source=share_source)
     try:
         plan = build_plan(
             job, slots, profiles, excluded=excluded, warnings=warnings,

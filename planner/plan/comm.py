@@ -36,11 +36,13 @@ from planner.errors import ConfigError
 from planner.interconnect import DEFAULT_NETWORK_GBPS, Interconnect
 from planner.plan.types import RankSlot
 from planner.profiles.measured_sync import JobSync
+from planner.profiles.profile import DeviceProfile
 from torchkit.estimate.ddp_sync import Bucket, LinkCost, RingCost, ddp_buckets, exposed_sync_s, sync_timeline
 
 DEFAULT_BACKWARD_SHARE = 2.0 / 3.0
 """share of a step's compute that is backward when nothing measured it: backward ≈ 2× forward in FLOPs for
 convolutions and matmuls (a weight and an input gradient per forward product)"""
+ASSUMED_BACKWARD_SHARE_SOURCE = "assumed: backward ≈ 2× forward FLOPs"
 ADVISE_EXPOSED_SHARE = 0.30
 """an exposed synchronisation above this share of the step is worth advice (accumulate, bigger batch)"""
 _ACCUMULATE_TRIALS = (2, 4, 8, 16)
@@ -63,12 +65,23 @@ class SyncInputs:
     measured_note: str = ""
     """what was measured, or why nothing was (a simulated cluster)"""
     backward_share: float = DEFAULT_BACKWARD_SHARE
-    backward_share_source: str = "assumed: backward ≈ 2× forward FLOPs"
+    backward_share_source: str = ASSUMED_BACKWARD_SHARE_SOURCE
     job_sync: Mapping[str, JobSync] = field(default_factory=dict)
     """ring shape (``ring_shape``) -> what a real run of this job on that ring measured of its synchronisation"""
 
     def buckets(self) -> tuple[Bucket, ...]:
         return ddp_buckets(self.grad_bytes, self.bucket_cap_mb)
+
+
+def backward_share_of(profiles: Sequence[DeviceProfile]) -> tuple[float, str]:
+    """(backward share, its source) for a plan over ranks with these profiles: the median of the shares the
+    profiles know (the estimator's, per GPU type), else ``DEFAULT_BACKWARD_SHARE`` as assumed."""
+    known = sorted({(p.gpu, p.backward_share) for p in profiles if p.backward_share is not None})
+    if not known:
+        return DEFAULT_BACKWARD_SHARE, ASSUMED_BACKWARD_SHARE_SOURCE
+    share = float(np.median([s for _, s in known]))
+    listed = ", ".join(f"{gpu} {s:.2f}" for gpu, s in known)
+    return share, f"estimated: the backward pass's kernels' share of the forward + backward roofline time ({listed})"
 
 
 @dataclass(frozen=True, kw_only=True)
