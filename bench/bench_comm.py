@@ -1,27 +1,40 @@
 """Gradient synchronisation: the model's step (compute + exposed sync) against real DDP jobs.
 
-Usage: ``python bench/bench_comm.py [--repeats 9] [--cases NAME,...]``. Prints one row per case, the PyTorch
-published DDP benchmark setting, and the line
-``comm: cases=N max_step_error=X% max_sync_error=Y% sync_share=A-B%``; writes bench/results/comm.json.
+Usage: ``python bench/bench_comm.py [--repeats 9] [--rounds 3] [--cases NAME,...]``. Prints one row per case,
+the PyTorch published DDP benchmark setting, and the line
+``comm: cases=N max_step_error=X% max_sync_error=Y% sync_share=A-B% ...`` (then ``sync_cases``, the sync error
+with the noisy cases in, the probe's error against DDP's buckets alone, and ``load``: the 1-minute load average
+before the run and after each world size); writes bench/results/comm.json.
 
 What runs: for each world size (2, 3, 4), that many processes on 127.0.0.1 form a gloo process group
-(``GLOO_SOCKET_IFNAME=lo``, one torch thread each). First the probe: a timed all-reduce of 256 KiB .. 64 MiB
-among them (3 warm-ups, then ``repeats`` timed runs after a barrier, the median of each size), fitted to
-``T(s) = alpha + (2(n-1)/n)·s/busbw`` (``torchkit.estimate.ddp_sync.fit_link``), as the NodeProbe actors do.
-Then each case: a real ``DistributedDataParallel`` model (a stack of Linear layers, 1 MB to 200 MB of fp32
-gradients, DDP's default buckets) trains on a batch of 4. Each layer carries a fixed *device time*: a
-forward and a backward sleep that stand for a GPU's kernels, so the CPU is free for gloo while "the device"
-computes, as it is on a GPU node; the sleeps sit inside autograd, so the gradients become ready layer by
-layer through the backward pass and DDP's bucket all-reduces overlap it for real. Steps alternate between
-``no_sync()`` (compute alone: forward and backward timed apart, which gives the measured backward share; the
-slowest rank's of each step, gathered, since every all-reduce waits for it) and synchronised (forward to the end of ``backward()``, which returns once DDP's all-reduces are done), each
-after a barrier; medians over ``repeats`` of each. ``exposed = step - compute``.
+(``GLOO_SOCKET_IFNAME=lo``, one torch thread each). Each case is a real ``DistributedDataParallel`` model (a
+stack of layers with a Linear's weight and bias, 1 MB to 200 MB of fp32 gradients, DDP's default buckets,
+``gradient_as_bucket_view``). Each layer carries a fixed *device time*: a forward and a backward sleep that
+stand for a GPU's kernels, so the CPU is free for gloo while "the device" computes, as it is on a GPU node; the
+sleeps sit inside autograd, so the gradients become ready layer by layer through the backward pass and DDP's
+bucket all-reduces overlap it for real. One repetition, every part after a barrier, interleaved so that all
+see the same load:
+
+- the probe: one all-reduce of each of 256 KiB .. 50 MiB (``PROBE_SIZES``), as the NodeProbe actors do;
+- DDP's buckets alone: buffers of the model's bucket sizes all-reduced back to back (what Σ T(s_k) stands for);
+- a ``no_sync()`` step: compute alone, forward and backward timed apart (the measured backward share; the
+  slowest rank's of each step, gathered, since every all-reduce waits for it);
+- a synchronised step (forward to the end of ``backward()``, which returns once DDP's all-reduces are done);
+- the same step of a twin model whose comm hook sends nothing: DDP's own per-step cost without communication.
+
+Gradients are zeroed in place, never freed (a freed gradient is allocated and first touched again by the
+next backward, which the ``no_sync`` step would pay and the synchronised one, writing into DDP's persistent
+buckets, would not). Medians over ``repeats`` after 3 warm-ups; with ``--rounds R`` every world size runs R
+times one after another and each figure is the median of the rounds' (the load on a shared machine moves
+between rounds). The probe's medians are fitted to ``T(s) = alpha + (2(n-1)/n)·s/busbw``
+(``torchkit.estimate.ddp_sync.fit_link``). ``exposed = step - compute``.
 
 Prediction: the measured compute plus the model's exposed sync (``exposed_sync_s``: DDP's buckets, the ring
-over the probe-fitted link, overlap with the measured backward). Errors: step ``pred/meas - 1``; sync
-``(pred - meas exposed)``, relative to the measured exposed time ("n/a", and left out of ``max_sync_error``,
-where the measured step is not longer than the measured compute: nothing to compare with). Load (2 cores shared by several jobs) moves
-single steps by milliseconds; the medians of alternating steps keep both sides under the same load.
+over the probe-fitted link, overlap with the measured backward; gloo reduces on the cores, so the overlap
+efficiency is the share of the backward its cores are idle). Errors: step ``pred/meas - 1``; sync
+``(pred - meas exposed)``, relative to the measured exposed time. An exposed time within twice the standard
+error of its median (1.2533·1.4826·MAD/√n; over rounds the larger of that and the rounds' spread) is noise: its
+error is printed with ``*`` and left out of ``max_sync_error`` (it is in ``max_sync_error_with_noise``).
 """
 
 from __future__ import annotations
