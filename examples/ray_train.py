@@ -154,12 +154,13 @@ def read_results(result) -> dict:
 
 
 def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) -> list[Path]:
-    """On the driver: the updated plan to ``plan_path`` and the measured profiles to the cache."""
+    """On the driver: the updated plan to ``plan_path``, the measured profiles and synchronisation to the cache."""
     from planner.plan.io import write_plan
     from planner.profiles.cache import ProfileCache
     from planner.profiles.measured import measured_key_inputs
     from planner.profiles.profile import DeviceProfile
     from planner.runtime.rebalance_feedback import measured_fingerprint
+    from planner.runtime.sync_feedback import file_job_sync
 
     feedback = json.loads(feedback_json)
     cache = ProfileCache(cache_dir)
@@ -171,7 +172,8 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
         # the cache records what the key is made of, so that it can check the entry when it is read
         written.append(cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp,
                                                                             fingerprint=fingerprint)))
-    return written
+    synced = file_job_sync(feedback["plan"], cache_dir)  # the measured synchronisation, for the next plan
+    return written + ([synced] if synced is not None else [])
 
 
 def main(argv: list[str] | None = None) -> int:

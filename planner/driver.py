@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.cluster import ClusterSpec, catalog_for
 from planner.errors import InfeasiblePlanError, field_name, render_fields
@@ -33,7 +33,7 @@ from planner.events import Event, EventSink, ignore_event
 from planner.interconnect import Interconnect
 from planner.job import JobSpec
 from planner.plan.build import build_plan
-from planner.plan.comm import SyncInputs
+from planner.plan.comm import SyncInputs, backward_share_of
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH
 from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.probing.backends import (
@@ -48,6 +48,7 @@ from planner.probing.backends import (
 from planner.probing.busy import busy_summary, is_shared, speed_factor
 from planner.probing.inventory import NodeInventory
 from planner.profiles.cache import ProfileCache
+from planner.profiles.measured_sync import find_job_sync, sync_key_inputs
 from planner.profiles.profile import DeviceProfile
 from planner.profiling import (
     Method,
@@ -369,8 +370,15 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
                         f"({type(exc).__name__}: {exc}); the step times are compute only")
         return None
     measured, note = _measured_network(backend, inventories, options, warnings)
+    job_sync = {}
+    if job.method is Method.AUTO:  # as the profiles measured in a running job: found where measurements may answer
+        inputs = sync_key_inputs(job.to_json(), fingerprint=identity[0], gradient_bytes=sum(grad_bytes),
+                                 bucket_cap_mb=job.bucket_cap_mb)
+        job_sync, problems = find_job_sync(options.cache.directory if options.cache else None, inputs)
+        warnings.extend(problems)
     return SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=job.bucket_cap_mb,
-                      interconnect=interconnect or Interconnect(), measured=measured, measured_note=note)
+                      interconnect=interconnect or Interconnect(), measured=measured, measured_note=note,
+                      job_sync=job_sync)
 
 
 def _measured_network(backend: Backend, inventories: Sequence[NodeInventory], options: DriverOptions,
@@ -445,6 +453,9 @@ def run_plan(
                           failed_nodes=failed_nodes, expected_nodes=tuple(expected_nodes))
     profiles = {p.key: p.profile for p in profiling.profiled.values()}
     sync = _sync_inputs(job, backend, inventories, identity, options, interconnect, warnings) if any_selected else None
+    if sync is not None:
+        share, share_source = backward_share_of([profiles[s.profile] for s in slots])
+        sync = replace(sync, backward_share=share, backward_share_source=share_source)
     try:
         plan = build_plan(
             job, slots, profiles, excluded=excluded, warnings=warnings,

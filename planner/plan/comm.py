@@ -11,8 +11,14 @@ plan.json gains (as top-level fields after the standard ones; old plans without 
 
     {"gradient_bytes", "num_gradient_tensors", "bucket_cap_mb", "bucket_bytes": [...], "num_ranks",
      "num_nodes", "links": [{"hop", "link", "bus_bytes_per_s", "step_latency_s", "source"}], "bottleneck",
-     "allreduce_s", "exposed_s", "exposed_range_s": [full overlap, no overlap], "compute_s", "exposed_share", "backward_share", "backward_share_source",
-     "gradients_source", "measured"}
+     "allreduce_s", "exposed_s", "exposed_range_s": [full overlap, no overlap], "compute_s", "exposed_share",
+     "backward_share", "backward_share_source", "gradients_source", "measured", "ring_shape", "slowdown",
+     "exposed_source", "job_sync"}
+
+``exposed_source`` says where the exposed figure comes from: the links' model, or "measured in the job" where a
+real run of this job on this ring (``ring_shape``) filed its measured exposed synchronisation
+(``planner.profiles.measured_sync``); then every all-reduce of the ring takes ``slowdown`` times the links'
+time, and ``job_sync`` holds what the run measured.
 
 Pure Python + numpy: no torch, Ray or pynvml.
 """
@@ -20,7 +26,7 @@ Pure Python + numpy: no torch, Ray or pynvml.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,11 +35,14 @@ from planner.allocate.allocation import Allocation
 from planner.errors import ConfigError
 from planner.interconnect import DEFAULT_NETWORK_GBPS, Interconnect
 from planner.plan.types import RankSlot
+from planner.profiles.measured_sync import JobSync
+from planner.profiles.profile import DeviceProfile
 from torchkit.estimate.ddp_sync import Bucket, LinkCost, RingCost, ddp_buckets, exposed_sync_s, sync_timeline
 
 DEFAULT_BACKWARD_SHARE = 2.0 / 3.0
 """share of a step's compute that is backward when nothing measured it: backward ≈ 2× forward in FLOPs for
 convolutions and matmuls (a weight and an input gradient per forward product)"""
+ASSUMED_BACKWARD_SHARE_SOURCE = "assumed: backward ≈ 2× forward FLOPs"
 ADVISE_EXPOSED_SHARE = 0.30
 """an exposed synchronisation above this share of the step is worth advice (accumulate, bigger batch)"""
 _ACCUMULATE_TRIALS = (2, 4, 8, 16)
@@ -56,10 +65,23 @@ class SyncInputs:
     measured_note: str = ""
     """what was measured, or why nothing was (a simulated cluster)"""
     backward_share: float = DEFAULT_BACKWARD_SHARE
-    backward_share_source: str = "assumed: backward ≈ 2× forward FLOPs"
+    backward_share_source: str = ASSUMED_BACKWARD_SHARE_SOURCE
+    job_sync: Mapping[str, JobSync] = field(default_factory=dict)
+    """ring shape (``ring_shape``) -> what a real run of this job on that ring measured of its synchronisation"""
 
     def buckets(self) -> tuple[Bucket, ...]:
         return ddp_buckets(self.grad_bytes, self.bucket_cap_mb)
+
+
+def backward_share_of(profiles: Sequence[DeviceProfile]) -> tuple[float, str]:
+    """(backward share, its source) for a plan over ranks with these profiles: the median of the shares the
+    profiles know (the estimator's, per GPU type), else ``DEFAULT_BACKWARD_SHARE`` as assumed."""
+    known = sorted({(p.gpu, p.backward_share) for p in profiles if p.backward_share is not None})
+    if not known:
+        return DEFAULT_BACKWARD_SHARE, ASSUMED_BACKWARD_SHARE_SOURCE
+    share = float(np.median([s for _, s in known]))
+    listed = ", ".join(f"{gpu} {s:.2f}" for gpu, s in known)
+    return share, f"estimated: the backward pass's kernels' share of the forward + backward roofline time ({listed})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,9 +95,20 @@ class Hop:
     """the assumed default network (nothing stated or measured it)"""
 
 
+def ring_shape(slots: Sequence[RankSlot], hops: Sequence[Hop]) -> str:
+    """What a measured synchronisation must match to answer a ring: its nodes with their ranks, and each hop's
+    link with its figures (another rank, node or network is another ring)."""
+    counts: dict[str, int] = {}
+    for slot in slots:
+        counts[slot.node] = counts.get(slot.node, 0) + 1
+    links = [f"{h.hop}={h.link.name}@{h.link.bus_bytes_per_s:.6g}B/s+{h.link.step_latency_s:.6g}s" for h in hops]
+    return ";".join([*(f"{node}x{count}" for node, count in counts.items()), *links])
+
+
 def ring_hops(slots: Sequence[RankSlot], inputs: SyncInputs) -> tuple[RingCost, tuple[Hop, ...]]:
     """The ring over ``slots`` and the links it crosses (an intra hop per node with two or more ranks, a
-    network hop per node when there are two or more nodes)."""
+    network hop per node when there are two or more nodes), slowed by what a real run of this job on this
+    ring measured (``SyncInputs.job_sync``), if one did."""
     counts: dict[str, int] = {}
     gpu_of: dict[str, str] = {}
     for slot in slots:
@@ -93,12 +126,32 @@ def ring_hops(slots: Sequence[RankSlot], inputs: SyncInputs) -> tuple[RingCost, 
                 continue
             link, assumed = inputs.interconnect.network_link(node)
             hops.append(Hop(hop=f"network {node}", link=link, assumed=assumed))
+    measured = inputs.job_sync.get(ring_shape(slots, hops))
+    return _ring(len(slots), len(counts), hops, measured.slowdown if measured else 1.0), tuple(hops)
+
+
+def _ring(num_ranks: int, num_nodes: int, hops: Sequence[Hop], slowdown: float) -> RingCost:
     intra = [h.link for h in hops if h.hop.startswith("intra")]
     net = [h.link for h in hops if h.hop.startswith("network")]
-    ring = RingCost(num_ranks=len(slots), num_nodes=len(counts),
+    return RingCost(num_ranks=num_ranks, num_nodes=num_nodes,
                     intra=min(intra, key=lambda link: link.bus_bytes_per_s) if intra else None,
-                    network=min(net, key=lambda link: link.bus_bytes_per_s) if net else None)
-    return ring, tuple(hops)
+                    network=min(net, key=lambda link: link.bus_bytes_per_s) if net else None, slowdown=slowdown)
+
+
+def section_ring(comm: Mapping[str, Any]) -> tuple[RingCost, tuple[Bucket, ...]]:
+    """The ring of a plan's ``comm`` section at its links' own figures (slowdown 1) and its buckets (sizes in
+    launch order, each ready when the bytes up to it are): what a running job checks its measured
+    synchronisation against. Raises KeyError/TypeError/ValueError for a section that is not one."""
+    hops = [Hop(hop=str(h["hop"]), link=LinkCost(name=str(h["link"]), bus_bytes_per_s=float(h["bus_bytes_per_s"]),
+                                                  step_latency_s=float(h["step_latency_s"])))
+            for h in comm["links"]]
+    ring = _ring(int(comm["num_ranks"]), int(comm["num_nodes"]), hops, 1.0)
+    sizes = [int(b) for b in comm["bucket_bytes"]]
+    total, done, buckets = sum(sizes), 0, []
+    for size in sizes:
+        done += size
+        buckets.append(Bucket(param_indices=(), size_bytes=size, ready_share=done / total if total else 1.0))
+    return ring, tuple(buckets)
 
 
 def sync_model(slots: Sequence[RankSlot], inputs: SyncInputs):
@@ -125,6 +178,8 @@ def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: Sync
     exposed = allocation.sync_time_s
     optimizer_step_s = allocation.accumulate * allocation.step_time_s
     bottleneck = min(hops, key=lambda h: h.link.bus_bytes_per_s) if hops else None
+    shape = ring_shape(slots, hops)
+    job_sync = inputs.job_sync.get(shape)
     return {
         "gradient_bytes": int(sum(inputs.grad_bytes)),
         "num_gradient_tensors": len(inputs.grad_bytes),
@@ -148,6 +203,11 @@ def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: Sync
         "backward_share_source": inputs.backward_share_source,
         "gradients_source": inputs.gradients_source,
         "measured": inputs.measured_note,
+        "ring_shape": shape,
+        "slowdown": ring.slowdown,
+        "exposed_source": job_sync.source if job_sync is not None else (
+            "the links' model" if ring.num_ranks > 1 else "none: one rank"),
+        "job_sync": asdict(job_sync) if job_sync is not None else None,
     }
 
 
@@ -214,6 +274,8 @@ def plan_comm_fields(slots: Sequence[RankSlot], allocation: Allocation,
     warnings = [w for w in (assumed_network_warning(slots, inputs),) if w]
     warnings.extend(sync_advice(allocation, section))
     notes = [inputs.measured_note] if inputs.measured_note else []
+    if section["job_sync"] is not None:
+        notes.append(f"exposed gradient synchronisation {section['exposed_source']}")
     return {"predicted_comm_time_s": allocation.sync_time_s, "comm": section}, warnings, notes
 
 
@@ -230,7 +292,10 @@ def comm_summary(plan_extra: Mapping[str, Any]) -> str | None:
             f"{slowest['source'].split(' (')[0]})" if slowest else "?")
     span = comm.get("exposed_range_s")
     upto = f", up to {float(span[1]) * 1e3:.1f} ms without overlap" if isinstance(span, list) and len(span) == 2 else ""
+    measured = comm.get("job_sync")
+    slowed = (f"; measured in the job: all-reduces {float(measured['slowdown']):.3g}× the links' time"
+              if isinstance(measured, dict) and "slowdown" in measured else "")
     return (f"gradient sync: {comm['gradient_bytes'] / 1e6:.1f} MB in {len(comm['bucket_bytes'])} buckets; "
             f"compute {float(comm['compute_s']) * 1e3:.1f} ms + exposed sync {exposed_ms:.1f} ms per optimizer step "
             f"({float(comm['exposed_share']):.0%} of it; all-reduce {allreduce_ms:.1f} ms, the rest overlaps "
-            f"backward{upto}) over {over}")
+            f"backward{upto}) over {over}{slowed}")

@@ -61,6 +61,13 @@ class DeviceProfile:
     time_model: str = ""
     """where the step times come from: the calibration and the basis of ``time_log_sigma`` for an
     estimate, ``measured`` for a measurement"""
+    backward_share: float | None = None
+    """share of a step's forward + backward time that is backward, where the method tells the passes apart
+    (the estimator prices each pass's kernels: ``torchkit.estimate.estimator.backward_share``); None: not known"""
+
+    def __post_init__(self) -> None:
+        if self.backward_share is not None and not 0.0 < self.backward_share < 1.0:
+            raise ValueError(f"backward_share must be in (0, 1), got {self.backward_share!r}")
 
     @classmethod
     def from_points(
@@ -78,6 +85,7 @@ class DeviceProfile:
         min_memory_bytes: int = 0,
         time_log_sigma: float = 0.0,
         time_model: str = "",
+        backward_share: float | None = None,
     ) -> DeviceProfile:
         """Fit the curves; dropped and outlying points become notes (never silently used or lost)."""
         memory = fit_memory([(int(b), float(v)) for b, v in memory_points], kind=fit)
@@ -103,6 +111,7 @@ class DeviceProfile:
             min_memory_bytes=int(min_memory_bytes),
             time_log_sigma=float(time_log_sigma),
             time_model=str(time_model),
+            backward_share=None if backward_share is None else float(backward_share),
         )
 
     def memory_bytes(self, batch: int) -> int:
@@ -125,6 +134,8 @@ class DeviceProfile:
         return max_batch_within(self.memory_fit, budget_bytes, multiple_of=multiple_of, upper=upper)
 
     def to_json(self) -> dict:
+        # backward_share only where known, so that the files of profiles without it stay as they were
+        share = {} if self.backward_share is None else {"backward_share": self.backward_share}
         return {
             "gpu": self.gpu,
             "method": self.method,
@@ -139,6 +150,7 @@ class DeviceProfile:
             "breakdown_bytes": self.breakdown_bytes,
             "time_log_sigma": self.time_log_sigma,
             "time_model": self.time_model,
+            **share,
         }
 
     @classmethod
@@ -163,6 +175,7 @@ class DeviceProfile:
                 ),
                 time_log_sigma=float(data.get("time_log_sigma", 0.0)),
                 time_model=str(data.get("time_model", "")),
+                backward_share=None if data.get("backward_share") is None else float(data["backward_share"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{where} is malformed: {exc!r} (re-run batchplan profile/plan to regenerate it)") from exc

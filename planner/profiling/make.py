@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import statistics
 import sys
 from dataclasses import replace
 from typing import Any
@@ -163,6 +164,8 @@ def make_profile(
             min_memory_bytes=curves.floor_device_bytes,
             time_log_sigma=uncertainty.log_sigma,
             time_model=uncertainty.basis,
+            # the overlap of DDP's all-reduces with the backward pass (planner.plan.comm): the probes' median
+            backward_share=statistics.median(s for _, s in curves.backward_shares) if curves.backward_shares else None,
         )
     if resolved.method is Method.MEASURE:
         import torch

@@ -731,7 +731,8 @@ class Rebalancer:
 
         A simulated run gives no profiles: its times are the simulation's, not the model's on that GPU, and
         must never answer a later plan of the real job (its plan file still gets the ``measured`` section,
-        marked simulated)."""
+        marked simulated). The section's ``sync`` is the exposed synchronisation against the plan's model
+        (``planner.runtime.sync_feedback``; for a simulated run, why nothing is filed)."""
         from planner.runtime.rebalance_feedback import (
             job_marks,
             measured_section,
@@ -744,9 +745,14 @@ class Rebalancer:
         every = [m for m in self._first_measures if m.step not in kept] + self.measures
         usable = [m for m in every if m.step > max(self.policy.warmup_steps, self._sample_agreed_step)] or every
         simulated = self.simulate.describe() if self.simulate is not None else None
+        from planner.runtime.sync_feedback import sync_entry
+
         marks = job_marks(self._link())
-        section = measured_section(self.plan, usable, self.report(), self.limits,
-                                   prior_weight=self.policy.prior_weight, simulated=simulated, marks=marks)
+        report = self.report()
+        sync = sync_entry(self.plan.extra.get("comm"), usable, report.batches_last, self.plan.accumulate,
+                          ", ".join(f"{name} {value}" for name, value in marks.items()), simulated)
+        section = measured_section(self.plan, usable, report, self.limits, prior_weight=self.policy.prior_weight,
+                                   simulated=simulated, marks=marks, sync=sync)
         profiles = {} if simulated else self._measured_profiles(usable, marks)
         return updated_plan(self.plan, section).to_json(), profiles
 
@@ -763,6 +769,19 @@ class Rebalancer:
                         "gets them): %s", exc)
             return {}
 
+    @staticmethod
+    def _file_sync(plan: dict, cache_dir: str | Path | None) -> list[Path]:
+        """The measured synchronisation filed for the next plan (``planner.runtime.sync_feedback``), or nothing
+        (with a warning) where the plan's model cannot be rebuilt here to name it or the cache cannot be written."""
+        from planner.runtime.sync_feedback import file_job_sync
+
+        try:
+            path = file_job_sync(plan, cache_dir)
+        except (WorkloadError, ConfigError) as exc:
+            log.warning("rebalance: the measured synchronisation was not filed (the plan file still has it): %s", exc)
+            return []
+        return [path] if path is not None else []
+
     def _link(self) -> str:
         """How the ranks were connected: backend, nodes and ranks (the feedback's mark)."""
         backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
@@ -771,7 +790,8 @@ class Rebalancer:
 
     def write_feedback(self, plan_path: str | Path | None, cache_dir: str | Path | None = None) -> list[Path]:
         """On rank 0: write the updated plan to ``plan_path`` (atomically; None: not written) and the measured
-        profiles to the profile cache (``cache_dir``, default the planner's; a simulated run writes none).
+        profiles and the measured synchronisation to the profile cache (``cache_dir``, default the planner's;
+        a simulated run writes none).
         Other ranks write nothing.
 
         Returns:
@@ -789,6 +809,7 @@ class Rebalancer:
         written = []
         if plan_path is not None:
             written.append(write_plan(plan, plan_path))
+        written.extend(self._file_sync(plan, cache_dir))
         if profiles:
             fingerprint = measured_fingerprint(job)
             cache = ProfileCache(cache_dir)

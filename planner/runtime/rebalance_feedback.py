@@ -20,7 +20,9 @@ its marks in its notes and in the plan's ``measured.marks``: the model the plan 
 link (backend, nodes, ranks).
 
 Per step, each rank's compute and synchronisation wait (``sync_wait_s``) are in ``measured.step_times``: the
-wait is what a communication model can be checked against.
+wait is what a communication model can be checked against. ``measured.sync`` sets the slowest rank's wait
+against the plan's model of the same ring (``planner.runtime.sync_feedback``); a real run files it for the next
+plan of the same job on the same ring (``planner.profiles.measured_sync``), a simulated one files nothing.
 
 Known limitations: the times are those of the training script that ran, under the plan's job name: a
 script that trains another model than the plan names feeds back that model's times (the synthetic
@@ -132,9 +134,12 @@ def measured_section(
     prior_weight: float = 1.0,
     simulated: str | None = None,
     marks: Mapping[str, str] | None = None,
+    sync: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The plan's ``measured`` section: what ran, what each rank measured (per step: compute and
-    synchronisation wait), the refitted curves."""
+    synchronisation wait), the refitted curves, and ``sync``: the exposed synchronisation set against the
+    plan's model (``planner.runtime.sync_feedback.sync_entry``)."""
+
     ranks = []
     for entry in plan.ranks:
         rank = entry.rank
@@ -170,6 +175,7 @@ def measured_section(
         "compute_s_last": None if report.compute_s_last is None else list(report.compute_s_last),
         "sync_wait_s_last": None if report.sync_wait_s_last is None else list(report.sync_wait_s_last),
         "simulated": simulated,
+        "sync": dict(sync) if sync is not None else None,
         "marks": {"model": str(plan.job.model), **(marks or {})},
         "ranks": ranks,
         "step_times": [{"step": m.step, "batches": list(m.batches), "compute_s": list(m.compute_s),

@@ -23,7 +23,9 @@ All-reduce of ``s`` bytes over a ring of ``n`` ranks on ``N`` nodes (``RingCost`
 ``busbw`` is the slowest link the ring crosses (every link of a ring carries 2(n-1)/n · s): the intra-node
 link of every node with two or more ranks and, with two or more nodes, every node's network link.
 NCCL's constants are the prior (``torchkit.hardware.links``): base 8.4 µs, 3.4 µs per NVLink step, 5.7 µs per
-PCIe step, 14 µs per network step; measured links replace them (``fit_link``).
+PCIe step, 14 µs per network step; measured links replace them (``fit_link``). A running job's measured
+exposed synchronisation gives the ring a ``slowdown`` k (``fit_slowdown``): every all-reduce takes k·T(s), the
+one figure that makes the model's exposed time at the measured compute the measured one.
 
 Overlap (``exposed_sync_s``): the slowest rank's backward runs from ``backward_start_s`` for ``backward_s``;
 bucket k is ready on every rank when that rank has produced ``ready_share_k`` of the gradient bytes
@@ -139,6 +141,13 @@ class RingCost:
     """the slowest network link of the nodes; None on one node"""
     base_latency_s: float = NCCL_BASE_LATENCY_S
     """fixed cost of one all-reduce (NCCL's base latency by default)"""
+    slowdown: float = 1.0
+    """how many times the links' alpha-beta time an all-reduce inside a DDP step takes, as measured in a
+    running job (``fit_slowdown``); 1 where nothing measured it"""
+
+    def __post_init__(self) -> None:
+        if not (self.slowdown > 0 and math.isfinite(self.slowdown)):
+            raise ValueError(f"ring slowdown must be finite and > 0, got {self.slowdown!r}")
 
     @property
     def bottleneck(self) -> LinkCost | None:
@@ -158,12 +167,12 @@ class RingCost:
         return self.base_latency_s + (steps - inter) * intra_s + inter * net_s
 
     def allreduce_s(self, size_bytes: float) -> float:
-        """T(s) = alpha + (2(n-1)/n)·s/busbw (0 for one rank)."""
+        """T(s) = slowdown·(alpha + (2(n-1)/n)·s/busbw) (0 for one rank)."""
         link = self.bottleneck
         if self.num_ranks <= 1 or link is None:
             return 0.0
         factor = 2.0 * (self.num_ranks - 1) / self.num_ranks
-        return self.alpha_s + factor * size_bytes / link.bus_bytes_per_s
+        return self.slowdown * (self.alpha_s + factor * size_bytes / link.bus_bytes_per_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +226,43 @@ def exposed_sync_s(buckets: Sequence[Bucket], ring: RingCost, *, compute_s: floa
     backward_s = compute_s * backward_share
     return sync_timeline(buckets, ring, backward_start_s=compute_s - backward_s, backward_s=backward_s,
                          overlap_efficiency=overlap_efficiency).exposed_s
+
+
+SLOWDOWN_RANGE = (1e-3, 1e4)
+"""the slowdowns ``fit_slowdown`` searches: a measurement that needs more is clamped to the range's end"""
+
+
+def fit_slowdown(buckets: Sequence[Bucket], ring: RingCost, *, compute_s: float, backward_share: float,
+                 exposed_s: float, resolution_s: float = 1e-4) -> float:
+    """The ring slowdown k (``RingCost.slowdown``, relative to ``ring``'s own) with which the model's exposed
+    synchronisation at the measured ``compute_s`` and ``backward_share`` equals the measured ``exposed_s``.
+
+    The exposed time grows with k (slower all-reduces finish later), so k is found by bisection on log k
+    within ``SLOWDOWN_RANGE``. A measurement below ``resolution_s`` (what a step's timers tell from nothing)
+    only says "at most that": k is 1 where the model exposes no more, else the k at which it exposes
+    ``resolution_s``. Raises ValueError for one rank (nothing to synchronise) or a negative measurement."""
+    if ring.num_ranks <= 1 or not buckets:
+        raise ValueError("a slowdown needs a ring of two or more ranks and gradients to synchronise")
+    if not (exposed_s >= 0 and math.isfinite(exposed_s)):
+        raise ValueError(f"measured exposed synchronisation must be finite and >= 0, got {exposed_s!r}")
+    target_s = max(exposed_s, resolution_s)
+
+    def gap(k: float) -> float:
+        scaled = RingCost(num_ranks=ring.num_ranks, num_nodes=ring.num_nodes, intra=ring.intra,
+                          network=ring.network, base_latency_s=ring.base_latency_s, slowdown=ring.slowdown * k)
+        return exposed_sync_s(buckets, scaled, compute_s=compute_s, backward_share=backward_share) - target_s
+
+    if exposed_s < resolution_s and gap(1.0) <= 0:
+        return 1.0
+    low, high = (math.log(k) for k in SLOWDOWN_RANGE)
+    if gap(math.exp(high)) <= 0:
+        return SLOWDOWN_RANGE[1]
+    if gap(math.exp(low)) > 0:
+        return SLOWDOWN_RANGE[0]
+    for _ in range(60):  # 2^-60 of the log range: far below any measurement's noise
+        mid = (low + high) / 2
+        low, high = (mid, high) if gap(math.exp(mid)) <= 0 else (low, mid)
+    return math.exp((low + high) / 2)
 
 
 @dataclass(frozen=True, kw_only=True)

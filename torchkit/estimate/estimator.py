@@ -283,15 +283,18 @@ class _TrackerHooks(StepHooks):
 
     def forward(self) -> None:
         self._tracker.set_phase(self._phase.FORWARD)
+        self._recorder.phase = "forward"
 
     def backward(self) -> None:
         self._tracker.set_phase(self._phase.BACKWARD)
+        self._recorder.phase = "backward"
 
     def after_backward(self, params: list) -> None:
         self._tracker.mark((p.grad for p in params), self._category.GRADIENTS)
 
     def optimizer(self) -> None:
         self._tracker.set_phase(self._phase.OPTIMIZER)
+        self._recorder.phase = "optimizer"
 
     def after_step(self, optimizer: Any) -> None:
         from torchkit.step.train_step import optimizer_state_tensors
@@ -346,6 +349,25 @@ def step_time_s(
     )
 
 
+def backward_share(
+    estimate: StepEstimate, gpu: GpuSpec, *, channels_last: bool = False, constants: Any = None
+) -> float | None:
+    """Share of the forward + backward roofline time (``step_time_s``'s pricing, the optimizer left out) that
+    is the backward pass's kernels: what DDP's all-reduces can overlap. None where the kernels do not say
+    which pass ran them (an estimate made before they did) or one pass has none."""
+    from torchkit.estimate.roofline import kernels_time_s
+    from torchkit.estimate.time_model import constants_for
+
+    options = {"amp": estimate.amp, "channels_last": channels_last,
+               "constants": constants if constants is not None else constants_for(gpu)}
+    forward = [k for k in estimate.kernels if k.phase == "forward"]
+    backward = [k for k in estimate.kernels if k.phase == "backward"]
+    if not forward or not backward:
+        return None
+    forward_s, backward_s = kernels_time_s(forward, gpu, **options), kernels_time_s(backward, gpu, **options)
+    return backward_s / (forward_s + backward_s)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EstimatedCurves:
     """Estimated memory and time over batch size on one GPU type."""
@@ -364,6 +386,8 @@ class EstimatedCurves:
     """device bytes the step needs at any batch (the optimizer-step peak, smallest probe): an affine fit
     through ``memory_points`` can fall below it at batches under the smallest probe; use
     ``max(fit(b), floor_device_bytes)`` there"""
+    backward_shares: tuple[tuple[int, float], ...] = ()
+    """(batch, ``backward_share``) per probe whose kernels tell the passes apart"""
 
 
 def estimate_steps(
@@ -420,6 +444,8 @@ def curves_from_estimates(
         breakdown_bytes=dict(ordered[-1].breakdown_bytes),
         num_fake_passes=num_fake_passes,
         floor_device_bytes=floor,
+        backward_shares=tuple((e.batch, share) for e in ordered
+                              if (share := backward_share(e, gpu, channels_last=channels_last)) is not None),
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 ComputeClass = Literal["fp32", "fp16", "bf16"]
@@ -59,6 +59,8 @@ class KernelCost:
     """conv / matmul / attention / other (conv may run on TF32 tensor cores; see roofline)"""
     groups: int = 1
     """a convolution's ``groups`` (ResNeXt's grouped, MobileNet's depthwise convolutions: > 1), 1 otherwise"""
+    phase: str = ""
+    """the part of the step that ran it: ``forward``, ``backward`` or ``optimizer`` ("" where not told)"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,17 +194,19 @@ def _conv_groups(packet_name: str, args: tuple, kwargs: dict) -> int:
 
 
 class OpCostRecorder:
-    """Collects ``KernelCost`` of every op while ``enabled`` (the estimator enables it for one iteration)."""
+    """Collects ``KernelCost`` of every op while ``enabled`` (the estimator enables it for one iteration),
+    each marked with the ``phase`` the estimator says the step is in."""
 
     def __init__(self) -> None:
         self.enabled = False
+        self.phase = ""
         self.kernels: list[KernelCost] = []
 
     def __call__(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if self.enabled:
             cost = kernel_cost(func, args, kwargs, out)
             if cost is not None:
-                self.kernels.extend(_per_step_kernels(cost, func, args))
+                self.kernels.extend(_per_step_kernels(replace(cost, phase=self.phase), func, args))
 
 
 def _per_step_kernels(cost: KernelCost, func: Any, args: tuple) -> list[KernelCost]:
@@ -214,7 +218,7 @@ def _per_step_kernels(cost: KernelCost, func: Any, args: tuple) -> list[KernelCo
     steps = max(1, int(args[0].shape[0]))  # ATen passes the input time-major whatever batch_first says
     share = KernelCost(
         name=cost.name, flops=cost.flops // steps, bytes_moved=cost.bytes_moved // steps,
-        compute=cost.compute, kind=cost.kind,
+        compute=cost.compute, kind=cost.kind, phase=cost.phase,
     )
     return [share] * steps
 

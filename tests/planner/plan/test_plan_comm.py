@@ -12,9 +12,10 @@ from planner.errors import ConfigError
 from planner.interconnect import Interconnect
 from planner.job import JobSpec
 from planner.plan.build import build_plan
-from planner.plan.comm import SyncInputs, comm_summary
+from planner.plan.comm import SyncInputs, comm_summary, section_ring
 from planner.plan.io import validate_plan
 from planner.plan.types import Plan, RankSlot
+from planner.profiles.measured_sync import JobSync
 from planner.profiles.profile import DeviceProfile
 from torchkit.estimate.ddp_sync import RingCost, ddp_buckets, exposed_sync_s
 from torchkit.units import GIB, MIB
@@ -171,3 +172,39 @@ def test_demo_mixed_over_1g_and_100g_plans_differ_and_the_slow_one_advises_with_
     assert any(w.startswith("dropping") and "× faster" in w for w in slow.warnings)
     assert not any("no_sync()" in w for w in fast.warnings)
     assert "exposed sync" in comm_summary(slow.extra) and "of it" in comm_summary(slow.extra)
+
+
+def _job_sync(slowdown: float) -> JobSync:
+    return JobSync(slowdown=slowdown, measured_exposed_s=0.02, predicted_exposed_s=0.005, compute_s=0.1, steps=9,
+                   link="gloo, 2 node(s), 4 rank(s)", created="2026-12-02T08:00:00+00:00")
+
+
+def test_a_job_measured_slowdown_answers_its_own_ring_only_and_says_so():
+    cluster = parse_cluster({"network": {"gbps": 10}, "nodes": [
+        {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+        {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]}]}, "lab.yaml")
+    slots = [_slot("a", 0, "a100"), _slot("a", 1, "a100"), _slot("b", 0, "a100"), _slot("b", 1, "a100")]
+    model = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect)).to_json()
+    assert model["comm"]["exposed_source"] == "the links' model" and model["comm"]["slowdown"] == 1.0
+    shape = model["comm"]["ring_shape"]
+    assert shape.startswith("ax2;bx2;intra a=nvlink@") and "network b=network@1.25e+09B/s" in shape
+    measured = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)}))
+    data = measured.to_json()
+    assert data["comm"]["slowdown"] == 3.0 and data["comm"]["job_sync"]["measured_exposed_s"] == 0.02
+    assert data["comm"]["exposed_source"].startswith("measured in the job (gloo, 2 node(s), 4 rank(s); 9 steps")
+    assert data["predicted_comm_time_s"] > model["predicted_comm_time_s"]
+    ring, buckets = section_ring(data["comm"])  # the links' own ring, which the job checks itself against
+    slowed = RingCost(num_ranks=4, num_nodes=2, intra=ring.intra, network=ring.network, slowdown=3.0)
+    assert data["predicted_comm_time_s"] == pytest.approx(exposed_sync_s(
+        buckets, slowed, compute_s=data["comm"]["compute_s"], backward_share=2 / 3))
+    assert any(n.startswith("exposed gradient synchronisation measured in the job") for n in data["notes"])
+    assert "measured in the job: all-reduces 3× the links' time" in comm_summary(measured.extra)
+    validate_plan(data)
+    # another ring (one node's ranks, or another network) is not answered by it
+    other = build_plan(JOB, slots[:2], PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)}))
+    assert other.to_json()["comm"]["slowdown"] == 1.0
+    faster = parse_cluster({"network": {"gbps": 100}, "nodes": [
+        {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+        {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]}]}, "lab.yaml")
+    elsewhere = build_plan(JOB, slots, PROFILES, sync=_sync(faster.interconnect, job_sync={shape: _job_sync(3.0)}))
+    assert elsewhere.to_json()["comm"]["exposed_source"] == "the links' model"

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.profiling.make import make_profile
 from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, TIME_MODEL_ENV, load_time_model
@@ -98,3 +99,23 @@ def test_a_new_estimator_revision_names_new_estimates_but_not_measurements(catal
     after = {m: profile_key_inputs(request, Method(m), ("f", "2.13")) for m in ("estimate", "measure")}
     assert after["estimate"] != before["estimate"] and after["estimate"]["time_model"].endswith("estimator-next")
     assert after["measure"] == before["measure"]
+
+
+def test_an_estimate_carries_the_backward_share_of_its_passes_and_the_plan_overlaps_with_it(catalog, cache) -> None:
+    from planner.plan.comm import DEFAULT_BACKWARD_SHARE, backward_share_of
+    from planner.profiles.profile import DeviceProfile
+
+    profile = make_profile(JobSpec(**TINY), catalog.get("V100-SXM2-16GB"), estimates_cache=cache)
+    assert profile.backward_share is not None and 0.3 < profile.backward_share < 0.9
+    assert profile.backward_share != pytest.approx(DEFAULT_BACKWARD_SHARE, abs=1e-3)
+    again = DeviceProfile.from_json(json.loads(json.dumps(profile.to_json())))
+    assert again.backward_share == profile.backward_share
+    other = make_profile(JobSpec(**TINY), catalog.get("T4"), estimates_cache=cache)
+    share, source = backward_share_of([profile, other, profile])
+    assert share == pytest.approx((profile.backward_share + other.backward_share) / 2)
+    assert source.startswith("estimated: the backward pass's kernels' share") and "T4 " in source
+    unknown = DeviceProfile.from_json({k: v for k, v in profile.to_json().items() if k != "backward_share"})
+    assert unknown.backward_share is None  # a profile written before the share (a cached one) loads
+    assert backward_share_of([unknown]) == (DEFAULT_BACKWARD_SHARE, "assumed: backward ≈ 2× forward FLOPs")
+    with pytest.raises(ConfigError, match="backward_share"):
+        DeviceProfile.from_json({**profile.to_json(), "backward_share": 1.5})

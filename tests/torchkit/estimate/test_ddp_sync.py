@@ -20,6 +20,7 @@ from torchkit.estimate.ddp_sync import (
     ddp_buckets,
     exposed_sync_s,
     fit_link,
+    fit_slowdown,
     gradient_bytes_of,
     sync_timeline,
 )
@@ -210,3 +211,31 @@ def test_fit_refuses_what_it_cannot_fit():
         fit_link([1e6, 2e6], [1.0, 0.5], 2)
     with pytest.raises(ValueError, match="2 ranks"):
         fit_link([1e6, 2e6], [1.0, 2.0], 1)
+
+
+@pytest.mark.parametrize("true_slowdown", [0.5, 1.0, 3.0, 40.0])
+def test_the_slowdown_fit_recovers_the_factor_a_measured_exposed_sync_came_from(true_slowdown):
+    buckets = ddp_buckets([MIB] * 60)
+    ring = _ring(4, 2, net_gb_s=1.0)
+    measured = RingCost(num_ranks=4, num_nodes=2, intra=ring.intra, network=ring.network, slowdown=true_slowdown)
+    exposed = exposed_sync_s(buckets, measured, compute_s=0.05, backward_share=0.6)
+    k = fit_slowdown(buckets, ring, compute_s=0.05, backward_share=0.6, exposed_s=exposed)
+    assert k == pytest.approx(true_slowdown, rel=1e-6)
+    assert measured.allreduce_s(MIB) == pytest.approx(true_slowdown * ring.allreduce_s(MIB))
+
+
+def test_a_slowdown_from_nothing_exposed_is_one_where_the_model_agrees_and_below_one_where_it_exposes_more():
+    buckets = ddp_buckets([MIB] * 60)
+    fast = _ring(2, 1, intra_gb_s=1000.0)  # all but the last bucket's ~25 µs hidden behind a 1 s backward
+    assert fit_slowdown(buckets, fast, compute_s=1.5, backward_share=2 / 3, exposed_s=0.0) == 1.0
+    slow = _ring(2, 1, intra_gb_s=1.0)  # the last bucket's 9 MiB at 1 GB/s: ~9 ms exposed
+    k = fit_slowdown(buckets, slow, compute_s=0.5, backward_share=2 / 3, exposed_s=0.0)
+    assert k < 0.05
+    faster = RingCost(num_ranks=2, num_nodes=1, intra=slow.intra, network=None, slowdown=k)
+    assert exposed_sync_s(buckets, faster, compute_s=0.5, backward_share=2 / 3) == pytest.approx(1e-4, rel=1e-6)
+    with pytest.raises(ValueError, match="two or more ranks"):
+        fit_slowdown(buckets, _ring(1, 1), compute_s=0.5, backward_share=2 / 3, exposed_s=0.01)
+    with pytest.raises(ValueError, match=">= 0"):
+        fit_slowdown(buckets, slow, compute_s=0.5, backward_share=2 / 3, exposed_s=-1.0)
+    with pytest.raises(ValueError, match="slowdown"):
+        RingCost(num_ranks=2, num_nodes=1, intra=slow.intra, network=None, slowdown=0.0)

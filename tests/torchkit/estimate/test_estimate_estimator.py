@@ -3,6 +3,7 @@ and against the peak of the same training step really run on CPU (torch.profiler
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -23,6 +24,9 @@ from torchkit.estimate import (
     step_time_s,
 )
 from torchkit.estimate.cpu_truth import measure_cpu_peak
+from torchkit.estimate.estimator import backward_share
+from torchkit.estimate.roofline import kernels_time_s
+from torchkit.estimate.time_model import constants_for
 from torchkit.hardware.catalog import load_catalog
 from torchkit.workloads import Workload, get_workload
 
@@ -365,3 +369,23 @@ def test_a_range_probe_is_asked_for_only_where_the_probes_cannot_price_the_cap()
     assert range_probe_batch(_curves(floor), 16 * 2**30, upper=4000) == 4000  # never past the planning bound
     assert range_probe_batch(_curves(floor), 3 * 2**30, upper=65536) is None  # cap 2048 < 4 × 512: in range
     assert range_probe_batch(_curves((1e-3, 4e-3, 16e-3)), 16 * 2**30, upper=65536) is None  # GPU-bound
+
+
+def test_kernels_say_their_pass_and_the_backward_share_is_the_backward_kernels_roofline_share(catalog) -> None:
+    est = estimate_step(_mlp_workload(), 256)
+    assert {k.phase for k in est.kernels} == {"forward", "backward", "optimizer"}
+    # a Linear's backward: the weight gradient (a matmul of the forward's FLOPs) and, but for the first layer
+    # (its input needs none), the input gradient
+    matmul_flops = {p: sum(k.flops for k in est.kernels if k.phase == p and k.kind == "matmul")
+                    for p in ("forward", "backward")}
+    assert matmul_flops["forward"] == 2 * 256 * (IN * HIDDEN + HIDDEN * OUT)
+    assert matmul_flops["backward"] == matmul_flops["forward"] + 2 * 256 * HIDDEN * OUT
+    gpu = catalog.get("A100-SXM4-80GB")
+    share = backward_share(est, gpu)
+    forward_s = kernels_time_s([k for k in est.kernels if k.phase == "forward"], gpu, constants=constants_for(gpu))
+    backward_s = kernels_time_s([k for k in est.kernels if k.phase == "backward"], gpu, constants=constants_for(gpu))
+    assert share == pytest.approx(backward_s / (forward_s + backward_s)) and 0.4 < share < 0.9
+    curves = curves_from_estimates([est], gpu)
+    assert curves.backward_shares == ((256, share),)
+    unmarked = dataclasses.replace(est, kernels=tuple(dataclasses.replace(k, phase="") for k in est.kernels))
+    assert backward_share(unmarked, gpu) is None and curves_from_estimates([unmarked], gpu).backward_shares == ()

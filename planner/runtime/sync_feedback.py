@@ -1,0 +1,113 @@
+"""What a real run's measured synchronisation tells the next plan: the exposed synchronisation per optimizer
+step the re-balancer timed, set against the plan's model of that same ring at the compute that ran, as a ring
+slowdown filed for the next plan of the same job on the same ring (``planner.profiles.measured_sync``, whose
+docstring says why a slowdown and what the key holds).
+
+Measured exposed synchronisation. The re-balancer times each rank's compute (to its last gradient bucket
+being ready) and its wait after that (to the end of its backward, where DDP waits for the all-reduces). The
+ranks leave the step together, so the wait of the step's slowest rank is what its all-reduces add after
+the backward the model overlaps them with: the plan's "exposed" figure (``max_i compute_i + exposed``). The
+medians over the steps at the split that ran last (all usable steps where fewer than ``MIN_STEPS`` ran it)
+of that wait and of the slowest rank's compute per micro-step are the measurement; the plan's
+``comm`` section gives the ring, its buckets and the backward share the model used
+(``planner.plan.comm.section_ring``), and ``fit_slowdown`` the k that reproduces it.
+
+Nothing is filed for a simulated run (its waits are the simulation's sleeps), a one-rank job, a plan
+without a ``comm`` section (written before the model, or whose model's gradients could not be laid out),
+or steps without a wait (no all-reduce hook fired). Pure: no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from planner.plan.comm import section_ring
+from planner.profiles.measured_sync import JobSync
+from planner.runtime.rebalance_model import StepMeasure
+from torchkit.estimate.ddp_sync import exposed_sync_s, fit_slowdown
+
+MIN_STEPS = 3
+"""steps at the last split needed to measure there alone"""
+
+
+def measured_exposed(measures: Sequence[StepMeasure], split: Sequence[int], accumulate: int
+                     ) -> tuple[float, float, int] | None:
+    """(median exposed synchronisation per optimizer step, median compute of the slowest rank per
+    micro-step, steps) of the steps at ``split`` (all steps where fewer than ``MIN_STEPS`` ran it); None
+    when no step recorded a wait."""
+    timed = [m for m in measures if m.sync_wait_s is not None]
+    at = [m for m in timed if m.batches == tuple(split)]
+    steps = at if len(at) >= MIN_STEPS else timed
+    if not steps:
+        return None
+    exposed, compute = [], []
+    for m in steps:
+        slowest = max(range(len(m.compute_s)), key=lambda r: m.compute_s[r])
+        exposed.append(m.sync_wait_s[slowest])  # type: ignore[index]
+        compute.append(m.compute_s[slowest] / accumulate)
+    return statistics.median(exposed), statistics.median(compute), len(steps)
+
+
+def job_sync_of(comm: Mapping[str, Any] | None, measures: Sequence[StepMeasure], split: Sequence[int],
+                accumulate: int, link: str) -> tuple[str, JobSync] | tuple[None, str]:
+    """(ring shape, what the run measured) for the plan's ``comm`` section, or (None, why nothing)."""
+    if not isinstance(comm, dict) or "ring_shape" not in comm:
+        return None, "the plan has no synchronisation model (no comm section) to check the measured waits against"
+    if int(comm.get("num_ranks", 0)) <= 1:
+        return None, "one rank: nothing synchronised"
+    measured = measured_exposed(measures, split, accumulate)
+    if measured is None:
+        return None, "no step recorded a synchronisation wait"
+    exposed_s, compute_s, steps = measured
+    try:
+        ring, buckets = section_ring(comm)
+        share = float(comm["backward_share"])
+        predicted = exposed_sync_s(buckets, ring, compute_s=compute_s, backward_share=share)
+        slowdown = fit_slowdown(buckets, ring, compute_s=compute_s, backward_share=share, exposed_s=exposed_s)
+        sync = JobSync(slowdown=slowdown, measured_exposed_s=exposed_s, predicted_exposed_s=predicted,
+                       compute_s=compute_s, steps=steps, link=link,
+                       created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    except (KeyError, TypeError, ValueError) as exc:
+        return None, f"the plan's comm section cannot be priced ({type(exc).__name__}: {exc})"
+    return str(comm["ring_shape"]), sync
+
+
+def sync_entry(comm: Mapping[str, Any] | None, measures: Sequence[StepMeasure], split: Sequence[int],
+               accumulate: int, link: str, simulated: str | None) -> dict[str, Any]:
+    """The ``measured.sync`` of the written plan: the ring shape and what the run measured, or why nothing
+    is filed (``ring_shape`` None)."""
+    if simulated:
+        return {"ring_shape": None, "why": f"not filed: {simulated} (the waits are the simulation's)"}
+    shape, found = job_sync_of(comm, measures, split, accumulate, link)
+    if shape is None:
+        return {"ring_shape": None, "why": f"not filed: {found}"}
+    return {"ring_shape": shape, **dataclasses.asdict(found)}  # type: ignore[arg-type]
+
+
+def file_job_sync(plan_json: Mapping[str, Any], cache_dir: str | os.PathLike | None) -> Path | None:
+    """File the ``measured.sync`` of a written plan (``sync_entry``) in the profile cache (``cache_dir``,
+    default the planner's) for the next plan of its job; None where there is nothing to file.
+
+    Raises WorkloadError where the plan's model cannot be rebuilt here to name it (as for the measured
+    profiles), ConfigError where the cache cannot be written."""
+    from planner.profiles.cache import default_cache_dir
+    from planner.profiles.measured_sync import store_job_sync, sync_key_inputs
+    from planner.runtime.rebalance_feedback import measured_fingerprint
+
+    measured = plan_json.get("measured") or {}
+    entry = dict(measured.get("sync") or {})
+    shape = entry.pop("ring_shape", None)
+    comm = plan_json.get("comm")
+    if shape is None or measured.get("simulated") or not isinstance(comm, dict):
+        return None
+    job = plan_json.get("job") or {}
+    inputs = sync_key_inputs(job, fingerprint=measured_fingerprint(job), gradient_bytes=int(comm["gradient_bytes"]),
+                             bucket_cap_mb=comm.get("bucket_cap_mb"))
+    return store_job_sync(cache_dir if cache_dir is not None else default_cache_dir(), inputs, str(shape),
+                          JobSync(**entry))
