@@ -475,14 +475,8 @@ class Rebalancer:
         """Wait for the watching window posted at the last gathering step, take its steps in, and run the
         rules on them; a decision to switch gathers this step at once (a switch needs every rank's boundary
         as of now, not as of the posting)."""
-        posted, self._posted = self._posted, None
-        assert posted is not None
         began = time.perf_counter()
-        try:
-            posted.work.wait()
-        except Exception as exc:  # gloo: connection closed by a dead peer, or the group's timeout
-            raise self.collective_failure("the all-gather of step times", exc) from exc
-        self._absorb([t.tolist() for t in posted.everyone], posted.records)
+        posted = self._take_posted()
         self._acting_s = 0.0
         self._after_gather(split, boundary_fresh=False)
         # watching's cost: starting the gather, waiting for it, the rules; a decision it led to (a gather of
@@ -675,14 +669,19 @@ class Rebalancer:
     def _flush_posted(self) -> None:
         """Take in a posted watching window that no later step read (the run ended after it): its steps
         count for the report and the feedback; no rule runs on them."""
-        if self._posted is None:
-            return
+        if self._posted is not None:
+            self._take_posted()
+
+    def _take_posted(self) -> _PostedGather:
+        """Wait for the posted watching window and take its steps into ``measures``."""
         posted, self._posted = self._posted, None
+        assert posted is not None
         try:
             posted.work.wait()
-        except Exception as exc:
+        except Exception as exc:  # gloo: connection closed by a dead peer, or the group's timeout
             raise self.collective_failure("the all-gather of step times", exc) from exc
         self._absorb([t.tolist() for t in posted.everyone], posted.records)
+        return posted
 
     def collective_failure(self, what: str, exc: BaseException) -> RebalanceError:
         """The one-line error of a failed collective (``what``: e.g. "the loss all-reduce"), naming the rank(s)
