@@ -109,16 +109,23 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_an_impossible_cache_entry_is_ignored_reported_and_rewritten(clean, tmp_path, case) -> None:
-    where, clean_plan, entries = clean
+def _cache_with_a_tampered_a100(tmp_path: Path, entries: dict, tamper) -> tuple[Path, Path]:
+    """The two-type cluster config, and a cache of the clean entries whose A100 entry ``tamper`` rewrote:
+    the cache directory and that entry's path."""
     (tmp_path / "two.yaml").write_text(TWO_TYPES)
     cache = tmp_path / "cache"
     cache.mkdir()
     for entry in entries.values():
         (cache / f"{entry['key']}.json").write_text(json.dumps(entry))
     a100_path = cache / f"{entries['A100-SXM4-80GB']['key']}.json"
-    a100_path.write_text(json.dumps(_tamper_a100(entries, CASES[case])))
+    a100_path.write_text(json.dumps(_tamper_a100(entries, tamper)))
+    return cache, a100_path
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_an_impossible_cache_entry_is_ignored_reported_and_rewritten(clean, tmp_path, case) -> None:
+    where, clean_plan, entries = clean
+    cache, a100_path = _cache_with_a_tampered_a100(tmp_path, entries, CASES[case])
 
     plan = _plan(tmp_path, cache)
 
@@ -186,13 +193,7 @@ def _plan_verified(tmp_path: Path, cache: Path) -> dict:
 
 def test_a_plausible_forgery_is_trusted_unless_verified_then_refused_with_both_figures(clean, tmp_path) -> None:
     _, clean_plan, entries = clean
-    (tmp_path / "two.yaml").write_text(TWO_TYPES)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    for entry in entries.values():
-        (cache / f"{entry['key']}.json").write_text(json.dumps(entry))
-    a100_path = cache / f"{entries['A100-SXM4-80GB']['key']}.json"
-    a100_path.write_text(json.dumps(_tamper_a100(entries, _five_times_larger_and_slower)))
+    cache, a100_path = _cache_with_a_tampered_a100(tmp_path, entries, _five_times_larger_and_slower)
 
     trusted = _plan(tmp_path, cache)  # what the cache's own checks cannot see
     assert _caps(trusted)["A100-SXM4-80GB"] < _caps(clean_plan)["A100-SXM4-80GB"] / 3
