@@ -82,9 +82,12 @@ def test_simulate_speed_with_the_wrong_number_of_ranks_is_one_line_and_exit_2(tm
 
 @pytest.mark.parametrize("kind", ["hang", "kill"])
 def test_a_rank_that_hangs_or_is_killed_mid_run_ends_the_job_within_60_s_naming_it(tmp_path, kind):
-    """A hung rank (SIGSTOP): the two others stop after the 15 s collective timeout, each with one line naming
-    rank 2, and torchrun then ends the job. A killed rank (SIGKILL): torchrun sees it and stops the others at
-    once (its summary names the rank); either way the job ends far within 60 s, not after 30 minutes."""
+    """A hung rank (SIGSTOP): the survivors stop after the 15 s collective timeout with one line naming rank 2.
+    The first survivor to time out prints its line and exits, and torchrun then stops the job at once, so the
+    other survivor prints its own line only if its timer ran out within torchrun's monitor interval of the first
+    (a race: under load they start the collective apart): one or two lines, never none, each from a different
+    rank. A killed rank (SIGKILL): torchrun sees it and stops the others at once (its summary names the rank);
+    either way the job ends far within 60 s, not after 30 minutes."""
     import os
     import signal
     import time
@@ -124,8 +127,11 @@ def test_a_rank_that_hangs_or_is_killed_mid_run_ends_the_job_within_60_s_naming_
     assert "Traceback" not in errors
     if kind == "hang":
         lines = [x for x in errors.splitlines() if x.startswith("error: rebalance:")]
-        assert len(lines) == 2, errors[-3000:]  # one line from each survivor
+        assert 1 <= len(lines) <= 2, errors[-3000:]  # one line from each survivor that timed out before torchrun
         assert all("rank 2 stopped answering" in x for x in lines), lines
+        reporters = [re.search(r"failed on rank (\d+)", x) for x in lines]
+        assert all(reporters), lines
+        assert len({m.group(1) for m in reporters}) == len(lines) and "2" not in {m.group(1) for m in reporters}
     else:
         assert "rank: 2" in launcher_err  # torchrun's summary names the rank it saw die
 
