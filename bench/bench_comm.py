@@ -31,7 +31,9 @@ between rounds). The probe's medians are fitted to ``T(s) = alpha + (2(n-1)/n)·
 
 Prediction: the measured compute plus the model's exposed sync (``exposed_sync_s``: DDP's buckets, the ring
 over the probe-fitted link, overlap with the measured backward; gloo reduces on the cores, so the overlap
-efficiency is the share of the backward its cores are idle). Errors: step ``pred/meas - 1``; sync
+efficiency is the share of the backward its cores are idle). The link is one fit per world size, through each
+probe size's median over all that world size's cases: a plan has one measured link per cluster, not one per
+model (``max_sync_error_own_probe``: the same over the fit of each case's own interleaved probes). Errors: step ``pred/meas - 1``; sync
 ``(pred - meas exposed)``, relative to the measured exposed time. An exposed time within twice the standard
 error of its median (1.2533·1.4826·MAD/√n; over rounds the larger of that and the rounds' spread) is noise: its
 error is printed with ``*`` and left out of ``max_sync_error`` (it is in ``max_sync_error_with_noise``).
@@ -330,28 +332,42 @@ def _median_of_rounds(measured: list[dict]) -> dict:
     return out
 
 
-def _row(case: Case, world: int, m: dict) -> dict:
-    """One case's measured and predicted figures and errors."""
-    fit = fit_link(PROBE_SIZES, m["probe_s"], world)
-    link = LinkCost(name="loopback", bus_bytes_per_s=fit.bus_bytes_per_s,
-                    step_latency_s=fit.alpha_s / (2 * (world - 1)), source="measured (gloo probe)")
-    print(f"  {case.name}: probe fit alpha {fit.alpha_s * 1e6:.0f} us, busbw {fit.bus_bytes_per_s / 1e9:.2f} "
+def _link(name: str, world: int, probe_s: list[float]) -> LinkCost:
+    """The loopback link fitted to probe medians at ``PROBE_SIZES`` (logged to stderr)."""
+    fit = fit_link(PROBE_SIZES, probe_s, world)
+    print(f"  {name}: probe fit alpha {fit.alpha_s * 1e6:.0f} us, busbw {fit.bus_bytes_per_s / 1e9:.2f} "
           f"GB/s, rms error {fit.rms_relative_error:.1%}; medians " + ", ".join(
-              f"{s / 2**20:g} MiB {t * 1e3:.2f} ms" for s, t in zip(PROBE_SIZES, m["probe_s"], strict=True)),
+              f"{s / 2**20:g} MiB {t * 1e3:.2f} ms" for s, t in zip(PROBE_SIZES, probe_s, strict=True)),
           file=sys.stderr)
+    return LinkCost(name="loopback", bus_bytes_per_s=fit.bus_bytes_per_s,
+                    step_latency_s=fit.alpha_s / (2 * (world - 1)), source="measured (gloo probe)")
+
+
+def _pooled_probe_s(measured: list[dict]) -> list[float]:
+    """Each probe size's median over every case of one world size: the one link figure a plan has (the
+    NodeProbe actors measure a cluster once, not once per model)."""
+    return [statistics.median(m["probe_s"][j] for m in measured) for j in range(len(PROBE_SIZES))]
+
+
+def _row(case: Case, world: int, m: dict, link: LinkCost) -> dict:
+    """One case's measured and predicted figures and errors, over ``link`` (the world size's pooled probe fit);
+    ``sync_error_own_probe`` is the sync error over the fit of this case's own interleaved probes."""
     ring = RingCost(num_ranks=world, num_nodes=1, intra=link, network=None, base_latency_s=0.0)
     alone_pred = sum(ring.allreduce_s(b.size_bytes) for b in ddp_buckets(_grad_sizes(case)))
     exposed_meas = max(0.0, m["step_s"] - m["compute_s"])
     exposed_pred = _predict(case, link, m)
+    own_pred = _predict(case, _link(f"{case.name} (own probes)", world, m["probe_s"]), m)
     step_pred = m["compute_s"] + exposed_pred
     # an exposed time within twice the standard error of its median is noise: its relative error says nothing
     above_noise = exposed_meas > 2 * m["exposed_noise_s"]
     return {"case": case.name, "world": world, "grad_mb": case.grad_bytes / 1e6, **m,
-            "alpha_s": fit.alpha_s, "busbw_gb_s": fit.bus_bytes_per_s / 1e9,
+            "alpha_s": link.step_latency_s * 2 * (world - 1), "busbw_gb_s": link.bus_bytes_per_s / 1e9,
             "buckets_alone_predicted_s": alone_pred, "buckets_alone_error": alone_pred / m["buckets_alone_s"] - 1,
             "exposed_measured_s": exposed_meas, "exposed_predicted_s": exposed_pred,
             "step_predicted_s": step_pred, "step_error": step_pred / m["step_s"] - 1,
             "sync_error": (exposed_pred - exposed_meas) / exposed_meas if exposed_meas > 0 else None,
+            "exposed_predicted_own_probe_s": own_pred,
+            "sync_error_own_probe": (own_pred - exposed_meas) / exposed_meas if exposed_meas > 0 else None,
             "sync_above_noise": above_noise, "sync_share": exposed_meas / m["step_s"]}
 
 
@@ -372,6 +388,23 @@ def _print_rows(rows: list[dict]) -> None:
           "the probe fit's Σ T(s_k); ddp: the synchronised step with a comm hook that sends nothing, less the compute)")
 
 
+def _measure_rounds(cases: list[Case], num_rounds: int, repeats: int) -> tuple[list[float], dict[str, list[dict]]]:
+    """Every world size's cases measured ``num_rounds`` times, one world size after another; the 1-minute load
+    average before and after each world size."""
+    loads = [os.getloadavg()[0]]
+    rounds: dict[str, list[dict]] = {c.name: [] for c in cases}
+    for index in range(num_rounds):
+        for world in sorted({c.world for c in cases}):
+            mine = [c for c in cases if c.world == world]
+            print(f"round {index + 1}/{num_rounds}, world {world}: probing and running {len(mine)} case(s) ...",
+                  file=sys.stderr, flush=True)
+            measured = _measure(world, mine, repeats)
+            loads.append(os.getloadavg()[0])
+            for case in mine:
+                rounds[case.name].append(measured["cases"][case.name])
+    return loads, rounds
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
@@ -379,20 +412,23 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every world size this many times, one after another; each figure is the "
                              "median of the rounds' medians (the load moves between rounds)")
+    parser.add_argument("--replay", type=Path, metavar="RAW_JSON",
+                        help="measure nothing: analyse the per-round figures an earlier run wrote to "
+                             "bench/results/comm_raw.json")
     args = parser.parse_args()
     cases = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
-    loads = [os.getloadavg()[0]]
-    rounds: dict[str, list[dict]] = {c.name: [] for c in cases}
-    for index in range(args.rounds):
-        for world in sorted({c.world for c in cases}):
-            mine = [c for c in cases if c.world == world]
-            print(f"round {index + 1}/{args.rounds}, world {world}: probing and running {len(mine)} case(s) ...",
-                  file=sys.stderr, flush=True)
-            measured = _measure(world, mine, args.repeats)
-            loads.append(os.getloadavg()[0])
-            for case in mine:
-                rounds[case.name].append(measured["cases"][case.name])
-    rows = [_row(case, case.world, _median_of_rounds(rounds[case.name])) for case in cases]
+    raw_path = REPO / "bench" / "results" / "comm_raw.json"
+    if args.replay:
+        raw = json.loads(args.replay.read_text())
+        loads, rounds = raw["load_average_1min"], {c.name: raw["rounds"][c.name] for c in cases}
+    else:
+        loads, rounds = _measure_rounds(cases, args.rounds, args.repeats)
+        raw_path.write_text(json.dumps({"load_average_1min": loads, "rounds": rounds}))
+    medians = {case.name: _median_of_rounds(rounds[case.name]) for case in cases}
+    links = {world: _link(f"world {world} (pooled over its cases)", world,
+                          _pooled_probe_s([medians[c.name] for c in cases if c.world == world]))
+             for world in sorted({c.world for c in cases})}
+    rows = [_row(case, case.world, medians[case.name], links[case.world]) for case in cases]
     _print_rows(rows)
     published = _pytorch_ddp_benchmark()
     print(f"pytorch DDP benchmark (ResNet-50 bs 32, 16x V100, 4x100 Gb IB): {published['gradient_bytes'] / 1e6:.1f} MB "
@@ -404,10 +440,13 @@ def main() -> int:
     shares = [r["sync_share"] for r in rows]
     counted = [abs(r["sync_error"]) for r in rows if r["sync_error"] is not None and r["sync_above_noise"]]
     every = [abs(r["sync_error"]) for r in rows if r["sync_error"] is not None]
+    own = [abs(r["sync_error_own_probe"]) for r in rows if r["sync_error_own_probe"] is not None
+           and r["sync_above_noise"]]
     print(f"comm: cases={len(rows)} max_step_error={max(abs(r['step_error']) for r in rows):.1%} "
           f"max_sync_error={max(counted, default=0.0):.1%} sync_share={min(shares):.0%}-{max(shares):.0%} "
           f"sync_cases={len(counted)} max_sync_error_with_noise={max(every, default=0.0):.1%} "
           f"max_alone_error={max(abs(r['buckets_alone_error']) for r in rows):.1%} "
+          f"max_sync_error_own_probe={max(own, default=0.0):.1%} "
           f"load={min(loads):.1f}-{max(loads):.1f}")
     out = REPO / "bench" / "results" / "comm.json"
     out.write_text(json.dumps({"cases": rows, "pytorch_ddp_benchmark": published, "load_average_1min": loads},

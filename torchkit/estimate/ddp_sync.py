@@ -209,7 +209,10 @@ def sync_timeline(buckets: Sequence[Bucket], ring: RingCost, *, backward_start_s
         work = ring.allreduce_s(bucket.size_bytes)
         total += work
         during = overlap_efficiency * max(0.0, backward_end - start)
-        end = start + work / overlap_efficiency if during >= work else max(start, backward_end) + work - during
+        if overlap_efficiency > 0 and during >= work:  # done while the backward runs, at e of its speed
+            end = start + work / overlap_efficiency
+        else:
+            end = max(start, backward_end) + work - during
         starts.append(start)
         ends.append(end)
     exposed = max(0.0, (ends[-1] if ends else backward_end) - backward_end)

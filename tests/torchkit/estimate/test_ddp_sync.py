@@ -190,6 +190,11 @@ def test_buckets_wait_for_the_communication_stream():
     half = sync_timeline(buckets, slow, backward_start_s=1.0, backward_s=2.0, overlap_efficiency=0.5)
     # bucket 1 starts at 2.0, does 0.5 s of work by 3.0 and the rest by 3.5; bucket 2 then runs alone
     assert half.bucket_end_s == pytest.approx((3.5, 4.5)) and half.exposed_s == pytest.approx(1.5)
+    # a free all-reduce (a zero-latency ring's empty bucket) with no overlap ends where it starts
+    free = RingCost(num_ranks=2, num_nodes=1, intra=LinkCost(name="x", bus_bytes_per_s=1.0, step_latency_s=0.0),
+                    network=None, base_latency_s=0.0)
+    empty = (Bucket(param_indices=(0,), size_bytes=0, ready_share=0.5),)
+    assert sync_timeline(empty, free, backward_start_s=1.0, backward_s=2.0, overlap_efficiency=0.0).exposed_s == 0.0
 
 
 @pytest.mark.parametrize(("alpha_us", "bus_gb_s", "n"), [(50.0, 1.0, 2), (300.0, 0.11, 4), (12.0, 24.0, 8)])
