@@ -185,7 +185,12 @@ def measured_section(
 
 
 def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
-    """The plan with the batches that ran last, their loss weights and measured step times, and ``measured``."""
+    """The plan with the batches that ran last, their loss weights and measured step times, and ``measured``.
+
+    Its step time is, as in every plan, the slowest rank's compute plus the exposed synchronisation per
+    optimizer step shared over its micro-steps (``planner.allocate.allocation``): the exposed time the run
+    measured (``measured.sync``) where it measured one, else the plan's own ``predicted_comm_time_s``;
+    ``predicted_comm_time_s`` becomes that figure."""
     batches = [int(b) for b in section["batches_last"]]
     weights = loss_weights(batches)
     fits = [time_fit_from_json(r["time_fit"]) for r in section["ranks"]]
@@ -196,13 +201,16 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
                             idle_fraction=idle[i])
         for i, entry in enumerate(plan.ranks)
     )
-    step_time = max(times)
+    sync_s, sync_from = _exposed_sync_s(plan, section)
+    step_time = max(times) + sync_s / plan.accumulate
     if section["switches"]:
         what = f"re-balanced in the running job: batches {section['batches_first']} -> {batches}"
     else:
         what = f"the running job kept the planned batches {batches}"
     idle = section["max_idle_last"]
     what += f" from measured compute times (max idle {'n/a' if idle is None else format(idle, '.1%')}; see 'measured')"
+    if sync_from:
+        what += f"; exposed synchronisation {sync_s * 1e3:.1f} ms per optimizer step, {sync_from}"
     if section.get("simulated"):
         what += f"; {section['simulated']}"
     updated = plan.replace(
@@ -210,5 +218,20 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
         predicted_step_time_s=step_time, throughput_samples_per_s=sum(batches) / step_time if step_time > 0 else 0.0,
         warnings=(*plan.warnings, what),
     ).with_extra(measured=dict(section))
+    if "predicted_comm_time_s" in plan.extra:
+        updated = updated.with_extra(predicted_comm_time_s=sync_s)
     check_identities(updated, where="re-balanced plan")
     return updated
+
+
+def _exposed_sync_s(plan: Plan, section: Mapping[str, Any]) -> tuple[float, str]:
+    """(exposed synchronisation per optimizer step, where it comes from; "" for none: a plan without a
+    synchronisation model, which predicts none)."""
+    sync = section.get("sync") or {}
+    measured = sync.get("measured_exposed_s") if sync.get("ring_shape") is not None else None
+    if isinstance(measured, (int, float)) and measured >= 0:
+        return float(measured), "as the run measured it"
+    predicted = plan.extra.get("predicted_comm_time_s")
+    if isinstance(predicted, (int, float)) and predicted > 0:
+        return float(predicted), "the plan's prediction (the run measured none)"
+    return 0.0, ""

@@ -47,7 +47,13 @@ def test_a_simulated_run_does_not_poison_the_next_plan(tmp_path):
     ranks = [line for line in trained.stderr.splitlines() if line.startswith("[rank")]
     assert trained.returncode == 0, "\n".join(ranks[-60:]) + "\n" + trained.stdout[-2000:] + trained.stderr[-2000:]
     assert "samples_once=true" in trained.stdout
-    measured = json.loads((tmp_path / "trained.json").read_text())["measured"]
+    trained_plan = json.loads((tmp_path / "trained.json").read_text())
+    measured = trained_plan["measured"]
+    # the trained plan's step is still compute plus synchronisation: the plan's own, since nothing was measured
+    assert trained_plan["predicted_comm_time_s"] == estimated["predicted_comm_time_s"] > 0
+    assert trained_plan["predicted_step_time_s"] == pytest.approx(
+        max(r["predicted_step_time_s"] for r in trained_plan["ranks"])
+        + trained_plan["predicted_comm_time_s"] / trained_plan["accumulate"])
     assert measured["simulated"].startswith("simulated speeds [1.0, 2.0, 4.0]")
     assert measured["batches_last"] != [r["batch"] for r in estimated["ranks"]]  # it did re-balance
     assert sorted(p.name for p in cache.rglob("*.json")) == cached  # and filed nothing
@@ -86,9 +92,16 @@ def test_a_real_runs_measured_sync_prices_the_next_plans_comm_and_says_so(tmp_pa
                              env=child_env(PYTHONPATH=str(REPO)))
     ranks = [line for line in trained.stderr.splitlines() if line.startswith("[rank")]
     assert trained.returncode == 0, "\n".join(ranks[-60:]) + "\n" + trained.stdout[-2000:] + trained.stderr[-2000:]
-    sync = json.loads((tmp_path / "trained.json").read_text())["measured"]["sync"]
+    trained_plan = json.loads((tmp_path / "trained.json").read_text())
+    sync = trained_plan["measured"]["sync"]
     assert sync["ring_shape"] == estimated["comm"]["ring_shape"], sync
     assert sync["measured_exposed_s"] > 0 and sync["slowdown"] != 1.0 and sync["link"].startswith("software torch")
+    # the trained plan's step: the measured compute plus the exposed synchronisation the run measured
+    assert trained_plan["predicted_comm_time_s"] == sync["measured_exposed_s"]
+    assert trained_plan["predicted_step_time_s"] == pytest.approx(
+        max(r["predicted_step_time_s"] for r in trained_plan["ranks"])
+        + sync["measured_exposed_s"] / trained_plan["accumulate"])
+    assert any("as the run measured it" in w for w in trained_plan["warnings"])
     assert list((cache / "sync").glob("*.json"))
 
     second = run_cli("plan", "--cluster", config, *PLAN_ARGS, "--cache-dir", cache, "-o", "plan2.json", cwd=tmp_path)
