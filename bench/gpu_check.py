@@ -91,7 +91,12 @@ def main() -> int:
                                   fraction=0.6, fit=rule)
             picks[rule] = choice.batch
         print("picks at 60% of available: " + ", ".join(f"{k} {v}" for k, v in picks.items()))
-        results.append({"workload": workload_name, "rows": rows, "oom_batch": measured.oom_batch, "picks": picks})
+        est_share = dict(estimated.backward_shares)
+        shares = [(b, s, est_share.get(b)) for b, s in measured.backward_shares]
+        print("backward share of forward + backward (DDP's overlap), measured vs estimated: " + ", ".join(
+            f"batch {b} {s:.2f}" + ("" if e is None else f" vs {e:.2f}") for b, s, e in shares))
+        results.append({"workload": workload_name, "rows": rows, "oom_batch": measured.oom_batch, "picks": picks,
+                        "backward_shares": [{"batch": b, "measured": s, "estimated": e} for b, s, e in shares]})
     out = REPO / "bench" / "results" / "gpu_check.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"gpu": name, "catalog": gpu.name, "amp": amp, "results": results}, indent=2))

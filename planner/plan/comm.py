@@ -75,13 +75,18 @@ class SyncInputs:
 
 def backward_share_of(profiles: Sequence[DeviceProfile]) -> tuple[float, str]:
     """(backward share, its source) for a plan over ranks with these profiles: the median of the shares the
-    profiles know (the estimator's, per GPU type), else ``DEFAULT_BACKWARD_SHARE`` as assumed."""
-    known = sorted({(p.gpu, p.backward_share) for p in profiles if p.backward_share is not None})
+    profiles know (per GPU type: the estimator's, or timed on the GPU by a measured profile), else
+    ``DEFAULT_BACKWARD_SHARE`` as assumed."""
+    known = sorted({(p.gpu, p.backward_share, p.method) for p in profiles if p.backward_share is not None})
     if not known:
         return DEFAULT_BACKWARD_SHARE, ASSUMED_BACKWARD_SHARE_SOURCE
-    share = float(np.median([s for _, s in known]))
-    listed = ", ".join(f"{gpu} {s:.2f}" for gpu, s in known)
-    return share, f"estimated: the backward pass's kernels' share of the forward + backward roofline time ({listed})"
+    share = float(np.median([s for _, s, _ in known]))
+    listed = ", ".join(f"{gpu} {s:.2f}" for gpu, s, _ in known)
+    measured = sorted({gpu for gpu, _, method in known if method == "measure"})
+    if not measured:
+        return share, f"estimated: the backward pass's kernels' share of the forward + backward roofline time ({listed})"
+    how = "measured" if len(measured) == len({gpu for gpu, _, _ in known}) else "measured and estimated"
+    return share, f"{how}: the backward pass's share of forward + backward, timed on {', '.join(measured)} ({listed})"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,7 +63,8 @@ class DeviceProfile:
     estimate, ``measured`` for a measurement"""
     backward_share: float | None = None
     """share of a step's forward + backward time that is backward, where the method tells the passes apart
-    (the estimator prices each pass's kernels: ``torchkit.estimate.estimator.backward_share``); None: not known"""
+    (the estimator prices each pass's kernels: ``torchkit.estimate.estimator.backward_share``; a measurement
+    times them: ``torchkit.step.measure.PhaseTimer``); None: not known"""
 
     def __post_init__(self) -> None:
         if self.backward_share is not None and not 0.0 < self.backward_share < 1.0:

@@ -187,5 +187,7 @@ def make_profile(
             oom_batch=curve.oom_batch,
             notes=notes,
             time_model="measured",
+            # the overlap of DDP's all-reduces with the backward pass, timed: the probes' median
+            backward_share=statistics.median(s for _, s in curve.backward_shares) if curve.backward_shares else None,
         )
     raise AssertionError(f"resolve_method gave {resolved.method!r}")  # our own invariant: estimate or measure

@@ -3,7 +3,9 @@
 The step is the estimator's (``torchkit.step.train_step``: forward under autocast, backward, optimizer step,
 the same optimizer settings), so measured and estimated curves describe the same work. Per probe batch:
 peak *reserved* memory of the caching allocator (what the device must hold) plus the CUDA context the
-allocator does not see, and the median of synchronised step times after a warm-up step. Probing doubles the
+allocator does not see, the median of synchronised step times after a warm-up step, and the median backward
+share of those steps (``PhaseTimer``: the backward pass's share of forward + backward, which DDP's all-reduces
+overlap; ``planner.plan.comm``). Probing doubles the
 batch and stops at the first out-of-memory error (it becomes the profile's ``oom_batch``), or once a step
 needs more than ``stop_fraction`` of the device.
 
@@ -18,8 +20,10 @@ import gc
 import logging
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from torchkit.step.train_step import StepHooks
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,50 @@ class MeasuredCurve:
     """first batch that ran out of memory; None if probing stopped before"""
     allocated_points: tuple[tuple[int, int], ...] = ()
     """(batch, peak allocated bytes): for calibrating the estimator's fragmentation factor"""
+    backward_shares: tuple[tuple[int, float], ...] = ()
+    """(batch, median backward share of the timed steps): ``PhaseTimer.backward_share``"""
+
+
+class PhaseTimer(StepHooks):
+    """Marks each training step's forward start, backward start and backward end (``train_step``'s hooks):
+    CUDA events on a CUDA device (recorded on its current stream, read once the caller has synchronised),
+    ``time.perf_counter`` otherwise. ``backward_shares()`` gives each step's backward / (forward + backward),
+    the loss in the forward; the optimizer step and zeroing the gradients are outside both."""
+
+    def __init__(self, device_type: str, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._cuda = device_type == "cuda"
+        self._clock = clock
+        self._steps: list[list] = []
+
+    def _mark(self):
+        if not self._cuda:
+            return self._clock()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def forward(self) -> None:
+        self._steps.append([self._mark()])
+
+    def backward(self) -> None:
+        self._steps[-1].append(self._mark())
+
+    def after_backward(self, params: list) -> None:
+        self._steps[-1].append(self._mark())
+
+    def backward_shares(self) -> list[float]:
+        """backward / (forward + backward) of every step marked so far (call after synchronising the device)."""
+        shares = []
+        for start, mid, end in (marks for marks in self._steps if len(marks) == 3):
+            if self._cuda:
+                forward_s, backward_s = start.elapsed_time(mid), mid.elapsed_time(end)
+            else:
+                forward_s, backward_s = mid - start, end - mid
+            if forward_s > 0 and backward_s > 0:
+                shares.append(backward_s / (forward_s + backward_s))
+        return shares
 
 
 def _probe_batches(start: Sequence[int]) -> list[int]:
@@ -83,6 +131,7 @@ def measure_curve(
     memory: list[tuple[int, int]] = []
     allocated: list[tuple[int, int]] = []
     times: list[tuple[int, float]] = []
+    shares: list[tuple[int, float]] = []
     oom_batch = None
     try:
         for batch in _probe_batches(start_batches):
@@ -90,7 +139,7 @@ def measure_curve(
             inputs = to_device(inputs, device)
             targets = to_device(targets, device)
             try:
-                peak_reserved, peak_allocated, samples = _measure_batch(
+                peak_reserved, peak_allocated, samples, batch_shares = _measure_batch(
                     model, opt, inputs, targets, workload.loss_fn, amp=amp, device=device, repeats=repeats
                 )
             except Exception as exc:
@@ -107,6 +156,8 @@ def measure_curve(
             memory.append((batch, int(peak_reserved) + context_bytes))
             allocated.append((batch, int(peak_allocated)))
             times.append((batch, statistics.median(samples)))
+            if batch_shares:
+                shares.append((batch, statistics.median(batch_shares)))
             if peak_reserved > stop_fraction * total:
                 break
     finally:
@@ -116,12 +167,15 @@ def measure_curve(
     if not memory:
         raise RuntimeError(f"not even batch {start_batches[0]} fits on {device}: free memory or use a smaller input")
     return MeasuredCurve(
-        memory_points=tuple(memory), time_points=tuple(times), oom_batch=oom_batch, allocated_points=tuple(allocated)
+        memory_points=tuple(memory), time_points=tuple(times), oom_batch=oom_batch, allocated_points=tuple(allocated),
+        backward_shares=tuple(shares),
     )
 
 
-def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, repeats: int) -> tuple[int, int, list[float]]:
-    """Peak reserved and allocated bytes of two training iterations, then ``repeats`` timed iterations."""
+def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, repeats: int
+                   ) -> tuple[int, int, list[float], list[float]]:
+    """Peak reserved and allocated bytes of two training iterations, then ``repeats`` timed iterations: their
+    seconds and backward shares (``PhaseTimer``; its events cost microseconds of a step's milliseconds)."""
     import torch
 
     from torchkit.step.train_step import run_training_iterations
@@ -134,9 +188,11 @@ def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, re
     peak_reserved = torch.cuda.max_memory_reserved(device)
     peak_allocated = torch.cuda.max_memory_allocated(device)
     samples = []
+    phases = PhaseTimer("cuda")
     for _ in range(repeats):
         start = time.perf_counter()
-        run_training_iterations(model, opt, inputs, targets, loss_fn, amp=amp, num_iterations=1, device_type="cuda")
+        run_training_iterations(model, opt, inputs, targets, loss_fn, amp=amp, hooks=phases, num_iterations=1,
+                                device_type="cuda")
         torch.cuda.synchronize(device)
         samples.append(time.perf_counter() - start)
-    return peak_reserved, peak_allocated, samples
+    return peak_reserved, peak_allocated, samples, phases.backward_shares()

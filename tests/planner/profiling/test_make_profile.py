@@ -119,3 +119,17 @@ def test_an_estimate_carries_the_backward_share_of_its_passes_and_the_plan_overl
     assert backward_share_of([unknown]) == (DEFAULT_BACKWARD_SHARE, "assumed: backward ≈ 2× forward FLOPs")
     with pytest.raises(ConfigError, match="backward_share"):
         DeviceProfile.from_json({**profile.to_json(), "backward_share": 1.5})
+
+
+def test_a_measured_profiles_backward_share_is_named_measured_in_the_plan(catalog, cache) -> None:
+    from planner.plan.comm import backward_share_of
+    from planner.profiles.profile import DeviceProfile
+
+    estimated = make_profile(JobSpec(**TINY), catalog.get("T4"), estimates_cache=cache)
+    measured = DeviceProfile.from_json({**estimated.to_json(), "gpu": "A100-SXM4-80GB", "method": "measure",
+                                        "backward_share": 0.7, "time_model": "measured"})
+    share, source = backward_share_of([measured])
+    assert share == 0.7 and source.startswith("measured: the backward pass's share") and "timed on A100" in source
+    share, source = backward_share_of([measured, estimated])
+    assert share == pytest.approx((0.7 + estimated.backward_share) / 2)
+    assert source.startswith("measured and estimated:") and "T4 " in source and "A100-SXM4-80GB 0.70" in source
