@@ -35,8 +35,12 @@ from torchkit.units import MIB
 # --- CPU kernel workspace ------------------------------------------------------------------------------
 CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD = 4
 """oneDNN's GEMM-based backward-weights convolution (taken on AVX2 when the output is narrower than the
-kernel: 3x3 on <= 2x2 outputs, ViT's 16x16/16 patch embedding) holds 4 weight-sized buffers per thread.
-Measured on AVX2: 8.0x the weight bytes with 2 threads, 4.0x with 1 (cpu_truth profiles, torch 2.13).
+kernel: 3x3 on <= 2x2 outputs, ViT's 16x16/16 patch embedding) holds, per thread that gets an image, 4
+weight-sized buffers and one image's im2col columns (C·kh·kw·ho·wo elements); never less than the input's
+gradient. Measured on AVX2 (AMD EPYC, torch 2.13, 1 and 2 threads, profiler peaks) to within 256 bytes per
+thread at (4..1024, 64, 2, 2) and (4/64, 512, 2, 2) with 3x3 kernels, (16/256, 128, 1, 1) with 3x3 and ViT's
+patch embedding at batch 1 and 8; from batch 1024 (64 channels) the input's gradient is the peak. Known miss:
+the patch embedding at batch 32 peaks at x + y - w (another kernel), 44-47% above this rule.
 On AVX-512 oneDNN's JIT kernel takes these shapes too and needs only the general ``max(x + y, w)``:
 measured on an AMD EPYC (AVX-512, torch 2.13 / oneDNN 3.12, 1 and 2 threads) at (4, 512, 2, 2),
 (64, 64, 2, 2), (256, 64, 2, 2) and (16, 128, 1, 1) inputs with 3x3 kernels, to the byte."""
@@ -157,8 +161,10 @@ def _cpu_conv_backward_bytes(args: tuple) -> int:
     gx, gy, gw = _nbytes(x), _nbytes(grad_out), _nbytes(w)
     needs_input_grad = bool(output_mask[0])
     if grad_out.dim() >= 3 and grad_out.shape[-1] < w.shape[-1] and _cpu_narrow_backward_uses_gemm():
-        threads = torch.get_num_threads()
-        return CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * threads * gw + max(gx, gy) // 2
+        threads = min(torch.get_num_threads(), int(x.shape[0]))  # one image per thread at a time
+        columns = int(w.shape[1]) * math.prod(int(k) for k in w.shape[2:]) * math.prod(
+            int(o) for o in grad_out.shape[2:]) * x.element_size()  # one image's im2col (w.shape[1]: C/groups)
+        return max(threads * (CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * gw + columns), gx)
     if not needs_input_grad:
         return max(gy, gw)
     if any(int(s) > 1 for s in stride):

@@ -67,7 +67,9 @@ def test_cpu_narrow_output_convolution_backward_rule_follows_the_isa(monkeypatch
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: isa)
     ws, x, y, w = _conv_backward_workspace((4, 512, 2, 2), (512, 512, 3, 3), 1, 1)
     if gemm:
-        assert ws == CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * torch.get_num_threads() * w + max(x, y) // 2
+        threads = min(torch.get_num_threads(), 4)
+        columns = 512 * 3 * 3 * 2 * 2 * 4  # one image's im2col
+        assert ws == threads * (CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * w + columns)
     else:
         assert ws == max(x + y, w) == w
 
@@ -92,9 +94,14 @@ def _real_conv_backward_scratch_bytes(x_shape: tuple, w_shape: tuple) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("x_shape", [(4, 64, 2, 2), (256, 64, 2, 2)])
+@pytest.mark.parametrize("x_shape", [(1, 64, 2, 2), (4, 64, 2, 2), (256, 64, 2, 2), (2048, 64, 2, 2)])
 def test_cpu_narrow_output_convolution_backward_rule_matches_this_machine(x_shape) -> None:
-    # the rule chosen for this machine's ISA against the real kernel's scratch (2x2 outputs, 3x3 kernel)
+    # the rule chosen for this machine's ISA against the real kernel's scratch (2x2 outputs, 3x3 kernel);
+    # batches 1 and 2048 (one thread busy; the input's gradient as the peak) were measured on AVX2 only
+    from torchkit.estimate.overhead import _cpu_narrow_backward_uses_gemm
+
+    if x_shape[0] in (1, 2048) and not _cpu_narrow_backward_uses_gemm():
+        pytest.skip("batches 1 and 2048 of this rule were measured on AVX2's GEMM path only")
     w_shape = (64, 64, 3, 3)
     ws, _, _, _ = _conv_backward_workspace(x_shape, w_shape, 1, 1)
     assert ws == pytest.approx(_real_conv_backward_scratch_bytes(x_shape, w_shape), rel=0.02)
