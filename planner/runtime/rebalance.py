@@ -99,6 +99,7 @@ from planner.runtime.rebalance_report import RebalanceReport, Switch, build_repo
 from planner.runtime.sampler import PlannedBatchSampler
 from planner.runtime.simulate import SimulatedSpeed
 from planner.runtime.weights import loss_weight as split_loss_weight
+from torchkit.step.clock import DeviceClock
 from torchkit.step.fit import AffineTimeFit
 
 if TYPE_CHECKING:
@@ -139,27 +140,6 @@ def limits_from_plan(plan: Plan) -> tuple[tuple[RankLimits, ...], int, int]:
             bytes_per_sample=float(memory_fit.bytes_per_sample) if memory_fit.kind == "affine" else None,
         ))
     return tuple(limits), plan.job.multiple_of, plan.job.min_batch
-
-
-class _Clock:
-    """Marks and elapsed seconds: CUDA events on ``device``'s current stream, else ``perf_counter``."""
-
-    def __init__(self, device: torch.device | None) -> None:
-        self.cuda = device is not None and device.type == "cuda"
-        self.device = device
-
-    def mark(self) -> Any:
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(torch.cuda.current_stream(self.device))
-            return event
-        return time.perf_counter()
-
-    def elapsed_s(self, start: Any, end: Any) -> float:
-        if self.cuda:
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return end - start
 
 
 @dataclasses.dataclass
@@ -213,7 +193,7 @@ class Rebalancer:
         self.device = device
         self.collective_timeout_s = float(collective_timeout_s)
         self._decide = decide_fn
-        self._clock = _Clock(device)
+        self._clock = DeviceClock(device)
         self.rank = sampler.rank
         self.world_size = sampler.world_size
         self.plan: Plan | None = None

@@ -22,7 +22,9 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from torchkit.step.clock import DeviceClock
 from torchkit.step.train_step import StepHooks
 
 log = logging.getLogger(__name__)
@@ -45,46 +47,33 @@ class MeasuredCurve:
     allocated_points: tuple[tuple[int, int], ...] = ()
     """(batch, peak allocated bytes): for calibrating the estimator's fragmentation factor"""
     backward_shares: tuple[tuple[int, float], ...] = ()
-    """(batch, median backward share of the timed steps): ``PhaseTimer.backward_share``"""
+    """(batch, median backward share of the timed steps): ``PhaseTimer.backward_shares``"""
 
 
 class PhaseTimer(StepHooks):
-    """Marks each training step's forward start, backward start and backward end (``train_step``'s hooks):
-    CUDA events on a CUDA device (recorded on its current stream, read once the caller has synchronised),
-    ``time.perf_counter`` otherwise. ``backward_shares()`` gives each step's backward / (forward + backward),
-    the loss in the forward; the optimizer step and zeroing the gradients are outside both."""
+    """Marks each training step's forward start, backward start and backward end (``train_step``'s hooks) on
+    ``device``'s clock (``torchkit.step.clock.DeviceClock``: CUDA events on a CUDA device, else ``clock``).
+    ``backward_shares()`` gives each step's backward / (forward + backward), the loss in the forward; the
+    optimizer step and zeroing the gradients are outside both."""
 
-    def __init__(self, device_type: str, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._cuda = device_type == "cuda"
-        self._clock = clock
+    def __init__(self, device: Any = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = DeviceClock(device, clock)
         self._steps: list[list] = []
 
-    def _mark(self):
-        if not self._cuda:
-            return self._clock()
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
     def forward(self) -> None:
-        self._steps.append([self._mark()])
+        self._steps.append([self._clock.mark()])
 
     def backward(self) -> None:
-        self._steps[-1].append(self._mark())
+        self._steps[-1].append(self._clock.mark())
 
     def after_backward(self, params: list) -> None:
-        self._steps[-1].append(self._mark())
+        self._steps[-1].append(self._clock.mark())
 
     def backward_shares(self) -> list[float]:
-        """backward / (forward + backward) of every step marked so far (call after synchronising the device)."""
+        """backward / (forward + backward) of every step marked to its backward's end."""
         shares = []
         for start, mid, end in (marks for marks in self._steps if len(marks) == 3):
-            if self._cuda:
-                forward_s, backward_s = start.elapsed_time(mid), mid.elapsed_time(end)
-            else:
-                forward_s, backward_s = mid - start, end - mid
+            forward_s, backward_s = self._clock.elapsed_s(start, mid), self._clock.elapsed_s(mid, end)
             if forward_s > 0 and backward_s > 0:
                 shares.append(backward_s / (forward_s + backward_s))
         return shares
@@ -188,7 +177,7 @@ def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, re
     peak_reserved = torch.cuda.max_memory_reserved(device)
     peak_allocated = torch.cuda.max_memory_allocated(device)
     samples = []
-    phases = PhaseTimer("cuda")
+    phases = PhaseTimer(device)
     for _ in range(repeats):
         start = time.perf_counter()
         run_training_iterations(model, opt, inputs, targets, loss_fn, amp=amp, hooks=phases, num_iterations=1,

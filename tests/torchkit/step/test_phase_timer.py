@@ -1,6 +1,6 @@
 """The backward share a measured profile carries: ``torchkit.step.measure.PhaseTimer`` marks each training
 step's forward start, backward start and backward end through ``train_step``'s hooks (CUDA events on a GPU; on
-CPU the clock it is given, here a fake one that the model's own passes advance, so no wall clock is read)."""
+CPU the host clock it is given, here a fake one that the model's own passes advance, so no wall clock is read)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_each_steps_share_is_its_backward_over_forward_plus_backward(forward_s, 
     clock = _Clock()
     model = _ticking_model(clock, forward_s, backward_s)
     optimizer = make_optimizer("sgd", list(model.parameters()))
-    timer = PhaseTimer("cpu", clock=clock)
+    timer = PhaseTimer(torch.device("cpu"), clock=clock)
     run_training_iterations(model, optimizer, torch.randn(3, 4), torch.randn(3, 2),
                             torch.nn.functional.mse_loss, amp="off", hooks=timer, num_iterations=3)
     assert timer.backward_shares() == pytest.approx([backward_s / (forward_s + backward_s)] * 3)
@@ -57,7 +57,7 @@ def test_each_steps_share_is_its_backward_over_forward_plus_backward(forward_s, 
 
 def test_a_step_that_did_not_reach_its_backward_end_or_took_no_time_is_left_out():
     clock = _Clock()
-    timer = PhaseTimer("cpu", clock=clock)
+    timer = PhaseTimer(torch.device("cpu"), clock=clock)
     timer.forward()
     timer.backward()  # a step stopped in its backward (an out-of-memory error)
     assert timer.backward_shares() == []
