@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from planner.cluster import load_cluster
+from planner.codec import encode
 from planner.driver import DriverOptions, plan_with_ray
 from planner.job import JobSpec
 
@@ -49,7 +50,7 @@ def run_one(label: str, config: Path, job: JobSpec) -> dict:
     outcome = plan_with_ray(job, cluster=cluster, options=DriverOptions(cache=None))
     total = time.monotonic() - start
     t = outcome.timings_s
-    plan = outcome.plan.to_json()
+    plan = encode(outcome.plan)
     return {
         "config": label,
         "nodes": len(cluster.nodes),

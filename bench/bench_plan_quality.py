@@ -23,6 +23,7 @@ import numpy as np
 
 from planner.allocate.allocation import allocate
 from planner.cluster import load_cluster, shipped_cluster_configs
+from planner.codec import encode
 from planner.driver import plan_without_ray
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
@@ -59,7 +60,7 @@ def exact_optimum(caps: np.ndarray, t0: np.ndarray, t1: np.ndarray, k: int, glob
 def evaluate(config: Path, model: str, per_rank_global: int | None) -> list[dict]:
     cluster = load_cluster(config)
     base = JobSpec(model=model, multiple_of=8)
-    reference = plan_without_ray(base, cluster).plan.to_json()
+    reference = encode(plan_without_ray(base, cluster).plan)
     ranks = reference["ranks"]
     profiles = reference["profiles"]
     caps = np.array([r["max_batch"] for r in ranks])

@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from planner.codec import encode  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
 from planner.plan.build import build_plan  # noqa: E402
 from planner.plan.io import write_plan  # noqa: E402
@@ -93,7 +94,7 @@ def measure(num_ranks: int, repeat: int, where: Path) -> dict:
     ranks = sorted({int(i * (num_ranks - 1) / max(repeat - 1, 1)) for i in range(repeat)})
     part_s = statistics.median(timed(lambda r=r: load_rank_plan(path, env=rank_env(plan, r))) for r in ranks)
     unindexed = where / f"plan-{num_ranks}-unindexed.json"
-    unindexed.write_text(json.dumps(plan.to_json(), indent=2))
+    unindexed.write_text(json.dumps(encode(plan), indent=2))
     whole_s = timed(lambda: load_rank_plan(unindexed, env=rank_env(plan, ranks[-1])))
     return {"ranks": num_ranks, "file_mb": round(path.stat().st_size / 1e6, 1), "build_s": round(build_s, 2),
             "write_s": round(write_s, 2), "load_rank_plan_s": round(part_s, 3),

@@ -44,6 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from planner.codec import encode  # noqa: E402
 from planner.job import JobSpec  # noqa: E402  (the repository on the path first, for a plain `python bench/...`)
 from planner.plan.build import build_plan  # noqa: E402
 from planner.plan.types import RankSlot  # noqa: E402
@@ -90,7 +91,7 @@ def plan_for(speeds: tuple[float, ...], wrong_by: float | None, sample_s: float)
             time_points=[(8, 8 * slope), (64, 64 * slope)])
         slots.append(RankSlot(node="bench", device_index=rank, gpu=GPUS[rank], profile=key,
                               memory_budget_bytes=FIXED_BYTES + CAP * BYTES_PER_SAMPLE, total_memory_bytes=10**9))
-    return build_plan(job, slots, profiles).to_json()
+    return encode(build_plan(job, slots, profiles))
 
 
 def _model(real: bool):

@@ -28,18 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # make_dataset/make_mo
 
 from train_ddp import IndexedDataset, make_dataset, make_model  # noqa: E402
 
+from planner.codec import encode  # noqa: E402
 from planner.errors import UserError  # noqa: E402
-from planner.plan.io import read_plan  # noqa: E402
+from planner.plan.io import load_plan  # noqa: E402
+from planner.plan.types import Plan  # noqa: E402
 
 
-def plan_rank_for_worker(plan: dict, *, match: str, world_rank: int, hostname: str, local_rank: int) -> int:
+def plan_rank_for_worker(plan: Plan, *, match: str, world_rank: int, hostname: str, local_rank: int) -> int:
     """The plan rank a Ray Train worker plays: its world rank, or the entry of its host and local rank."""
     if match == "rank":
         return world_rank
-    for entry in plan["ranks"]:
-        if entry["node"] == hostname and entry["local_rank"] == local_rank:
-            return entry["rank"]
-    nodes = sorted({e["node"] for e in plan["ranks"]})
+    for entry in plan.ranks:
+        if entry.node == hostname and entry.local_rank == local_rank:
+            return entry.rank
+    nodes = sorted({e.node for e in plan.ranks})
     raise UserError(
         f"no plan entry for host {hostname!r} local rank {local_rank} (plan nodes: {', '.join(nodes)}); "
         "plan this cluster with --address, or use --match rank on one host"
@@ -102,7 +104,7 @@ def train_loop_per_worker(config: dict) -> None:
         epoch += 1
 
 
-def _rebalancer(config: dict, plan: dict, sampler, model, device, world_size: int):
+def _rebalancer(config: dict, plan: Plan, sampler, model, device, world_size: int):
     from planner.runtime import Rebalancer, SimulatedSpeed
     from planner.runtime.simulate import parse_speeds
 
@@ -125,7 +127,7 @@ def _rebalance_results(rebalancer, sampler, taken: list, world_size: int) -> dic
     once = samples_once(sampler, everyone)
     updated, profiles = rebalancer.feedback()
     return {"rebalance_line": rebalancer.report().line(samples_once=once),
-            "rebalance_feedback": json.dumps({"plan": updated, "profiles": {k: p.to_json() for k, p in profiles.items()}})}
+            "rebalance_feedback": json.dumps({"plan": encode(updated), "profiles": encode(profiles)})}
 
 
 def _report_with_results(metrics: dict, results: dict | None) -> None:
@@ -155,7 +157,8 @@ def read_results(result) -> dict:
 
 def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) -> list[Path]:
     """On the driver: the updated plan to ``plan_path``, the measured profiles and synchronisation to the cache."""
-    from planner.plan.io import write_plan
+    from planner.codec import convert
+    from planner.plan.io import validate_plan, write_plan
     from planner.profiles.cache import ProfileCache
     from planner.profiles.measured import measured_key_inputs
     from planner.profiles.profile import DeviceProfile
@@ -163,16 +166,16 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
     from planner.runtime.sync_feedback import file_job_sync
 
     feedback = json.loads(feedback_json)
+    plan = validate_plan(feedback["plan"], where="the workers' re-balanced plan")
+    profiles = convert(dict[str, DeviceProfile], feedback["profiles"], where="the workers' measured profiles")
     cache = ProfileCache(cache_dir)
-    written = [write_plan(feedback["plan"], plan_path)]
-    job = feedback["plan"].get("job") or {}
-    fingerprint = measured_fingerprint(job) if feedback["profiles"] else ""
-    for key, data in feedback["profiles"].items():
-        profile = DeviceProfile.from_json(data)
+    written = [write_plan(plan, plan_path)]
+    fingerprint = measured_fingerprint(plan.job) if profiles else ""
+    for key, profile in profiles.items():
         # the cache records what the key is made of, so that it can check the entry when it is read
-        written.append(cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp,
+        written.append(cache.put(key, profile, inputs=measured_key_inputs(plan.job, profile.gpu, profile.amp,
                                                                             fingerprint=fingerprint)))
-    synced = file_job_sync(feedback["plan"], cache_dir)  # the measured synchronisation, for the next plan
+    synced = file_job_sync(plan, cache_dir)  # the measured synchronisation, for the next plan
     return written + ([synced] if synced is not None else [])
 
 
@@ -195,11 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.simulate_speed and not args.rebalance:
         parser.error("--simulate-speed needs --rebalance")
     try:
-        plan = read_plan(args.plan)
+        plan = load_plan(args.plan)
         if args.simulate_speed:
             from planner.runtime.simulate import parse_speeds
 
-            parse_speeds(args.simulate_speed, plan["world_size"])
+            parse_speeds(args.simulate_speed, plan.world_size)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -217,14 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep a local Ray on 127.0.0.1
         # address="local": a fresh Ray of our own, even when another one runs on this machine
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 num_cpus=max(plan["world_size"], 2))
+                 num_cpus=max(plan.world_size, 2))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan, "match": args.match, "steps": args.steps,
                            "dataset_size": args.dataset_size, "lr": args.lr, "seed": args.seed,
                            "rebalance": args.rebalance, "simulate_speed": args.simulate_speed,
                            "simulate_sample_ms": args.simulate_sample_ms},
-        scaling_config=ScalingConfig(num_workers=plan["world_size"], use_gpu=torch.cuda.is_available()),
+        scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=torch.cuda.is_available()),
         run_config=RunConfig(storage_path=str(Path(args.plan).resolve().parent / "ray_results")),
     )
     result = trainer.fit()
@@ -232,8 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if result.error is not None:
         print(f"error: training failed: {result.error}", file=sys.stderr)
         return 1
-    print(f"done: {args.steps} steps on {plan['world_size']} workers with batches "
-          f"{[r['batch'] for r in plan['ranks']]}")
+    print(f"done: {args.steps} steps on {plan.world_size} workers with batches {[r.batch for r in plan.ranks]}")
     if args.rebalance:
         results = read_results(result)
         if not results:

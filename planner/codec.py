@@ -9,7 +9,8 @@ written to strict JSON here (msgspec). The codec knows no record type; a record 
 - in its fields' metadata: :data:`OMIT_DEFAULT` (not written while it holds its default: how a field added
   after the first release keeps older files as they were), :data:`NOT_WRITTEN` (in the program only; never
   read from a file), :data:`UNKNOWN_KEYS` (the dict that keeps the keys a newer writer added: read into it,
-  written back after the record's own fields);
+  written back after the record's own fields), :data:`FLATTENED` (an optional record whose fields are written
+  into this record's object where the field stands, present when any of its keys is);
 - ``@forbid_unknown_keys``: a key the record does not know is an error (the default: ignored);
 - ``__post_init__``: its own rules (cross-field, or friendlier words); a ``ConfigError`` or ``ValueError`` it
   raises is the error, at its path, a ``FieldError``'s fields named as the document names them
@@ -38,13 +39,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
-import numpy as np
 from msgspec import Meta
 
 from planner.errors import ConfigError, FieldError
 from planner.jsonio import MAX_JSON_DEPTH, check_tree, json_depth, loads_strict
 
-__all__ = ["NOT_WRITTEN", "OMIT_DEFAULT", "UNKNOWN_KEYS", "Meta", "convert", "decode", "encode", "forbid_unknown_keys"]
+__all__ = ["FLATTENED", "NOT_WRITTEN", "OMIT_DEFAULT", "UNKNOWN_KEYS", "Meta", "convert", "decode", "decode_fields",
+           "encode", "forbid_unknown_keys"]
 
 T = TypeVar("T")
 
@@ -54,6 +55,8 @@ NOT_WRITTEN = {"codec": "not_written"}
 """field metadata: in the program only, neither written nor read"""
 UNKNOWN_KEYS = {"codec": "unknown_keys"}
 """field metadata: the dict that keeps a newer writer's keys this record does not know"""
+FLATTENED = {"codec": "flattened"}
+"""field metadata: an optional record written as keys of this record's object (present when any of them is)"""
 
 _FORBID = "__codec_forbids_unknown_keys__"
 #: most characters of a value an error message shows (a hostile field can be megabytes)
@@ -72,10 +75,18 @@ def forbid_unknown_keys(cls: type[T]) -> type[T]:
 def encode(record: Any) -> Any:
     """``record`` (a dataclass, or a tuple, list or dict of them) as plain JSON data: dicts in field order,
     lists, enums as their values; the field metadata of the module docstring applied."""
-    data = msgspec.to_builtins(record, enc_hook=_enc_hook)
-    if dataclasses.is_dataclass(record):
-        return _fixer(type(record))(record, data)
-    return _plain(data)
+    return _fix_by_value(record, msgspec.to_builtins(record, enc_hook=_enc_hook))
+
+
+def _fix_by_value(value: Any, data: Any) -> Any:
+    """The fixer of ``value``'s own type, where its annotation is not known (the top of :func:`encode`)."""
+    if dataclasses.is_dataclass(value):
+        return _fixer(type(value))(value, data)
+    if isinstance(value, (tuple, list)):
+        return [_fix_by_value(v, d) for v, d in zip(value, data, strict=True)]
+    if isinstance(value, dict):
+        return {k: _fix_by_value(value[k], d) for k, d in data.items()}
+    return data
 
 
 def _enc_hook(value: Any) -> Any:
@@ -148,6 +159,15 @@ def _fix_record(cls: type, value: Any, data: dict) -> dict:
         fix = _fixer(f.type)
         if fix is not _keep and f.name in data:
             data[f.name] = fix(getattr(value, f.name), data[f.name])
+    if spec.flattened:
+        flat: dict = {}
+        for name, item in data.items():
+            if name in spec.flattened:
+                flat.update(item or {})
+            else:
+                flat[name] = item
+        data.clear()
+        data.update(flat)
     if spec.unknown_field is not None:
         data.update(_plain(data.pop(spec.unknown_field) or {}))
     return data
@@ -174,6 +194,8 @@ class _Spec:
     omitted: tuple[tuple[str, Any], ...]
     """OMIT_DEFAULT fields and their defaults"""
     unknown_field: str | None
+    flattened: dict[str, type]
+    """FLATTENED fields and their record classes"""
     forbids_unknown: bool
     own_checks: bool
     """the class has a ``__post_init__``"""
@@ -189,7 +211,7 @@ def _hints(cls: type) -> dict[str, Any]:
 @functools.cache
 def _spec(cls: type) -> _Spec:
     hints = _hints(cls)
-    fields, dropped, omitted, unknown = [], [], [], None
+    fields, dropped, omitted, unknown, flattened = [], [], [], None, {}
     for f in dataclasses.fields(cls):
         role = f.metadata.get("codec")
         if role == NOT_WRITTEN["codec"]:
@@ -200,13 +222,15 @@ def _spec(cls: type) -> _Spec:
             continue
         if role == OMIT_DEFAULT["codec"]:
             omitted.append((f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory()))
+        if role == FLATTENED["codec"]:
+            flattened[f.name] = next(iter(_records_in(hints[f.name])))
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         fields.append(_Field(f.name, hints[f.name], required))
     forbids = bool(getattr(cls, _FORBID, False))
-    custom = bool(dropped or unknown or forbids) or any(
+    custom = bool(dropped or unknown or forbids or flattened) or any(
         _spec(r).custom for f in fields for r in _records_in(f.type) if r is not cls)
     return _Spec(fields=tuple(fields), dropped=tuple(dropped), omitted=tuple(omitted), unknown_field=unknown,
-                 forbids_unknown=forbids, own_checks=hasattr(cls, "__post_init__"), custom=custom)
+                 flattened=flattened, forbids_unknown=forbids, own_checks=hasattr(cls, "__post_init__"), custom=custom)
 
 
 def _records_in(tp: Any) -> list[type]:
@@ -254,8 +278,20 @@ def _dec_hook(tp: type, obj: Any) -> Any:
         sub = _tags(tp).get(tag)
         if sub is None:
             raise ValueError(f"{tp.tag_field} {_shown(tag)} is not one of {', '.join(map(str, _tags(tp)))}")
-        return msgspec.convert(obj, sub, dec_hook=_dec_hook)
+        try:
+            return msgspec.convert(obj, sub, dec_hook=_dec_hook)
+        except msgspec.ValidationError as exc:
+            raise _Nested(_from_msgspec(exc, [])) from None
     raise ValueError(f"a {tp.__name__} is not read from a document")
+
+
+class _Nested(ValueError):
+    """Internal: a failure inside a tagged record, carried out of msgspec's ``dec_hook`` (which adds the path
+    to the record)."""
+
+    def __init__(self, invalid: _Invalid) -> None:
+        super().__init__(invalid.message)
+        self.invalid = invalid
 
 
 # ------------------------------------------------------------------------------------------------ decoding
@@ -282,18 +318,35 @@ def decode(cls: Any, raw: bytes | str, *, where: str, fix: str, max_depth: int =
     Raises:
         ConfigError: one line naming ``where``, the path in the document, the rule and the fix.
     """
+    return _decode(cls, raw, _reader(cls), where=where, fix=fix, max_depth=max_depth)
+
+
+def decode_fields(cls: type, raw: bytes | str, *, where: str, fix: str, without: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of the record ``cls`` in the JSON text ``raw``, all but ``without`` (absent or ignored there),
+    each read and checked as :func:`decode` would; the record itself is not constructed, so its own checks
+    across fields are the caller's (a reader of part of a large document).
+
+    Raises:
+        ConfigError: as :func:`decode`.
+    """
+    read = functools.partial(_read_record, cls, raw=True, construct=False, without=without)
+    return _decode(cls, raw, read, where=where, fix=fix, max_depth=MAX_JSON_DEPTH)
+
+
+def _decode(cls: Any, raw: bytes | str, read: Callable[[bytes], Any], *, where: str, fix: str, max_depth: int) -> Any:
     data = raw.encode() if isinstance(raw, str) else raw
-    depth = json_depth(data)
-    if depth > max_depth:
-        raise ConfigError(f"{where} is nested {depth} levels deep, over the limit of {max_depth} ({fix})")
-    if not _plainly_clean(data):  # a control character, a surrogate, ...: the strict parser names it
-        return _convert_document(cls, _strict_load(data, where, fix), where, fix)
     try:
-        return _reader(cls)(data)
+        if not _plainly_clean(data):  # a control character, a surrogate, ...: the strict parser names it
+            _strict_load(data, where, fix, max_depth)  # raises where something is wrong; else the text was clean
+        return read(data)
+    except RecursionError:  # msgspec's guard against deep nesting: the strict parser names the depth
+        _strict_load(data, where, fix, max_depth)
+        raise ConfigError(f"{where} is nested too deeply ({fix})") from None
     except msgspec.DecodeError:  # not JSON, or not as strict as ours: the strict parser says which
-        return _convert_document(cls, _strict_load(data, where, fix), where, fix)
+        _strict_load(data, where, fix, max_depth)
+        raise ConfigError(f"{where} is not valid JSON ({fix})") from None
     except (msgspec.ValidationError, _Invalid) as exc:
-        raise _explained(cls, exc, lambda: _strict_load(data, where, fix), where, fix) from None
+        raise _explained(cls, exc, lambda: _strict_load(data, where, fix, max_depth), where, fix) from None
 
 
 def convert(cls: Any, data: Any, *, where: str, fix: str = "") -> Any:
@@ -310,42 +363,44 @@ def _convert_document(cls: Any, data: Any, where: str, fix: str) -> Any:
         raise _explained(cls, exc, lambda: data, where, fix) from None
 
 
-def _strict_load(data: bytes, where: str, fix: str) -> Any:
-    loaded = loads_strict(data, source=where, fix=fix)
+def _strict_load(data: bytes, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    loaded = loads_strict(data, source=where, fix=fix, max_depth=max_depth)
     check_tree(loaded, where)
     return loaded
 
 
-#: bytes of JSON text that can stand for a control character or a lone surrogate inside a string: a
-#: backslash (``\n``, ``\u001b``, ``\ud800``), DEL, and the first byte of a C1 control's UTF-8 form
-_BACKSLASH, _DEL, _C1_LEAD = ord("\\"), 0x7F, 0xC2
-_SAFE_ESCAPES = np.frombuffer(b'"/u\\', dtype=np.uint8)
+#: every byte but those that can start a control character or a lone surrogate inside a JSON string: a
+#: backslash (``\n``, ``\u001b``, ``\ud800``), DEL, and the lead byte of a C1 control's UTF-8 form
+_NOT_SUSPECT = bytes(b for b in range(256) if b not in (0x5C, 0x7F, 0xC2))
+_SAFE_ESCAPES = frozenset(b'"/\\')
 
 
 def _plainly_clean(data: bytes) -> bool:
-    """True when no string of the JSON text ``data`` can hold a control character or lone surrogate; False
-    when one may (the strict parser then decides, and names it). Vectorised: a 33 MB plan in ~50 ms."""
-    codes = np.frombuffer(data, dtype=np.uint8)
-    if (codes == _DEL).any():
-        return False
-    leads = np.flatnonzero(codes[:-1] == _C1_LEAD)
-    if leads.size and ((codes[leads + 1] >= 0x80) & (codes[leads + 1] <= 0x9F)).any():
-        return False
-    slashes = np.flatnonzero(codes == _BACKSLASH)
-    if not slashes.size:
+    """True when no string of the JSON text ``data`` can hold a control character or lone surrogate; False when
+    one may (the strict parser then decides, and names it). ``bytes.translate`` finds the few suspect bytes
+    (a 33 MB plan in tens of milliseconds); only those are looked at."""
+    suspects = data.translate(None, delete=_NOT_SUSPECT)
+    if not suspects:
         return True
-    unescaped = data.replace(b"\\\\", b"")  # an escaped backslash starts no escape
-    codes = np.frombuffer(unescaped, dtype=np.uint8)
-    slashes = np.flatnonzero(codes[:-1] == _BACKSLASH)
-    following = codes[slashes + 1]
-    if not np.isin(following, _SAFE_ESCAPES).all():  # \b \f \n \r \t are control characters
+    if 0x7F in suspects:
         return False
-    for at in slashes[following == ord("u")]:
-        digits = unescaped[at + 2:at + 6].lower()
-        if digits[:2] == b"00" and (digits[2:3] in b"01" or digits[2:] == b"7f" or digits[2:3] in b"89"):
+    at = data.find(b"\xc2")
+    while at >= 0:
+        if at + 1 < len(data) and 0x80 <= data[at + 1] <= 0x9F:
             return False
-        if digits[:1] == b"d" and digits[1:2] in b"89abcdef":  # a surrogate: paired or not, the parser decides
+        at = data.find(b"\xc2", at + 1)
+    at = data.find(b"\\")
+    while at >= 0:
+        escaped = data[at + 1] if at + 1 < len(data) else 0
+        if escaped == ord("u"):
+            digits = data[at + 2:at + 6].lower()
+            if digits[:2] == b"00" and (digits[2:3] in (b"0", b"1", b"8", b"9") or digits[2:] == b"7f"):
+                return False
+            if digits[:1] == b"d" and digits[1:2] in (b"8", b"9", b"a", b"b", b"c", b"d", b"e", b"f"):
+                return False  # a surrogate: paired or not, the strict parser decides
+        elif escaped not in _SAFE_ESCAPES:  # \b \f \n \r \t are control characters
             return False
+        at = data.find(b"\\", at + 2)
     return True
 
 
@@ -389,6 +444,11 @@ _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
+def _raw_object(items: dict[str, msgspec.Raw]) -> bytes:
+    """JSON text of an object of raw values (a flattened record's keys, to read as the record)."""
+    return b"{" + b",".join(msgspec.json.encode(k) + b":" + bytes(v) for k, v in items.items()) + b"}"
+
+
 def _optional(inner: Callable[[Any], Any], *, raw: bool) -> Callable[[Any], Any]:
     def read(value: Any) -> Any:
         if (bytes(value).strip() == b"null") if raw else value is None:
@@ -423,7 +483,7 @@ def _at(segment: Any, read: Callable[[Any], Any], value: Any) -> Any:
         raise _from_msgspec(exc, [segment]) from None
 
 
-def _read_record(cls: type, value: Any, *, raw: bool) -> Any:
+def _read_record(cls: type, value: Any, *, raw: bool, construct: bool = True, without: tuple[str, ...] = ()) -> Any:
     spec = _spec(cls)
     if raw:
         try:
@@ -434,21 +494,40 @@ def _read_record(cls: type, value: Any, *, raw: bool) -> Any:
         if not isinstance(value, dict):
             raise _Invalid([], "", kind="type")
         items = value
-    known = {f.name: f for f in spec.fields}
-    unknown = [k for k in items if k not in known]
+    known = {f.name: f for f in spec.fields if f.name not in spec.flattened and f.name not in without}
+    nested = {name: {f.name for f in _spec(sub).fields} for name, sub in spec.flattened.items()}
+    unknown = [k for k in items if k not in known and k not in without and not any(k in n for n in nested.values())]
     if unknown and spec.forbids_unknown:
         raise _Invalid([], f"has unknown fields {sorted(unknown)} (known: {sorted(known)})", kind="own")
-    for f in spec.fields:
+    for f in known.values():
         if f.required and f.name not in items:
             raise _Invalid([], f.name, kind="missing")
     values = {f.name: _at(f.name, _reader(f.type) if raw else _converter(f.type), items[f.name])
-              for f in spec.fields if f.name in items}
+              for f in known.values() if f.name in items}
+    for name, names in nested.items():
+        own = {k: v for k, v in items.items() if k in names}
+        if own:  # its keys sit in this object: a failure's path is this object's
+            values[name] = _read_record(spec.flattened[name], own if not raw else _raw_object(own), raw=raw)
     if spec.unknown_field is not None and unknown:
-        values[spec.unknown_field] = {k: msgspec.json.decode(items[k]) if raw else items[k] for k in unknown}
+        values[spec.unknown_field] = {k: _unknown_value(k, items[k], raw=raw) for k in unknown}
+    if not construct:  # the absent fields at their defaults, as the record would hold them
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(cls) if f.name not in values and f.name not in without
+                    and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)}
+        return {**defaults, **values}
     try:
         return cls(**values)
     except (ConfigError, ValueError) as exc:
         raise _Invalid([], str(exc), cause=exc, kind="own") from None
+
+
+def _unknown_value(key: str, value: Any, *, raw: bool) -> Any:
+    """A newer writer's value, plain JSON within the nesting limit (the types bound the depth of the rest)."""
+    if not raw:
+        return value
+    if json_depth(bytes(value)) > MAX_JSON_DEPTH // 2:
+        raise _Invalid([key], f"is nested more than {MAX_JSON_DEPTH // 2} levels deep, over the limit", kind="own")
+    return msgspec.json.decode(value)
 
 
 _PATH = re.compile(r" - at `\$(.*)`$")
@@ -465,6 +544,9 @@ def _from_msgspec(exc: msgspec.ValidationError, prefix: list) -> _Invalid:
         for name, index in (m.groups() for m in _SEGMENT.finditer(found.group(1))):
             path.append(name if name else int(index) if index else ...)  # ...: a dict's value, key unknown yet
     cause = exc.__cause__ if isinstance(exc.__cause__, ValueError) else None
+    if isinstance(cause, _Nested):
+        inner = cause.invalid
+        return _Invalid(path + inner.path, inner.message, inner.cause, inner.kind)
     if cause is not None:
         return _Invalid(path, text, cause=cause, kind="own")
     missing = _MISSING.match(text)
@@ -491,8 +573,11 @@ def _explained(cls: Any, exc: BaseException, load: Callable[[], Any], where: str
     path, tp, value, owner = _walk(cls, document, invalid.path)
     at = _join(where, _path_text(path))
     if invalid.kind == "own":
-        if invalid.cause is not None:
-            return _own_error(invalid.cause, where, path, fix)
+        if invalid.cause is not None:  # the record's words, on its values as written where it speaks for them
+            record = _strip(_member_for(tp, value))
+            as_written = (_own_words(record, value) if isinstance(record, type) and dataclasses.is_dataclass(record)
+                          and _speaks_for_its_fields(record) else None)
+            return _own_error(as_written or invalid.cause, where, path, fix)
         return ConfigError(_with_fix(f"{at} {invalid.message}", fix))
     if invalid.kind == "missing":
         return ConfigError(_with_fix(f"{at} lacks the field '{invalid.message}'", fix))
@@ -518,11 +603,14 @@ def _with_fix(message: str, fix: str) -> str:
 
 
 def _own_error(cause: BaseException, where: str, record_path: list, fix: str) -> ConfigError:
-    """A record's own check's error, the record at ``record_path`` in the document."""
+    """A record's own check's error, the record at ``record_path`` in the document; the document's fix added
+    where the check's words end without one of their own."""
     at = _path_text(record_path)
     if isinstance(cause, FieldError):
-        return ConfigError(f"{where}: {cause.render(lambda name: f'{at}.{name}' if at else name)}")
-    return ConfigError(f"{_join(where, at)}: {cause}" if at else f"{where}: {cause}")
+        text = cause.render(lambda name: f"{at}.{name}" if at else name)
+        return ConfigError(f"{where}: {text}" if text.endswith(")") else f"{where}: {_with_fix(text, fix)}")
+    text = str(cause) if str(cause).endswith(")") else _with_fix(str(cause), fix)
+    return ConfigError(f"{_join(where, at)}: {text}")
 
 
 def _own_words(cls: type, data: Any) -> BaseException | None:
@@ -560,7 +648,8 @@ def _walk(cls: Any, document: Any, segments: list) -> tuple[list, Any, Any, tupl
         origin, args = typing.get_origin(inner), typing.get_args(inner)
         if isinstance(inner, type) and dataclasses.is_dataclass(inner):
             owner = (inner, value, list(path)) if _speaks_for_its_fields(inner) else None
-            tp = _hints(inner).get(segment, Any)
+            tp = _hints(inner).get(segment) or next(
+                (_hints(sub)[segment] for sub in _spec(inner).flattened.values() if segment in _hints(sub)), Any)
         elif _tagged_base(inner):
             sub = _tags(inner).get(value.get(inner.tag_field)) if isinstance(value, dict) else None
             tp = _hints(sub).get(segment, Any) if sub is not None else Any

@@ -35,6 +35,7 @@ from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.comm import SyncInputs, backward_share_of
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH
+from planner.plan.sections import ProbingInfo
 from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankSlot
 from planner.probing.backends import (
     DEFAULT_PROBE_TIMEOUT_S,
@@ -372,7 +373,7 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
     measured, note = _measured_network(backend, inventories, options, warnings)
     job_sync = {}
     if job.method is Method.AUTO:  # as the profiles measured in a running job: found where measurements may answer
-        inputs = sync_key_inputs(job.to_json(), fingerprint=identity[0], gradient_bytes=sum(grad_bytes),
+        inputs = sync_key_inputs(job, fingerprint=identity[0], gradient_bytes=sum(grad_bytes),
                                  bucket_cap_mb=job.bucket_cap_mb)
         job_sync, problems = find_job_sync(options.cache.directory if options.cache else None, inputs)
         warnings.extend(problems)
@@ -471,9 +472,8 @@ def run_plan(
     timings["allocate_s"] = time.monotonic() - start
     on_event(Event(stage="allocate", status="done"))
     # cluster: what the plan was made for (the config's name, or the Ray address), e.g. in a plot's title
-    outcome.plan = plan.with_extra(cluster=cluster_label,
-                                   probing={**backend.probing_metadata(), "profile_calls": profiling.calls,
-                                            "timings_s": {k: round(v, 3) for k, v in timings.items()}})
+    outcome.plan = plan.replace(cluster=cluster_label, probing=ProbingInfo(
+        **backend.probing_metadata(), profile_calls=profiling.calls, timings_s={k: round(v, 3) for k, v in timings.items()}))
     return outcome
 
 

@@ -1,17 +1,19 @@
 """The job being planned: which model, input, precision and optimizer, and how batches are to be chosen.
 
 A ``JobSpec`` is validated once, here, whether it comes from CLI flags, a plan file or Python; every other
-layer trusts it. ``job`` in plan.json is its ``to_json()``.
+layer trusts it. ``job`` in plan.json is this record (``planner.codec``: every field, in order; a key it does
+not know is an error, since a job option silently dropped would plan another job).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from planner.errors import ConfigError, FieldError
+from planner.codec import Meta, forbid_unknown_keys
+from planner.errors import FieldError
 from torchkit.hardware.catalog import GpuSpec
 from torchkit.step.budget import DEFAULT_FRACTION, memory_budget_bytes
 from torchkit.step.fit import MemoryFitKind
@@ -128,6 +130,7 @@ class JobFieldError(FieldError):
     """A ``JobSpec`` field has a value that cannot be planned with (``planner.errors.FieldError``)."""
 
 
+@forbid_unknown_keys
 @dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """Everything that shapes a plan apart from the cluster."""
@@ -137,7 +140,7 @@ class JobSpec:
     ``hf:ARCH``, ``ultralytics:FILE.yaml``) or ``package.module:factory``"""
     imgsz: int | None = None
     """square image side for image workloads (default: the workload's own)"""
-    input_shape: tuple[int, ...] | None = None
+    input_shape: Annotated[tuple[int, ...] | None, Meta(description="be a list of positive integers or null")] = None
     """per-sample input shape, e.g. ``(3, 224, 224)``; required for a user factory"""
     seq_len: int | None = None
     """sequence length for token workloads"""
@@ -258,22 +261,3 @@ class JobSpec:
                 "amp", f"`amp` bf16 asked for, but {gpu.name} has no bf16 support (use `amp` auto or `amp` fp16)"
             )
         return self.amp.value
-
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["method"] = self.method.value
-        data["input_shape"] = list(self.input_shape) if self.input_shape is not None else None
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> JobSpec:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"job has unknown fields {unknown} (known: {sorted(known)})")
-        if "model" not in data:
-            raise ConfigError("job lacks the field 'model' (regenerate the plan with batchplan plan)")
-        values = dict(data)
-        if values.get("input_shape") is not None:
-            values["input_shape"] = tuple(values["input_shape"])
-        return cls(**values)

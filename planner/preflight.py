@@ -9,9 +9,10 @@ the wording of a reason.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.allocate.advice import AdviceKind
+from planner.codec import NOT_WRITTEN, OMIT_DEFAULT
 from planner.errors import FieldError, field_name
 from planner.plan.types import ExclusionKind, Plan
 from planner.probing.inventory import NodeInventory
@@ -23,14 +24,11 @@ class Check:
     name: str
     ok: bool
     detail: str
-    warning: bool = False
+    warning: bool = field(default=False, metadata=NOT_WRITTEN)
     """ok, but worth a look (printed as ``warn``; in JSON the detail starts with ``warning:``)"""
 
-    fix: str = ""
+    fix: str = field(default="", metadata=OMIT_DEFAULT)
     """for a failed check: what to change so that it passes (in JSON as ``fix`` when there is one)"""
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail, **({"fix": self.fix} if self.fix else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,10 +65,10 @@ def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
         return Check(name="versions_consistent", ok=True, detail="simulated nodes: no driver versions to compare")
     fields = ("driver_version", "cuda_driver_version", "torch_version", "torch_cuda_version")
     differing = []
-    for field in fields:
-        values = {inv.name: (inv.driver or {}).get(field) for inv in real}
+    for name in fields:
+        values = {inv.name: (inv.driver or {}).get(name) for inv in real}
         if len(set(values.values())) > 1:
-            differing.append(f"{field}: " + ", ".join(f"{n}={v}" for n, v in sorted(values.items())))
+            differing.append(f"{name}: " + ", ".join(f"{n}={v}" for n, v in sorted(values.items())))
     if differing:
         return Check(name="versions_consistent", ok=False, detail="; ".join(differing))
     first = real[0].driver or {}

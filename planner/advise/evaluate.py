@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from planner.advise.candidates import Candidate
 from planner.advise.offers import Offer, OfferSet
 from planner.allocate.uncertainty import step_time_range_s
+from planner.codec import encode
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec, Method
 from planner.plan.build import build_plan
@@ -147,7 +148,7 @@ class AdviseContext:
                     "--fraction, lower --min-batch or --imgsz, or drop the offer)")
         fit = figures.profile.time_fit
         if fit.intercept_s < 0 or fit.s_per_sample <= 0:  # the bound's premise (module docstring)
-            return f"{offer.gpu.name}: its step-time curve is not increasing in the batch ({fit.to_json()})"
+            return f"{offer.gpu.name}: its step-time curve is not increasing in the batch ({encode(fit)})"
         return None
 
     def slots(self, candidate: Candidate) -> list[RankSlot]:
@@ -183,7 +184,7 @@ class AdviseContext:
         profiles = {f.key: f.profile for f in self.gpus.values()}
         try:
             plan = build_plan(self.job, slots, profiles, sync=self.sync_inputs(candidate),
-                              extra={"cluster": f"advise-{candidate.slug}"})
+                              cluster=f"advise-{candidate.slug}")
         except InfeasiblePlanError as exc:
             return str(exc)
         rate = plan.throughput_samples_per_s
@@ -195,8 +196,7 @@ class AdviseContext:
 
     def _time_range(self, plan: Plan) -> tuple[float, float]:
         """Time per epoch at every GPU type ±1σ of its step-time model (``planner.allocate.uncertainty``)."""
-        comm = plan.extra.get("comm") or {}
-        sync_range = tuple(comm.get("exposed_range_s") or (0.0, 0.0))
+        sync_range = plan.comm.exposed_range_s if plan.comm is not None else (0.0, 0.0)
         low_s, high_s = step_time_range_s([r.predicted_step_time_s for r in plan.ranks],
                                           [plan.profiles[r.profile].time_log_sigma for r in plan.ranks],
                                           accumulate=plan.accumulate, sync_range_s=sync_range)

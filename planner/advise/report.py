@@ -52,7 +52,6 @@ def point_json(rank: int, point: Evaluated, context: AdviseContext, *, cluster_f
                plan_command: str) -> dict[str, Any]:
     """One front point as ``--json`` gives it."""
     plan, candidate = point.plan, point.candidate
-    comm = plan.extra.get("comm") or {}
     return {
         "rank": rank,
         "cluster": candidate.label,
@@ -70,8 +69,8 @@ def point_json(rank: int, point: Evaluated, context: AdviseContext, *, cluster_f
         "global_batch": plan.global_batch,
         "accumulate": plan.accumulate,
         "predicted_step_time_s": plan.predicted_step_time_s,
-        "predicted_comm_time_s": plan.extra.get("predicted_comm_time_s", 0.0),
-        "comm_share": comm.get("exposed_share", 0.0),
+        "predicted_comm_time_s": plan.predicted_comm_time_s or 0.0,
+        "comm_share": plan.comm.exposed_share if plan.comm is not None else 0.0,
         "balance_efficiency": plan.balance_efficiency,
         "uncalibrated": context.uncalibrated(candidate),
         "cluster_file": cluster_file,

@@ -61,10 +61,10 @@ def selected_node_rank(plan: Plan, node: str | None, node_rank: int | None) -> i
 
 def env_lines(plan: Plan, node_rank: int) -> list[str]:
     """The ``export`` lines of ``nodes[node_rank]``, with a comment saying whose they are."""
+    from planner.plan.derived import node_launch
     from planner.plan.launch import export_lines
-    from planner.plan.validate import node_launch
 
-    launch = node_launch(plan, node_rank)
+    launch = node_launch(plan.nodes[node_rank], plan.launch, len(plan.nodes))
     name = plan.nodes[node_rank].name
     header = f"# batchplan: environment of node {name} (node rank {node_rank} of {launch.nnodes}); source it, then run torchrun"
     return [header, *export_lines(launch.env())]

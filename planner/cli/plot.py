@@ -8,7 +8,8 @@ from typing import Any
 
 from planner.cli.output import format_ms
 from planner.errors import ConfigError
-from planner.plan.types import Plan
+from planner.plan.types import Plan, RankEntry
+from planner.profiles.profile import DeviceProfile
 from torchkit.units import GIB
 
 
@@ -43,25 +44,24 @@ _COLOURS = {"cap": "#d9d9d9", "batch": "#4c72b0", "total": "#eeeeee", "budget": 
             "predicted": "#dd8452", "step": "#55a868"}
 
 
-def _bars(plan: dict) -> tuple[list[str], list[dict]]:
+def _bars(plan: Plan) -> tuple[list[str], list[RankEntry]]:
     """Labels and figures of the bars: one per rank ("r0 node-a100 · A100-SXM4-80GB #0"), or per GPU type
     (and speed) with its rank and node counts when there are more than ``MAX_RANK_BARS`` ranks (the group's
     slowest rank is shown: it sets the step time)."""
-    ranks = plan["ranks"]
+    ranks = plan.ranks
     if len(ranks) <= MAX_RANK_BARS:
-        return [f"r{r['rank']}  {r['node']} · {r['gpu']} #{r['device_index']}{_speed(r)}" for r in ranks], list(ranks)
-    groups: dict[tuple[str, str], list[dict]] = {}
+        return [f"r{r.rank}  {r.node} · {r.gpu} #{r.device_index}{_speed(r)}" for r in ranks], list(ranks)
+    groups: dict[tuple[str, str], list[RankEntry]] = {}
     for r in ranks:
-        groups.setdefault((r["gpu"], _speed(r)), []).append(r)
-    labels = [f"{gpu}{speed} ×{len(members)} on {len({m['node'] for m in members})} nodes (slowest shown)"
+        groups.setdefault((r.gpu, _speed(r)), []).append(r)
+    labels = [f"{gpu}{speed} ×{len(members)} on {len({m.node for m in members})} nodes (slowest shown)"
               for (gpu, speed), members in groups.items()]
-    return labels, [max(members, key=lambda r: r["predicted_step_time_s"]) for members in groups.values()]
+    return labels, [max(members, key=lambda r: r.predicted_step_time_s) for members in groups.values()]
 
 
-def _speed(rank: dict) -> str:
+def _speed(rank: RankEntry) -> str:
     """" (90% speed)" for a rank on a GPU other work keeps busy (planner.probing.busy)."""
-    factor = rank.get("speed_factor", 1.0)
-    return f" ({factor:.0%} speed)" if factor < 1.0 else ""
+    return f" ({rank.speed_factor:.0%} speed)" if rank.speed_factor < 1.0 else ""
 
 
 def _annotate(ax, values: list[float], texts: list[str], *, past: float = 0.0) -> None:
@@ -97,27 +97,25 @@ def plot_plan(plan: Plan | dict, path: str) -> Path:
     return path_out
 
 
-def plan_figure(plan: Plan | dict):
+def plan_figure(plan: Plan):
     """One horizontal bar per rank (node / GPU type / device), three panels sharing the rows: the batch
     against its cap, memory predicted against budget and total, the predicted step time against the
-    step's. Numbers on the bars, legends outside them, model and cluster in the title. Takes the plan or
-    its document (what ``plan.json`` holds)."""
+    step's. Numbers on the bars, legends outside them, model and cluster in the title."""
     plt = _pyplot()
-    plan = plan.to_json() if isinstance(plan, Plan) else plan
     labels, rows = _bars(plan)
     y = list(range(len(rows)))
     height = max(3.2, 0.42 * len(rows) + 2.0)
     # constrained layout keeps the title, the panels' titles and their legends apart
     fig, (ax_batch, ax_mem, ax_time) = plt.subplots(1, 3, figsize=(16, height), sharey=True, layout="constrained")
 
-    caps = [r["max_batch"] for r in rows]
-    batches = [r["batch"] for r in rows]
+    caps = [r.max_batch for r in rows]
+    batches = [r.batch for r in rows]
     ax_batch.barh(y, caps, color=_COLOURS["cap"], label="cap (largest batch that fits)")
     ax_batch.barh(y, batches, color=_COLOURS["batch"], height=0.6, label="planned batch")
     _annotate(ax_batch, caps, [f"{b} of {c}" for b, c in zip(batches, caps, strict=True)])
     _panel(ax_batch, "batch per step (samples)", 2)
 
-    gib = {k: [r[f"{k}_bytes"] / GIB for r in rows] for k in ("total_memory", "memory_budget", "predicted_memory")}
+    gib = {k: [getattr(r, f"{k}_bytes") / GIB for r in rows] for k in ("total_memory", "memory_budget", "predicted_memory")}
     ax_mem.barh(y, gib["total_memory"], color=_COLOURS["total"], label="total")
     ax_mem.barh(y, gib["memory_budget"], color=_COLOURS["budget"], label="budget")
     ax_mem.barh(y, gib["predicted_memory"], color=_COLOURS["predicted"], height=0.5, label="predicted")
@@ -126,34 +124,30 @@ def plan_figure(plan: Plan | dict):
                                                  strict=True)])
     _panel(ax_mem, "memory, GiB (predicted / budget / total)", 3)
 
-    step_ms = [r["predicted_step_time_s"] * 1000 for r in rows]
+    step_ms = [r.predicted_step_time_s * 1000 for r in rows]
     ax_time.barh(y, step_ms, color=_COLOURS["step"], label="rank's step time")
-    ax_time.axvline(plan["predicted_step_time_s"] * 1000, color="black", linestyle="--", linewidth=1,
+    ax_time.axvline(plan.predicted_step_time_s * 1000, color="black", linestyle="--", linewidth=1,
                     label="step time (slowest rank)")
-    _annotate(ax_time, step_ms, [f"{format_ms(r['predicted_step_time_s'])} ms, idle {r.get('idle_fraction', 0.0):.0%}"
-                                 for r in rows], past=plan["predicted_step_time_s"] * 1000)
+    _annotate(ax_time, step_ms, [f"{format_ms(r.predicted_step_time_s)} ms, idle {r.idle_fraction or 0.0:.0%}"
+                                 for r in rows], past=plan.predicted_step_time_s * 1000)
     _panel(ax_time, "predicted step time, ms", 2)
 
     ax_batch.set_yticks(y)
     ax_batch.set_yticklabels(labels, fontsize=8)
     ax_batch.invert_yaxis()  # rank 0 on top, as in the table
-    where = plan.get("cluster") or "cluster"
     fig.suptitle(
-        f"{plan['job']['model']} on {where} ({plan['mode']}): {plan['world_size']} ranks, global batch "
-        f"{plan['global_batch']} = {plan['step_batch']} × accumulate {plan['accumulate']}, "
-        f"{plan['throughput_samples_per_s']:,.0f} samples/s, balance efficiency {plan['balance_efficiency']:.2f}",
+        f"{plan.job.model} on {plan.cluster or 'cluster'} ({plan.mode}): {plan.world_size} ranks, global batch "
+        f"{plan.global_batch} = {plan.step_batch} × accumulate {plan.accumulate}, "
+        f"{plan.throughput_samples_per_s:,.0f} samples/s, balance efficiency {plan.balance_efficiency:.2f}",
         fontsize=11,
     )
     return fig
 
 
-def plot_profile(profile_json: dict, *, budget_bytes: int, total_bytes: int, chosen_batch: int, path: str,
+def plot_profile(profile: DeviceProfile, *, budget_bytes: int, total_bytes: int, chosen_batch: int, path: str,
                  model: str = "") -> Path:
     """The memory curve of ``model`` with its probe points, the budget line and the chosen batch."""
-    from planner.profiles.profile import DeviceProfile
-
     plt = _pyplot()
-    profile = DeviceProfile.from_json(profile_json)
     top = max([chosen_batch, *(b for b, _ in profile.memory_points)]) * 1.25
     xs = [top * i / 100 for i in range(101)]
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -10,6 +10,7 @@ from planner.cli.output import echo, print_json
 from planner.cli.planning import run_planning
 from planner.cli.spec_flags import FlagForm, add_spec_flags, spec_from_args
 from planner.cli.user_code import user_code_summary
+from planner.codec import encode
 from planner.errors import InfeasiblePlanError
 from planner.preflight import Thresholds
 
@@ -67,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_plan(plan, args.output)
     if args.json:
-        print_json({"schema": SCHEMA, "ok": ok, "checks": [c.to_json() for c in checks],
-                    "plan": plan.to_json() if plan is not None else None})
+        print_json({"schema": SCHEMA, "ok": ok, "checks": encode(checks), "plan": encode(plan)})
     else:
         for check in checks:
             status = "FAIL" if not check.ok else "warn" if check.warning else "ok  "

@@ -14,6 +14,7 @@ from planner.cli.options import (
     job_from_args,
 )
 from planner.cli.output import check_writable, echo, format_gib, note, print_json, print_table
+from planner.codec import encode
 from planner.errors import ConfigError, render_fields
 from planner.job import JobSpec, Method
 from planner.profiles.profile import DeviceProfile
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from planner.cli.plot import plot_profile
 
-        path = plot_profile(result["profile"], budget_bytes=result["memory_budget_bytes"],
+        path = plot_profile(profile, budget_bytes=result["memory_budget_bytes"],
                             total_bytes=result["total_memory_bytes"], chosen_batch=result["chosen_batch"], path=args.plot,
                             model=job.model)
         note(f"wrote {path}")
@@ -133,7 +134,7 @@ def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {
         "schema": SCHEMA,
-        "job": job.to_json(),
+        "job": encode(job),
         "gpu": gpu.name,
         "device_index": device_index,
         "total_memory_bytes": total_bytes,
@@ -143,7 +144,7 @@ def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile
         "predicted_memory_bytes": profile.memory_bytes(chosen) if chosen else None,
         "predicted_step_time_s": profile.step_time_s(chosen) if chosen else None,
         "throughput_samples_per_s": chosen / profile.step_time_s(chosen) if chosen else 0.0,
-        "profile": profile.to_json(),
+        "profile": encode(profile),
     }
     return result, profile
 
@@ -151,7 +152,7 @@ def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile
 def _render(job: JobSpec, result: dict, profile: DeviceProfile) -> None:
     chosen, budget = result["chosen_batch"], result["memory_budget_bytes"]
     free_bytes, total_bytes = result["available_memory_bytes"], result["total_memory_bytes"]
-    fit = profile.memory_fit.to_json()
+    fit = encode(profile.memory_fit)
     echo(f"{job.model} on {result['gpu']}, amp {profile.amp}, optimizer {job.optimizer}, {profile.method}d")
     time_at = dict(profile.time_points)
     print_table(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 from planner.cli.output import echo, format_gib, format_ms, print_json, print_table
+from planner.codec import encode
 from planner.plan.comm import comm_summary
 from planner.plan.types import Plan
 
@@ -47,7 +48,7 @@ def render_plan(plan: Plan) -> None:
         f"step {format_ms(plan.predicted_step_time_s)} ms; {plan.throughput_samples_per_s:.0f} samples/s; "
         f"balance efficiency {plan.balance_efficiency:.2f}" + _expected_range(plan)
     )
-    sync_line = comm_summary(plan.extra)
+    sync_line = comm_summary(plan)
     if sync_line:
         echo(sync_line)
     if plan.alternatives:
@@ -77,7 +78,7 @@ def print_plan(
     chosen by name or node rank; see ``planner.cli.emit_env``), the ``srun`` line of a SLURM job (``--emit
     slurm``: ``planner.plan.slurm_launch``), or the table."""
     if as_json:
-        print_json(plan.to_json())
+        print_json(encode(plan))
     elif emit == "env":
         from planner.cli.emit_env import env_lines, selected_node_rank
 

@@ -11,17 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any
 
 from planner.allocate.allocation import Allocation, allocate
 from planner.allocate.uncertainty import balance_efficiency_range
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.comm import SyncInputs, plan_comm_fields, sync_model
-from planner.plan.derived import check_identities, loss_weight_of, rank_time_fit
-from planner.plan.io import SCHEMA
+from planner.plan.derived import loss_weight_of, rank_time_fit
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH, DEFAULT_SCRIPT, NodeLaunch
-from planner.plan.types import ExcludedDevice, ExclusionKind, LaunchInfo, NodeEntry, Plan, RankEntry, RankSlot
+from planner.plan.types import (
+    SCHEMA,
+    ExcludedDevice,
+    ExclusionKind,
+    LaunchInfo,
+    NodeEntry,
+    Plan,
+    RankEntry,
+    RankSlot,
+)
 from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 from torchkit.step.fit import AffineTimeFit
 
@@ -38,7 +45,7 @@ def build_plan(
     master_port: int = DEFAULT_MASTER_PORT,
     script: str = DEFAULT_SCRIPT,
     plan_path: str = DEFAULT_PLAN_PATH,
-    extra: Mapping[str, Any] | None = None,
+    cluster: str | None = None,
     sync: SyncInputs | None = None,
 ) -> Plan:
     """Allocate per-rank batches over ``slots`` and assemble the plan.
@@ -48,7 +55,7 @@ def build_plan(
         excluded, warnings, notes: said upstream (devices left out with reasons); the plan adds its own.
         node_addresses: host name or IP per node for ``--master-addr`` (default: the node name).
         script, plan_path: the training script and the plan file the launch lines name (``--plan``).
-        extra: more top-level fields (e.g. ``cluster``), written after the standard ones.
+        cluster: what the plan is made for (a config's name, a Ray address), e.g. for a plot's title.
         sync: the gradient synchronisation's inputs (``planner.plan.comm``); None: the step is compute only.
 
     Raises:
@@ -73,8 +80,8 @@ def build_plan(
     addresses = dict(node_addresses or {})
     master_addr = addresses.get(ranks[0].node, ranks[0].node)
     used_profiles = sorted({s.profile for s in slots})
-    comm_fields, comm_warnings, comm_notes = plan_comm_fields(included, allocation, sync)
-    plan = Plan(
+    comm, comm_warnings, comm_notes = plan_comm_fields(included, allocation, sync)
+    return Plan(
         schema=SCHEMA,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         job=job,
@@ -97,10 +104,10 @@ def build_plan(
                                       caps)),
         notes=(*notes, *allocation.notes, *comm_notes),
         advice=allocation.advice,
-        extra={**comm_fields, **(extra or {})},
+        predicted_comm_time_s=allocation.sync_time_s if comm is not None else None,
+        comm=comm,
+        cluster=cluster,
     )
-    check_identities(plan, where="built plan")
-    return plan
 
 
 def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice]) -> list[RankSlot]:

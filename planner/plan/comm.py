@@ -7,13 +7,9 @@ link (``planner.interconnect``: the config's, the catalog's, an assumed default,
 sets the bandwidth. Every figure carries where it comes from.
 
 plan.json gains (as top-level fields after the standard ones; old plans without them still load):
-``predicted_comm_time_s`` (exposed synchronisation per optimizer step, 0 for one GPU) and ``comm``::
-
-    {"gradient_bytes", "num_gradient_tensors", "bucket_cap_mb", "bucket_bytes": [...], "num_ranks",
-     "num_nodes", "links": [{"hop", "link", "bus_bytes_per_s", "step_latency_s", "source"}], "bottleneck",
-     "allreduce_s", "exposed_s", "exposed_range_s": [full overlap, no overlap], "compute_s", "exposed_share",
-     "backward_share", "backward_share_source", "gradients_source", "measured", "ring_shape", "slowdown",
-     "exposed_source", "job_sync"}
+``predicted_comm_time_s`` (exposed synchronisation per optimizer step, 0 for one GPU) and ``comm``, a
+``planner.plan.sections.CommSection`` (the gradient bytes and DDP's buckets, the ring's links with their
+sources, the exposed time and its range from full overlap to none, the backward share and where it comes from).
 
 ``exposed_source`` says where the exposed figure comes from: the links' model, or "measured in the job" where a
 real run of this job on this ring (``ring_shape``) filed its measured exposed synchronisation
@@ -26,15 +22,14 @@ Pure Python + numpy: no torch, Ray or pynvml.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from planner.allocate.allocation import Allocation
-from planner.errors import ConfigError
 from planner.interconnect import DEFAULT_NETWORK_GBPS, Interconnect
-from planner.plan.types import RankSlot
+from planner.plan.sections import CommSection, LinkHop
+from planner.plan.types import Plan, RankSlot
 from planner.profiles.measured_sync import JobSync
 from planner.profiles.profile import DeviceProfile
 from torchkit.estimate.ddp_sync import Bucket, LinkCost, RingCost, ddp_buckets, exposed_sync_s, sync_timeline
@@ -143,15 +138,14 @@ def _ring(num_ranks: int, num_nodes: int, hops: Sequence[Hop], slowdown: float) 
                     network=min(net, key=lambda link: link.bus_bytes_per_s) if net else None, slowdown=slowdown)
 
 
-def section_ring(comm: Mapping[str, Any]) -> tuple[RingCost, tuple[Bucket, ...]]:
+def section_ring(comm: CommSection) -> tuple[RingCost, tuple[Bucket, ...]]:
     """The ring of a plan's ``comm`` section at its links' own figures (slowdown 1) and its buckets (sizes in
     launch order, each ready when the bytes up to it are): what a running job checks its measured
-    synchronisation against. Raises KeyError/TypeError/ValueError for a section that is not one."""
-    hops = [Hop(hop=str(h["hop"]), link=LinkCost(name=str(h["link"]), bus_bytes_per_s=float(h["bus_bytes_per_s"]),
-                                                  step_latency_s=float(h["step_latency_s"])))
-            for h in comm["links"]]
-    ring = _ring(int(comm["num_ranks"]), int(comm["num_nodes"]), hops, 1.0)
-    sizes = [int(b) for b in comm["bucket_bytes"]]
+    synchronisation against."""
+    hops = [Hop(hop=h.hop, link=LinkCost(name=h.link, bus_bytes_per_s=h.bus_bytes_per_s, step_latency_s=h.step_latency_s))
+            for h in comm.links]
+    ring = _ring(comm.num_ranks, comm.num_nodes, hops, 1.0)
+    sizes = list(comm.bucket_bytes)
     total, done, buckets = sum(sizes), 0, []
     for size in sizes:
         done += size
@@ -173,7 +167,7 @@ def sync_model(slots: Sequence[RankSlot], inputs: SyncInputs):
     return exposed
 
 
-def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: SyncInputs) -> dict[str, Any]:
+def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: SyncInputs) -> CommSection:
     """The plan's ``comm`` section for the ranks the allocation kept (``slots``, included only)."""
     ring, hops = ring_hops(slots, inputs)
     buckets = inputs.buckets()
@@ -185,35 +179,35 @@ def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: Sync
     bottleneck = min(hops, key=lambda h: h.link.bus_bytes_per_s) if hops else None
     shape = ring_shape(slots, hops)
     job_sync = inputs.job_sync.get(shape)
-    return {
-        "gradient_bytes": int(sum(inputs.grad_bytes)),
-        "num_gradient_tensors": len(inputs.grad_bytes),
-        "bucket_cap_mb": inputs.bucket_cap_mb,
-        "bucket_bytes": [b.size_bytes for b in buckets],
-        "num_ranks": ring.num_ranks,
-        "num_nodes": ring.num_nodes,
-        "links": [{"hop": h.hop, "link": h.link.name, "bus_bytes_per_s": h.link.bus_bytes_per_s,
-                   "step_latency_s": h.link.step_latency_s, "source": h.link.source} for h in hops],
-        "bottleneck": bottleneck.hop if bottleneck is not None else None,
-        "allreduce_s": timeline.allreduce_total_s if ring.num_ranks > 1 else 0.0,
-        "exposed_s": exposed,
+    return CommSection(
+        gradient_bytes=int(sum(inputs.grad_bytes)),
+        num_gradient_tensors=len(inputs.grad_bytes),
+        bucket_cap_mb=inputs.bucket_cap_mb,
+        bucket_bytes=tuple(b.size_bytes for b in buckets),
+        num_ranks=ring.num_ranks,
+        num_nodes=ring.num_nodes,
+        links=tuple(LinkHop(hop=h.hop, link=h.link.name, bus_bytes_per_s=h.link.bus_bytes_per_s,
+                            step_latency_s=h.link.step_latency_s, source=h.link.source) for h in hops),
+        bottleneck=bottleneck.hop if bottleneck is not None else None,
+        allreduce_s=timeline.allreduce_total_s if ring.num_ranks > 1 else 0.0,
+        exposed_s=exposed,
         # how sure: from full overlap (the model's figure) to none (every all-reduce after the backward pass,
         # as when the collective competes with the compute for the same units); PyTorch's published DDP
         # benchmark sits near the no-overlap end (bench/bench_comm.py)
-        "exposed_range_s": [exposed, exposed_sync_s(buckets, ring, compute_s=compute_s,
-                                                    backward_share=inputs.backward_share, overlap_efficiency=0.0)],
-        "compute_s": compute_s,
-        "exposed_share": exposed / optimizer_step_s if optimizer_step_s > 0 else 0.0,
-        "backward_share": inputs.backward_share,
-        "backward_share_source": inputs.backward_share_source,
-        "gradients_source": inputs.gradients_source,
-        "measured": inputs.measured_note,
-        "ring_shape": shape,
-        "slowdown": ring.slowdown,
-        "exposed_source": job_sync.source if job_sync is not None else (
+        exposed_range_s=(exposed, exposed_sync_s(buckets, ring, compute_s=compute_s,
+                                                 backward_share=inputs.backward_share, overlap_efficiency=0.0)),
+        compute_s=compute_s,
+        exposed_share=exposed / optimizer_step_s if optimizer_step_s > 0 else 0.0,
+        backward_share=inputs.backward_share,
+        backward_share_source=inputs.backward_share_source,
+        gradients_source=inputs.gradients_source,
+        measured=inputs.measured_note,
+        ring_shape=shape,
+        slowdown=ring.slowdown,
+        exposed_source=job_sync.source if job_sync is not None else (
             "the links' model" if ring.num_ranks > 1 else "none: one rank"),
-        "job_sync": asdict(job_sync) if job_sync is not None else None,
-    }
+        job_sync=job_sync,
+    )
 
 
 def assumed_network_warning(slots: Sequence[RankSlot], inputs: SyncInputs) -> str | None:
@@ -227,10 +221,10 @@ def assumed_network_warning(slots: Sequence[RankSlot], inputs: SyncInputs) -> st
             "mapping with gbps: and latency_us:, per node where they differ)")
 
 
-def sync_advice(allocation: Allocation, section: Mapping[str, Any]) -> list[str]:
+def sync_advice(allocation: Allocation, section: CommSection) -> list[str]:
     """When the exposed synchronisation is over ``ADVISE_EXPOSED_SHARE`` of the step: accumulating more
     micro-steps under ``no_sync()`` (a larger global batch, the same per-rank batches) with its gain."""
-    share = float(section["exposed_share"])
+    share = section.exposed_share
     if share <= ADVISE_EXPOSED_SHARE or allocation.sync_time_s <= 0:
         return []
     a, compute, sync = allocation.accumulate, allocation.compute_time_s, allocation.sync_time_s
@@ -241,66 +235,40 @@ def sync_advice(allocation: Allocation, section: Mapping[str, Any]) -> list[str]
             break
     rate = k * a * allocation.step_batch / (k * a * compute + sync)
     return [f"gradient synchronisation is {share:.0%} of the step ({sync * 1e3:.1f} ms exposed per optimizer step "
-            f"over {section['bottleneck']}): accumulating {k * a} micro-steps under DDP's no_sync() (global batch "
+            f"over {section.bottleneck}): accumulating {k * a} micro-steps under DDP's no_sync() (global batch "
             f"{k * a * allocation.step_batch}, the same per-rank batches) would give {rate:,.0f} samples/s, "
             f"{rate / now:.2f}× faster (sync {new_share:.0%} of the step); so would a faster network"]
 
 
-def check_comm_section(plan: Mapping[str, Any], where: str) -> None:
-    """The optional ``comm`` and ``predicted_comm_time_s`` of a plan: present together, of their types."""
-    if "predicted_comm_time_s" not in plan and "comm" not in plan:
-        return  # a plan written before the synchronisation model
-    value = plan.get("predicted_comm_time_s")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(f"{where}.predicted_comm_time_s must be a number >= 0, got {value!r}")
-    comm = plan.get("comm")
-    if not isinstance(comm, dict):
-        raise ConfigError(f"{where}.comm must be an object (the synchronisation model), got {comm!r}")
-    for name in ("gradient_bytes", "num_ranks", "num_nodes"):
-        if isinstance(comm.get(name), bool) or not isinstance(comm.get(name), int) or comm[name] < 0:
-            raise ConfigError(f"{where}.comm.{name} must be an integer >= 0, got {comm.get(name)!r}")
-    for name in ("exposed_s", "allreduce_s", "compute_s", "exposed_share"):
-        v = comm.get(name)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0:
-            raise ConfigError(f"{where}.comm.{name} must be a number >= 0, got {v!r}")
-    if not isinstance(comm.get("links"), list):
-        raise ConfigError(f"{where}.comm.links must be a list of the links the ring crosses")
-    if comm.get("num_ranks") != plan.get("world_size"):
-        raise ConfigError(f"{where}.comm.num_ranks {comm.get('num_ranks')} != world_size {plan.get('world_size')}")
-
-
 def plan_comm_fields(slots: Sequence[RankSlot], allocation: Allocation,
-                     inputs: SyncInputs | None) -> tuple[dict[str, Any], list[str], list[str]]:
-    """(top-level fields, warnings, notes) the synchronisation adds to a plan over the included ``slots``.
+                     inputs: SyncInputs | None) -> tuple[CommSection | None, list[str], list[str]]:
+    """(the ``comm`` section, warnings, notes) the synchronisation adds to a plan over the included ``slots``.
     Without ``inputs`` (the model's gradients unknown) nothing is added."""
     if inputs is None:
-        return {}, [], []
+        return None, [], []
     section = comm_section(slots, allocation, inputs)
     warnings = [w for w in (assumed_network_warning(slots, inputs),) if w]
     warnings.extend(sync_advice(allocation, section))
     notes = [inputs.measured_note] if inputs.measured_note else []
-    if section["job_sync"] is not None:
-        notes.append(f"exposed gradient synchronisation {section['exposed_source']}")
-    return {"predicted_comm_time_s": allocation.sync_time_s, "comm": section}, warnings, notes
+    if section.job_sync is not None:
+        notes.append(f"exposed gradient synchronisation {section.exposed_source}")
+    return section, warnings, notes
 
 
-def comm_summary(plan_extra: Mapping[str, Any]) -> str | None:
+def comm_summary(plan: Plan) -> str | None:
     """One line for people: compute and exposed synchronisation per optimizer step, its share, the link."""
-    comm = plan_extra.get("comm")
-    if not isinstance(comm, dict):
+    comm = plan.comm
+    if comm is None:
         return None
-    if comm.get("num_ranks", 0) <= 1:
+    if comm.num_ranks <= 1:
         return "gradient sync: none (one GPU)"
-    exposed_ms, allreduce_ms = float(comm["exposed_s"]) * 1e3, float(comm["allreduce_s"]) * 1e3
-    slowest = next((link for link in comm["links"] if link["hop"] == comm["bottleneck"]), None)
-    over = (f"{comm['bottleneck']} ({slowest['link']}, {slowest['bus_bytes_per_s'] / 1e9:.3g} GB/s, "
-            f"{slowest['source'].split(' (')[0]})" if slowest else "?")
-    span = comm.get("exposed_range_s")
-    upto = f", up to {float(span[1]) * 1e3:.1f} ms without overlap" if isinstance(span, list) and len(span) == 2 else ""
-    measured = comm.get("job_sync")
-    slowed = (f"; measured in the job: all-reduces {float(measured['slowdown']):.3g}× the links' time"
-              if isinstance(measured, dict) and "slowdown" in measured else "")
-    return (f"gradient sync: {comm['gradient_bytes'] / 1e6:.1f} MB in {len(comm['bucket_bytes'])} buckets; "
-            f"compute {float(comm['compute_s']) * 1e3:.1f} ms + exposed sync {exposed_ms:.1f} ms per optimizer step "
-            f"({float(comm['exposed_share']):.0%} of it; all-reduce {allreduce_ms:.1f} ms, the rest overlaps "
-            f"backward{upto}) over {over}{slowed}")
+    exposed_ms, allreduce_ms = comm.exposed_s * 1e3, comm.allreduce_s * 1e3
+    slowest = next((link for link in comm.links if link.hop == comm.bottleneck), None)
+    over = (f"{comm.bottleneck} ({slowest.link}, {slowest.bus_bytes_per_s / 1e9:.3g} GB/s, "
+            f"{slowest.source.split(' (')[0]})" if slowest else "?")
+    slowed = (f"; measured in the job: all-reduces {comm.job_sync.slowdown:.3g}× the links' time"
+              if comm.job_sync is not None else "")
+    return (f"gradient sync: {comm.gradient_bytes / 1e6:.1f} MB in {len(comm.bucket_bytes)} buckets; "
+            f"compute {comm.compute_s * 1e3:.1f} ms + exposed sync {exposed_ms:.1f} ms per optimizer step "
+            f"({comm.exposed_share:.0%} of it; all-reduce {allreduce_ms:.1f} ms, the rest overlaps "
+            f"backward, up to {comm.exposed_range_s[1] * 1e3:.1f} ms without overlap) over {over}{slowed}")

@@ -10,25 +10,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from planner.codec import encode
 from planner.errors import ConfigError
 from planner.files import write_file_safely
-from planner.jsonio import read_json_file
+from planner.jsonio import read_limited_bytes
 from planner.plan.layout import index_path, plan_text
 from planner.plan.types import Plan
-from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, validate_plan
+from planner.plan.validate import MAX_PLAN_BYTES, SCHEMA, plan_from_bytes, validate_plan
 
-__all__ = ["SCHEMA", "load_plan", "read_plan", "validate_plan", "write_plan"]
+__all__ = ["SCHEMA", "load_plan", "plan_fix", "read_plan_bytes", "validate_plan", "write_plan"]
 
 log = logging.getLogger(__name__)
 
 
 def write_plan(plan: Plan | Mapping[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``plan`` (a ``Plan`` or its JSON document) as JSON to ``path`` atomically (temporary file in
-    the same directory, then rename), and its rank index beside it (``planner.plan.layout``)."""
-    if isinstance(plan, Plan):
-        plan = plan.to_json()
-    validate_plan(plan, where="plan to write")
-    text, index = plan_text(plan)
+    """Write ``plan`` (a ``Plan``, or a plan document, which is validated first) as JSON to ``path`` atomically
+    (temporary file in the same directory, then rename), and its rank index beside it (``planner.plan.layout``).
+    What is written is read back first, as every reader will read it: a plan no reader would accept is not
+    written."""
+    text, index = plan_text(encode(validate_plan(plan, where="plan to write")))
+    plan_from_bytes(text.encode(), where="plan to write")
     target = Path(path)
     _write_atomically(text, target)
     if index is not None and target.is_file():  # a plan written through to a pipe or a device has no "beside"
@@ -51,33 +52,21 @@ def _write_atomically(text: str, target: Path) -> None:
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    """Read a plan.json whole, validate it and return it typed (``planner.plan.validate.validate_plan``).
-
-    Raises:
-        ConfigError: as ``read_plan``.
-    """
-    return validate_plan(read_document(path), where=str(path))
-
-
-def read_plan(path: str | os.PathLike) -> dict:
-    """Read and validate a plan.json, its JSON document (what training scripts read): size and nesting limits
-    first (``planner.jsonio``), then every rule of ``planner.plan.validate``.
+    """Read a plan.json whole and return it typed, validated (``planner.plan.validate``).
 
     Raises:
         ConfigError: missing file, too large or deep, not strict JSON, or breaking a rule of the plan.
     """
-    document = read_document(path)
-    validate_plan(document, where=str(path))
-    return document
+    return plan_from_bytes(read_plan_bytes(path), where=str(path), fix=plan_fix(Path(path)))
 
 
-def read_document(path: str | os.PathLike) -> dict:
-    """The JSON document of a plan file within the limits (size first, by ``stat``, before a byte is read);
-    not yet validated."""
+def read_plan_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of a plan file within the size limit (checked by ``stat`` before a byte is read); not yet
+    validated."""
     source = Path(path)
     if not source.is_file():
         raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
-    return read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES, fix=plan_fix(source))
+    return read_limited_bytes(source, what="plan file", max_bytes=MAX_PLAN_BYTES, fix=plan_fix(source))
 
 
 def plan_fix(source: Path) -> str:

@@ -9,9 +9,9 @@ plan file's bytes and of the index's other fields, the byte spans ``[start, end)
 ``nodes`` arrays and of each of their entries (flat: ``[s0, e0, s1, e1, ...]``), and every rank's batch.
 
 :func:`plan_parts` reads that back: it checks the digest (a plan edited by hand, re-indented by a tool, cut
-short, or written again without its index no longer matches, and is read whole instead), then parses only
-what it is asked for: the header (every field but the two arrays), one rank entry, one node entry; and it
-checks that the entries' ``"batch"`` in the bytes are the index's, so no rank can take another split than
+short, or written again without its index no longer matches, and is read whole instead), then gives only
+what it is asked for, as text to read: the header (every field, the two arrays empty), one rank entry, one
+node entry; and it checks that the entries' ``"batch"`` in the bytes are the index's, so no rank can take another split than
 the file's entries say. Text is ASCII (``json.dumps`` escapes the rest), so character and byte offsets
 agree. A plan without an index (copied alone to a node, ``--json`` output saved by hand, an older file) is
 still a plan, read whole.
@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import ConfigError
-from planner.jsonio import check_tree, loads_strict
+from planner.jsonio import loads_strict
 
 INDEX_SCHEMA = "batchplan/rank-index@1"
 INDEX_SUFFIX = ".index"
@@ -94,32 +94,25 @@ def _digest(plan: bytes, fields: bytes) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class PlanParts:
-    """The parts of an indexed plan file one rank reads, parsed but not yet validated."""
+    """The parts of an indexed plan file one rank reads, as JSON text not yet read."""
 
-    header: dict[str, Any]
-    """every top-level field but the layout's, with ``ranks`` and ``nodes`` empty"""
+    header: bytes
+    """the plan with ``ranks`` and ``nodes`` empty"""
     batches: tuple[int, ...]
     """every rank's batch, in rank order (the index's)"""
     num_nodes: int
     raw: bytes
-    """the file's bytes, from which :meth:`rank` and :meth:`node` parse single entries"""
+    """the file's bytes, of which :meth:`rank` and :meth:`node` give single entries"""
     rank_spans: tuple[int, ...]
     node_spans: tuple[int, ...]
-    source: str
 
-    def rank(self, i: int) -> Any:
-        """``ranks[i]`` parsed from its own bytes."""
-        return self._entry(self.rank_spans, i, f"ranks[{i}]")
+    def rank(self, i: int) -> bytes:
+        """The text of ``ranks[i]``."""
+        return self.raw[self.rank_spans[2 * i]:self.rank_spans[2 * i + 1]]
 
-    def node(self, j: int) -> Any:
-        """``nodes[j]`` parsed from its own bytes."""
-        return self._entry(self.node_spans, j, f"nodes[{j}]")
-
-    def _entry(self, spans: tuple[int, ...], i: int, what: str) -> Any:
-        start, end = spans[2 * i], spans[2 * i + 1]
-        value = loads_strict(self.raw[start:end], source=f"{self.source}: {what}", fix="regenerate the plan")
-        check_tree(value, f"{self.source}: {what}")
-        return value
+    def node(self, j: int) -> bytes:
+        """The text of ``nodes[j]``."""
+        return self.raw[self.node_spans[2 * j]:self.node_spans[2 * j + 1]]
 
 
 def plan_parts(raw: bytes, index_text: bytes, source: str) -> PlanParts | None:
@@ -137,15 +130,8 @@ def plan_parts(raw: bytes, index_text: bytes, source: str) -> PlanParts | None:
     if spans is None or not _batches_match(raw, spans[0], index["batches"]):
         return None
     (r0, r1), (n0, n1) = index["ranks_at"], index["nodes_at"]
-    try:
-        header = loads_strict(raw[:r0] + b"[]" + raw[r1:n0] + b"[]" + raw[n1:], source=source,
-                              fix="regenerate the plan")
-    except ConfigError:
-        return None
-    if not isinstance(header, dict):
-        return None
-    return PlanParts(header=header, batches=tuple(index["batches"]), num_nodes=len(spans[1]) // 2, raw=raw,
-                     rank_spans=spans[0], node_spans=spans[1], source=source)
+    return PlanParts(header=raw[:r0] + b"[]" + raw[r1:n0] + b"[]" + raw[n1:], batches=tuple(index["batches"]),
+                     num_nodes=len(spans[1]) // 2, raw=raw, rank_spans=spans[0], node_spans=spans[1])
 
 
 def _batches_match(raw: bytes, rank_spans: tuple[int, ...], batches: list[int]) -> bool:

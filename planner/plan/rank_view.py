@@ -19,30 +19,29 @@ digest recomputed still cannot give a rank another split than the entries' bytes
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from planner.codec import decode, decode_fields
 from planner.errors import ConfigError
 from planner.job import JobSpec
-from planner.jsonio import check_tree, loads_strict, read_limited_bytes
-from planner.plan.derived import TIME_REL_TOLERANCE, check_loss_weight, check_totals, rank_time_fit
+from planner.jsonio import read_limited_bytes
+from planner.plan.derived import (
+    check_loss_weight,
+    check_node_launch,
+    check_rank_time,
+    check_sections,
+    check_totals,
+)
 from planner.plan.io import plan_fix
-from planner.plan.launch import DEFAULT_PLAN_PATH, NodeLaunch
 from planner.plan.layout import PlanParts, index_path, plan_parts
 from planner.plan.types import LaunchInfo, NodeEntry, Plan, RankEntry
-from planner.plan.validate import (
-    MAX_PLAN_BYTES,
-    check_header,
-    check_node_fields,
-    check_rank_fields,
-    checked_job,
-    validate_plan,
-)
-from planner.profiles.checks import checked_profile
+from planner.plan.validate import MAX_PLAN_BYTES, plan_from_bytes
+from planner.profiles.checks import check_profile
 from planner.profiles.profile import DeviceProfile
 
 #: picks the rank to read once the plan's world size is known (``load_rank_plan``: ``RANK``, ``WORLD_SIZE``);
@@ -73,7 +72,6 @@ class RankView:
 def rank_view(plan: Plan, rank: int) -> RankView:
     """Rank ``rank``'s view of a typed (so validated) plan."""
     entry = plan.ranks[rank]
-    assert plan.launch is not None  # a validated plan has one
     return RankView(entry=entry, node=plan.nodes[entry.node_rank], num_nodes=len(plan.nodes),
                     world_size=plan.world_size, global_batch=plan.global_batch, accumulate=plan.accumulate,
                     step_batch=plan.step_batch, batches=tuple(r.batch for r in plan.ranks), job=plan.job,
@@ -102,7 +100,7 @@ def read_rank_view(path: str | os.PathLike, choose: RankChoice) -> RankView:
     if parts is None or header is None:
         return _whole(raw, where, choose)
     # a refusal by choose is about the launch, not the file: it stands
-    rank = choose(header["world_size"], lambda: [_checked_node(parts, j, where) for j in range(parts.num_nodes)])
+    rank = choose(header.world_size, lambda: [_checked_node(parts, j, where) for j in range(parts.num_nodes)])
     try:
         return _part_view(parts, header, rank, where)
     except ConfigError:
@@ -121,70 +119,49 @@ def _indexed_parts(raw: bytes, source: Path) -> PlanParts | None:
 
 
 def _whole(raw: bytes, where: str, choose: RankChoice) -> RankView:
-    document = loads_strict(raw, source=f"plan file {where}", fix=plan_fix(Path(where)))
-    plan = validate_plan(document, where=where)
+    plan = plan_from_bytes(raw, where=where, fix=plan_fix(Path(where)))
     return rank_view(plan, choose(plan.world_size, lambda: plan.nodes))
 
 
-def _checked_header(parts: PlanParts, where: str) -> dict[str, Any]:
-    """The header's fields checked as the validator checks them, and the totals over the index's batches."""
-    header = parts.header
-    check_tree(header, where)
-    check_header(header, where)
-    check_totals(header["world_size"], header["global_batch"], header["accumulate"], header["step_batch"],
-                 parts.batches, where)
+def _checked_header(parts: PlanParts, where: str) -> Any:
+    """Every field but the ranks and nodes, read and checked as the whole plan's are (``planner.codec``), the
+    sections' identities (``planner.plan.derived.check_sections``) and the totals over the index's batches."""
+    header = SimpleNamespace(**decode_fields(Plan, parts.header, where=where, fix=plan_fix(Path(where)),
+                                             without=("ranks", "nodes")))
+    check_sections(header)
+    check_totals(header.world_size, header.global_batch, header.accumulate, header.step_batch, parts.batches)
     return header
 
 
-def _part_view(parts: PlanParts, header: dict[str, Any], rank: int, where: str) -> RankView:
+def _part_view(parts: PlanParts, header: Any, rank: int, where: str) -> RankView:
     """Rank ``rank``'s entry and node parsed from their own bytes and checked against the header."""
-    at = f"{where}: ranks[{rank}]"
-    data = parts.rank(rank)
-    check_rank_fields(data, rank, header["profiles"], where)
-    entry = RankEntry.from_json(data)
+    at = f"ranks[{rank}]"
+    entry = decode(RankEntry, parts.rank(rank), where=f"{where}: {at}", fix="")
     if entry.rank != rank or entry.batch != parts.batches[rank]:
         raise ConfigError(f"{at} is not the entry the plan's index names")
-    check_loss_weight(entry.loss_weight, entry.batch, header["world_size"], header["step_batch"], at)
-    profile = checked_profile(header["profiles"][entry.profile], f"{where}.profiles[{entry.profile!r}]")
-    if "measured" not in header:  # as planner.plan.derived.check_identities
-        wanted = rank_time_fit(profile.time_fit, entry.speed_factor).predict_s(entry.batch)
-        if not math.isclose(entry.predicted_step_time_s, wanted, rel_tol=TIME_REL_TOLERANCE):
-            raise ConfigError(f"{at}.predicted_step_time_s is not its profile's time")
+    if entry.profile not in header.profiles:
+        raise ConfigError(f"{at}.profile {entry.profile!r} is not a key of profiles")
+    profile = header.profiles[entry.profile]
+    check_profile(profile, f"profiles[{entry.profile!r}]")
+    check_loss_weight(entry.loss_weight, entry.batch, header.world_size, header.step_batch, at)
+    if header.measured is None:  # as planner.plan.derived.check_identities
+        check_rank_time(entry, profile.time_fit, at)
     if not 0 <= entry.node_rank < parts.num_nodes:
         raise ConfigError(f"{at}.node_rank {entry.node_rank} is not a node of the plan")
     node = _checked_node(parts, entry.node_rank, where)
     first = node if entry.node_rank == 0 else _checked_node(parts, 0, where)
-    launch = LaunchInfo.from_json(header["launch"])
     if node.name != entry.node or not entry.local_rank < node.nproc_per_node:
         raise ConfigError(f"{at} is not on its node {node.name!r} as the plan says")
-    if launch.master_addr != (first.address or first.name):
-        raise ConfigError(f"{where}.launch.master_addr is not the address of node rank 0")
-    _check_node_launch(node, entry, launch, parts.num_nodes, where)
-    return RankView(entry=entry, node=node, num_nodes=parts.num_nodes, world_size=header["world_size"],
-                    global_batch=header["global_batch"], accumulate=header["accumulate"],
-                    step_batch=header["step_batch"], batches=parts.batches, job=checked_job(header["job"], where),
-                    profile=profile, launch=launch)
+    if header.launch.master_addr != (first.address or first.name):
+        raise ConfigError("launch.master_addr is not the address of node rank 0")
+    check_node_launch(node, [entry], header.launch, parts.num_nodes)
+    return RankView(entry=entry, node=node, num_nodes=parts.num_nodes, world_size=header.world_size,
+                    global_batch=header.global_batch, accumulate=header.accumulate, step_batch=header.step_batch,
+                    batches=parts.batches, job=header.job, profile=profile, launch=header.launch)
 
 
 def _checked_node(parts: PlanParts, j: int, where: str) -> NodeEntry:
-    data = parts.node(j)
-    check_node_fields(data, j, where)
-    node = NodeEntry.from_json(data)
+    node = decode(NodeEntry, parts.node(j), where=f"{where}: nodes[{j}]", fix="")
     if node.node_rank != j:
-        raise ConfigError(f"{where}: nodes[{j}].node_rank is {node.node_rank}, expected {j}")
+        raise ConfigError(f"nodes[{j}].node_rank is {node.node_rank}, expected {j}")
     return node
-
-
-def _check_node_launch(node: NodeEntry, entry: RankEntry, launch: LaunchInfo, num_nodes: int, where: str) -> None:
-    """The rank's device is its slot of the node's device list, and the node's line and environment are the
-    ones its fields give (``planner.plan.validate.check_node_launch`` on the whole plan)."""
-    rebuilt = NodeLaunch(nnodes=num_nodes, node_rank=node.node_rank, nproc_per_node=node.nproc_per_node,
-                         master_addr=launch.master_addr, master_port=launch.master_port,
-                         cuda_visible_devices=node.cuda_visible_devices, script=launch.script,
-                         plan_path=launch.plan_path or DEFAULT_PLAN_PATH)
-    devices = node.cuda_visible_devices.split(",")
-    device = devices[entry.local_rank] if len(devices) == node.nproc_per_node else None
-    if device is None or (device.isdigit() and int(device) != entry.device_index):
-        raise ConfigError(f"{where}: nodes[{node.node_rank}].cuda_visible_devices does not name rank {entry.rank}'s device")
-    if node.torchrun != rebuilt.torchrun_line() or (node.env is not None and node.env != rebuilt.env()):
-        raise ConfigError(f"{where}: nodes[{node.node_rank}] holds a launch line its fields do not give")

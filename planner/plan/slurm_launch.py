@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import shlex
 
+from planner.plan.derived import node_launch
 from planner.plan.launch import NodeLaunch
 from planner.plan.types import Plan
-from planner.plan.validate import node_launch
 
 NODE_RANK_VAR = "SLURM_NODEID"
 
@@ -33,7 +33,7 @@ def _torchrun_words(launch: NodeLaunch, node_rank_word: str) -> str:
 
 def node_script(plan: Plan) -> str:
     """The shell text each srun task runs (``bash -c`` takes it as one word)."""
-    launches = [node_launch(plan, rank) for rank in range(len(plan.nodes))]
+    launches = [node_launch(node, plan.launch, len(plan.nodes)) for node in plan.nodes]
     shapes = {(launch.nproc_per_node, launch.cuda_visible_devices) for launch in launches}
     if len(shapes) == 1:
         return _torchrun_words(launches[0], f'"${NODE_RANK_VAR}"')

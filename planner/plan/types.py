@@ -1,25 +1,49 @@
-"""The plan, typed: ``Plan`` with its ``RankEntry``/``NodeEntry``/``LaunchInfo`` parts, the devices that may
-become ranks (``RankSlot``) and those left out (``ExcludedDevice`` with an ``ExclusionKind``).
+"""The plan, declared once: ``Plan`` (``batchplan/plan@1``) with its ``RankEntry``/``NodeEntry``/``LaunchInfo``/
+``ExcludedDevice`` parts and its sections (``planner.plan.sections``), the devices that may become ranks
+(``RankSlot``) and why one is left out (``ExclusionKind``).
 
-Inside the program a plan is a ``Plan``; JSON exists only at the edges (``to_json``/``from_json``, used by
-``planner.plan.io`` and the CLI's ``--json``). ``to_json`` writes ``batchplan/plan@1`` exactly as before:
-the same fields in the same order. Two things are typed in the program only and not written (the schema is
-unchanged): why a device was left out (``ExcludedDevice.kind``) and which warnings are the allocation's
-advice (``Plan.advice``, whose sentences are also in ``warnings``). A plan read back from a file has
-``kind=None`` and no ``advice``.
+The dataclasses are the document: ``planner.codec`` reads plan.json into them and writes them back, fields in
+declared order, bounds and patterns from their annotations; a field added after the first release is omitted
+while it holds its default, so older files read and write back as they were. Constructing a ``Plan`` checks
+the identities between its fields (``planner.plan.derived.check_identities``), once, whoever constructs it:
+the builder, the reader, the re-balancer. ``Plan.advice`` (the allocation's advice, typed; its sentences are
+also in ``warnings``) is in the program only; ``Plan.extra`` keeps the top-level keys of a newer writer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from planner.allocate.advice import Advice
+from planner.codec import NOT_WRITTEN, OMIT_DEFAULT, UNKNOWN_KEYS, Meta
 from planner.job import JobSpec, Mode
 from planner.plan.derived import check_identities
+from planner.plan.launch import HOST, NODE_NAME
+from planner.plan.sections import CommSection, MeasuredSection, ProbingInfo
 from planner.profiles.profile import DeviceProfile
+
+SCHEMA = "batchplan/plan@1"
+#: most ranks a plan may hold: 65,536 GPUs is beyond any job this planner is meant for, and bounds the
+#: work a hostile plan can cause
+MAX_PLAN_RANKS = 65_536
+#: largest per-rank batch, accumulation or byte count a plan may hold (2^53: exact in a JSON double)
+MAX_COUNT = 2**53
+#: most options ``alternatives`` may compare, and most lines in ``warnings`` or ``notes``: far above what the
+#: planner writes (5 options; a few dozen lines), a bound for hostile files
+MAX_ALTERNATIVES = 64
+MAX_LINES = 65_536
+
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+NonNegative = Annotated[float, Meta(ge=0)]
+Share = Annotated[float, Meta(ge=0, le=1)]
+Line = Annotated[str, Meta(description="be a string")]
+Lines = Annotated[tuple[Line, ...], Meta(max_length=MAX_LINES)]
+NodeName = Annotated[str, Meta(pattern=rf"\A(?:{NODE_NAME.pattern})\Z", description=(
+    "be a node name (letters, digits, '.', '_' and '-', starting with a letter or digit, at most 253 characters)"))]
+Host = Annotated[str, Meta(pattern=rf"\A(?:{HOST.pattern})\Z", description="be a host name or IP address")]
 
 
 class ExclusionKind(Enum):
@@ -67,243 +91,126 @@ class RankSlot:
 
 @dataclass(frozen=True, kw_only=True)
 class ExcludedDevice:
+    """A device (or a whole node) the plan leaves out, and why."""
+
     node: str
-    device_index: int | None
+    device_index: int | None = None
     """None when the whole node is left out"""
-    gpu: str | None
+    gpu: str | None = None
     reason: str
     """one line for people; programs read ``kind``"""
-    kind: ExclusionKind | None = None
-    """None only for a plan read from a file (the file keeps the reason alone)"""
-
-    def to_json(self) -> dict:
-        return {"node": self.node, "device_index": self.device_index, "gpu": self.gpu, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ExcludedDevice:
-        return cls(node=data["node"], device_index=data.get("device_index"), gpu=data.get("gpu"), reason=data["reason"])
+    kind: ExclusionKind | None = field(default=None, metadata=OMIT_DEFAULT)
+    """what kind of reason; None in plans written without it"""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RankEntry:
     """One rank of the plan: where it runs and its share of every step."""
 
-    rank: int
-    node: str
-    node_rank: int
-    local_rank: int
-    device_index: int
+    rank: Count
+    node: NodeName
+    node_rank: Count
+    local_rank: Count
+    device_index: Count
     gpu: str
     profile: str
-    batch: int
-    max_batch: int
+    """key of its profile in ``Plan.profiles``"""
+    batch: Positive
+    max_batch: Count
     loss_weight: float
-    predicted_memory_bytes: int
-    memory_budget_bytes: int
-    total_memory_bytes: int
-    predicted_step_time_s: float
-    idle_fraction: float | None = None
+    """``batch · world_size / step_batch`` (``planner.plan.derived.loss_weight_of``)"""
+    predicted_memory_bytes: Count
+    memory_budget_bytes: Count
+    total_memory_bytes: Count
+    predicted_step_time_s: Annotated[float, Meta(gt=0)]
+    idle_fraction: Annotated[float, Meta(ge=0, le=1, description="be a share in [0, 1]")] | None = field(
+        default=None, metadata=OMIT_DEFAULT)
     """share of a step this rank waits for the slowest; None in plans written without it"""
-    speed_factor: float = 1.0
+    speed_factor: Annotated[float, Meta(gt=0, le=1, description="be a share of the profiled speed in (0, 1]")] = 1.0
     """share of the profiled speed the rank gets on its GPU (below 1 where other work keeps it busy:
     ``planner.probing.busy``); ``predicted_step_time_s`` is the profile's time divided by it"""
-
-    def to_json(self) -> dict:
-        data = {
-            "rank": self.rank,
-            "node": self.node,
-            "node_rank": self.node_rank,
-            "local_rank": self.local_rank,
-            "device_index": self.device_index,
-            "gpu": self.gpu,
-            "profile": self.profile,
-            "batch": self.batch,
-            "max_batch": self.max_batch,
-            "loss_weight": self.loss_weight,
-            "predicted_memory_bytes": self.predicted_memory_bytes,
-            "memory_budget_bytes": self.memory_budget_bytes,
-            "total_memory_bytes": self.total_memory_bytes,
-            "predicted_step_time_s": self.predicted_step_time_s,
-        }
-        if self.idle_fraction is not None:
-            data["idle_fraction"] = self.idle_fraction
-        data["speed_factor"] = self.speed_factor
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RankEntry:
-        """The entry of a validated document (``planner.plan.validate.check_rank_fields`` checked its fields).
-
-        Built without the dataclass ``__init__`` (which sets each of 16 fields through ``object.__setattr__``):
-        a 65,536-rank plan has that many entries, and ``show`` must take seconds, not tens of seconds."""
-        entry = object.__new__(cls)
-        values = {name: data[name] for name in _RANK_REQUIRED}
-        values.update(idle_fraction=data.get("idle_fraction"), speed_factor=data.get("speed_factor", 1.0))
-        entry.__dict__.update(values)
-        return entry
-
-
-_RANK_REQUIRED = tuple(f for f in RankEntry.__dataclass_fields__ if f not in ("idle_fraction", "speed_factor"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class NodeEntry:
     """One node of the plan and the line that starts its ranks."""
 
-    name: str
-    node_rank: int
-    address: str | None
-    """host name or IP for ``--master-addr``; None in plans written without it"""
+    name: NodeName
+    node_rank: Count
+    address: Host | None = field(default=None, metadata=OMIT_DEFAULT)
+    """host name or IP for ``--master-addr``; None in plans written without it (then the node's name)"""
     cuda_visible_devices: str
-    nproc_per_node: int
+    nproc_per_node: Annotated[int, Meta(ge=1, le=MAX_PLAN_RANKS)]
     torchrun: str
-    env: dict[str, str] | None = None
+    env: Annotated[dict[str, str], Meta(description="map names to strings")] | None = field(
+        default=None, metadata=OMIT_DEFAULT)
     """the node's launch environment (``--emit env``); None in plans written without it"""
-
-    def to_json(self) -> dict:
-        data: dict[str, Any] = {"name": self.name, "node_rank": self.node_rank}
-        if self.address is not None:
-            data["address"] = self.address
-        data.update(cuda_visible_devices=self.cuda_visible_devices, nproc_per_node=self.nproc_per_node,
-                    torchrun=self.torchrun)
-        if self.env is not None:
-            data["env"] = dict(self.env)
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> NodeEntry:
-        return cls(name=data["name"], node_rank=data["node_rank"], address=data.get("address"),
-                   cuda_visible_devices=data["cuda_visible_devices"], nproc_per_node=data["nproc_per_node"],
-                   torchrun=data["torchrun"], env=dict(data["env"]) if data.get("env") is not None else None)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchInfo:
     """What every node's torchrun line shares."""
 
-    master_addr: str | None
-    master_port: int | None
-    script: str | None
-    plan_path: str | None = None
+    master_addr: Host
+    master_port: int
+    script: str
+    plan_path: str | None = field(default=None, metadata=OMIT_DEFAULT)
     """the plan file the lines name (``--plan``); None in plans written without it (then ``plan.json``)"""
-
-    def to_json(self) -> dict:
-        data: dict[str, Any] = {"master_addr": self.master_addr, "master_port": self.master_port, "script": self.script}
-        if self.plan_path is not None:
-            data["plan_path"] = self.plan_path
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LaunchInfo:
-        return cls(master_addr=data.get("master_addr"), master_port=data.get("master_port"), script=data.get("script"),
-                   plan_path=data.get("plan_path"))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
     """A whole plan (``batchplan/plan@1``); the field meanings are in DESIGN.md, "Interfaces"."""
 
-    schema: str
+    schema: Annotated[Literal["batchplan/plan@1"], Meta(description=f"be {SCHEMA!r} (is it a batchplan plan?)")]
     created: str
     """ISO 8601 UTC time the plan was made"""
     job: JobSpec
-    world_size: int
-    global_batch: int
-    accumulate: int
-    step_batch: int
-    predicted_step_time_s: float
-    throughput_samples_per_s: float
-    balance_efficiency: float
+    world_size: Annotated[int, Meta(ge=1, le=MAX_PLAN_RANKS)]
+    global_batch: Annotated[int, Meta(le=MAX_COUNT)]
+    """``step_batch × accumulate`` (so >= 0: ``planner.plan.derived``); a bad ``accumulate`` is named, not it"""
+    accumulate: Annotated[int, Meta(ge=1, le=MAX_COUNT, description="be >= 1 (micro-steps per optimizer step)")]
+    step_batch: Count
+    predicted_step_time_s: NonNegative
+    """the slowest rank's compute plus the exposed synchronisation per optimizer step, shared over its micro-steps"""
+    throughput_samples_per_s: NonNegative
+    balance_efficiency: NonNegative
+    balance_efficiency_range: Annotated[
+        tuple[Share, Share], Meta(description="be [low, high] with 0 <= low <= high <= 1")
+    ] | None = field(default=None, metadata=OMIT_DEFAULT)
+    """(low, high) balance efficiency to expect at real speed: each GPU type's step time off by ±1σ of the
+    calibrated time model (``planner.allocate.uncertainty``); None in plans written without it"""
     mode: Mode
-    alternatives: dict[str, float] | None
+    alternatives: Annotated[dict[str, Annotated[float, Meta(
+        ge=0, description="be a throughput in samples/s (a number >= 0)")]], Meta(max_length=MAX_ALTERNATIVES)
+    ] | None = field(default=None, metadata=OMIT_DEFAULT)
     """throughput of the options the advice compared; None in plans written without it"""
     ranks: tuple[RankEntry, ...]
     nodes: tuple[NodeEntry, ...]
-    launch: LaunchInfo | None
+    launch: LaunchInfo
     excluded: tuple[ExcludedDevice, ...]
     profiles: dict[str, DeviceProfile]
-    warnings: tuple[str, ...]
+    warnings: Lines
     """every warning, the advice sentences included"""
-    balance_efficiency_range: tuple[float, float] | None = None
-    """(low, high) balance efficiency to expect at real speed: each GPU type's step time off by ±1σ of the
-    calibrated time model (``planner.allocate.uncertainty``); None in plans written without it"""
-    notes: tuple[str, ...] = ()
+    notes: Lines = ()
     """information, not warnings: the comparison with plain DDP, an option not compared and why, what the
     balance efficiency means (``planner.allocate.advice.NOTE_KINDS``); empty in plans written without it"""
-    advice: tuple[Advice, ...] = ()
-    """the allocation's advice, typed (also in ``warnings``); not written to the file"""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """further top-level fields, written after the standard ones: ``probing`` (how the plan was made),
-    ``cluster``, ..."""
+    predicted_comm_time_s: NonNegative | None = field(default=None, metadata=OMIT_DEFAULT)
+    """exposed gradient synchronisation per optimizer step (``comm``); None in plans written without the model"""
+    comm: CommSection | None = field(default=None, metadata=OMIT_DEFAULT)
+    cluster: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    """what the plan was made for: the config's name, or the Ray address"""
+    probing: ProbingInfo | None = field(default=None, metadata=OMIT_DEFAULT)
+    measured: MeasuredSection | None = field(default=None, metadata=OMIT_DEFAULT)
+    """what a re-balanced run of the plan measured; its ranks' times are then the measured ones"""
+    advice: tuple[Advice, ...] = field(default=(), metadata=NOT_WRITTEN)
+    """the allocation's advice, typed (also in ``warnings``); empty in a plan read from a file"""
+    extra: dict[str, Any] = field(default_factory=dict, metadata=UNKNOWN_KEYS)
+    """top-level keys a newer batchplan wrote and this one does not know: kept, and written back"""
+
+    def __post_init__(self) -> None:
+        check_identities(self)
 
     def replace(self, **changes: Any) -> Plan:
-        from dataclasses import replace
-
+        """This plan with ``changes`` (its identities checked again)."""
         return replace(self, **changes)
-
-    def with_extra(self, **fields: Any) -> Plan:
-        """This plan with more top-level fields (``probing=...``)."""
-        return self.replace(extra={**self.extra, **fields})
-
-    def to_json(self) -> dict:
-        data: dict[str, Any] = {
-            "schema": self.schema,
-            "created": self.created,
-            "job": self.job.to_json(),
-            "world_size": self.world_size,
-            "global_batch": self.global_batch,
-            "accumulate": self.accumulate,
-            "step_batch": self.step_batch,
-            "predicted_step_time_s": self.predicted_step_time_s,
-            "throughput_samples_per_s": self.throughput_samples_per_s,
-            "balance_efficiency": self.balance_efficiency,
-        }
-        if self.balance_efficiency_range is not None:
-            data["balance_efficiency_range"] = list(self.balance_efficiency_range)
-        data["mode"] = self.mode
-        if self.alternatives is not None:
-            data["alternatives"] = dict(self.alternatives)
-        data["ranks"] = [r.to_json() for r in self.ranks]
-        data["nodes"] = [n.to_json() for n in self.nodes]
-        if self.launch is not None:
-            data["launch"] = self.launch.to_json()
-        data["excluded"] = [e.to_json() for e in self.excluded]
-        data["profiles"] = {key: p.to_json() for key, p in self.profiles.items()}
-        data["warnings"] = list(self.warnings)
-        data["notes"] = list(self.notes)
-        data.update(self.extra)
-        return data
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], where: str = "plan") -> Plan:
-        """The plan of a document whose fields are of their types (``planner.plan.validate.validate_plan``
-        checks them first), its identities checked (``planner.plan.derived.check_identities``).
-
-        Raises:
-            ConfigError: an identity between the fields is broken, naming ``where``.
-        """
-        launch = data.get("launch")
-        plan = cls(
-            **{name: data[name] for name in _PLAN_SCALARS},
-            job=JobSpec.from_json(data["job"]),
-            mode=Mode(data["mode"]),
-            alternatives=dict(data["alternatives"]) if data.get("alternatives") is not None else None,
-            balance_efficiency_range=(
-                tuple(data["balance_efficiency_range"]) if data.get("balance_efficiency_range") is not None else None
-            ),
-            ranks=tuple(RankEntry.from_json(r) for r in data["ranks"]),
-            nodes=tuple(NodeEntry.from_json(n) for n in data["nodes"]),
-            launch=LaunchInfo.from_json(launch) if launch else None,
-            excluded=tuple(ExcludedDevice.from_json(e) for e in data["excluded"]),
-            profiles={k: DeviceProfile.from_json(p, where=f"{where}: profiles[{k!r}]") for k, p in data["profiles"].items()},
-            warnings=tuple(data["warnings"]),
-            notes=tuple(data.get("notes", ())),
-            extra={k: v for k, v in data.items() if k not in _PLAN_FIELDS},
-        )
-        check_identities(plan, where)
-        return plan
-
-
-_PLAN_SCALARS = ("schema", "created", "world_size", "global_batch", "accumulate", "step_batch",
-                 "predicted_step_time_s", "throughput_samples_per_s", "balance_efficiency")
-_PLAN_FIELDS = frozenset(Plan.__dataclass_fields__) - {"advice", "extra"}

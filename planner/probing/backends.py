@@ -257,11 +257,11 @@ class RayBackend:
                   detail={"node": node, "actor_name": self.actor_names[group_id],
                           "method": planned_method(request.method, request.device_index).value})
         )
-        ref = self.actors[group_id].profile.remote(request.job.to_json(), request.gpu.name, request.method.value,
+        ref = self.actors[group_id].profile.remote(request.job, request.gpu.name, request.method.value,
                                                    request.device_index)
         results, failures = self._wait({group_id: ref}, self.profile_timeout_s)
         if group_id in results:
-            return DeviceProfile.from_json(results[group_id]["profile"]), node
+            return results[group_id]["profile"], node
         reason = failures[group_id]
         if not isinstance(reason, str):
             raise reason

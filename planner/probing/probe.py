@@ -16,6 +16,7 @@ import os
 from collections.abc import Sequence
 
 from planner.cluster import NodeSpec
+from planner.job import JobSpec
 from planner.probing.inventory import NodeInventory, real_inventory, simulated_inventory
 from torchkit.hardware.catalog import GpuCatalog
 
@@ -89,12 +90,10 @@ class NodeProbe:
 
         return timed_allreduce(rank, world, master_addr, master_port, sizes, repeats)
 
-    def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None) -> dict:
-        """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity."""
-        from planner.job import JobSpec
+    def profile(self, job: JobSpec, gpu_type: str, method: str, device_index: int | None = None) -> dict:
+        """Profile one GPU type for the job; returns the ``DeviceProfile`` (``profile``) and the probe's identity."""
         from planner.profiling.make import make_profile
 
-        job = JobSpec.from_json(job_json)
         profile = make_profile(
             job,
             self._catalog.get(gpu_type),
@@ -102,4 +101,4 @@ class NodeProbe:
             device_index=device_index,
             estimates_cache=self._estimates_cache,
         )
-        return {"profile": profile.to_json(), **self.identity()}
+        return {"profile": profile, **self.identity()}

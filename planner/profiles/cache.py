@@ -29,10 +29,11 @@ import os
 import stat
 from pathlib import Path
 
+from planner.codec import convert, encode
 from planner.errors import ConfigError, FieldError
 from planner.files import write_file_safely
 from planner.jsonio import read_json_file
-from planner.profiles.checks import check_against_gpu, checked_profile
+from planner.profiles.checks import check_against_gpu, check_profile
 from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import MEASURED_METHOD, MEASURED_SCHEME
 from planner.profiles.profile import DeviceProfile
@@ -111,7 +112,7 @@ class ProfileCache:
         """Store ``profile`` under ``key``, with the ``inputs`` the key was made from."""
         if key_of_inputs(inputs) != key:
             raise ValueError(f"key {key} is not the key of its inputs {inputs}")  # our own invariant
-        profile_json = profile.to_json()
+        profile_json = encode(profile)
         entry = {"schema": CACHE_SCHEMA, "key": key, "inputs": dict(inputs), "checksum": _checksum(profile_json),
                  "profile": profile_json}
         self.check_directory()
@@ -164,7 +165,8 @@ def _trusted_profile(entry: object, key: str, where: str) -> DeviceProfile:
         raise ValueError("entry does not record what its key is made of")
     if key_of_inputs(inputs) != key:
         raise ValueError(f"its key recomputed from its own inputs is {key_of_inputs(inputs)}, not {key}")
-    profile = checked_profile(entry["profile"], "profile")
+    profile = convert(DeviceProfile, entry["profile"], where="profile")
+    check_profile(profile, "profile")
     # a measured-in-job key names no method: its profiles are all of method "job"
     method = MEASURED_METHOD if inputs.get("scheme") == MEASURED_SCHEME else inputs.get("method")
     for field, wanted, value in (("gpu", inputs.get("gpu"), profile.gpu), ("method", method, profile.method),

@@ -1,6 +1,8 @@
 """Is a device profile physically possible? Checked wherever a profile comes from a file (plan.json, the
 profile cache), because a checksum only proves that a file was not damaged by accident, never that its
-numbers make sense: anyone can recompute a plain hash.
+numbers make sense: anyone can recompute a plain hash. The profile's shape (its fields and their types) is
+its declaration's (``planner.profiles.profile``, read by ``planner.codec``); these are the rules between its
+numbers.
 
 A training step's memory and time are positive and finite, memory grows with the batch (weights, gradients
 and optimizer state are fixed; activations grow per sample), and a batch that ran out of memory lies above
@@ -20,16 +22,12 @@ filed under a faster one's name passes every physical bound; only profiling agai
 from __future__ import annotations
 
 import math
-from typing import Any, get_args
 
+from planner.codec import encode
 from planner.errors import ConfigError
-from planner.profiles.profile import DeviceProfile, ProfileMethod
+from planner.profiles.profile import DeviceProfile
 from torchkit.hardware.catalog import GpuSpec
-from torchkit.step.options import AMP_MODES
 
-METHODS = get_args(ProfileMethod)
-#: most points a profile holds (the estimator uses 3, a measurement about 10): a bound for hostile files
-MAX_PROFILE_POINTS = 1024
 #: more device memory than any GPU has (H200: 141 GB) by far: 1 PiB
 MAX_DEVICE_BYTES = 2**50
 #: no training step takes a day
@@ -42,34 +40,14 @@ BANDWIDTH_BOUND_MARGIN = 2.0
 FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")
 
 
-def checked_profile(data: Any, where: str) -> DeviceProfile:
-    """Parse ``data`` (``DeviceProfile.to_json()`` form) and check it is physically possible.
+def check_profile(profile: DeviceProfile, where: str) -> None:
+    """The physics of a profile (see the module docstring); ``where`` names it in messages.
 
     Raises:
-        ConfigError: malformed or impossible, naming ``where`` and the field.
+        ConfigError: the first rule broken, naming ``where`` and the field.
     """
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be an object, got {type(data).__name__}")
-    for name in ("memory_points", "time_points"):
-        points = data.get(name)
-        if not isinstance(points, list) or not points or len(points) > MAX_PROFILE_POINTS:
-            raise ConfigError(f"{where}.{name} must be a list of 1 to {MAX_PROFILE_POINTS} [batch, value] points")
-        for i, point in enumerate(points):
-            if not (isinstance(point, list) and len(point) == 2 and all(_is_number(v) for v in point)):
-                raise ConfigError(f"{where}.{name}[{i}] must be a [batch, value] pair of numbers, got {point!r}")
-    profile = DeviceProfile.from_json(data, where=where)
-    check_profile(profile, where)
-    return profile
-
-
-def check_profile(profile: DeviceProfile, where: str) -> None:
-    """The physics of an already parsed profile (see the module docstring)."""
     if not profile.gpu.strip():
         raise ConfigError(f"{where}.gpu is empty")
-    if profile.method not in METHODS:
-        raise ConfigError(f"{where}.method {profile.method!r} is not one of {', '.join(METHODS)}")
-    if profile.amp not in AMP_MODES:
-        raise ConfigError(f"{where}.amp {profile.amp!r} is not one of {', '.join(AMP_MODES)}")
     for batch, num_bytes in profile.memory_points:
         _check_point(where, "memory_points", batch, num_bytes, MAX_DEVICE_BYTES, "bytes")
     for batch, seconds in profile.time_points:
@@ -78,7 +56,7 @@ def check_profile(profile: DeviceProfile, where: str) -> None:
     fit = profile.time_fit
     if not (_finite(fit.intercept_s) and _finite(fit.s_per_sample)) or fit.intercept_s < 0 or fit.s_per_sample < 0:
         raise ConfigError(
-            f"{where}.time_fit must have finite intercept_s >= 0 and s_per_sample >= 0, got {fit.to_json()}"
+            f"{where}.time_fit must have finite intercept_s >= 0 and s_per_sample >= 0, got {encode(fit)}"
         )
     if not profile.step_time_s(1) > 0:
         raise ConfigError(f"{where}.time_fit predicts {profile.step_time_s(1)} s for one sample; a step takes time")
@@ -98,16 +76,16 @@ def check_profile(profile: DeviceProfile, where: str) -> None:
 
 def _check_memory_fit(profile: DeviceProfile, where: str) -> None:
     fit = profile.memory_fit
-    values = list(fit.to_json().values())[1:]
+    values = list(encode(fit).values())[1:]
     if not all(_finite(v) for v in values):
-        raise ConfigError(f"{where}.memory_fit must hold finite numbers, got {fit.to_json()}")
+        raise ConfigError(f"{where}.memory_fit must hold finite numbers, got {encode(fit)}")
     if fit.kind == "affine":
         grows = fit.bytes_per_sample > 0 and fit.intercept_bytes >= 0
     else:
         grows = fit.log_slope > 0 and abs(fit.log_intercept) < math.log(MAX_DEVICE_BYTES)
     if not grows:
         raise ConfigError(
-            f"{where}.memory_fit {fit.to_json()} does not grow with the batch from a non-negative base "
+            f"{where}.memory_fit {encode(fit)} does not grow with the batch from a non-negative base "
             "(activations make every extra sample cost memory)"
         )
     if not 0 < fit.predict_bytes(1) <= MAX_DEVICE_BYTES:
@@ -124,10 +102,6 @@ def _check_point(where: str, name: str, batch: int, value: float, limit: float, 
 
 def _finite(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_against_gpu(profile: DeviceProfile, gpu: GpuSpec, where: str) -> None:

@@ -11,19 +11,19 @@ global batch still finds it. ``batchplan plan --method auto`` looks there before
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
+from planner.job import JobSpec
 from planner.profiles.key import key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
 __all__ = ["MEASURED_METHOD", "MEASURED_SCHEME", "find_measured", "measured_key_inputs", "measured_profile_key",
-           "software_version"]
+           "software_version", "step_fields"]
 
 #: ``DeviceProfile.method`` of a profile measured inside a running job
 MEASURED_METHOD = "job"
 #: the job fields that decide how fast one training step runs (JobSpec names)
-_STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
+STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
 
 
 #: the first part of a measured-in-job key, which tells it from a planning key (``planner.profiles.key``)
@@ -41,27 +41,28 @@ def software_version() -> str:
         return "torch unknown"
 
 
-def measured_key_inputs(job: Mapping[str, Any], gpu: str, amp: str, *, fingerprint: str) -> dict[str, str]:
+def measured_key_inputs(job: JobSpec, gpu: str, amp: str, *, fingerprint: str) -> dict[str, str]:
     """The named parts of :func:`measured_profile_key`, in the order it hashes them (the profile cache records
     them so that an entry's key can be recomputed from what it claims to describe). ``fingerprint``: the
     job's workload fingerprint (``planner.profiling.job_fingerprint(job)[0]``); ``software`` is this
     process's torch: the job that measured and the planner that reads must run the same."""
-    parts = [job.get(name) for name in _STEP_FIELDS]
-    values = [MEASURED_SCHEME, fingerprint, *[list(p) if isinstance(p, tuple) else p for p in parts], amp, gpu,
-              software_version()]
-    names = ["scheme", "fingerprint", *_STEP_FIELDS, "amp", "gpu", "software"]
+    values = [MEASURED_SCHEME, fingerprint, *step_fields(job), amp, gpu, software_version()]
+    names = ["scheme", "fingerprint", *STEP_FIELDS, "amp", "gpu", "software"]
     return {name: str(value) for name, value in zip(names, values, strict=True)}
 
 
-def measured_profile_key(job: Mapping[str, Any], gpu: str, amp: str, *, fingerprint: str) -> str:
-    """Cache key of the in-job measured profile of (the job's model, input and optimizer; ``amp``; ``gpu``).
+def step_fields(job: JobSpec) -> list[Any]:
+    """The job's fields that decide how fast one training step runs, as a key writes them (a shape as a list)."""
+    values = [getattr(job, name) for name in STEP_FIELDS]
+    return [list(v) if isinstance(v, tuple) else v for v in values]
 
-    ``job`` is a ``JobSpec.to_json()`` (as in plan.json's ``job``); missing fields count as unset.
-    """
+
+def measured_profile_key(job: JobSpec, gpu: str, amp: str, *, fingerprint: str) -> str:
+    """Cache key of the in-job measured profile of (the job's model, input and optimizer; ``amp``; ``gpu``)."""
     return key_of_inputs(measured_key_inputs(job, gpu, amp, fingerprint=fingerprint))
 
 
-def find_measured(cache: Any, job: Mapping[str, Any], gpu: str, amp: str, *, fingerprint: str) -> DeviceProfile | None:
+def find_measured(cache: Any, job: JobSpec, gpu: str, amp: str, *, fingerprint: str) -> DeviceProfile | None:
     """The measured-in-job profile of this job on ``gpu`` in ``cache`` (a ``ProfileCache``), or None."""
     if cache is None:
         return None

@@ -30,9 +30,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from planner.files import write_file_safely
+from planner.job import JobSpec
 from planner.profiles import measured
 from planner.profiles.key import key_of_inputs
 
@@ -41,7 +41,6 @@ __all__ = ["SYNC_SCHEME", "JobSync", "find_job_sync", "store_job_sync", "sync_ke
 SYNC_SCHEME = "measured-sync-in-job"
 """the first part of a measured-synchronisation key, which tells it from a profile's"""
 _SUBDIR = "sync"
-_STEP_FIELDS = ("model", "imgsz", "input_shape", "seq_len", "optimizer")
 _MAX_ENTRY_BYTES = 1 * 2**20
 _MAX_SHAPES = 64
 """ring shapes kept per job (the latest): a job planned on many clusters keeps a bounded file"""
@@ -84,14 +83,13 @@ class JobSync:
                 f"{self.predicted_exposed_s * 1e3:.2f} ms: all-reduces {self.slowdown:.3g}× the links' time)")
 
 
-def sync_key_inputs(job: Mapping[str, Any], *, fingerprint: str, gradient_bytes: int,
+def sync_key_inputs(job: JobSpec, *, fingerprint: str, gradient_bytes: int,
                     bucket_cap_mb: float | None) -> dict[str, str]:
-    """The named parts of a job's measured-synchronisation key (``job``: a ``JobSpec.to_json()``;
-    ``fingerprint``: ``planner.profiling.job_fingerprint(job)[0]``), in the order they are hashed."""
-    parts = [job.get(name) for name in _STEP_FIELDS]
-    values = [SYNC_SCHEME, fingerprint, *[list(p) if isinstance(p, tuple) else p for p in parts],
-              int(gradient_bytes), bucket_cap_mb, measured.software_version()]
-    names = ["scheme", "fingerprint", *_STEP_FIELDS, "gradient_bytes", "bucket_cap_mb", "software"]
+    """The named parts of a job's measured-synchronisation key (``fingerprint``:
+    ``planner.profiling.job_fingerprint(job)[0]``), in the order they are hashed."""
+    values = [SYNC_SCHEME, fingerprint, *measured.step_fields(job), int(gradient_bytes), bucket_cap_mb,
+              measured.software_version()]
+    names = ["scheme", "fingerprint", *measured.STEP_FIELDS, "gradient_bytes", "bucket_cap_mb", "software"]
     return {name: str(value) for name, value in zip(names, values, strict=True)}
 
 

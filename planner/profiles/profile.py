@@ -2,31 +2,34 @@
 
 A profile holds the points it was made from (measured or estimated), the fitted curves, and the range in
 which the memory curve is trusted: at or below the first batch that ran out of memory. Pure numpy; the
-fits are ``torchkit.step.fit``'s (one home for them).
+fits are ``torchkit.step.fit``'s (one home for them). A profile is a record of plan.json and of the profile
+cache, declared here once (``planner.codec`` reads and writes it in field order); whether its numbers are
+physically possible is ``planner.profiles.checks``'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
-from planner.errors import ConfigError
-from torchkit.step.fit import (
-    AffineTimeFit,
-    MemoryFit,
-    fit_memory,
-    fit_time,
-    max_batch_within,
-    memory_fit_from_json,
-    time_fit_from_json,
-)
+from planner.codec import OMIT_DEFAULT, Meta
+from torchkit.step.fit import AffineTimeFit, MemoryFit, fit_memory, fit_time, max_batch_within
+from torchkit.step.options import AmpMode
 
 ProfileMethod = Literal["measure", "estimate", "job"]  # job: measured inside a running job (planner.profiles.measured)
 
 #: largest per-rank batch a plan ever proposes, as Ultralytics' AutoBatch clamp (autobatch.py: 1024)
 #: raised for small models on large cards; a curve extrapolated beyond this is not trusted
 MAX_PLANNED_BATCH = 65536
+#: most points a profile holds (the estimator uses 3, a measurement about 10): a bound for hostile files
+MAX_PROFILE_POINTS = 1024
+#: most notes a profile holds: far above what profiling writes
+MAX_PROFILE_NOTES = 1024
+
+Points = Annotated[tuple[tuple[int, int], ...], Meta(min_length=1, max_length=MAX_PROFILE_POINTS)]
+TimePoints = Annotated[tuple[tuple[int, float], ...], Meta(min_length=1, max_length=MAX_PROFILE_POINTS)]
+Note = Annotated[str, Meta(description="be a string")]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,17 +40,17 @@ class DeviceProfile:
     """catalog type name (or the NVML name of a GPU not in the catalog)"""
     method: ProfileMethod
     """how the points were obtained"""
-    amp: str
+    amp: AmpMode = "off"
     """AMP mode the profile was made with (fp16, bf16 or off)"""
-    memory_points: tuple[tuple[int, int], ...]
+    memory_points: Points
     """(batch, device bytes): what the device needs for a training step at that batch"""
-    time_points: tuple[tuple[int, float], ...]
-    """(batch, seconds of one training step)"""
     memory_fit: MemoryFit
+    time_points: TimePoints
+    """(batch, seconds of one training step)"""
     time_fit: AffineTimeFit
     oom_batch: int | None = None
     """smallest probed batch that ran out of memory; the curve is not trusted at or above it"""
-    notes: tuple[str, ...] = ()
+    notes: Annotated[tuple[Note, ...], Meta(max_length=MAX_PROFILE_NOTES)] = ()
     """dropped or off-the-line points and other remarks, shown to the user as warnings"""
     min_memory_bytes: int = 0
     """no batch needs less than this: the optimizer step's peak, which does not shrink with the batch (an
@@ -61,7 +64,7 @@ class DeviceProfile:
     time_model: str = ""
     """where the step times come from: the calibration and the basis of ``time_log_sigma`` for an
     estimate, ``measured`` for a measurement"""
-    backward_share: float | None = None
+    backward_share: float | None = field(default=None, metadata=OMIT_DEFAULT)
     """share of a step's forward + backward time that is backward, where the method tells the passes apart
     (the estimator prices each pass's kernels: ``torchkit.estimate.estimator.backward_share``; a measurement
     times them: ``torchkit.step.measure.PhaseTimer``); None: not known"""
@@ -133,50 +136,3 @@ class DeviceProfile:
             return 0
         upper = MAX_PLANNED_BATCH if self.oom_batch is None else min(MAX_PLANNED_BATCH, self.oom_batch - 1)
         return max_batch_within(self.memory_fit, budget_bytes, multiple_of=multiple_of, upper=upper)
-
-    def to_json(self) -> dict:
-        # backward_share only where known, so that the files of profiles without it stay as they were
-        share = {} if self.backward_share is None else {"backward_share": self.backward_share}
-        return {
-            "gpu": self.gpu,
-            "method": self.method,
-            "amp": self.amp,
-            "memory_points": [[b, v] for b, v in self.memory_points],
-            "memory_fit": self.memory_fit.to_json(),
-            "time_points": [[b, t] for b, t in self.time_points],
-            "time_fit": self.time_fit.to_json(),
-            "oom_batch": self.oom_batch,
-            "notes": list(self.notes),
-            "min_memory_bytes": self.min_memory_bytes,
-            "breakdown_bytes": self.breakdown_bytes,
-            "time_log_sigma": self.time_log_sigma,
-            "time_model": self.time_model,
-            **share,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict, where: str = "profile") -> DeviceProfile:
-        """Inverse of ``to_json``; a malformed entry raises ConfigError naming ``where``."""
-        try:
-            return cls(
-                gpu=str(data["gpu"]),
-                method=data["method"],
-                amp=str(data.get("amp", "off")),
-                memory_points=tuple((int(b), int(v)) for b, v in data["memory_points"]),
-                time_points=tuple((int(b), float(t)) for b, t in data["time_points"]),
-                memory_fit=memory_fit_from_json(data["memory_fit"]),
-                time_fit=time_fit_from_json(data["time_fit"]),
-                oom_batch=None if data.get("oom_batch") is None else int(data["oom_batch"]),
-                notes=tuple(str(n) for n in data.get("notes", ())),
-                min_memory_bytes=int(data.get("min_memory_bytes", 0)),
-                breakdown_bytes=(
-                    {str(k): int(v) for k, v in data["breakdown_bytes"].items()}
-                    if data.get("breakdown_bytes")
-                    else None
-                ),
-                time_log_sigma=float(data.get("time_log_sigma", 0.0)),
-                time_model=str(data.get("time_model", "")),
-                backward_share=None if data.get("backward_share") is None else float(data["backward_share"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{where} is malformed: {exc!r} (re-run batchplan profile/plan to regenerate it)") from exc

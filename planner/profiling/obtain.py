@@ -52,7 +52,7 @@ def planned_key(request: ProfileRequest, identity: JobIdentity) -> str:
 def _measured_in_job(request: ProfileRequest, cache: ProfileCache, key: str, fingerprint: str) -> Profiled | None:
     """With ``auto``: the profile a re-balanced job measured for this GPU type, named by the planned ``key``."""
     job, gpu = request.job, request.gpu
-    measured = find_measured(cache, job.to_json(), gpu.name, job.amp_for(gpu), fingerprint=fingerprint)
+    measured = find_measured(cache, job, gpu.name, job.amp_for(gpu), fingerprint=fingerprint)
     if measured is None:
         return None
     planned = planned_method(request.method, request.device_index).value

@@ -8,7 +8,8 @@ Steps, inside an initialised process group:
    read the cached profile (they profile only if the cache is unusable);
 3. every rank's profiles are gathered to all ranks;
 4. every rank runs the same deterministic allocation (``planner.plan.build.build_plan``) on the same data with rank
-   0's timestamp, so all ranks hold the byte-identical plan, and takes its own entry.
+   0's timestamp, so all ranks hold the identical plan (typed, never written to be read back), and takes its
+   own entry.
 
 Works with gloo on CPU (pass ``gpu=`` to simulate a GPU type per rank: the profile is then estimated for
 that catalog type) and with NCCL on GPUs (the GPU type comes from the device's name; ``method="auto"``
@@ -30,6 +31,7 @@ from typing import Any
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
+from planner.plan.sections import ProbingInfo
 from planner.plan.types import Plan, RankSlot
 from planner.profiles.profile import DeviceProfile
 from planner.profiling.request import Profiled
@@ -44,9 +46,8 @@ class DdpAutobatch:
 
     rank_plan: Any
     """this rank's ``planner.runtime.RankPlan`` (batch, loss weight, ...)"""
-    plan: dict
-    """the whole plan's JSON document, as in plan.json (identical on every rank); ``planner.plan.io.write_plan``
-    can save it"""
+    plan: Plan
+    """the whole plan (identical on every rank); ``planner.plan.io.write_plan`` saves it as plan.json"""
     profiled_here: tuple[str, ...]
     """GPU types this rank profiled itself (not from the cache)"""
 
@@ -131,8 +132,8 @@ def autobatch_ddp(
                                              simulated=gpu is not None, cache_dir=cache_dir)
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, {"keys": {name: p.key for name, p in profiled.items()},
-                                      "profiles": {p.key: p.profile.to_json() for p in profiled.values()}})
-    all_profiles = {k: DeviceProfile.from_json(v) for entry in gathered for k, v in entry["profiles"].items()}
+                                      "profiles": {p.key: p.profile for p in profiled.values()}})
+    all_profiles = {k: v for entry in gathered for k, v in entry["profiles"].items()}
 
     def key_of_rank(p: dict) -> str:  # the key of the profile the rank's own node obtained for its GPU type
         return gathered[p["rank"]]["keys"][p["gpu"]]
@@ -141,9 +142,9 @@ def autobatch_ddp(
     # one timestamp for all ranks: the plans are then identical byte for byte
     stamp: list[Any] = [plan.created]
     dist.broadcast_object_list(stamp, src=0)
-    document = plan.replace(created=stamp[0]).with_extra(probing={"backend": "autobatch_ddp", "simulated": gpu is not None}).to_json()
-    rank_plan = load_rank_plan(document, rank=rank, env={"WORLD_SIZE": str(world_size)})
-    return DdpAutobatch(rank_plan=rank_plan, plan=document, profiled_here=tuple(profiled_here))
+    plan = plan.replace(created=stamp[0], probing=ProbingInfo(backend="autobatch_ddp", simulated=gpu is not None))
+    rank_plan = load_rank_plan(plan, rank=rank, env={"WORLD_SIZE": str(world_size)})
+    return DdpAutobatch(rank_plan=rank_plan, plan=plan, profiled_here=tuple(profiled_here))
 
 
 def _node_profiles(

@@ -77,12 +77,13 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from planner.errors import ConfigError, RebalanceError, WorkloadError
+from planner.plan.types import Plan
 from planner.runtime.default_group_timeout import is_collective_failure, lowered_default_timeout
 from planner.runtime.rebalance_faults import default_store, missing_ranks
 from planner.runtime.rebalance_model import (
@@ -101,9 +102,6 @@ from planner.runtime.simulate import SimulatedSpeed
 from planner.runtime.weights import loss_weight as split_loss_weight
 from torchkit.step.clock import DeviceClock
 from torchkit.step.fit import AffineTimeFit
-
-if TYPE_CHECKING:
-    from planner.plan.types import Plan
 
 __all__ = ["RebalanceReport", "Rebalancer", "Switch", "limits_from_plan", "samples_once"]  # report names re-exported
 
@@ -273,20 +271,14 @@ class Rebalancer:
         ddp: torch.nn.Module | None,
         **options: Any,
     ) -> Rebalancer:
-        """The re-balancer for a plan: a path of plan.json, the document as a mapping (``autobatch_ddp``'s), or
-        a typed ``Plan``; every form is validated into the typed plan.
+        """The re-balancer for a plan: a path of plan.json, a typed ``Plan`` (``autobatch_ddp``'s), or the
+        document as a mapping; every form is validated into the typed plan.
 
         Options are those of the constructor (``policy``, ``simulate``, ``device``, ...).
         """
         from planner.plan.io import load_plan, validate_plan
-        from planner.plan.types import Plan
 
-        if isinstance(plan, Plan):
-            typed = plan
-        elif isinstance(plan, Mapping):
-            typed = validate_plan(dict(plan))
-        else:
-            typed = load_plan(plan)
+        typed = validate_plan(plan) if isinstance(plan, Plan | Mapping) else load_plan(plan)
         batches = [r.batch for r in typed.ranks]
         if batches != list(sampler.batches):
             raise ConfigError(f"the sampler's batches {list(sampler.batches)} are not the plan's {batches} (build the "
@@ -704,9 +696,9 @@ class Rebalancer:
         return build_report(self.splits, measures, self.switches, warmup_steps=self.policy.warmup_steps,
                             watch_overhead=self._watch_overhead)
 
-    def feedback(self) -> tuple[dict, dict]:
-        """The updated plan's JSON document (final batches, weights, ``measured`` section) and the measured
-        profiles by cache key (``planner.runtime.rebalance_feedback``). Needs ``from_plan``.
+    def feedback(self) -> tuple[Plan, dict]:
+        """The updated plan (final batches, weights, ``measured`` section) and the measured profiles by cache
+        key (``planner.runtime.rebalance_feedback``). Needs ``from_plan``.
 
         A simulated run gives no profiles: its times are the simulation's, not the model's on that GPU, and
         must never answer a later plan of the real job (its plan file still gets the ``measured`` section,
@@ -728,12 +720,12 @@ class Rebalancer:
 
         marks = job_marks(self._link())
         report = self.report()
-        sync = sync_entry(self.plan.extra.get("comm"), usable, report.batches_last, self.plan.accumulate,
+        sync = sync_entry(self.plan.comm, usable, report.batches_last, self.plan.accumulate,
                           ", ".join(f"{name} {value}" for name, value in marks.items()), simulated)
         section = measured_section(self.plan, usable, report, self.limits, prior_weight=self.policy.prior_weight,
                                    simulated=simulated, marks=marks, sync=sync)
         profiles = {} if simulated else self._measured_profiles(usable, marks)
-        return updated_plan(self.plan, section).to_json(), profiles
+        return updated_plan(self.plan, section), profiles
 
     def _measured_profiles(self, usable: Sequence[StepMeasure], marks: Mapping[str, str]) -> dict:
         """The measured profiles, or none (with a warning) where the plan's model cannot be rebuilt in this
@@ -749,7 +741,7 @@ class Rebalancer:
             return {}
 
     @staticmethod
-    def _file_sync(plan: dict, cache_dir: str | Path | None) -> list[Path]:
+    def _file_sync(plan: Plan, cache_dir: str | Path | None) -> list[Path]:
         """The measured synchronisation filed for the next plan (``planner.runtime.sync_feedback``), or nothing
         (with a warning) where the plan's model cannot be rebuilt here to name it or the cache cannot be written."""
         from planner.runtime.sync_feedback import file_job_sync
@@ -784,7 +776,7 @@ class Rebalancer:
         from planner.runtime.rebalance_feedback import measured_fingerprint
 
         plan, profiles = self.feedback()
-        job = self.plan.job.to_json()
+        job = self.plan.job
         written = []
         if plan_path is not None:
             written.append(write_plan(plan, plan_path))

@@ -36,23 +36,16 @@ import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
 
-from planner.plan.derived import check_identities
+from planner.job import JobSpec
+from planner.plan.sections import FiledSync, MeasuredRank, MeasuredSection, StepMeasure
+from planner.plan.types import Plan
 from planner.profiles.measured import MEASURED_METHOD, measured_profile_key, software_version
 from planner.profiles.profile import DeviceProfile
-from planner.runtime.rebalance_model import (
-    RankLimits,
-    StepMeasure,
-    fit_rank_time,
-    idle_fractions,
-    median_points,
-)
+from planner.runtime.rebalance_model import RankLimits, fit_rank_time, idle_fractions, median_points
+from planner.runtime.rebalance_report import RebalanceReport
 from planner.runtime.weights import loss_weights
-from torchkit.step.fit import fit_memory, time_fit_from_json
-
-if TYPE_CHECKING:
-    from planner.plan.types import Plan
+from torchkit.step.fit import fit_memory
 
 __all__ = ["MEASURED_METHOD", "job_marks", "measured_fingerprint", "measured_profile_key", "measured_profiles",
            "measured_section", "updated_plan"]
@@ -74,15 +67,12 @@ def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> lis
     return [(b, statistics.median(ts), len(ts)) for b, ts in sorted(by_batch.items())]
 
 
-def measured_fingerprint(job: Mapping[str, Any]) -> str:
-    """The workload fingerprint of a plan's ``job`` (a ``JobSpec.to_json()``), the part of a measured profile's
-    key that names the model's step (``planner.profiling.job_fingerprint``); "" for a plan without a model."""
-    from planner.job import JobSpec
+def measured_fingerprint(job: JobSpec) -> str:
+    """The workload fingerprint of a plan's ``job``, the part of a measured profile's key that names the
+    model's step (``planner.profiling.job_fingerprint``)."""
     from planner.profiling import job_fingerprint
 
-    if not job.get("model"):
-        return ""
-    return job_fingerprint(JobSpec.from_json(dict(job)))[0]
+    return job_fingerprint(job)[0]
 
 
 def measured_profiles(
@@ -93,7 +83,7 @@ def measured_profiles(
     marks: Mapping[str, str] | None = None,
 ) -> dict[str, DeviceProfile]:
     """One measured profile per GPU type of the plan, keyed by :func:`measured_profile_key`."""
-    job = plan.job.to_json()
+    job = plan.job
     fingerprint = measured_fingerprint(job)
     types: dict[str, list[int]] = {}
     for entry in plan.ranks:
@@ -104,7 +94,7 @@ def measured_profiles(
         points = _pooled_points(measures, ranks)
         time_fit = fit_rank_time(points, base.time_fit, prior_weight)
         marked = "".join(f", {name} {value}" for name, value in (marks or {}).items())
-        notes = [f"{gpu}: step time measured in a running job of {job.get('model')} ({len(measures)} steps on "
+        notes = [f"{gpu}: step time measured in a running job of {job.model} ({len(measures)} steps on "
                  f"{len(ranks)} rank(s){marked})"]
         peaks: dict[int, int] = {}
         for measure in measures:
@@ -128,14 +118,14 @@ def measured_profiles(
 def measured_section(
     plan: Plan,
     measures: Sequence[StepMeasure],
-    report: Any,
+    report: RebalanceReport,
     limits: Sequence[RankLimits],
     *,
     prior_weight: float = 1.0,
     simulated: str | None = None,
     marks: Mapping[str, str] | None = None,
-    sync: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    sync: FiledSync | None = None,
+) -> MeasuredSection:
     """The plan's ``measured`` section: what ran, what each rank measured (per step: compute and
     synchronisation wait), the refitted curves, and ``sync``: the exposed synchronisation set against the
     plan's model (``planner.runtime.sync_feedback.sync_entry``)."""
@@ -146,8 +136,8 @@ def measured_section(
         points = median_points(measures, rank)
         fit = fit_rank_time(points, limits[rank].prior, prior_weight)
         peaks = sorted({(m.batches[rank], m.peak_bytes[rank]) for m in measures if m.peak_bytes is not None})
-        ranks.append({"rank": rank, "gpu": entry.gpu, "time_points": [[b, t] for b, t, _ in points],
-                      "time_fit": fit.to_json(), "peak_reserved_points": [[b, p] for b, p in peaks]})
+        ranks.append(MeasuredRank(rank=rank, gpu=entry.gpu, time_points=tuple((b, t) for b, t, _ in points),
+                                  time_fit=fit, peak_reserved_points=tuple(peaks)))
 
     def step_s(split: Sequence[int]) -> float | None:
         at = [m for m in measures if m.batches == tuple(split)]
@@ -155,45 +145,41 @@ def measured_section(
             return None
         return max(median_points(at, r)[0][1] for r in range(len(split)))
 
-    return {
-        "source": "planner.runtime.rebalance",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "steps": report.steps,
-        "measured_steps": len(measures),
-        "switches": [{"decided_at_step": s.decided_at_step, "batches": list(s.batches),
-                      "predicted_step_s": s.predicted_step_s, "previous_step_s": s.previous_step_s, "kind": s.kind}
-                     for s in report.switches],
-        "steps_to_balance": report.steps_to_balance,
-        "batches_first": list(report.batches_first),
-        "batches_last": list(report.batches_last),
-        "max_idle_first": report.max_idle_first,
-        "max_idle_last": report.max_idle_last,
-        "step_time_first_s": step_s(report.batches_first),
-        "step_time_last_s": step_s(report.batches_last),
-        "rollbacks": report.rollbacks,
-        "watch_overhead": report.watch_overhead,
-        "compute_s_last": None if report.compute_s_last is None else list(report.compute_s_last),
-        "sync_wait_s_last": None if report.sync_wait_s_last is None else list(report.sync_wait_s_last),
-        "simulated": simulated,
-        "sync": dict(sync) if sync is not None else None,
-        "marks": {"model": str(plan.job.model), **(marks or {})},
-        "ranks": ranks,
-        "step_times": [{"step": m.step, "batches": list(m.batches), "compute_s": list(m.compute_s),
-                   "sync_wait_s": None if m.sync_wait_s is None else list(m.sync_wait_s)}
-                  for m in measures[-MAX_STEPS_LISTED:]],
-    }
+    return MeasuredSection(
+        source="planner.runtime.rebalance",
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        steps=report.steps,
+        measured_steps=len(measures),
+        switches=report.switches,
+        steps_to_balance=report.steps_to_balance,
+        batches_first=report.batches_first,
+        batches_last=report.batches_last,
+        max_idle_first=report.max_idle_first,
+        max_idle_last=report.max_idle_last,
+        step_time_first_s=step_s(report.batches_first),
+        step_time_last_s=step_s(report.batches_last),
+        rollbacks=report.rollbacks,
+        watch_overhead=report.watch_overhead,
+        compute_s_last=report.compute_s_last,
+        sync_wait_s_last=report.sync_wait_s_last,
+        simulated=simulated,
+        sync=sync,
+        marks={"model": str(plan.job.model), **(marks or {})},
+        ranks=tuple(ranks),
+        step_times=tuple(measures[-MAX_STEPS_LISTED:]),
+    )
 
 
-def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
+def updated_plan(plan: Plan, section: MeasuredSection) -> Plan:
     """The plan with the batches that ran last, their loss weights and measured step times, and ``measured``.
 
     Its step time is, as in every plan, the slowest rank's compute plus the exposed synchronisation per
     optimizer step shared over its micro-steps (``planner.allocate.allocation``): the exposed time the run
     measured (``measured.sync``) where it measured one, else the plan's own ``predicted_comm_time_s``;
     ``predicted_comm_time_s`` becomes that figure."""
-    batches = [int(b) for b in section["batches_last"]]
+    batches = list(section.batches_last)
     weights = loss_weights(batches)
-    fits = [time_fit_from_json(r["time_fit"]) for r in section["ranks"]]
+    fits = [r.time_fit for r in section.ranks]
     times = [fit.predict_s(b) for fit, b in zip(fits, batches, strict=True)]
     idle = idle_fractions(times)
     ranks = tuple(
@@ -203,35 +189,30 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
     )
     sync_s, sync_from = _exposed_sync_s(plan, section)
     step_time = max(times) + sync_s / plan.accumulate
-    if section["switches"]:
-        what = f"re-balanced in the running job: batches {section['batches_first']} -> {batches}"
+    if section.switches:
+        what = f"re-balanced in the running job: batches {list(section.batches_first)} -> {batches}"
     else:
         what = f"the running job kept the planned batches {batches}"
-    idle = section["max_idle_last"]
+    idle = section.max_idle_last
     what += f" from measured compute times (max idle {'n/a' if idle is None else format(idle, '.1%')}; see 'measured')"
     if sync_from:
         what += f"; exposed synchronisation {sync_s * 1e3:.1f} ms per optimizer step, {sync_from}"
-    if section.get("simulated"):
-        what += f"; {section['simulated']}"
-    updated = plan.replace(
+    if section.simulated:
+        what += f"; {section.simulated}"
+    return plan.replace(
         ranks=ranks, step_batch=sum(batches), global_batch=sum(batches) * plan.accumulate,
         predicted_step_time_s=step_time, throughput_samples_per_s=sum(batches) / step_time if step_time > 0 else 0.0,
-        warnings=(*plan.warnings, what),
-    ).with_extra(measured=dict(section))
-    if "predicted_comm_time_s" in plan.extra:
-        updated = updated.with_extra(predicted_comm_time_s=sync_s)
-    check_identities(updated, where="re-balanced plan")
-    return updated
+        warnings=(*plan.warnings, what), measured=section,
+        predicted_comm_time_s=sync_s if plan.predicted_comm_time_s is not None else None,
+    )
 
 
-def _exposed_sync_s(plan: Plan, section: Mapping[str, Any]) -> tuple[float, str]:
+def _exposed_sync_s(plan: Plan, section: MeasuredSection) -> tuple[float, str]:
     """(exposed synchronisation per optimizer step, where it comes from; "" for none: a plan without a
     synchronisation model, which predicts none)."""
-    sync = section.get("sync") or {}
-    measured = sync.get("measured_exposed_s") if sync.get("ring_shape") is not None else None
-    if isinstance(measured, (int, float)) and measured >= 0:
-        return float(measured), "as the run measured it"
-    predicted = plan.extra.get("predicted_comm_time_s")
-    if isinstance(predicted, (int, float)) and predicted > 0:
-        return float(predicted), "the plan's prediction (the run measured none)"
+    filed = section.sync.filed if section.sync is not None else None
+    if filed is not None:
+        return filed.measured_exposed_s, "as the run measured it"
+    if plan.predicted_comm_time_s:
+        return plan.predicted_comm_time_s, "the plan's prediction (the run measured none)"
     return 0.0, ""

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.errors import ConfigError
+from planner.plan.sections import StepMeasure
 from torchkit.step.fit import AffineTimeFit
 
 __all__ = [
@@ -125,23 +126,6 @@ class RankLimits:
     """the plan's budget (fraction × available); with measured peaks the cap is re-derived under it"""
     bytes_per_sample: float | None = None
     """the plan profile's memory slope, to extrapolate a measured peak to another batch"""
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepMeasure:
-    """One measured optimizer step, gathered from all ranks (index = rank)."""
-
-    step: int
-    """optimizer step number, from 1"""
-    batches: tuple[int, ...]
-    """samples each rank took in each micro-step of this step"""
-    compute_s: tuple[float, ...]
-    """each rank's own compute time for the step (forward+backward, without the all-reduce wait)"""
-    sync_wait_s: tuple[float, ...] | None = None
-    """each rank's synchronisation wait in the step: from its last gradient bucket being ready to the end of
-    its backward (waiting for slower ranks, plus communication not hidden behind compute)"""
-    peak_bytes: tuple[int, ...] | None = None
-    """each rank's peak reserved device memory in the step (GPU only)"""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,26 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.runtime.rebalance_model import StepMeasure, max_idle
+from planner.plan.sections import StepMeasure, Switch
+from planner.runtime.rebalance_model import max_idle
 
 __all__ = ["RebalanceReport", "Switch", "build_report", "samples_once"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Switch:
-    """One change of the split: a re-balancing decision or the roll-back of one."""
-
-    decided_at_step: int
-    """optimizer step after which it was decided"""
-    position: tuple[int, int]
-    """(sampler pass, micro-step) from which the new split is used"""
-    batches: tuple[int, ...]
-    predicted_step_s: float
-    """step time of the new split: predicted (a decision), or as measured before (a roll-back)"""
-    previous_step_s: float
-    """step time of the old split: under the same curves (a decision), or as measured (a roll-back)"""
-    kind: str = "refit"
-    """``refit``, ``bounded step`` (``planner.runtime.rebalance_model.Decision.reason``) or ``rollback``"""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,17 +19,16 @@ or steps without a wait (no all-reduce hook fired). Pure: no torch.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from planner.plan.comm import section_ring
+from planner.plan.sections import CommSection, FiledSync, StepMeasure
+from planner.plan.types import Plan
 from planner.profiles.measured_sync import JobSync
-from planner.runtime.rebalance_model import StepMeasure
 from torchkit.estimate.ddp_sync import exposed_sync_s, fit_slowdown
 
 MIN_STEPS = 3
@@ -54,12 +53,12 @@ def measured_exposed(measures: Sequence[StepMeasure], split: Sequence[int], accu
     return statistics.median(exposed), statistics.median(compute), len(steps)
 
 
-def job_sync_of(comm: Mapping[str, Any] | None, measures: Sequence[StepMeasure], split: Sequence[int],
+def job_sync_of(comm: CommSection | None, measures: Sequence[StepMeasure], split: Sequence[int],
                 accumulate: int, link: str) -> tuple[str, JobSync] | tuple[None, str]:
     """(ring shape, what the run measured) for the plan's ``comm`` section, or (None, why nothing)."""
-    if not isinstance(comm, dict) or "ring_shape" not in comm:
+    if comm is None:
         return None, "the plan has no synchronisation model (no comm section) to check the measured waits against"
-    if int(comm.get("num_ranks", 0)) <= 1:
+    if comm.num_ranks <= 1:
         return None, "one rank: nothing synchronised"
     measured = measured_exposed(measures, split, accumulate)
     if measured is None:
@@ -67,31 +66,31 @@ def job_sync_of(comm: Mapping[str, Any] | None, measures: Sequence[StepMeasure],
     exposed_s, compute_s, steps = measured
     try:
         ring, buckets = section_ring(comm)
-        share = float(comm["backward_share"])
-        predicted = exposed_sync_s(buckets, ring, compute_s=compute_s, backward_share=share)
-        slowdown = fit_slowdown(buckets, ring, compute_s=compute_s, backward_share=share, exposed_s=exposed_s)
+        predicted = exposed_sync_s(buckets, ring, compute_s=compute_s, backward_share=comm.backward_share)
+        slowdown = fit_slowdown(buckets, ring, compute_s=compute_s, backward_share=comm.backward_share,
+                                exposed_s=exposed_s)
         sync = JobSync(slowdown=slowdown, measured_exposed_s=exposed_s, predicted_exposed_s=predicted,
                        compute_s=compute_s, steps=steps, link=link,
                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    except (KeyError, TypeError, ValueError) as exc:
+    except ValueError as exc:
         return None, f"the plan's comm section cannot be priced ({type(exc).__name__}: {exc})"
-    return str(comm["ring_shape"]), sync
+    return comm.ring_shape, sync
 
 
-def sync_entry(comm: Mapping[str, Any] | None, measures: Sequence[StepMeasure], split: Sequence[int],
-               accumulate: int, link: str, simulated: str | None) -> dict[str, Any]:
+def sync_entry(comm: CommSection | None, measures: Sequence[StepMeasure], split: Sequence[int],
+               accumulate: int, link: str, simulated: str | None) -> FiledSync:
     """The ``measured.sync`` of the written plan: the ring shape and what the run measured, or why nothing
     is filed (``ring_shape`` None)."""
     if simulated:
-        return {"ring_shape": None, "why": f"not filed: {simulated} (the waits are the simulation's)"}
+        return FiledSync(ring_shape=None, why=f"not filed: {simulated} (the waits are the simulation's)")
     shape, found = job_sync_of(comm, measures, split, accumulate, link)
     if shape is None:
-        return {"ring_shape": None, "why": f"not filed: {found}"}
-    return {"ring_shape": shape, **dataclasses.asdict(found)}  # type: ignore[arg-type]
+        return FiledSync(ring_shape=None, why=f"not filed: {found}")
+    return FiledSync(ring_shape=shape, filed=found)  # type: ignore[arg-type]
 
 
-def file_job_sync(plan_json: Mapping[str, Any], cache_dir: str | os.PathLike | None) -> Path | None:
-    """File the ``measured.sync`` of a written plan (``sync_entry``) in the profile cache (``cache_dir``,
+def file_job_sync(plan: Plan, cache_dir: str | os.PathLike | None) -> Path | None:
+    """File the ``measured.sync`` of a re-balanced plan (``sync_entry``) in the profile cache (``cache_dir``,
     default the planner's) for the next plan of its job; None where there is nothing to file.
 
     Raises WorkloadError where the plan's model cannot be rebuilt here to name it (as for the measured
@@ -100,14 +99,12 @@ def file_job_sync(plan_json: Mapping[str, Any], cache_dir: str | os.PathLike | N
     from planner.profiles.measured_sync import store_job_sync, sync_key_inputs
     from planner.runtime.rebalance_feedback import measured_fingerprint
 
-    measured = plan_json.get("measured") or {}
-    entry = dict(measured.get("sync") or {})
-    shape = entry.pop("ring_shape", None)
-    comm = plan_json.get("comm")
-    if shape is None or measured.get("simulated") or not isinstance(comm, dict):
+    measured, comm = plan.measured, plan.comm
+    if measured is None or measured.simulated or measured.sync is None or comm is None:
         return None
-    job = plan_json.get("job") or {}
-    inputs = sync_key_inputs(job, fingerprint=measured_fingerprint(job), gradient_bytes=int(comm["gradient_bytes"]),
-                             bucket_cap_mb=comm.get("bucket_cap_mb"))
-    return store_job_sync(cache_dir if cache_dir is not None else default_cache_dir(), inputs, str(shape),
-                          JobSync(**entry))
+    shape, filed = measured.sync.ring_shape, measured.sync.filed
+    if shape is None or filed is None:
+        return None
+    inputs = sync_key_inputs(plan.job, fingerprint=measured_fingerprint(plan.job), gradient_bytes=comm.gradient_bytes,
+                             bucket_cap_mb=comm.bucket_cap_mb)
+    return store_job_sync(cache_dir if cache_dir is not None else default_cache_dir(), inputs, shape, filed)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from planner.codec import convert
 from planner.plan.io import validate_plan
 from planner.profiles.profile import DeviceProfile
 
@@ -176,7 +177,7 @@ def check_profile(doc: Any) -> dict:
         assert isinstance(doc[name], int) and not isinstance(doc[name], bool), name
     assert 0 < doc["memory_budget_bytes"] <= doc["available_memory_bytes"] <= doc["total_memory_bytes"]
     assert doc["memory_budget_bytes"] == int(doc["job"]["fraction"] * doc["available_memory_bytes"])
-    profile = DeviceProfile.from_json(doc["profile"], where="profile under test")
+    profile = convert(DeviceProfile, doc["profile"], where="profile")
     assert profile.gpu == doc["gpu"]
     if doc["chosen_batch"]:
         assert doc["predicted_memory_bytes"] == profile.memory_bytes(doc["chosen_batch"])

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import pytest
 
 from planner.codec import (
+    FLATTENED,
     NOT_WRITTEN,
     OMIT_DEFAULT,
     UNKNOWN_KEYS,
@@ -174,3 +175,27 @@ def test_text_that_is_not_strict_json_is_named_by_the_strict_parser(text: bytes,
 def test_escapes_that_are_text_read_as_text() -> None:
     text = "caf\u00e9 \U0001f600 a\\nb \"q\" /"  # json.dumps escapes them: \u00e9, a surrogate pair, \\, \"
     assert _read(_doc(lines=[text])).lines == (text,)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    slowdown: Annotated[float, Meta(gt=0)]
+    steps: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Filed:
+    shape: str | None
+    why: str | None = field(default=None, metadata=OMIT_DEFAULT)
+    measured: Measured | None = field(default=None, metadata=FLATTENED)
+
+
+def test_a_flattened_record_is_written_into_its_owner_and_read_back_from_its_keys() -> None:
+    filed = Filed(shape="a;b", measured=Measured(slowdown=2.0, steps=3))
+    assert encode(filed) == {"shape": "a;b", "slowdown": 2.0, "steps": 3}
+    assert convert(Filed, encode(filed), where="x") == filed
+    assert decode(Filed, b'{"shape": null, "why": "simulated"}', where="x", fix="") == Filed(shape=None, why="simulated")
+    with pytest.raises(ConfigError, match=r"x: slowdown must be > 0, got 0"):
+        decode(Filed, b'{"shape": "a", "slowdown": 0, "steps": 1}', where="x", fix="")
+    with pytest.raises(ConfigError, match=r"x lacks the field 'steps'"):
+        decode(Filed, b'{"shape": "a", "slowdown": 1}', where="x", fix="")

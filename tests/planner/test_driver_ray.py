@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from planner.cluster import load_cluster
+from planner.codec import encode
 from planner.driver import DriverOptions, plan_with_ray, plan_without_ray
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
@@ -55,7 +56,7 @@ def _alive_node_ids() -> list[str]:
 def test_one_probe_per_node_pinned_to_distinct_ray_nodes(ray_cluster, tmp_path):
     cluster = _config(tmp_path, MIXED)
     outcome = plan_with_ray(JOB, cluster=cluster, options=DriverOptions())
-    validate_plan(outcome.plan.to_json())
+    validate_plan(encode(outcome.plan))
     by_name = {inv.name: inv for inv in outcome.inventories}
     assert sorted(by_name) == ["n-a100", "n-t4", "n-v100"]
     node_ids = [inv.ray_node_id for inv in outcome.inventories]
@@ -63,14 +64,14 @@ def test_one_probe_per_node_pinned_to_distinct_ray_nodes(ray_cluster, tmp_path):
     assert set(node_ids) == set(_alive_node_ids())
     assert len({inv.probe_pid for inv in outcome.inventories}) == 3
     assert all(pid != os.getpid() for pid in (inv.probe_pid for inv in outcome.inventories))
-    assert outcome.plan.to_json()["probing"]["probe_processes"] == 3
-    assert outcome.plan.to_json()["world_size"] == 6
+    assert encode(outcome.plan)["probing"]["probe_processes"] == 3
+    assert encode(outcome.plan)["world_size"] == 6
 
 
 def test_ray_plan_equals_plan_without_ray(ray_cluster, tmp_path):
     cluster = _config(tmp_path, MIXED)
-    with_ray = plan_with_ray(JOB, cluster=cluster, options=DriverOptions()).plan.to_json()
-    without = plan_without_ray(JOB, cluster, options=DriverOptions()).plan.to_json()
+    with_ray = encode(plan_with_ray(JOB, cluster=cluster, options=DriverOptions()).plan)
+    without = encode(plan_without_ray(JOB, cluster, options=DriverOptions()).plan)
     assert _comparable(with_ray) == _comparable(without)
     assert with_ray["probing"]["backend"] == "ray"
     assert without["probing"]["backend"] == "local"
@@ -86,7 +87,7 @@ def test_three_nodes_of_one_type_are_profiled_once_and_cached(ray_cluster, tmp_p
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
     second = plan_with_ray(JOB, cluster=cluster, options=DriverOptions(cache=ProfileCache(tmp_path / "cache")))
     assert second.profile_calls == 0
-    assert _comparable(second.plan.to_json()) == _comparable(first.plan.to_json())
+    assert _comparable(encode(second.plan)) == _comparable(encode(first.plan))
     # the profiling probe imported torch for its fake passes; from the cache no probe needs it
     assert first.plan.extra["probing"]["probes_imported_torch"] >= 1
     assert second.plan.extra["probing"]["probes_imported_torch"] == 0
@@ -125,7 +126,7 @@ def test_probe_killed_mid_profile_excludes_its_node_and_plans_the_rest(hang_mark
             threading.Thread(target=kill, daemon=True).start()
 
     outcome = plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(), on_event=kill_when_profiling)
-    plan = outcome.plan.to_json()
+    plan = encode(outcome.plan)
     [dead] = killed
     assert dead == "n-a100"
     assert {r["node"] for r in plan["ranks"]} == {"n-v100", "n-t4"}
@@ -138,8 +139,8 @@ def test_hung_probe_times_out_and_is_excluded(hang_marker, tmp_path):
     cluster = _config(tmp_path, MIXED)
     outcome = plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=20))
     assert "timed out" in outcome.failed_nodes["n-a100"]
-    assert {r["node"] for r in outcome.plan.to_json()["ranks"]} == {"n-v100", "n-t4"}
-    assert any("timed out" in e["reason"] for e in outcome.plan.to_json()["excluded"] if e["node"] == "n-a100")
+    assert {r["node"] for r in encode(outcome.plan)["ranks"]} == {"n-v100", "n-t4"}
+    assert any("timed out" in e["reason"] for e in encode(outcome.plan)["excluded"] if e["node"] == "n-a100")
 
 
 def test_hung_probe_with_require_all_nodes_fails_with_exit_code_1(hang_marker, tmp_path):
@@ -156,12 +157,12 @@ def test_more_simulated_nodes_than_raylets_share_probes_and_plan_the_same(ray_cl
     }
     cluster = _config(tmp_path, five)
     with_ray = plan_with_ray(JOB, cluster=cluster, options=DriverOptions())
-    plan = with_ray.plan.to_json()
+    plan = encode(with_ray.plan)
     assert plan["probing"]["probe_processes"] == 3 and plan["probing"]["shared_probes"] is True
     # run metadata, not part of the plan (the same whatever the raylets): said on stderr with the progress
     assert not any("probe process" in line for line in plan["warnings"] + plan["notes"])
     # nodes keep the config's order, whichever raylet answered for them
     assert [n["name"] for n in plan["nodes"]] == ["n0", "n1", "n2", "n3", "n4"]
     assert len({inv.probe_pid for inv in with_ray.inventories}) == 3
-    without = plan_without_ray(JOB, cluster).plan.to_json()
+    without = encode(plan_without_ray(JOB, cluster).plan)
     assert _comparable(plan) == _comparable(without)

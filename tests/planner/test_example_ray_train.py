@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.cluster import load_cluster
+from planner.codec import encode
 from planner.driver import plan_without_ray
 from planner.job import JobSpec
 from planner.plan.io import write_plan
@@ -22,7 +23,7 @@ def test_ray_train_example_runs_each_worker_on_its_plan_entry(tmp_path):
     config = tmp_path / "one.yaml"
     config.write_text("name: one\nnodes:\n  - name: host\n    gpus: [{type: T4, count: 1}, {type: A10, count: 2}]\n")
     job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=48, multiple_of=8)
-    plan = plan_without_ray(job, load_cluster(config)).plan.to_json()
+    plan = encode(plan_without_ray(job, load_cluster(config)).plan)
     write_plan(plan, tmp_path / "plan.json")
     proc = subprocess.run(
         [sys.executable, str(REPO / "examples" / "ray_train.py"), "--plan", str(tmp_path / "plan.json"),

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.codec import convert, encode
 from planner.job import (
     AMP_CHOICES,
     DEFAULT_FRACTION,
@@ -163,7 +164,7 @@ def test_amp_for_bf16_on_a_gpu_without_bf16_is_a_config_error_with_the_fix(catal
 def test_to_json_is_plain_json_with_every_field():
     job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=512,
                   multiple_of=8, amp="fp16", optimizer="adamw")
-    data = job.to_json()
+    data = encode(job)
     assert set(data) == set(JobSpec.__dataclass_fields__)
     assert data["input_shape"] == [3, 32, 32]
     assert data["global_batch"] == 512
@@ -171,7 +172,7 @@ def test_to_json_is_plain_json_with_every_field():
 
 
 def test_to_json_keeps_a_missing_input_shape_as_null():
-    assert JobSpec(model="resnet50").to_json()["input_shape"] is None
+    assert encode(JobSpec(model="resnet50"))["input_shape"] is None
 
 
 jobs = st.builds(
@@ -199,23 +200,23 @@ jobs = st.builds(
 @given(jobs)
 @settings(max_examples=100, deadline=None)
 def test_json_round_trip_gives_the_same_job(job):
-    assert JobSpec.from_json(json.loads(json.dumps(job.to_json()))) == job
+    assert convert(JobSpec, json.loads(json.dumps(encode(job))), where="job") == job
 
 
 def test_from_json_rejects_unknown_fields_and_lists_the_known_ones():
-    data = {**JobSpec(model="m").to_json(), "batch": 64, "epochs": 3}
+    data = {**encode(JobSpec(model="m")), "batch": 64, "epochs": 3}
     with pytest.raises(ConfigError, match=r"job has unknown fields \['batch', 'epochs'\] \(known: \["):
-        JobSpec.from_json(data)
+        convert(JobSpec, data, where="job")
 
 
 def test_from_json_validates_the_values_it_reads():
     with pytest.raises(ConfigError, match="mode 'fast' is invalid"):
-        JobSpec.from_json({"model": "m", "mode": "fast"})
+        convert(JobSpec, {"model": "m", "mode": "fast"}, where="job")
 
 
 def test_from_json_without_the_model_is_a_config_error():
     with pytest.raises(ConfigError, match="model"):
-        JobSpec.from_json({"imgsz": 224})
+        convert(JobSpec, {"imgsz": 224}, where="job")
 
 
 def test_input_dtypes_are_the_estimators_own() -> None:
@@ -229,7 +230,7 @@ def test_token_input_options_round_trip_and_are_checked() -> None:
     from planner.job import JobSpec
 
     job = JobSpec(model="pkg.mod:lstm", seq_len=32, vocab_size=1000, input_dtype="int64")
-    assert JobSpec.from_json(job.to_json()) == job
+    assert convert(JobSpec, encode(job), where="job") == job
     with pytest.raises(ConfigError, match=r"vocab_size 0 is invalid"):
         JobSpec(model="pkg.mod:lstm", seq_len=32, vocab_size=0)
     with pytest.raises(ConfigError, match=r"input_dtype .int8. is invalid \(use one of float32"):

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from planner.codec import convert, encode
 from planner.errors import ConfigError
 from planner.job import AMP_CHOICES, METHODS, MODES, AmpChoice, JobSpec, Method, Mode
 from torchkit.hardware.catalog import load_catalog
@@ -21,8 +22,8 @@ def test_each_choice_is_an_enum_whose_values_are_the_vocabulary(enum, names):
 def test_a_job_holds_enum_members_and_writes_the_plain_strings():
     job = JobSpec(model="m", mode="max", amp="fp16", method="estimate")
     assert (job.mode, job.amp, job.method) == (Mode.MAX, AmpChoice.FP16, Method.ESTIMATE)
-    assert json.loads(json.dumps(job.to_json()))["mode"] == "max"
-    assert JobSpec.from_json(json.loads(json.dumps(job.to_json()))) == job
+    assert json.loads(json.dumps(encode(job)))["mode"] == "max"
+    assert convert(JobSpec, json.loads(json.dumps(encode(job))), where="job") == job
 
 
 def test_amp_for_a_gpu_is_a_plain_string():

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from planner.allocate.advice import Advice, AdviceKind
 from planner.cluster import NodeSpec, SimulatedGpu
+from planner.codec import encode
 from planner.job import JobSpec
-from planner.plan.io import SCHEMA
-from planner.plan.types import ExcludedDevice, ExclusionKind, Plan, RankEntry
+from planner.plan.io import validate_plan
+from planner.plan.types import ExcludedDevice, ExclusionKind, Plan
 from planner.preflight import Check, Thresholds, run_checks
 from planner.probing.inventory import HostInfo, NodeInventory, simulated_inventory
+from tests import plans
 from torchkit.hardware.catalog import load_catalog
 from torchkit.hardware.gpu_select import GpuSelection
 from torchkit.hardware.nvml import GpuStats
@@ -48,24 +52,17 @@ def gpu(index: int, type_name: str = "T4", used_gib: float = 0.0, utilization: f
                         utilization_fraction=utilization)
 
 
-def make_plan(*, idle=(0.0, 0.02, 0.05, 0.1), job_global_batch=None, global_batch=None, accumulate=1,
-              excluded=(), alternatives=None, advice=(), throughput=1000.0) -> Plan:
-    """A plan with the fields preflight reads."""
-    ranks = tuple(
-        RankEntry(rank=i, node="node-a", node_rank=0, local_rank=i, device_index=i, gpu="A100-SXM4-80GB", profile="p",
-                  batch=64, max_batch=64, loss_weight=1.0, predicted_memory_bytes=GIB, memory_budget_bytes=2 * GIB,
-                  total_memory_bytes=80 * GIB, predicted_step_time_s=0.1, idle_fraction=f)
-        for i, f in enumerate(idle)
-    )
-    step = 64 * len(ranks)
-    return Plan(
-        schema=SCHEMA, created="2025-01-01T00:00:00+00:00", job=JobSpec(model="m", global_batch=job_global_batch),
-        world_size=len(ranks), step_batch=step, accumulate=accumulate,
-        global_batch=step * accumulate if global_batch is None else global_batch,
-        predicted_step_time_s=0.1, throughput_samples_per_s=throughput, balance_efficiency=1.0, mode="balanced",
+def make_plan(*, idle=(0.0, 0.02, 0.05, 0.1), job_global_batch=None, accumulate=1, excluded=(), alternatives=None,
+              advice=(), throughput=1000.0) -> Plan:
+    """A plan with the fields preflight reads: equal batches of 64 on node-a, these idle shares and advice."""
+    n = len(idle)
+    plan = validate_plan(plans.make_plan(batches=(64,) * n, nodes=(("node-a", n),), accumulate=accumulate,
+                                         gpus=["A100-SXM4-80GB"] * n))
+    return plan.replace(
+        job=JobSpec(model="m", global_batch=job_global_batch), throughput_samples_per_s=throughput,
+        ranks=tuple(dataclasses.replace(r, idle_fraction=f) for r, f in zip(plan.ranks, idle, strict=True)),
         alternatives={"uniform": 900.0, "max": 950.0, "balanced": throughput} if alternatives is None else alternatives,
-        ranks=ranks, nodes=(), launch=None, excluded=tuple(excluded), profiles={},
-        warnings=("note", *advice), advice=tuple(advice),
+        excluded=tuple(excluded), warnings=("note", *advice), advice=tuple(advice),
     )
 
 
@@ -106,12 +103,12 @@ def test_a_healthy_cluster_and_plan_pass_every_check_in_order():
 
 
 def test_check_to_json_shape():
-    assert Check(name="x", ok=False, detail="why").to_json() == {"name": "x", "ok": False, "detail": "why"}
-    assert Check(name="x", ok=False, detail="why", fix="do").to_json()["fix"] == "do"
+    assert encode(Check(name="x", ok=False, detail="why")) == {"name": "x", "ok": False, "detail": "why"}
+    assert encode(Check(name="x", ok=False, detail="why", fix="do"))["fix"] == "do"
 
 
 def test_every_failed_check_carries_its_fix_and_passing_ones_none():
-    plan = make_plan(idle=(0.0, 0.3), job_global_batch=1000, global_batch=512, throughput=100.0,
+    plan = make_plan(idle=(0.0, 0.3), job_global_batch=1000, throughput=100.0,
                      alternatives={"best_single_group": 200.0})
     checks = checks_of(failed_nodes={"node-b": "gone"}, plan=plan, expect_gpus=9)
     failed = [c for c in checks.values() if not c.ok]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from planner.cluster import ClusterSpec, load_cluster, shipped_cluster_configs
+from planner.codec import encode
 from planner.driver import PlanOutcome, plan_without_ray
 from planner.job import JobSpec
 from planner.plan.io import validate_plan
@@ -32,7 +33,7 @@ class Planned:
     @property
     def plan(self) -> dict:
         assert self.outcome.plan is not None, self.outcome.error
-        return self.outcome.plan.to_json()
+        return encode(self.outcome.plan)
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -53,7 +54,7 @@ def test_the_shipped_configs_are_the_examples_without_the_catalog():
 def test_the_plan_validates(planned):
     validate_plan(planned.plan, where=planned.cluster.name)
     assert planned.outcome.failed_nodes == {}
-    assert planned.plan["job"] == JOB.to_json()
+    assert planned.plan["job"] == encode(JOB)
 
 
 def test_every_gpu_is_a_rank_or_excluded_with_a_reason(planned):

@@ -8,6 +8,10 @@ Models (DESIGN.md, Profiles):
   constant in b; activations grow linearly. Least squares, with a residual check.
 - memory, ``loglog``: Ultralytics 8.3.51's fit, ``log mem = p0·log b + p1``, kept for comparison.
 - time: ``t(b) = t0 + t1·b`` (Pollux's compute model).
+
+The fits are records of documents (a profile's ``memory_fit`` and ``time_fit`` in plan.json and the profile
+cache): ``kind`` comes first, as written; a ``MemoryFit`` is one of its subclasses, told apart by ``kind``
+(``tag_field``, read by ``planner.codec``).
 """
 
 from __future__ import annotations
@@ -25,15 +29,28 @@ MemoryFitKind = Literal["affine", "loglog"]
 OUTLIER_RELATIVE_TOLERANCE = 0.10
 
 
+class MemoryFit:
+    """A memory curve: :class:`AffineMemoryFit` or :class:`LogLogMemoryFit`, by its ``kind``."""
+
+    tag_field = "kind"
+    kind: MemoryFitKind
+
+    def predict_bytes(self, batch: float) -> float:
+        raise NotImplementedError
+
+    def largest_batch_within(self, budget_bytes: float) -> float:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, kw_only=True)
-class AffineMemoryFit:
+class AffineMemoryFit(MemoryFit):
     """``mem(b) = intercept_bytes + bytes_per_sample·b``."""
 
+    kind: Literal["affine"] = "affine"
     intercept_bytes: float
     """memory of a step that does not depend on the batch: weights, gradients, optimizer state, workspaces"""
     bytes_per_sample: float
     """memory each extra sample adds (activations, mostly)"""
-    kind: Literal["affine"] = "affine"
 
     def predict_bytes(self, batch: float) -> float:
         return self.intercept_bytes + self.bytes_per_sample * batch
@@ -44,19 +61,16 @@ class AffineMemoryFit:
             return math.inf if self.intercept_bytes <= budget_bytes else 0.0
         return (budget_bytes - self.intercept_bytes) / self.bytes_per_sample
 
-    def to_json(self) -> dict:
-        return {"kind": "affine", "intercept_bytes": self.intercept_bytes, "bytes_per_sample": self.bytes_per_sample}
-
 
 @dataclass(frozen=True, kw_only=True)
-class LogLogMemoryFit:
+class LogLogMemoryFit(MemoryFit):
     """``log mem(b) = log_slope·log b + log_intercept`` (Ultralytics 8.3.51-8.3.100)."""
 
+    kind: Literal["loglog"] = "loglog"
     log_slope: float
     """p0: exponent of the batch"""
     log_intercept: float
     """p1: log of the bytes at batch 1"""
-    kind: Literal["loglog"] = "loglog"
 
     def predict_bytes(self, batch: float) -> float:
         return math.exp(self.log_slope * math.log(max(batch, 1e-12)) + self.log_intercept)
@@ -68,28 +82,19 @@ class LogLogMemoryFit:
             return math.inf if self.predict_bytes(1) <= budget_bytes else 0.0
         return math.exp((math.log(budget_bytes) - self.log_intercept) / self.log_slope)
 
-    def to_json(self) -> dict:
-        return {"kind": "loglog", "log_slope": self.log_slope, "log_intercept": self.log_intercept}
-
-
-MemoryFit = AffineMemoryFit | LogLogMemoryFit
-
 
 @dataclass(frozen=True, kw_only=True)
 class AffineTimeFit:
     """``t(b) = intercept_s + s_per_sample·b``: seconds of one optimizer step at per-device batch b."""
 
+    kind: Literal["affine"] = "affine"
     intercept_s: float
     """fixed cost of a step: kernel launches, optimizer update, weight reads"""
     s_per_sample: float
     """seconds each extra sample adds"""
-    kind: Literal["affine"] = "affine"
 
     def predict_s(self, batch: float) -> float:
         return self.intercept_s + self.s_per_sample * batch
-
-    def to_json(self) -> dict:
-        return {"kind": "affine", "intercept_s": self.intercept_s, "s_per_sample": self.s_per_sample}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,29 +110,11 @@ class DroppedPoint:
 class FitResult:
     """A fit together with the points it used, those it dropped, and those far off the line."""
 
-    fit: AffineMemoryFit | LogLogMemoryFit | AffineTimeFit
+    fit: MemoryFit | AffineTimeFit
     used_points: tuple[tuple[int, float], ...]
     dropped: tuple[DroppedPoint, ...] = ()
     outliers: tuple[DroppedPoint, ...] = ()
     """used points further than OUTLIER_RELATIVE_TOLERANCE from the fit (reported, still used)"""
-
-
-def memory_fit_from_json(data: dict) -> MemoryFit:
-    """Inverse of ``to_json`` for memory fits; raises ValueError on an unknown kind or missing field."""
-    kind = data.get("kind")
-    if kind == "affine":
-        return AffineMemoryFit(
-            intercept_bytes=float(data["intercept_bytes"]), bytes_per_sample=float(data["bytes_per_sample"])
-        )
-    if kind == "loglog":
-        return LogLogMemoryFit(log_slope=float(data["log_slope"]), log_intercept=float(data["log_intercept"]))
-    raise ValueError(f"unknown memory fit kind {kind!r} (expected 'affine' or 'loglog')")
-
-
-def time_fit_from_json(data: dict) -> AffineTimeFit:
-    if data.get("kind") != "affine":
-        raise ValueError(f"unknown time fit kind {data.get('kind')!r} (expected 'affine')")
-    return AffineTimeFit(intercept_s=float(data["intercept_s"]), s_per_sample=float(data["s_per_sample"]))
 
 
 def clean_increasing(points: Sequence[tuple[int, float]]) -> tuple[list[tuple[int, float]], list[DroppedPoint]]:

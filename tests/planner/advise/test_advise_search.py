@@ -109,17 +109,17 @@ def test_over_1_gbps_no_multi_node_point_is_faster_than_the_best_single_node(con
     assert single and multi
     fastest_single_s = min(p.time_per_epoch_s for p in single)
     assert all(p.time_per_epoch_s > fastest_single_s for p in multi)
-    assert min(multi, key=lambda p: p.time_per_epoch_s).plan.extra["comm"]["exposed_share"] > 0.5
+    assert min(multi, key=lambda p: p.time_per_epoch_s).plan.comm.exposed_share > 0.5
     assert brute.front[0].candidate.label == "1×eight"
     # a multi-node point stays on the front only as a cheaper, slower one, where the sync does not dominate
-    assert all(p.plan.extra["comm"]["exposed_share"] < 0.5 for p in brute.front if p.candidate.num_nodes > 1)
+    assert all(p.plan.comm.exposed_share < 0.5 for p in brute.front if p.candidate.num_nodes > 1)
 
 
 def test_over_infiniband_class_links_multi_node_points_are_on_the_front(context):
     _, _, result = _run(context, _nodes_offers(400, 14))
     assert result.front[0].candidate.label == "2×eight"
     assert any(p.candidate.num_nodes > 1 for p in result.front)
-    share = result.front[0].plan.extra["comm"]["exposed_share"]
+    share = result.front[0].plan.comm.exposed_share
     assert share < 0.2
 
 
@@ -158,7 +158,7 @@ def test_a_searched_plan_is_the_plan_of_the_candidates_cluster_config(context, c
         theirs = plan_without_ray(ctx.job, candidate.cluster(offers), options=DriverOptions(cache=cache)).plan
         assert [(r.node, r.gpu, r.batch) for r in ours.ranks] == [(r.node, r.gpu, r.batch) for r in theirs.ranks]
         assert ours.throughput_samples_per_s == theirs.throughput_samples_per_s
-        assert ours.extra["predicted_comm_time_s"] == theirs.extra["predicted_comm_time_s"]
+        assert ours.predicted_comm_time_s == theirs.predicted_comm_time_s
 
 
 def test_the_front_is_the_undominated_points_fastest_first(context):

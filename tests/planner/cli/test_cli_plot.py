@@ -11,6 +11,7 @@ import pytest
 from planner.cluster import load_cluster
 from planner.driver import DriverOptions, plan_without_ray
 from planner.job import JobSpec
+from planner.plan.types import Plan
 from tests.planner.cli_helpers import DEMO_MIXED, TINY_MODEL, assert_ok, is_png, run_cli
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -20,36 +21,36 @@ from planner.cli.plot import MAX_RANK_BARS, plan_figure  # noqa: E402 (after the
 
 
 @pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def plan(tmp_path_factory: pytest.TempPathFactory) -> Plan:
     from planner.profiles.cache import ProfileCache
 
     job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=768)
     cache = ProfileCache(tmp_path_factory.mktemp("cache"))
-    return plan_without_ray(job, load_cluster(DEMO_MIXED), options=DriverOptions(cache=cache)).plan.to_json()
+    return plan_without_ray(job, load_cluster(DEMO_MIXED), options=DriverOptions(cache=cache)).plan
 
 
 def _texts(ax) -> list[str]:
     return [t.get_text() for t in ax.texts]
 
 
-def test_one_labelled_bar_per_rank_with_its_numbers(plan: dict) -> None:
+def test_one_labelled_bar_per_rank_with_its_numbers(plan: Plan) -> None:
     import matplotlib.pyplot as plt
 
     fig = plan_figure(plan)
     try:
         ax_batch, ax_mem, ax_time = fig.axes[:3]
         labels = [t.get_text() for t in ax_batch.get_yticklabels()]
-        assert labels == [f"r{r['rank']}  {r['node']} · {r['gpu']} #{r['device_index']}" for r in plan["ranks"]]
+        assert labels == [f"r{r.rank}  {r.node} · {r.gpu} #{r.device_index}" for r in plan.ranks]
         assert labels[0] == "r0  node-a100 · A100-SXM4-80GB #0" and labels[-1] == "r5  node-t4 · T4 #1"
-        assert _texts(ax_batch) == [f" {r['batch']} of {r['max_batch']}" for r in plan["ranks"]]
-        assert len(_texts(ax_mem)) == len(_texts(ax_time)) == len(plan["ranks"])
+        assert _texts(ax_batch) == [f" {r.batch} of {r.max_batch}" for r in plan.ranks]
+        assert len(_texts(ax_mem)) == len(_texts(ax_time)) == len(plan.ranks)
         assert all(t.endswith(" GiB") for t in _texts(ax_mem))
         assert all(" ms, idle " in t for t in _texts(ax_time))
     finally:
         plt.close(fig)
 
 
-def test_title_names_model_and_cluster_and_legends_sit_outside_the_bars(plan: dict) -> None:
+def test_title_names_model_and_cluster_and_legends_sit_outside_the_bars(plan: Plan) -> None:
     import matplotlib.pyplot as plt
 
     fig = plan_figure(plan)
@@ -67,12 +68,15 @@ def test_title_names_model_and_cluster_and_legends_sit_outside_the_bars(plan: di
         plt.close(fig)
 
 
-def test_a_large_cluster_gets_one_bar_per_gpu_type(plan: dict) -> None:
+def test_a_large_cluster_gets_one_bar_per_gpu_type() -> None:
     import matplotlib.pyplot as plt
 
-    many = dict(plan, ranks=[dict(r, rank=i, node=f"n{i // 8}") for i, r in
-                              enumerate(plan["ranks"] * (MAX_RANK_BARS // len(plan["ranks"]) + 1))])
-    fig = plan_figure(many)
+    from planner.plan.build import build_plan
+    from tests.planner.plan.test_plan import PROFILES, slot
+
+    keys = ("k-a100", "k-v100", "k-t4")
+    slots = [slot(f"n{i // 8}", i % 8, keys[(i // 8) % 3], 9) for i in range(8 * (MAX_RANK_BARS // 8 + 3))]
+    fig = plan_figure(build_plan(JobSpec(model="m"), slots, PROFILES))
     try:
         labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
         assert len(labels) == 3
@@ -105,7 +109,7 @@ def test_plot_files_are_written_and_the_profile_title_names_the_model(tmp_path: 
                                         time_points=[(1, 0.01), (8, 0.02), (32, 0.05)])
     Figure.savefig = spy
     try:
-        plot_profile(profile.to_json(), budget_bytes=9 * 2**30, total_bytes=15 * 2**30, chosen_batch=30,
+        plot_profile(profile, budget_bytes=9 * 2**30, total_bytes=15 * 2**30, chosen_batch=30,
                      path=str(tmp_path / "curve.png"), model="resnet50")
     finally:
         Figure.savefig = original

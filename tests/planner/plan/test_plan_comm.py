@@ -8,13 +8,14 @@ import json
 import pytest
 
 from planner.cluster import load_cluster, parse_cluster
+from planner.codec import encode
 from planner.errors import ConfigError
 from planner.interconnect import Interconnect
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.comm import SyncInputs, comm_summary, section_ring
 from planner.plan.io import validate_plan
-from planner.plan.types import Plan, RankSlot
+from planner.plan.types import RankSlot
 from planner.profiles.measured_sync import JobSync
 from planner.profiles.profile import DeviceProfile
 from torchkit.estimate.ddp_sync import RingCost, ddp_buckets, exposed_sync_s
@@ -47,23 +48,23 @@ JOB = JobSpec(model="resnet50", global_batch=256)
 
 def test_a_single_gpu_plan_has_no_synchronisation():
     plan = build_plan(JOB, [_slot("a", 0, "a100")], PROFILES, sync=_sync())
-    data = plan.to_json()
+    data = encode(plan)
     assert data["predicted_comm_time_s"] == 0.0 and data["comm"]["links"] == []
     assert data["predicted_step_time_s"] == pytest.approx(0.01 + 0.0005 * 256)
-    assert comm_summary(plan.extra) == "gradient sync: none (one GPU)"
+    assert comm_summary(plan) == "gradient sync: none (one GPU)"
     assert not any("network" in w for w in plan.warnings)
 
 
 def test_a_single_node_plan_syncs_over_its_intra_link_only():
     plan = build_plan(JOB, [_slot("a", i, "a100") for i in range(4)], PROFILES, sync=_sync())
-    comm = plan.to_json()["comm"]
+    comm = encode(plan)["comm"]
     assert [link["hop"] for link in comm["links"]] == ["intra a"]
     assert comm["links"][0]["link"] == "nvlink" and comm["links"][0]["source"].startswith("catalog: A100")
     assert comm["num_nodes"] == 1 and not any("assumed" in w for w in plan.warnings)
     link = Interconnect().intra_link("a", "A100-SXM4-80GB")
     expected = exposed_sync_s(ddp_buckets(RESNET50_GRADS), RingCost(num_ranks=4, num_nodes=1, intra=link, network=None),
                               compute_s=comm["compute_s"], backward_share=2 / 3)
-    assert plan.to_json()["predicted_comm_time_s"] == pytest.approx(expected)
+    assert encode(plan)["predicted_comm_time_s"] == pytest.approx(expected)
 
 
 def test_step_time_is_compute_plus_exposed_sync_and_every_figure_uses_it():
@@ -73,7 +74,7 @@ def test_step_time_is_compute_plus_exposed_sync_and_every_figure_uses_it():
     slots = [_slot("a", 0, "a100"), _slot("a", 1, "a100"), _slot("b", 0, "a100"), _slot("b", 1, "a100")]
     free = build_plan(JOB, slots, PROFILES)
     synced = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect))
-    data = synced.to_json()
+    data = encode(synced)
     comm = data["comm"]
     assert comm["bottleneck"] == "network a" and comm["links"][-1]["source"] == "config (lab.yaml: network: 1 Gb/s)"
     sync_s = data["predicted_comm_time_s"]
@@ -87,7 +88,7 @@ def test_step_time_is_compute_plus_exposed_sync_and_every_figure_uses_it():
     assert low == sync_s and comm["allreduce_s"] <= high <= comm["allreduce_s"] * (1 + 1e-9)  # no overlap: all of it
     assert any("no_sync()" in w and "faster" in w for w in synced.warnings)
     validate_plan(data)
-    assert Plan.from_json(json.loads(json.dumps(data))).extra["comm"] == comm
+    assert encode(validate_plan(json.loads(json.dumps(data))).comm) == comm
 
 
 def test_dropping_the_node_behind_the_slow_link_is_advised_with_its_gain():
@@ -96,7 +97,7 @@ def test_dropping_the_node_behind_the_slow_link_is_advised_with_its_gain():
         {"name": "t", "network": {"gbps": 1}, "gpus": [{"type": "T4", "count": 2}]}]}, "lab.yaml")
     slots = [_slot("a", 0, "a100"), _slot("a", 1, "a100"), _slot("t", 0, "t4"), _slot("t", 1, "t4")]
     plan = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect))
-    assert plan.to_json()["comm"]["bottleneck"] == "network t"
+    assert encode(plan)["comm"]["bottleneck"] == "network t"
     drop = [w for w in plan.warnings if w.startswith("dropping the 2 T4 ranks")]
     assert drop and "faster" in drop[0]
     # the assumed network of node a is said once, naming the node
@@ -111,7 +112,7 @@ def test_shipped_1g_and_100g_demo_configs_state_their_network():
 
 
 def test_old_plans_without_comm_still_validate_and_a_broken_comm_section_does_not():
-    plan = build_plan(JOB, [_slot("a", 0, "a100"), _slot("a", 1, "a100")], PROFILES, sync=_sync()).to_json()
+    plan = encode(build_plan(JOB, [_slot("a", 0, "a100"), _slot("a", 1, "a100")], PROFILES, sync=_sync()))
     old = {k: v for k, v in plan.items() if k not in ("comm", "predicted_comm_time_s")}
     validate_plan(old)
     with pytest.raises(ConfigError, match="predicted_comm_time_s"):
@@ -164,14 +165,14 @@ def test_demo_mixed_over_1g_and_100g_plans_differ_and_the_slow_one_advises_with_
     slow = plan_without_ray(job, load_cluster("demo-mixed-1g"), options=options).plan
     fast = plan_without_ray(job, load_cluster("demo-mixed-100g"), options=options).plan
     for plan in (slow, fast):
-        assert plan.extra["comm"]["gradient_bytes"] > 100e6  # ResNet-50: 25.6 M fp32 parameters
+        assert plan.comm.gradient_bytes > 100e6  # ResNet-50: 25.6 M fp32 parameters
         assert not any("not modelled" in w for w in plan.warnings)
     assert slow.predicted_step_time_s > 3 * fast.predicted_step_time_s
-    assert slow.extra["comm"]["exposed_share"] > 0.3 > fast.extra["comm"]["exposed_share"]
+    assert slow.comm.exposed_share > 0.3 > fast.comm.exposed_share
     assert any("no_sync()" in w and "× faster" in w for w in slow.warnings)
     assert any(w.startswith("dropping") and "× faster" in w for w in slow.warnings)
     assert not any("no_sync()" in w for w in fast.warnings)
-    assert "exposed sync" in comm_summary(slow.extra) and "of it" in comm_summary(slow.extra)
+    assert "exposed sync" in comm_summary(slow) and "of it" in comm_summary(slow)
 
 
 def _job_sync(slowdown: float) -> JobSync:
@@ -184,27 +185,27 @@ def test_a_job_measured_slowdown_answers_its_own_ring_only_and_says_so():
         {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
         {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]}]}, "lab.yaml")
     slots = [_slot("a", 0, "a100"), _slot("a", 1, "a100"), _slot("b", 0, "a100"), _slot("b", 1, "a100")]
-    model = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect)).to_json()
+    model = encode(build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect)))
     assert model["comm"]["exposed_source"] == "the links' model" and model["comm"]["slowdown"] == 1.0
     shape = model["comm"]["ring_shape"]
     assert shape.startswith("ax2;bx2;intra a=nvlink@") and "network b=network@1.25e+09B/s" in shape
     measured = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)}))
-    data = measured.to_json()
+    data = encode(measured)
     assert data["comm"]["slowdown"] == 3.0 and data["comm"]["job_sync"]["measured_exposed_s"] == 0.02
     assert data["comm"]["exposed_source"].startswith("measured in the job (gloo, 2 node(s), 4 rank(s); 9 steps")
     assert data["predicted_comm_time_s"] > model["predicted_comm_time_s"]
-    ring, buckets = section_ring(data["comm"])  # the links' own ring, which the job checks itself against
+    ring, buckets = section_ring(measured.comm)  # the links' own ring, which the job checks itself against
     slowed = RingCost(num_ranks=4, num_nodes=2, intra=ring.intra, network=ring.network, slowdown=3.0)
     assert data["predicted_comm_time_s"] == pytest.approx(exposed_sync_s(
         buckets, slowed, compute_s=data["comm"]["compute_s"], backward_share=2 / 3))
     assert any(n.startswith("exposed gradient synchronisation measured in the job") for n in data["notes"])
-    assert "measured in the job: all-reduces 3× the links' time" in comm_summary(measured.extra)
+    assert "measured in the job: all-reduces 3× the links' time" in comm_summary(measured)
     validate_plan(data)
     # another ring (one node's ranks, or another network) is not answered by it
     other = build_plan(JOB, slots[:2], PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)}))
-    assert other.to_json()["comm"]["slowdown"] == 1.0
+    assert encode(other)["comm"]["slowdown"] == 1.0
     faster = parse_cluster({"network": {"gbps": 100}, "nodes": [
         {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
         {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]}]}, "lab.yaml")
     elsewhere = build_plan(JOB, slots, PROFILES, sync=_sync(faster.interconnect, job_sync={shape: _job_sync(3.0)}))
-    assert elsewhere.to_json()["comm"]["exposed_source"] == "the links' model"
+    assert encode(elsewhere)["comm"]["exposed_source"] == "the links' model"

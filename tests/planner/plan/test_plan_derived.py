@@ -4,15 +4,19 @@ the loss weight and the plan's identities, checked once for the builder, the rea
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from types import SimpleNamespace
 
 import pytest
 
+from planner.codec import decode_fields, encode
 from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.plan.build import build_plan
 from planner.plan.derived import check_identities, loss_weight_of, rank_time_fit
 from planner.plan.io import validate_plan
+from planner.plan.sections import MeasuredSection
 from planner.plan.types import Plan
 from tests.planner.plan.test_plan import PROFILES, SLOTS, slot
 from torchkit.step.fit import AffineTimeFit
@@ -58,7 +62,7 @@ def test_the_allocation_the_rank_entries_and_the_range_read_the_same_derated_cur
     assert plan.predicted_step_time_s == pytest.approx(max(r.predicted_step_time_s for r in plan.ranks), rel=1e-12)
     low, high = plan.balance_efficiency_range
     assert low <= plan.balance_efficiency <= high
-    validate_plan(plan.to_json())
+    validate_plan(encode(plan))
 
 
 def test_the_loss_weight_is_batch_times_world_size_over_step_batch_in_every_entry():
@@ -67,20 +71,19 @@ def test_the_loss_weight_is_batch_times_world_size_over_step_batch_in_every_entr
     assert sum(r.loss_weight for r in plan.ranks) == pytest.approx(5)
 
 
-def _edited(plan: Plan, **rank0) -> Plan:
-    return plan.replace(ranks=(dataclasses.replace(plan.ranks[0], **rank0), *plan.ranks[1:]))
+def _rank0(**changes):
+    return lambda doc: doc["ranks"][0].update({k: v(doc["ranks"][0][k]) if callable(v) else v for k, v in changes.items()})
 
 
 IDENTITY_BREAKS = {
-    "point above its range": (lambda p: p.replace(balance_efficiency_range=(0.5, 0.6), balance_efficiency=0.7),
-                               "outside its own expected range"),
-    "rank time off its curve": (lambda p: _edited(p, predicted_step_time_s=p.ranks[0].predicted_step_time_s * 1.1),
-                                "ranks[0].predicted_step_time_s"),
-    "rank time at full speed on a busy card": (lambda p: _edited(p, speed_factor=0.5), "speed_factor 0.5 gives"),
-    "loss weight": (lambda p: _edited(p, loss_weight=p.ranks[0].loss_weight + 0.01), "ranks[0].loss_weight"),
-    "global batch": (lambda p: p.replace(global_batch=p.global_batch + 1), "global_batch != step_batch × accumulate"),
-    "rank numbering": (lambda p: _edited(p, rank=3), "ranks[0].rank is 3, expected 0"),
-    "local rank": (lambda p: _edited(p, local_rank=1), "ranks[0].local_rank is 1, expected 0"),
+    "point above its range": (lambda d: d.update(balance_efficiency_range=[0.5, 0.6], balance_efficiency=0.7),
+                              "outside its own expected range"),
+    "rank time off its curve": (_rank0(predicted_step_time_s=lambda t: t * 1.1), "ranks[0].predicted_step_time_s"),
+    "rank time at full speed on a busy card": (_rank0(speed_factor=0.5), "speed_factor 0.5 gives"),
+    "loss weight": (_rank0(loss_weight=lambda w: w + 0.01), "ranks[0].loss_weight"),
+    "global batch": (lambda d: d.update(global_batch=d["global_batch"] + 1), "global_batch != step_batch × accumulate"),
+    "rank numbering": (_rank0(rank=3), "ranks[0].rank is 3, expected 0"),
+    "local rank": (_rank0(local_rank=1), "ranks[0].local_rank is 1, expected 0"),
 }
 
 
@@ -88,27 +91,44 @@ IDENTITY_BREAKS = {
 def test_a_broken_identity_is_refused_by_construction_reading_and_writing(case, tmp_path):
     edit, message = IDENTITY_BREAKS[case]
     message = re.escape(message)
-    broken = edit(build_plan(JobSpec(model="m"), SLOTS, UNCERTAIN))
+    plan = build_plan(JobSpec(model="m"), SLOTS, UNCERTAIN)
+    document = encode(plan)
+    edit(document)
+    with pytest.raises(ConfigError, match=message):  # reading constructs the plan, which checks it
+        validate_plan(document)
     with pytest.raises(ConfigError, match=message):
-        check_identities(broken)
-    with pytest.raises(ConfigError, match=message):
-        validate_plan(broken.to_json())
-    with pytest.raises(ConfigError, match=message):
-        Plan.from_json(broken.to_json())
+        check_identities(SimpleNamespace(**{**plan.__dict__, **validate_plan_fields(document)}))
     from planner.plan.io import write_plan
 
     with pytest.raises(ConfigError, match=message):
-        write_plan(broken, tmp_path / "plan.json")
+        write_plan(document, tmp_path / "plan.json")
     assert not (tmp_path / "plan.json").exists()
+
+
+def validate_plan_fields(document: dict) -> dict:
+    """The typed fields of a plan document, the plan itself not constructed (so not checked)."""
+    return decode_fields(Plan, json.dumps(document), where="plan", fix="", without=())
+
+
+def test_a_typed_plan_cannot_be_made_with_a_broken_identity():
+    plan = build_plan(JobSpec(model="m"), SLOTS, PROFILES)
+    with pytest.raises(ConfigError, match=re.escape("global_batch != step_batch × accumulate")):
+        plan.replace(global_batch=plan.global_batch + 1)
 
 
 def test_a_plan_re_balanced_in_the_job_keeps_its_measured_rank_times():
     """``measured`` plans state the times their job measured (``planner.runtime.rebalance_feedback``)."""
     plan = build_plan(JobSpec(model="m"), SLOTS, PROFILES)
-    ran = _edited(plan, predicted_step_time_s=plan.ranks[0].predicted_step_time_s * 1.3).with_extra(measured={})
-    check_identities(ran)
-
-
+    ranks = (dataclasses.replace(plan.ranks[0], predicted_step_time_s=plan.ranks[0].predicted_step_time_s * 1.3),
+             *plan.ranks[1:])
+    with pytest.raises(ConfigError, match=re.escape("ranks[0].predicted_step_time_s")):
+        plan.replace(ranks=ranks)
+    measured = MeasuredSection(
+        source="test", created="2026-01-01T00:00:00+00:00", steps=1, measured_steps=1, switches=(),
+        steps_to_balance=0, batches_first=(), batches_last=(), max_idle_first=None, max_idle_last=None,
+        step_time_first_s=None, step_time_last_s=None, rollbacks=0, watch_overhead=None, compute_s_last=None,
+        sync_wait_s_last=None, simulated=None, sync=None, marks={}, ranks=(), step_times=())
+    assert plan.replace(ranks=ranks, measured=measured).ranks == ranks
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from planner.codec import convert
 from planner.probing.busy import MIN_SPEED_FACTOR, busy_summary, is_shared, speed_factor
 from planner.profiles.profile import DeviceProfile
 from tests.planner.cli_helpers import (
@@ -75,7 +76,7 @@ def test_by_default_the_busy_gpu_is_skipped_and_the_shared_one_derated(cache_dir
     speeds = [r["speed_factor"] for r in plan["ranks"]]
     assert speeds == pytest.approx([1.0, 1.0, 0.9])
     rank2 = plan["ranks"][2]
-    profile = DeviceProfile.from_json(plan["profiles"][rank2["profile"]])
+    profile = convert(DeviceProfile, plan["profiles"][rank2["profile"]], where="profile")
     assert rank2["predicted_step_time_s"] == pytest.approx(profile.step_time_s(rank2["batch"]) / 0.9)
     # held memory lowers the budget: 60% of what is free
     assert rank2["memory_budget_bytes"] == int(0.6 * (rank2["total_memory_bytes"] - round(23.5 * GIB)))

@@ -21,19 +21,19 @@ def profile(method: str) -> DeviceProfile:
 def test_the_key_ignores_planning_options_but_not_what_makes_a_step_faster():
     base = JobSpec(model="resnet18", imgsz=64, global_batch=64)
     other_plan = JobSpec(model="resnet18", imgsz=64, global_batch=256, fraction=0.9, mode="uniform", multiple_of=8)
-    key = measured_profile_key(base.to_json(), "T4", "fp16", fingerprint="f0")
-    assert measured_profile_key(other_plan.to_json(), "T4", "fp16", fingerprint="f0") == key
-    assert measured_profile_key(JobSpec(model="resnet18", imgsz=128).to_json(), "T4", "fp16", fingerprint="f0") != key
-    assert measured_profile_key(JobSpec(model="resnet18", imgsz=64, optimizer="adamw").to_json(), "T4", "fp16", fingerprint="f0") != key
-    assert measured_profile_key(base.to_json(), "A10", "fp16", fingerprint="f0") != key
-    assert measured_profile_key(base.to_json(), "T4", "bf16", fingerprint="f0") != key
+    key = measured_profile_key(base, "T4", "fp16", fingerprint="f0")
+    assert measured_profile_key(other_plan, "T4", "fp16", fingerprint="f0") == key
+    assert measured_profile_key(JobSpec(model="resnet18", imgsz=128), "T4", "fp16", fingerprint="f0") != key
+    assert measured_profile_key(JobSpec(model="resnet18", imgsz=64, optimizer="adamw"), "T4", "fp16", fingerprint="f0") != key
+    assert measured_profile_key(base, "A10", "fp16", fingerprint="f0") != key
+    assert measured_profile_key(base, "T4", "bf16", fingerprint="f0") != key
     # the same name and input with another model behind it (its forward or settings edited) is another step
-    assert measured_profile_key(base.to_json(), "T4", "fp16", fingerprint="f1") != key
+    assert measured_profile_key(base, "T4", "fp16", fingerprint="f1") != key
 
 
 def test_only_a_profile_made_in_a_job_is_taken(tmp_path):
     cache = ProfileCache(tmp_path)
-    job = JobSpec(model="resnet18").to_json()
+    job = JobSpec(model="resnet18")
     key = measured_profile_key(job, "T4", "fp16", fingerprint="f0")
     assert find_measured(cache, job, "T4", "fp16", fingerprint="f0") is None
     inputs = measured_key_inputs(job, "T4", "fp16", fingerprint="f0")

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
+from planner.job import JobSpec
 from planner.profiles import measured
 from planner.profiles.measured_sync import JobSync, find_job_sync, store_job_sync, sync_key_inputs
 
-JOB = {"model": "resnet50", "optimizer": "sgd", "imgsz": 224, "input_shape": None, "seq_len": None}
+JOB = {"model": "resnet50", "optimizer": "sgd", "imgsz": 224}
 
 
 def _sync(slowdown: float) -> JobSync:
@@ -21,7 +22,8 @@ def _sync(slowdown: float) -> JobSync:
 
 def _inputs(**changes) -> dict[str, str]:
     args = {"fingerprint": "abc", "gradient_bytes": 102_000_000, "bucket_cap_mb": None, **changes}
-    return sync_key_inputs({**JOB, **changes.pop("job", {})}, **args)
+    job = JobSpec(**{**JOB, **args.pop("job", {})})
+    return sync_key_inputs(job, **args)
 
 
 def test_an_entry_answers_the_same_job_by_ring_shape_and_nothing_else(tmp_path, monkeypatch):

@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.codec import convert, encode
 from planner.profiles.key import profile_key
 from planner.profiles.profile import MAX_PLANNED_BATCH, DeviceProfile
 from torchkit.errors import ConfigError
-from torchkit.step.fit import AffineMemoryFit, AffineTimeFit, LogLogMemoryFit
+from torchkit.step.fit import AffineMemoryFit, AffineTimeFit, LogLogMemoryFit, MemoryFit
 
 GIB = 2**30
 MIB = 2**20
@@ -187,7 +188,7 @@ def test_max_batch_fits_the_budget_and_respects_every_bound(intercept, per_sampl
 
 
 def roundtrip(profile: DeviceProfile) -> DeviceProfile:
-    return DeviceProfile.from_json(json.loads(json.dumps(profile.to_json())))
+    return convert(DeviceProfile, json.loads(json.dumps(encode(profile))), where="profile")
 
 
 def test_json_round_trip_gives_an_equal_profile():
@@ -209,7 +210,7 @@ def test_json_round_trip_of_a_loglog_profile_with_notes_from_dropped_points():
 
 
 def test_to_json_has_the_documented_shape():
-    data = make_profile().to_json()
+    data = encode(make_profile())
     assert set(data) == {"gpu", "method", "amp", "memory_points", "memory_fit", "time_points", "time_fit",
                          "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes", "time_log_sigma", "time_model"}
     assert data["memory_points"][0] == [1, 2 * GIB + 64 * MIB]
@@ -218,10 +219,10 @@ def test_to_json_has_the_documented_shape():
 
 
 def test_from_json_defaults_the_optional_fields():
-    data = make_profile().to_json()
+    data = encode(make_profile())
     for key in ("amp", "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes", "time_log_sigma", "time_model"):
         del data[key]
-    profile = DeviceProfile.from_json(data)
+    profile = convert(DeviceProfile, data, where="profile")
     assert (profile.amp, profile.oom_batch, profile.notes, profile.min_memory_bytes, profile.breakdown_bytes) == (
         "off", None, (), 0, None
     )
@@ -239,7 +240,7 @@ def test_memory_never_falls_below_the_floor_and_a_floor_over_budget_fits_nothing
     assert profile.memory_bytes(128) == 10 * GIB
     assert profile.max_batch(3 * GIB - 1) == 0
     assert profile.max_batch(4 * GIB) == 32
-    assert DeviceProfile.from_json(profile.to_json()).min_memory_bytes == 3 * GIB
+    assert convert(DeviceProfile, encode(profile), where="profile").min_memory_bytes == 3 * GIB
 
 
 def _without(key):
@@ -255,21 +256,21 @@ def _set(key, value):
 
 
 @pytest.mark.parametrize(
-    "mutate",
+    ("mutate", "words"),
     [
-        _without("gpu"),
-        _without("memory_points"),
-        _without("memory_fit"),
-        _without("time_fit"),
-        _set("memory_fit", {"kind": "spline"}),
-        _set("memory_fit", {"kind": "affine", "intercept_bytes": 1.0}),
-        _set("time_fit", {"kind": "loglog"}),
-        _set("memory_points", [[1]]),
-        _set("memory_points", [["one", 5]]),
-        _set("memory_points", 7),
-        _set("time_points", None),
-        _set("oom_batch", "many"),
-        _set("breakdown_bytes", {"parameters": "lots"}),
+        (_without("gpu"), "lacks the field 'gpu'"),
+        (_without("memory_points"), "lacks the field 'memory_points'"),
+        (_without("memory_fit"), "lacks the field 'memory_fit'"),
+        (_without("time_fit"), "lacks the field 'time_fit'"),
+        (_set("memory_fit", {"kind": "spline"}), "memory_fit: kind 'spline' is not one of affine, loglog"),
+        (_set("memory_fit", {"kind": "affine", "intercept_bytes": 1.0}), "memory_fit lacks the field 'bytes_per_sample'"),
+        (_set("time_fit", {"kind": "loglog"}), "time_fit.kind must be one of affine, got 'loglog'"),
+        (_set("memory_points", [[1]]), "memory_points[0] is invalid (Expected array of length 2"),
+        (_set("memory_points", [["one", 5]]), "memory_points[0][0] must be int, got 'one'"),
+        (_set("memory_points", 7), "memory_points must be list, got 7"),
+        (_set("time_points", None), "time_points must be list, got None"),
+        (_set("oom_batch", "many"), "oom_batch must be int/null, got 'many'"),
+        (_set("breakdown_bytes", {"parameters": "lots"}), "breakdown_bytes['parameters'] must be int, got 'lots'"),
     ],
     ids=[
         "no gpu", "no memory_points", "no memory_fit", "no time_fit", "unknown fit kind", "fit missing field",
@@ -277,20 +278,19 @@ def _set(key, value):
         "breakdown text",
     ],
 )
-def test_from_json_of_a_malformed_profile_is_a_config_error_naming_where(mutate):
-    data = make_profile().to_json()
+def test_a_malformed_profile_is_a_config_error_naming_where_the_field_and_the_fix(mutate, words):
+    data = encode(make_profile())
     mutate(data)
     with pytest.raises(ConfigError) as info:
-        DeviceProfile.from_json(data, where="plan.json: profiles['k1']")
+        convert(DeviceProfile, data, where="plan.json", fix="regenerate it")
     message = str(info.value)
-    assert message.startswith("plan.json: profiles['k1'] is malformed:")
-    assert "regenerate" in message
+    assert message.startswith("plan.json") and words in message and message.endswith("(regenerate it)"), message
 
 
 @pytest.mark.parametrize("data", [None, [], "profile", 3])
-def test_from_json_of_something_that_is_not_an_object_is_a_config_error(data):
-    with pytest.raises(ConfigError, match="profile is malformed"):
-        DeviceProfile.from_json(data)
+def test_a_profile_that_is_not_an_object_is_a_config_error(data):
+    with pytest.raises(ConfigError, match=r"profile must be dict, got"):
+        convert(DeviceProfile, data, where="profile")
 
 
 # ---------------------------------------------------------------------------------------------- profile_key
@@ -324,3 +324,25 @@ def test_profile_key_is_the_same_in_another_process_with_another_hash_seed():
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == profile_key(*KEY_PARTS)
+
+
+@pytest.mark.parametrize(
+    "fit",
+    [AffineMemoryFit(intercept_bytes=1.5e9, bytes_per_sample=3.25e7), LogLogMemoryFit(log_slope=0.87, log_intercept=19.1)],
+    ids=["affine", "loglog"],
+)
+def test_a_memory_fit_is_written_kind_first_and_read_back_as_its_kind(fit):
+    data = json.loads(json.dumps(encode(fit)))
+    assert next(iter(data)) == "kind"
+    assert convert(MemoryFit, data, where="fit") == fit
+
+
+def test_a_fit_of_an_unknown_kind_or_missing_a_coefficient_is_refused_naming_it():
+    with pytest.raises(ConfigError, match=r"memory_fit: kind 'spline' is not one of affine, loglog"):
+        convert(DeviceProfile, {**encode(make_profile()), "memory_fit": {"kind": "spline"}}, where="p")
+    with pytest.raises(ConfigError, match=r"time_fit.kind must be one of affine, got 'loglog'"):
+        convert(DeviceProfile, {**encode(make_profile()), "time_fit": {"kind": "loglog", "intercept_s": 0.0,
+                                                                       "s_per_sample": 1.0}}, where="p")
+    with pytest.raises(ConfigError, match=r"memory_fit lacks the field 'bytes_per_sample'"):
+        convert(DeviceProfile, {**encode(make_profile()), "memory_fit": {"kind": "affine", "intercept_bytes": 1.0}},
+                where="p")

@@ -12,6 +12,7 @@ import pytest
 
 import planner.files as files_module
 import planner.profiles.cache as cache_module
+from planner.codec import encode
 from planner.errors import ConfigError
 from planner.profiles.cache import CACHE_SCHEMA, ProfileCache, default_cache_dir
 from planner.profiles.key import KEY_FIELDS, key_of_inputs
@@ -71,7 +72,7 @@ def test_an_entry_records_schema_key_checksum_and_profile(cache):
     assert entry["schema"] == CACHE_SCHEMA
     assert entry["key"] == KEY
     assert len(entry["checksum"]) == 64
-    assert entry["profile"] == make_profile().to_json()
+    assert entry["profile"] == encode(make_profile())
 
 
 def test_an_absent_key_is_none_and_not_a_problem(cache):
@@ -135,7 +136,7 @@ CORRUPTIONS = {
     "wrong schema": (_edit(lambda e: e.update(schema="batchplan/profile-cache@0")), "schema 'batchplan/profile-cache@0'"),
     "wrong key": (_edit(lambda e: e.update(key="fedcba9876543210")), "entry is for key 'fedcba9876543210'"),
     "no profile": (_edit(lambda e: e.pop("profile")), "'profile'"),
-    "malformed profile": (_edit(_malformed_with_valid_checksum), "is malformed"),
+    "malformed profile": (_edit(_malformed_with_valid_checksum), "lacks the field 'time_fit'"),
     "not an object": (lambda p: p.write_text("[1, 2, 3]"), "list"),
 }
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from planner.codec import convert, encode
 from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.profiling.make import make_profile
@@ -108,17 +109,17 @@ def test_an_estimate_carries_the_backward_share_of_its_passes_and_the_plan_overl
     profile = make_profile(JobSpec(**TINY), catalog.get("V100-SXM2-16GB"), estimates_cache=cache)
     assert profile.backward_share is not None and 0.3 < profile.backward_share < 0.9
     assert profile.backward_share != pytest.approx(DEFAULT_BACKWARD_SHARE, abs=1e-3)
-    again = DeviceProfile.from_json(json.loads(json.dumps(profile.to_json())))
+    again = convert(DeviceProfile, json.loads(json.dumps(encode(profile))), where="profile")
     assert again.backward_share == profile.backward_share
     other = make_profile(JobSpec(**TINY), catalog.get("T4"), estimates_cache=cache)
     share, source = backward_share_of([profile, other, profile])
     assert share == pytest.approx((profile.backward_share + other.backward_share) / 2)
     assert source.startswith("estimated: the backward pass's kernels' share") and "T4 " in source
-    unknown = DeviceProfile.from_json({k: v for k, v in profile.to_json().items() if k != "backward_share"})
+    unknown = convert(DeviceProfile, {k: v for k, v in encode(profile).items() if k != "backward_share"}, where="profile")
     assert unknown.backward_share is None  # a profile written before the share (a cached one) loads
     assert backward_share_of([unknown]) == (DEFAULT_BACKWARD_SHARE, "assumed: backward ≈ 2× forward FLOPs")
     with pytest.raises(ConfigError, match="backward_share"):
-        DeviceProfile.from_json({**profile.to_json(), "backward_share": 1.5})
+        convert(DeviceProfile, {**encode(profile), "backward_share": 1.5}, where="profile")
 
 
 def test_a_measured_profiles_backward_share_is_named_measured_in_the_plan(catalog, cache) -> None:
@@ -126,8 +127,8 @@ def test_a_measured_profiles_backward_share_is_named_measured_in_the_plan(catalo
     from planner.profiles.profile import DeviceProfile
 
     estimated = make_profile(JobSpec(**TINY), catalog.get("T4"), estimates_cache=cache)
-    measured = DeviceProfile.from_json({**estimated.to_json(), "gpu": "A100-SXM4-80GB", "method": "measure",
-                                        "backward_share": 0.7, "time_model": "measured"})
+    measured = convert(DeviceProfile, {**encode(estimated), "gpu": "A100-SXM4-80GB", "method": "measure",
+                                        "backward_share": 0.7, "time_model": "measured"}, where="profile")
     share, source = backward_share_of([measured])
     assert share == 0.7 and source.startswith("measured: the backward pass's share") and "timed on A100" in source
     share, source = backward_share_of([measured, estimated])

@@ -68,7 +68,7 @@ def test_auto_that_could_not_measure_files_the_estimate_under_the_estimates_key(
 
 
 def test_auto_prefers_a_profile_measured_in_a_running_job_and_says_so(cache):
-    job = JOB.to_json()
+    job = JOB
     cache.put(measured_profile_key(job, "T4", "fp16", fingerprint=IDENTITY[0]), profile(MEASURED_METHOD),
               inputs=measured_key_inputs(job, "T4", "fp16", fingerprint=IDENTITY[0]))
     make = Maker("estimate")

@@ -105,7 +105,7 @@ def test_an_agreeing_entry_is_used_and_the_check_is_noted(cache):
 
 
 def test_a_forged_job_measurement_is_refused_and_the_planned_profile_made(cache):
-    job = JOB.to_json()
+    job = JOB
     cache.put(measured_profile_key(job, "T4", "fp16", fingerprint=IDENTITY[0]),
               profile(MEASURED_METHOD, time_scale=1 / 5),
               inputs=measured_key_inputs(job, "T4", "fp16", fingerprint=IDENTITY[0]))

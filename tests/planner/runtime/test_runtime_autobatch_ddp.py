@@ -27,6 +27,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     )
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
+        from planner.codec import encode
         from planner.job import JobSpec
         from planner.runtime import autobatch_ddp
 
@@ -35,7 +36,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         # each node its own cache directory, as nodes without a shared file system
         result = autobatch_ddp(job, gpu=NODE_GPU[node], cache_dir=Path(out_dir) / f"cache-node{node}")
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-            "plan": result.plan,
+            "plan": encode(result.plan),
             "profiled_here": list(result.profiled_here),
             "batch": result.rank_plan.batch,
             "loss_weight": result.rank_plan.loss_weight,

@@ -31,6 +31,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                       WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK="0", GROUP_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
+        from planner.codec import encode
         from planner.job import JobSpec
         from planner.runtime import PlannedBatchSampler, SimulatedSpeed, autobatch_ddp
 
@@ -54,7 +55,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         plan_path = Path(out_dir) / "plan.json"
         rebalancer.write_feedback(plan_path, Path(out_dir) / "measured-cache")
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-            "plan": result.plan, "line": rebalancer.report().line(samples_once=True),
+            "plan": encode(result.plan), "line": rebalancer.report().line(samples_once=True),
             "batches_last": list(rebalancer.report().batches_last)}))
         dist.barrier()
     finally:

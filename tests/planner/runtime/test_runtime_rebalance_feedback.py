@@ -5,11 +5,14 @@ by a planner running the same software, and is marked with the model, software a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from planner.codec import convert
+from planner.job import JobSpec
 from planner.profiles import measured
 from planner.profiles.cache import ProfileCache
 from planner.profiles.measured import find_measured
@@ -61,14 +64,15 @@ def test_a_real_runs_profile_answers_the_same_job_and_software_only(tmp_path, mo
     steps = trained["measured"]["step_times"]
     assert len(steps) == STEPS - 2 and all(s["compute_s"][0] > 0 and s["sync_wait_s"] == [0.0] for s in steps)
     cache = ProfileCache(cache_dir)
-    fingerprint = measured_fingerprint(trained["job"])
-    found = find_measured(cache, trained["job"], "T4", "off", fingerprint=fingerprint)
+    job = convert(JobSpec, trained["job"], where="job")
+    fingerprint = measured_fingerprint(job)
+    found = find_measured(cache, job, "T4", "off", fingerprint=fingerprint)
     assert found is not None and found.method == "job"
     assert any("software torch" in note and "link none" in note for note in found.notes)
-    other = {**trained["job"], "model": "resnet18"}
+    other = dataclasses.replace(job, model="resnet18")
     assert find_measured(cache, other, "T4", "off", fingerprint=measured_fingerprint(other)) is None  # another model
     monkeypatch.setattr(measured, "software_version", lambda: "torch 0.0.1")  # a planner on other software
-    assert find_measured(cache, trained["job"], "T4", "off", fingerprint=fingerprint) is None
+    assert find_measured(cache, job, "T4", "off", fingerprint=fingerprint) is None
 
 
 @pytest.mark.parametrize("simulate", [None, SimulatedSpeed(factors=(2.0,), sample_s=0.001)], ids=["real", "simulated"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -12,14 +11,11 @@ from hypothesis import strategies as st
 from torchkit.step.fit import (
     OUTLIER_RELATIVE_TOLERANCE,
     AffineMemoryFit,
-    AffineTimeFit,
     LogLogMemoryFit,
     clean_increasing,
     fit_memory,
     fit_time,
     max_batch_within,
-    memory_fit_from_json,
-    time_fit_from_json,
 )
 
 GIB = 2**30
@@ -293,32 +289,3 @@ def test_max_batch_within_rejects_a_multiple_below_one(multiple_of):
     fit = AffineMemoryFit(intercept_bytes=0.0, bytes_per_sample=1.0)
     with pytest.raises(ValueError, match=f"multiple_of must be >= 1, got {multiple_of}"):
         max_batch_within(fit, 100.0, multiple_of=multiple_of)
-
-
-# ---------------------------------------------------------------------------------------------- JSON
-
-
-@pytest.mark.parametrize(
-    "fit",
-    [
-        AffineMemoryFit(intercept_bytes=1.5e9, bytes_per_sample=3.25e7),
-        LogLogMemoryFit(log_slope=0.87, log_intercept=19.1),
-    ],
-    ids=["affine", "loglog"],
-)
-def test_memory_fit_json_round_trip(fit):
-    assert memory_fit_from_json(json.loads(json.dumps(fit.to_json()))) == fit
-
-
-def test_time_fit_json_round_trip():
-    fit = AffineTimeFit(intercept_s=0.012, s_per_sample=3.1e-4)
-    assert time_fit_from_json(json.loads(json.dumps(fit.to_json()))) == fit
-
-
-def test_fit_from_json_rejects_unknown_kinds_and_missing_fields():
-    with pytest.raises(ValueError, match="unknown memory fit kind 'spline'"):
-        memory_fit_from_json({"kind": "spline"})
-    with pytest.raises(ValueError, match="unknown time fit kind 'loglog'"):
-        time_fit_from_json({"kind": "loglog", "log_slope": 1.0, "log_intercept": 0.0})
-    with pytest.raises(KeyError):
-        memory_fit_from_json({"kind": "affine", "intercept_bytes": 1.0})
