@@ -362,7 +362,7 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
                  options: DriverOptions, interconnect: Interconnect | None, warnings: list[str]) -> SyncInputs | None:
     """What the gradient synchronisation model needs (``planner.plan.comm``); None, with a warning, when the
     model's gradients cannot be laid out."""
-    from planner.probing.gradients import gradient_layout
+    from planner.profiling.gradients import gradient_layout
 
     try:
         grad_bytes, source = gradient_layout(job, identity, options.cache.directory if options.cache else None)

@@ -93,8 +93,8 @@ class AdviseContext:
 
     def __init__(self, job: JobSpec, offers: OfferSet, *, epoch_samples: int, cache: ProfileCache | None,
                  on_progress: ProgressSink = lambda _line: None) -> None:
-        from planner.probing.gradients import gradient_layout
         from planner.profiling import job_fingerprint
+        from planner.profiling.gradients import gradient_layout
 
         self.job = advise_job(job)
         self.offers = offers

@@ -62,9 +62,9 @@ def test_every_profile_entry_of_the_release_is_trusted(release_cache: Path) -> N
 
 
 def test_the_release_gradient_layout_network_and_synchronisation_are_found(release_cache: Path) -> None:
-    from planner.probing.gradients import _read as read_layout
     from planner.probing.link_probe import cached_network
     from planner.profiles.measured_sync import find_job_sync
+    from planner.profiling.gradients import _read as read_layout
 
     [layout] = (release_cache / "gradients").glob("*.json")
     assert read_layout(layout) == (3456, 128, 128, 128, 73728, 256, 256, 256, 2560, 40)

@@ -48,7 +48,7 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
         ProfileCache(cache_dir).put(key, profile, inputs=inputs)
         keys[gpu_name] = key
     # a cold run also leaves the model's gradient layout (the sync model's input) beside the profiles
-    from planner.probing.gradients import gradient_layout
+    from planner.profiling.gradients import gradient_layout
 
     gradient_layout(job, job_fingerprint(job), cache_dir)
     return keys

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from planner.job import JobSpec
-from planner.probing.gradients import gradient_layout
 from planner.profiling import job_fingerprint
+from planner.profiling.gradients import gradient_layout
 from tests.planner.tiny_models import convnet
 
 JOB = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32))
