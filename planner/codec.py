@@ -4,8 +4,8 @@ written to strict JSON here (msgspec). The codec knows no record type; a record 
 - its fields' types: ``int``, ``float`` (an integer is accepted), ``str``, ``bool``, ``None`` (optional),
   tuples, dicts with string keys, ``Literal`` and ``Enum`` choices, other records, ``Any`` (plain JSON);
 - bounds and patterns in ``Annotated[T, Meta(ge=..., le=..., pattern=...)]``; ``Meta(description=...)``
-  completes "<field> must ..." in an error message where the type alone would say too little
-  (``"be a share of the profiled speed in (0, 1]"``, ``"map names to strings"``);
+  completes "<field> must ..." in an error message about the field or anything inside it, where msgspec's
+  words would say too little (``"be a share of the profiled speed in (0, 1]"``, ``"map names to strings"``);
 - in its fields' metadata: :data:`OMIT_DEFAULT` (not written while it holds its default: how a field added
   after the first release keeps older files as they were), :data:`NOT_WRITTEN` (in the program only; never
   read from a file), :data:`UNKNOWN_KEYS` (the dict that keeps the keys a newer writer added: read into it,
@@ -57,120 +57,14 @@ UNKNOWN_KEYS = {"codec": "unknown_keys"}
 """field metadata: the dict that keeps a newer writer's keys this record does not know"""
 FLATTENED = {"codec": "flattened"}
 """field metadata: an optional record written as keys of this record's object (present when any of them is)"""
-
-_FORBID = "__codec_forbids_unknown_keys__"
 #: most characters of a value an error message shows (a hostile field can be megabytes)
 _SHOWN_CHARS = 80
 
 
 def forbid_unknown_keys(cls: type[T]) -> type[T]:
     """Class decorator: a key the record does not declare is an error, not ignored."""
-    setattr(cls, _FORBID, True)
+    cls.__codec_forbids_unknown_keys__ = True  # type: ignore[attr-defined]
     return cls
-
-
-# ------------------------------------------------------------------------------------------------ encoding
-
-
-def encode(record: Any) -> Any:
-    """``record`` (a dataclass, or a tuple, list or dict of them) as plain JSON data: dicts in field order,
-    lists, enums as their values; the field metadata of the module docstring applied."""
-    return _fix_by_value(record, msgspec.to_builtins(record, enc_hook=_enc_hook))
-
-
-def _fix_by_value(value: Any, data: Any) -> Any:
-    """The fixer of ``value``'s own type, where its annotation is not known (the top of :func:`encode`)."""
-    if dataclasses.is_dataclass(value):
-        return _fixer(type(value))(value, data)
-    if isinstance(value, (tuple, list)):
-        return [_fix_by_value(v, d) for v, d in zip(value, data, strict=True)]
-    if isinstance(value, dict):
-        return {k: _fix_by_value(value[k], d) for k, d in data.items()}
-    return data
-
-
-def _enc_hook(value: Any) -> Any:
-    if isinstance(value, str):  # a str subclass carrying more (planner.allocate.advice.Advice): its text
-        return str(value)
-    raise TypeError(f"{type(value).__name__} is not part of a document")
-
-
-Fixer = Callable[[Any, Any], Any]
-"""(value, what ``to_builtins`` made of it) -> the JSON data of it: tuples as lists, the metadata applied"""
-
-
-def _keep(value: Any, data: Any) -> Any:
-    return data
-
-
-def _plain(data: Any) -> Any:
-    """Tuples as lists, at any depth (data of an ``Any`` field)."""
-    if isinstance(data, (tuple, list)):
-        return [_plain(v) for v in data]
-    if isinstance(data, dict):
-        return {k: _plain(v) for k, v in data.items()}
-    return data
-
-
-@functools.cache
-def _fixer(tp: Any) -> Fixer:
-    inner = _strip(tp)
-    origin, args = typing.get_origin(inner), typing.get_args(inner)
-    if isinstance(inner, type) and dataclasses.is_dataclass(inner):
-        return functools.partial(_fix_record, inner)
-    if _tagged_base(inner):
-        return lambda value, data: _fixer(type(value))(value, data)
-    if inner is Any:
-        return lambda value, data: _plain(data)
-    if origin in (typing.Union, types.UnionType):
-        members = [(m, _fixer(m)) for m in args if m is not type(None)]
-        if all(f is _keep for _, f in members):
-            return _keep
-        return lambda value, data: data if value is None else _fixer(type(value) if dataclasses.is_dataclass(value)
-                                                                     else _union_member(members, value))(value, data)
-    if origin in (tuple, list):
-        items = [_fixer(a) for a in args if a is not Ellipsis]
-        if all(f is _keep for f in items):
-            return lambda value, data: list(data)
-        if len(args) == 2 and args[1] is Ellipsis:
-            item = items[0]
-            return lambda value, data: [item(v, d) for v, d in zip(value, data, strict=True)]
-        return lambda value, data: [f(v, d) for f, v, d in zip(items, value, data, strict=True)]
-    if origin is dict:
-        item = _fixer(args[1])
-        if item is _keep:
-            return _keep
-        return lambda value, data: {k: item(value[k], d) for k, d in data.items()}
-    return _keep
-
-
-def _union_member(members: list, value: Any) -> Any:
-    return next((m for m, _ in members if _kind_fits(m, value if not isinstance(value, tuple) else list(value))), Any)
-
-
-def _fix_record(cls: type, value: Any, data: dict) -> dict:
-    spec = _spec(cls)
-    for name in spec.dropped:
-        data.pop(name, None)
-    for name, default in spec.omitted:
-        if getattr(value, name) == default:
-            data.pop(name, None)
-    for f in spec.fields:
-        fix = _fixer(f.type)
-        if fix is not _keep and f.name in data:
-            data[f.name] = fix(getattr(value, f.name), data[f.name])
-    if spec.flattened:
-        flat: dict = {}
-        for name, item in data.items():
-            if name in spec.flattened:
-                flat.update(item or {})
-            else:
-                flat[name] = item
-        data.clear()
-        data.update(flat)
-    if spec.unknown_field is not None:
-        data.update(_plain(data.pop(spec.unknown_field) or {}))
-    return data
 
 
 # ------------------------------------------------------------------------------------------------ records
@@ -180,7 +74,10 @@ def _fix_record(cls: type, value: Any, data: dict) -> dict:
 class _Field:
     name: str
     type: Any
-    required: bool
+    default: Any
+    """``dataclasses.MISSING`` for a required field"""
+    role: str | None
+    """its metadata's ``codec`` entry"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,19 +85,14 @@ class _Spec:
     """What the codec needs of one record class, worked out once."""
 
     fields: tuple[_Field, ...]
-    """the fields read from and written to documents"""
-    dropped: tuple[str, ...]
-    """NOT_WRITTEN fields"""
-    omitted: tuple[tuple[str, Any], ...]
-    """OMIT_DEFAULT fields and their defaults"""
-    unknown_field: str | None
-    flattened: dict[str, type]
-    """FLATTENED fields and their record classes"""
-    forbids_unknown: bool
+    """every field a document holds (``NOT_WRITTEN`` and ``UNKNOWN_KEYS`` ones apart), in order"""
+    unknown: str | None
+    """the ``UNKNOWN_KEYS`` field"""
+    forbids: bool
     own_checks: bool
     """the class has a ``__post_init__``"""
     custom: bool
-    """read key by key here, not by msgspec alone: the record or one inside it has keys to keep, forbid or skip"""
+    """read key by key here, not by msgspec alone: the record or one inside it keeps, forbids or skips keys"""
 
 
 @functools.cache
@@ -210,42 +102,29 @@ def _hints(cls: type) -> dict[str, Any]:
 
 @functools.cache
 def _spec(cls: type) -> _Spec:
-    hints = _hints(cls)
-    fields, dropped, omitted, unknown, flattened = [], [], [], None, {}
+    fields, unknown, skips = [], None, False
     for f in dataclasses.fields(cls):
         role = f.metadata.get("codec")
-        if role == NOT_WRITTEN["codec"]:
-            dropped.append(f.name)
-            continue
-        if role == UNKNOWN_KEYS["codec"]:
-            unknown = f.name
-            continue
-        if role == OMIT_DEFAULT["codec"]:
-            omitted.append((f.name, f.default if f.default is not dataclasses.MISSING else f.default_factory()))
-        if role == FLATTENED["codec"]:
-            flattened[f.name] = next(iter(_records_in(hints[f.name])))
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        fields.append(_Field(f.name, hints[f.name], required))
-    forbids = bool(getattr(cls, _FORBID, False))
-    custom = bool(dropped or unknown or forbids or flattened) or any(
-        _spec(r).custom for f in fields for r in _records_in(f.type) if r is not cls)
-    return _Spec(fields=tuple(fields), dropped=tuple(dropped), omitted=tuple(omitted), unknown_field=unknown,
-                 flattened=flattened, forbids_unknown=forbids, own_checks=hasattr(cls, "__post_init__"), custom=custom)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if role in (NOT_WRITTEN["codec"], UNKNOWN_KEYS["codec"]):
+            unknown = f.name if role == UNKNOWN_KEYS["codec"] else unknown
+            skips = True
+        else:
+            fields.append(_Field(f.name, _hints(cls)[f.name], default, role))
+    forbids = getattr(cls, "__codec_forbids_unknown_keys__", False)
+    custom = skips or forbids or any(f.role == FLATTENED["codec"] or any(
+        _spec(r).custom for r in _records_in(f.type) if r is not cls) for f in fields)
+    return _Spec(tuple(fields), unknown, forbids, hasattr(cls, "__post_init__"), custom)
 
 
 def _records_in(tp: Any) -> list[type]:
-    """The record classes a type annotation can hold, at any depth (tagged bases' subclasses included)."""
-    found: list[type] = []
-    stack = [tp]
-    while stack:
-        current = _strip(stack.pop())
-        if isinstance(current, type) and dataclasses.is_dataclass(current):
-            found.append(current)
-        elif _tagged_base(current):
-            found.extend(current.__subclasses__())
-        else:
-            stack.extend(typing.get_args(current))
-    return found
+    """The record classes an annotation can hold, at any depth (a tagged base's subclasses included)."""
+    tp = _strip(tp)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return [tp]
+    if _tagged_base(tp):
+        return list(tp.__subclasses__())
+    return [r for arg in typing.get_args(tp) for r in _records_in(arg)]
 
 
 def _strip(tp: Any) -> Any:
@@ -255,57 +134,86 @@ def _strip(tp: Any) -> Any:
     return tp
 
 
+def _optional_of(tp: Any) -> Any:
+    """``X | None`` -> X (annotations of the records are at most optional, never other unions)."""
+    inner = _strip(tp)
+    if typing.get_origin(inner) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(inner) if a is not type(None))
+    return tp
+
+
 def _tagged_base(tp: Any) -> bool:
     return isinstance(tp, type) and not dataclasses.is_dataclass(tp) and isinstance(getattr(tp, "tag_field", None), str)
 
 
 @functools.cache
 def _tags(base: type) -> dict[Any, type]:
-    """tag value -> dataclass subclass of a tagged base."""
-    out = {}
-    for sub in base.__subclasses__():
-        literal = typing.get_args(_strip(_hints(sub)[base.tag_field]))
-        for value in literal:
-            out[value] = sub
-    return out
+    """tag value -> the dataclass subclass of a tagged base that carries it."""
+    return {tag: sub for sub in base.__subclasses__() for tag in typing.get_args(_strip(_hints(sub)[base.tag_field]))}
 
 
 def _dec_hook(tp: type, obj: Any) -> Any:
-    if _tagged_base(tp):
-        if not isinstance(obj, dict):
-            raise ValueError(f"must be an object, got {_shown(obj)}")
-        tag = obj.get(tp.tag_field)
-        sub = _tags(tp).get(tag)
-        if sub is None:
-            raise ValueError(f"{tp.tag_field} {_shown(tag)} is not one of {', '.join(map(str, _tags(tp)))}")
-        try:
-            return msgspec.convert(obj, sub, dec_hook=_dec_hook)
-        except msgspec.ValidationError as exc:
-            raise _Nested(_from_msgspec(exc, [])) from None
-    raise ValueError(f"a {tp.__name__} is not read from a document")
+    if not _tagged_base(tp):
+        raise ValueError(f"a {tp.__name__} is not read from a document")
+    sub = _tags(tp).get(obj.get(tp.tag_field)) if isinstance(obj, dict) else None
+    if sub is None:
+        tag = obj.get(tp.tag_field) if isinstance(obj, dict) else obj
+        raise ValueError(f"{tp.tag_field} {_shown(tag)} is not one of {', '.join(map(str, _tags(tp)))}")
+    try:
+        return msgspec.convert(obj, sub, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise _Nested(_from_msgspec(exc, [])) from None
 
 
-class _Nested(ValueError):
-    """Internal: a failure inside a tagged record, carried out of msgspec's ``dec_hook`` (which adds the path
-    to the record)."""
+# ------------------------------------------------------------------------------------------------ writing
 
-    def __init__(self, invalid: _Invalid) -> None:
-        super().__init__(invalid.message)
-        self.invalid = invalid
+_SCALARS = (int, float, bool, type(None))
 
 
-# ------------------------------------------------------------------------------------------------ decoding
+def encode(value: Any) -> Any:
+    """``value`` (a record, or a tuple, list or dict of them) as plain JSON data: objects in field order, lists,
+    enums as their values; the field metadata of the module docstring applied."""
+    if dataclasses.is_dataclass(value):
+        spec = _spec(type(value))
+        data: dict[str, Any] = {}
+        for f in spec.fields:
+            item = getattr(value, f.name)
+            if f.role == OMIT_DEFAULT["codec"] and item == f.default:
+                continue
+            if f.role == FLATTENED["codec"]:
+                data.update(encode(item) if item is not None else {})
+            else:
+                data[f.name] = item if type(item) in _SCALARS or type(item) is str else encode(item)
+        if spec.unknown is not None:
+            data.update(encode(getattr(value, spec.unknown)))
+        return data
+    if isinstance(value, (tuple, list)):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: encode(v) for k, v in value.items()}
+    if isinstance(value, enum.Enum):
+        return value.value
+    return str(value) if isinstance(value, str) else value  # a str subclass carrying more: its text
+
+
+# ------------------------------------------------------------------------------------------------ reading
 
 
 class _Invalid(Exception):
-    """Internal: a failure at a path (segments: field names, indexes, dict keys) with what is wrong."""
+    """Internal: a failure at a path (field names, indexes, dict keys) and what kind: ``msgspec`` (its words),
+    ``missing`` (the field), ``type`` (not an object or list where one is needed), ``own`` (a record's check)."""
 
-    def __init__(self, path: list, message: str, cause: BaseException | None = None, kind: str = "msgspec") -> None:
-        super().__init__(message)
-        self.path = path
-        self.message = message
-        self.cause = cause
-        self.kind = kind
+    def __init__(self, path: list, kind: str, text: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(text)
+        self.path, self.kind, self.text, self.cause = path, kind, text, cause
+
+
+class _Nested(ValueError):
+    """Internal: a failure inside a tagged record, carried out of msgspec's ``dec_hook``."""
+
+    def __init__(self, invalid: _Invalid) -> None:
+        super().__init__(invalid.text)
+        self.invalid = invalid
 
 
 def decode(cls: Any, raw: bytes | str, *, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -322,9 +230,9 @@ def decode(cls: Any, raw: bytes | str, *, where: str, fix: str, max_depth: int =
 
 
 def decode_fields(cls: type, raw: bytes | str, *, where: str, fix: str, without: tuple[str, ...]) -> dict[str, Any]:
-    """The fields of the record ``cls`` in the JSON text ``raw``, all but ``without`` (absent or ignored there),
-    each read and checked as :func:`decode` would; the record itself is not constructed, so its own checks
-    across fields are the caller's (a reader of part of a large document).
+    """The fields of the record ``cls`` in the JSON text ``raw`` but ``without`` (absent or ignored there), each
+    read and checked as :func:`decode` would, the absent ones at their defaults; the record itself is not
+    constructed, so its own checks across fields are the caller's (a reader of part of a large document).
 
     Raises:
         ConfigError: as :func:`decode`.
@@ -333,34 +241,27 @@ def decode_fields(cls: type, raw: bytes | str, *, where: str, fix: str, without:
     return _decode(cls, raw, read, where=where, fix=fix, max_depth=MAX_JSON_DEPTH)
 
 
+def convert(cls: Any, data: Any, *, where: str, fix: str = "") -> Any:
+    """The ``cls`` of JSON-like ``data`` already in memory (dicts, lists, str, int, float, bool, None), held
+    to the rules of :func:`decode` (``planner.jsonio.check_tree`` for the text)."""
+    check_tree(data, where)
+    try:
+        return _converter(cls)(data)
+    except (msgspec.ValidationError, _Invalid) as exc:
+        raise _explained(cls, exc, data, where, fix) from None
+
+
 def _decode(cls: Any, raw: bytes | str, read: Callable[[bytes], Any], *, where: str, fix: str, max_depth: int) -> Any:
     data = raw.encode() if isinstance(raw, str) else raw
     try:
         if not _plainly_clean(data):  # a control character, a surrogate, ...: the strict parser names it
             _strict_load(data, where, fix, max_depth)  # raises where something is wrong; else the text was clean
         return read(data)
-    except RecursionError:  # msgspec's guard against deep nesting: the strict parser names the depth
-        _strict_load(data, where, fix, max_depth)
-        raise ConfigError(f"{where} is nested too deeply ({fix})") from None
-    except msgspec.DecodeError:  # not JSON, or not as strict as ours: the strict parser says which
+    except (RecursionError, msgspec.DecodeError):  # too deep, not JSON or not strict: the strict parser says which
         _strict_load(data, where, fix, max_depth)
         raise ConfigError(f"{where} is not valid JSON ({fix})") from None
     except (msgspec.ValidationError, _Invalid) as exc:
-        raise _explained(cls, exc, lambda: _strict_load(data, where, fix, max_depth), where, fix) from None
-
-
-def convert(cls: Any, data: Any, *, where: str, fix: str = "") -> Any:
-    """The ``cls`` of JSON-like ``data`` already in memory (dicts, lists, str, int, float, bool, None), held
-    to the rules of :func:`decode` (``planner.jsonio.check_tree`` for the text)."""
-    check_tree(data, where)
-    return _convert_document(cls, data, where, fix)
-
-
-def _convert_document(cls: Any, data: Any, where: str, fix: str) -> Any:
-    try:
-        return _converter(cls)(data)
-    except (msgspec.ValidationError, _Invalid) as exc:
-        raise _explained(cls, exc, lambda: data, where, fix) from None
+        raise _explained(cls, exc, _strict_load(data, where, fix, max_depth), where, fix) from None
 
 
 def _strict_load(data: bytes, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
@@ -416,60 +317,42 @@ def _converter(tp: Any) -> Callable[[Any], Any]:
     return _build(tp, raw=False)
 
 
-def _build(tp: Any, *, raw: bool) -> Callable[[Any], Any]:
-    if not _needs_custom(tp):
-        if raw:
-            return msgspec.json.Decoder(tp, dec_hook=_dec_hook).decode
-        return functools.partial(msgspec.convert, type=tp, dec_hook=_dec_hook)
-    inner = _strip(tp)
-    origin, args = typing.get_origin(inner), typing.get_args(inner)
-    if isinstance(inner, type) and dataclasses.is_dataclass(inner):
-        return functools.partial(_read_record, inner, raw=raw)
-    if origin in (typing.Union, types.UnionType) and type(None) in args and len(args) == 2:
-        other = _build(next(a for a in args if a is not type(None)), raw=raw)
-        return _optional(other, raw=raw)
-    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return functools.partial(_read_sequence, _build(args[0], raw=raw), raw=raw)
-    if origin is dict:
-        return functools.partial(_read_mapping, _build(args[1], raw=raw), raw=raw)
-    raise TypeError(f"the codec cannot read {tp!r}: a record that keeps, forbids or skips keys may sit only in a "
-                    "record, an optional, a tuple or a dict")
-
-
-def _needs_custom(tp: Any) -> bool:
-    return any(_spec(r).custom for r in _records_in(tp))
-
-
 _RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def _raw_object(items: dict[str, msgspec.Raw]) -> bytes:
-    """JSON text of an object of raw values (a flattened record's keys, to read as the record)."""
-    return b"{" + b",".join(msgspec.json.encode(k) + b":" + bytes(v) for k, v in items.items()) + b"}"
+def _build(tp: Any, *, raw: bool) -> Callable[[Any], Any]:
+    if not any(_spec(r).custom for r in _records_in(tp)):
+        if raw:
+            return msgspec.json.Decoder(tp, dec_hook=_dec_hook).decode
+        return functools.partial(msgspec.convert, type=tp, dec_hook=_dec_hook)
+    inner, optional = _strip(_optional_of(tp)), _optional_of(tp) is not tp
+    origin, args = typing.get_origin(inner), typing.get_args(inner)
+    if dataclasses.is_dataclass(inner):
+        read: Callable[[Any], Any] = functools.partial(_read_record, inner, raw=raw)
+    elif origin is tuple and args[1:] == (Ellipsis,):
+        item = _build(args[0], raw=raw)
+        read = lambda v: tuple(_at(i, item, x) for i, x in enumerate(_items(v, raw, list)))  # noqa: E731
+    elif origin is dict:
+        item = _build(args[1], raw=raw)
+        read = lambda v: {k: _at(_Key(k), item, x) for k, x in _items(v, raw, dict).items()}  # noqa: E731
+    else:
+        raise TypeError(f"the codec cannot read {tp!r}: a record that keeps, forbids or skips keys may sit only in a "
+                        "record, an optional, a tuple or a dict")
+    if not optional:
+        return read
+    return lambda v: None if (bytes(v).strip() == b"null" if raw else v is None) else read(v)
 
 
-def _optional(inner: Callable[[Any], Any], *, raw: bool) -> Callable[[Any], Any]:
-    def read(value: Any) -> Any:
-        if (bytes(value).strip() == b"null") if raw else value is None:
-            return None
-        return inner(value)
-
-    return read
-
-
-def _read_sequence(item: Callable[[Any], Any], value: Any, *, raw: bool) -> tuple:
-    items = _RAW_ARRAY.decode(value) if raw else value
-    if not isinstance(items, (list, tuple)):
-        raise _Invalid([], "", kind="type")
-    return tuple(_at(i, item, v) for i, v in enumerate(items))
-
-
-def _read_mapping(item: Callable[[Any], Any], value: Any, *, raw: bool) -> dict:
-    items = _RAW_OBJECT.decode(value) if raw else value
-    if not isinstance(items, dict):
-        raise _Invalid([], "", kind="type")
-    return {k: _at(_Key(k), item, v) for k, v in items.items()}
+def _items(value: Any, raw: bool, kind: type) -> Any:
+    """The items of a JSON object (``kind`` dict) or array (list), raw values still text where ``raw``."""
+    try:
+        items = (_RAW_OBJECT if kind is dict else _RAW_ARRAY).decode(value) if raw else value
+    except msgspec.ValidationError:
+        raise _Invalid([], "type") from None
+    if not isinstance(items, kind if raw else (kind, tuple) if kind is list else kind):
+        raise _Invalid([], "type")
+    return items
 
 
 def _at(segment: Any, read: Callable[[Any], Any], value: Any) -> Any:
@@ -485,77 +368,69 @@ def _at(segment: Any, read: Callable[[Any], Any], value: Any) -> Any:
 
 def _read_record(cls: type, value: Any, *, raw: bool, construct: bool = True, without: tuple[str, ...] = ()) -> Any:
     spec = _spec(cls)
-    if raw:
-        try:
-            items = _RAW_OBJECT.decode(value)
-        except msgspec.ValidationError:
-            raise _Invalid([], "", kind="type") from None
-    else:
-        if not isinstance(value, dict):
-            raise _Invalid([], "", kind="type")
-        items = value
-    known = {f.name: f for f in spec.fields if f.name not in spec.flattened and f.name not in without}
-    nested = {name: {f.name for f in _spec(sub).fields} for name, sub in spec.flattened.items()}
-    unknown = [k for k in items if k not in known and k not in without and not any(k in n for n in nested.values())]
-    if unknown and spec.forbids_unknown:
-        raise _Invalid([], f"has unknown fields {sorted(unknown)} (known: {sorted(known)})", kind="own")
-    for f in known.values():
-        if f.required and f.name not in items:
-            raise _Invalid([], f.name, kind="missing")
-    values = {f.name: _at(f.name, _reader(f.type) if raw else _converter(f.type), items[f.name])
-              for f in known.values() if f.name in items}
-    for name, names in nested.items():
-        own = {k: v for k, v in items.items() if k in names}
-        if own:  # its keys sit in this object: a failure's path is this object's
-            values[name] = _read_record(spec.flattened[name], own if not raw else _raw_object(own), raw=raw)
-    if spec.unknown_field is not None and unknown:
-        values[spec.unknown_field] = {k: _unknown_value(k, items[k], raw=raw) for k in unknown}
-    if not construct:  # the absent fields at their defaults, as the record would hold them
-        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                    for f in dataclasses.fields(cls) if f.name not in values and f.name not in without
-                    and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)}
-        return {**defaults, **values}
+    items = _items(value, raw, dict)
+    flat = {f.name: {g.name for g in _spec(_records_in(f.type)[0]).fields}
+            for f in spec.fields if f.role == FLATTENED["codec"]}
+    known = {f.name for f in spec.fields}.union(*flat.values())
+    unknown = [k for k in items if k not in known and k not in without]
+    if unknown and spec.forbids:
+        raise _Invalid([], "own", f"has unknown fields {sorted(unknown)} (known: {sorted(known)})")
+    values: dict[str, Any] = {}
+    for f in spec.fields:
+        if f.name in without:
+            continue
+        if f.name in flat:
+            own = {k: v for k, v in items.items() if k in flat[f.name]}
+            if own:  # its keys sit in this object: a failure's path is this object's
+                sub = _records_in(f.type)[0]
+                values[f.name] = _read_record(sub, _raw_object(own) if raw else own, raw=raw)
+        elif f.name in items:
+            values[f.name] = _at(f.name, _reader(f.type) if raw else _converter(f.type), items[f.name])
+        elif f.default is dataclasses.MISSING:
+            raise _Invalid([], "missing", f.name)
+        elif not construct:
+            values[f.name] = f.default
+    if spec.unknown is not None and unknown:
+        values[spec.unknown] = {k: _unknown_value(k, items[k], raw=raw) for k in unknown}
+    if not construct:
+        return values
     try:
         return cls(**values)
     except (ConfigError, ValueError) as exc:
-        raise _Invalid([], str(exc), cause=exc, kind="own") from None
+        raise _Invalid([], "own", str(exc), exc) from None
+
+
+def _raw_object(items: dict[str, msgspec.Raw]) -> bytes:
+    return b"{" + b",".join(msgspec.json.encode(k) + b":" + bytes(v) for k, v in items.items()) + b"}"
 
 
 def _unknown_value(key: str, value: Any, *, raw: bool) -> Any:
     """A newer writer's value, plain JSON within the nesting limit (the types bound the depth of the rest)."""
-    if not raw:
-        return value
-    if json_depth(bytes(value)) > MAX_JSON_DEPTH // 2:
-        raise _Invalid([key], f"is nested more than {MAX_JSON_DEPTH // 2} levels deep, over the limit", kind="own")
-    return msgspec.json.decode(value)
+    if raw and json_depth(bytes(value)) > MAX_JSON_DEPTH // 2:
+        raise _Invalid([key], "own", f"is nested more than {MAX_JSON_DEPTH // 2} levels deep, over the limit")
+    return msgspec.json.decode(value) if raw else value
 
 
 _PATH = re.compile(r" - at `\$(.*)`$")
 _SEGMENT = re.compile(r"\.([A-Za-z_]\w*)|\[(\d+)\]|\[\.\.\.\]")
+_MISSING = re.compile(r"Object missing required field `(\w+)`")
 
 
 def _from_msgspec(exc: msgspec.ValidationError, prefix: list) -> _Invalid:
-    """msgspec's error (``Expected `int` >= 1 - at `$.ranks[0].batch```) as a path and a message."""
-    text = str(exc)
+    """msgspec's error (``Expected `int` >= 1 - at `$.ranks[0].batch```) as a path and its words."""
+    text, path = str(exc), list(prefix)
     found = _PATH.search(text)
-    path = list(prefix)
     if found:
         text = text[:found.start()]
         for name, index in (m.groups() for m in _SEGMENT.finditer(found.group(1))):
-            path.append(name if name else int(index) if index else ...)  # ...: a dict's value, key unknown yet
-    cause = exc.__cause__ if isinstance(exc.__cause__, ValueError) else None
+            path.append(name if name else int(index) if index else ...)  # ...: a dict's value, its key unknown
+    cause = exc.__cause__
     if isinstance(cause, _Nested):
-        inner = cause.invalid
-        return _Invalid(path + inner.path, inner.message, inner.cause, inner.kind)
-    if cause is not None:
-        return _Invalid(path, text, cause=cause, kind="own")
+        return _Invalid(path + cause.invalid.path, cause.invalid.kind, cause.invalid.text, cause.invalid.cause)
+    if isinstance(cause, ValueError):
+        return _Invalid(path, "own", text, cause)
     missing = _MISSING.match(text)
-    if missing:
-        return _Invalid(path, missing.group(1), kind="missing")
-    return _Invalid(path, text)
-
-
-_MISSING = re.compile(r"Object missing required field `(\w+)`")
+    return _Invalid(path, "missing", missing.group(1)) if missing else _Invalid(path, "msgspec", text)
 
 
 # ------------------------------------------------------------------------------------------------ messages
@@ -565,112 +440,60 @@ class _Key(str):
     """A dict key on a path (shown ``['key']``), where a plain str is a field name (shown ``.name``)."""
 
 
-def _explained(cls: Any, exc: BaseException, load: Callable[[], Any], where: str, fix: str) -> ConfigError:
-    """One ConfigError for a failure of reading ``cls``: the path made whole from the document (``load()``
-    gives it, parsed strictly), then the words of the record's own check or of the rule broken."""
+def _explained(cls: Any, exc: BaseException, document: Any, where: str, fix: str) -> ConfigError:
+    """One ConfigError for a failure of reading ``cls`` from ``document``: the path made whole, then the words of
+    the record's own check, of the innermost field described above the failure, or msgspec's, in ours."""
     invalid = exc if isinstance(exc, _Invalid) else _from_msgspec(exc, [])  # type: ignore[arg-type]
-    document = load()
-    path, tp, value, owner = _walk(cls, document, invalid.path)
+    path, hints, values, owner = _walk(cls, document, invalid.path)
     at = _join(where, _path_text(path))
-    if invalid.kind == "own":
-        if invalid.cause is not None:  # the record's words, on its values as written where it speaks for them
-            record = _strip(_member_for(tp, value))
-            as_written = (_own_words(record, value) if isinstance(record, type) and dataclasses.is_dataclass(record)
-                          and _speaks_for_its_fields(record) else None)
-            return _own_error(as_written or invalid.cause, where, path, fix)
-        return ConfigError(_with_fix(f"{at} {invalid.message}", fix))
+    if invalid.kind == "own" and invalid.cause is None:
+        return ConfigError(_with_fix(f"{at} {invalid.text}", fix))
+    if invalid.kind == "own":  # the record's words, on its values as written where it speaks for them
+        record = _strip(_optional_of(hints[-1]))
+        written = _own_words(record, values[-1]) if dataclasses.is_dataclass(record) else None
+        return _own_error(written or invalid.cause, where, path, fix)
     if invalid.kind == "missing":
-        return ConfigError(_with_fix(f"{at} lacks the field '{invalid.message}'", fix))
-    if owner is not None:  # a record of plain fields with its own rules: its words for a value of the wrong kind
-        own = _own_words(owner[0], owner[1])
-        if own is not None:
-            return _own_error(own, where, owner[2], fix)
-    if _described(tp) is None:  # the innermost described field above the failure speaks, at its own path
-        for cut in range(len(path) - 1, 0, -1):
-            _, above, above_value, _ = _walk(cls, document, path[:cut])
-            if _described(above) is not None:
-                path, tp, value = path[:cut], above, above_value
-                break
-    return ConfigError(_with_fix(f"{_join(where, _path_text(path))} {_rule(tp, value, invalid.message)}", fix))
+        return ConfigError(_with_fix(f"{at} lacks the field '{invalid.text}'", fix))
+    if owner is not None and (own := _own_words(owner[0], values[owner[1]])) is not None:
+        return _own_error(own, where, path[:owner[1]], fix)
+    cut = next((i for i in range(len(path), -1, -1) if _described(hints[i])), None)
+    if cut is not None:
+        return ConfigError(_with_fix(f"{_join(where, _path_text(path[:cut]))} must {_described(hints[cut])}, got "
+                                     f"{_shown(values[cut])}", fix))
+    return ConfigError(_with_fix(f"{at} {_rule(invalid, hints[-1])}, got {_shown(values[-1])}", fix))
 
 
-def _join(where: str, at: str) -> str:
-    return f"{where}: {at}" if at else where
-
-
-def _with_fix(message: str, fix: str) -> str:
-    return f"{message} ({fix})" if fix else message
-
-
-def _own_error(cause: BaseException, where: str, record_path: list, fix: str) -> ConfigError:
-    """A record's own check's error, the record at ``record_path`` in the document; the document's fix added
-    where the check's words end without one of their own."""
-    at = _path_text(record_path)
-    if isinstance(cause, FieldError):
-        text = cause.render(lambda name: f"{at}.{name}" if at else name)
-        return ConfigError(f"{where}: {text}" if text.endswith(")") else f"{where}: {_with_fix(text, fix)}")
-    text = str(cause) if str(cause).endswith(")") else _with_fix(str(cause), fix)
-    return ConfigError(f"{_join(where, at)}: {text}")
-
-
-def _own_words(cls: type, data: Any) -> BaseException | None:
-    """What the record's own check says of ``data`` (its fields as found, lists as tuples), or None."""
-    known = {f.name for f in _spec(cls).fields}
-    if not isinstance(data, dict):
-        return None
-    try:
-        cls(**{k: _as_tuples(v) for k, v in data.items() if k in known})
-    except (ConfigError, ValueError) as exc:
-        return exc
-    except Exception:  # noqa: BLE001  its check tripped on the wrong kind of value: the codec's words then
-        return None
-    return None
-
-
-def _as_tuples(value: Any) -> Any:
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def _speaks_for_its_fields(cls: type) -> bool:
-    """A record of plain fields (no record inside) with its own check (``JobSpec``): a value of the wrong kind
-    in one of its fields is named in its words."""
-    spec = _spec(cls)
-    return spec.own_checks and not any(_records_in(f.type) for f in spec.fields)
-
-
-def _walk(cls: Any, document: Any, segments: list) -> tuple[list, Any, Any, tuple | None]:
-    """Follow ``segments`` through the annotation and the document: (the path, a dict's keys filled in; the
-    annotation there; the value there; (class, data, path) of the record the failure lies in a field of,
-    where that record speaks for its fields)."""
-    tp, value, path, owner = cls, document, [], None
+def _walk(cls: Any, document: Any, segments: list) -> tuple[list, list, list, tuple[type, int] | None]:
+    """Follow ``segments`` through the annotation and the document: the path (a dict's keys filled in), the
+    annotation and the value at each step (the root's first), and (class, step) of the innermost record the
+    failure lies in a field of, where that record speaks for its fields (``JobSpec``)."""
+    path, hints, values, owner = [], [cls], [document], None
     for segment in segments:
-        inner = _strip(_member_for(tp, value))
-        origin, args = typing.get_origin(inner), typing.get_args(inner)
-        if isinstance(inner, type) and dataclasses.is_dataclass(inner):
-            owner = (inner, value, list(path)) if _speaks_for_its_fields(inner) else None
-            tp = _hints(inner).get(segment) or next(
-                (_hints(sub)[segment] for sub in _spec(inner).flattened.values() if segment in _hints(sub)), Any)
-        elif _tagged_base(inner):
-            sub = _tags(inner).get(value.get(inner.tag_field)) if isinstance(value, dict) else None
-            tp = _hints(sub).get(segment, Any) if sub is not None else Any
-        elif origin is dict:
-            tp = args[1]
+        tp, value = _strip(_optional_of(hints[-1])), values[-1]
+        if _tagged_base(tp):
+            tp = _tags(tp).get(value.get(tp.tag_field)) if isinstance(value, dict) else None
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            speaks = _spec(tp).own_checks and not any(_records_in(f.type) for f in _spec(tp).fields)
+            owner = (tp, len(values) - 1) if speaks else None
+            tp = _hints(tp).get(segment) or next(
+                (_hints(r)[segment] for f in _spec(tp).fields if f.role == FLATTENED["codec"]
+                 for r in _records_in(f.type) if segment in _hints(r)), Any)
+        elif typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
             segment = _Key(_failing_key(value, tp) if segment is ... else segment)
-        elif origin in (tuple, list):
-            tp = args[0] if len(args) == 1 or args[-1] is Ellipsis else (
-                args[segment] if isinstance(segment, int) and segment < len(args) else Any)
+        elif typing.get_origin(tp) is tuple:
+            args = typing.get_args(tp)
+            tp = args[0] if args[1:] == (Ellipsis,) else args[segment] if segment < len(args) else Any
         else:
             tp = Any
         path.append(segment)
-        value = _child(value, segment)
-    return path, _member_for(tp, value), value, owner
+        hints.append(tp)
+        values.append(value[segment] if isinstance(value, dict | list) and segment in _range(value) else None)
+    return path, hints, values, owner
 
 
-def _child(value: Any, segment: Any) -> Any:
-    try:
-        return value[segment]
-    except (KeyError, IndexError, TypeError):
-        return None
+def _range(value: Any) -> Any:
+    return value if isinstance(value, dict) else range(len(value))
 
 
 def _failing_key(mapping: Any, value_type: Any) -> str:
@@ -683,117 +506,72 @@ def _failing_key(mapping: Any, value_type: Any) -> str:
     return "..."
 
 
-def _member_for(tp: Any, value: Any) -> Any:
-    """Of a union, the member the value's JSON kind fits (the annotation itself where none does, where it is
-    described as a whole, or where it is no union)."""
-    inner = _strip(tp)
-    if typing.get_origin(inner) not in (typing.Union, types.UnionType) or _described(tp):
-        return tp
-    return next((m for m in typing.get_args(inner) if _kind_fits(m, value)), tp)
+def _own_words(cls: type, data: Any) -> BaseException | None:
+    """What the record's own check says of ``data`` (its fields as found, lists as tuples), or None."""
+    if not isinstance(data, dict):
+        return None
+    known = {f.name for f in _spec(cls).fields}
+    try:
+        cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
+    except (ConfigError, ValueError) as exc:
+        return exc
+    except Exception:  # noqa: BLE001  its check tripped on the wrong kind of value: the codec's words then
+        return None
+    return None
 
 
-def _kind_fits(tp: Any, value: Any) -> bool:
-    """Whether ``value``'s JSON kind is one ``tp`` holds (bounds aside)."""
-    inner = _strip(tp)
-    origin = typing.get_origin(inner)
-    if origin in (typing.Union, types.UnionType):
-        return any(_kind_fits(m, value) for m in typing.get_args(inner))
-    if inner is Any:
-        return True
-    if value is None:
-        return inner is type(None)
-    if isinstance(value, bool):
-        return inner is bool
-    if isinstance(value, int):
-        return inner in (int, float)
-    if isinstance(value, float):
-        return inner is float
-    if isinstance(value, str):
-        return inner is str or origin is typing.Literal or (isinstance(inner, type) and issubclass(inner, enum.Enum))
-    if isinstance(value, list):
-        return origin in (tuple, list)
-    if isinstance(value, dict):
-        return origin is dict or (isinstance(inner, type) and (dataclasses.is_dataclass(inner) or _tagged_base(inner)))
-    return False
-
-
-def _metas(tp: Any) -> list[Meta]:
-    out = []
-    while typing.get_origin(tp) is typing.Annotated:
-        args = typing.get_args(tp)
-        out.extend(a for a in args[1:] if isinstance(a, Meta))
-        tp = args[0]
-    return out
+def _own_error(cause: BaseException, where: str, record_path: list, fix: str) -> ConfigError:
+    """A record's own check's error, the record at ``record_path``; the document's fix added where the check's
+    words end without one of their own."""
+    at = _path_text(record_path)
+    text = cause.render(lambda name: f"{at}.{name}" if at else name) if isinstance(cause, FieldError) else str(cause)
+    text = text if text.endswith(")") else _with_fix(text, fix)
+    return ConfigError(f"{where}: {text}" if isinstance(cause, FieldError) or not at else f"{_join(where, at)}: {text}")
 
 
 def _described(tp: Any) -> str | None:
-    return next((m.description for m in _metas(tp) if m.description), None)
+    """The description of an annotation, or of what an optional holds."""
+    for candidate in (tp, _optional_of(tp)):
+        while typing.get_origin(candidate) is typing.Annotated:
+            args = typing.get_args(candidate)
+            found = next((m.description for m in args[1:] if isinstance(m, Meta) and m.description), None)
+            if found:
+                return found
+            candidate = args[0]
+    return None
 
 
-def _rule(tp: Any, value: Any, msgspec_text: str) -> str:
-    """``must ..., got ...``: what the annotation ``tp`` asks of the value found there."""
-    got = f"got {_shown(value)}"
-    description = _described(tp)
-    if description is not None:
-        return f"must {description}, {got}"
-    inner = _strip(tp)
-    if not _kind_fits(inner, value):
-        return f"must be {_kinds(tp)}, {got}"
-    if typing.get_origin(inner) is typing.Literal or (isinstance(inner, type) and issubclass(inner, enum.Enum)):
-        return f"must be one of {_choices(inner)}, {got}"
-    bounds = _bounds(tp)
-    if bounds:
-        return f"must be {bounds}, {got}"
-    return f"is invalid ({msgspec_text.replace('`', '')}), {got}" if msgspec_text else f"is invalid, {got}"
+_EXPECTED = re.compile(r"Expected `([^`]+)`(?:, got `[^`]+`)?(.*)$")
+_NAMES = {"object": "dict", "array": "list", "float": "int/float"}
 
 
-def _bounds(tp: Any) -> str:
-    parts = []
-    for meta in _metas(tp):
-        if meta.ge is not None and meta.le is not None:
-            parts.append(f"in {_number(meta.ge)}..{_number(meta.le)}")
-        else:
-            parts.extend(f"{symbol} {_number(getattr(meta, name))}"
-                         for name, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
-                         if getattr(meta, name) is not None)
-        if meta.max_length is not None:
-            parts.append(f"at most {meta.max_length} long")
-        if meta.min_length is not None:
-            parts.append(f"at least {meta.min_length} long")
-        if meta.pattern is not None:
-            parts.append(f"matching {meta.pattern}")
-    return " and ".join(parts)
+def _rule(invalid: _Invalid, tp: Any) -> str:
+    """msgspec's words for what a value must be, in ours: ``must be dict/null``, ``must be >= 1``."""
+    if invalid.kind == "type":
+        return f"must be {'list' if typing.get_origin(_strip(_optional_of(tp))) is tuple else 'dict'}"
+    if invalid.text.startswith("Invalid enum value"):
+        inner = _strip(_optional_of(tp))
+        values = [m.value for m in inner] if isinstance(inner, type) and issubclass(inner, enum.Enum) else \
+            typing.get_args(inner)
+        return f"must be one of {', '.join(map(str, values))}"
+    found = _EXPECTED.match(invalid.text)
+    if found is None:
+        return f"is invalid ({invalid.text.replace('`', '')})"
+    kinds, rest = found.groups()
+    rest = re.sub(r"(?<=[<>=] )(-?\d+)\.0\b|, got .*$", lambda m: m.group(1) or "", rest).strip()
+    if rest.startswith("matching regex"):
+        return f"must match {rest.removeprefix('matching regex ')}"
+    if rest:  # a bound or a length: `int` >= 1, `array` of length <= 64
+        return f"must be {rest}"
+    return "must be " + "/".join(_NAMES.get(k, k) for k in kinds.split(" | "))
 
 
-def _number(bound: float) -> str:
-    return f"{bound:g}" if isinstance(bound, float) else str(bound)
+def _join(where: str, at: str) -> str:
+    return f"{where}{at}" if at.startswith("[") or not at else f"{where}: {at}"
 
 
-def _choices(inner: Any) -> str:
-    if isinstance(inner, type) and issubclass(inner, enum.Enum):
-        return ", ".join(str(m.value) for m in inner)
-    return ", ".join(str(a) for a in typing.get_args(inner))
-
-
-_KIND_NAMES = {int: "int", float: "int/float", str: "str", bool: "bool", type(None): "null"}
-
-
-def _kinds(tp: Any) -> str:
-    """How a message names what an annotation holds: ``dict/null``, ``list``, ``int/float``."""
-    inner = _strip(tp)
-    origin = typing.get_origin(inner)
-    if origin in (typing.Union, types.UnionType):
-        names = [_kinds(a) for a in typing.get_args(inner)]
-        return "/".join(dict.fromkeys(n for name in names for n in name.split("/")))
-    if inner in _KIND_NAMES:
-        return _KIND_NAMES[inner]
-    if origin in (tuple, list):
-        return "list"
-    if origin is dict or (isinstance(inner, type) and (dataclasses.is_dataclass(inner) or _tagged_base(inner))):
-        return "dict"
-    if origin is typing.Literal or (isinstance(inner, type) and issubclass(inner, enum.Enum)):
-        return f"one of {_choices(inner)}"
-    return "JSON"
+def _with_fix(message: str, fix: str) -> str:
+    return f"{message} ({fix})" if fix else message
 
 
 def _path_text(path: list) -> str:

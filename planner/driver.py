@@ -361,22 +361,25 @@ def _warnings(
 def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInventory], identity: tuple[str, str],
                  options: DriverOptions, interconnect: Interconnect | None, warnings: list[str]) -> SyncInputs | None:
     """What the gradient synchronisation model needs (``planner.plan.comm``); None, with a warning, when the
-    model's gradients cannot be laid out."""
+    model's gradients cannot be laid out. The cache entries it reads that are refused are said in ``warnings``."""
     from planner.profiling.gradients import gradient_layout
 
+    seen = len(options.cache.problems) if options.cache is not None else 0
+
     try:
-        grad_bytes, source = gradient_layout(job, identity, options.cache.directory if options.cache else None)
+        grad_bytes, source = gradient_layout(job, identity, options.cache)
     except Exception as exc:  # a user model that cannot be built on the meta device: plan compute only
         warnings.append(f"gradient synchronisation not modelled: the model's gradients could not be laid out "
                         f"({type(exc).__name__}: {exc}); the step times are compute only")
+        warnings.extend(options.cache.problems[seen:] if options.cache is not None else ())
         return None
     measured, note = _measured_network(backend, inventories, options, warnings)
     job_sync = {}
     if job.method is Method.AUTO:  # as the profiles measured in a running job: found where measurements may answer
         inputs = sync_key_inputs(job, fingerprint=identity[0], gradient_bytes=sum(grad_bytes),
                                  bucket_cap_mb=job.bucket_cap_mb)
-        job_sync, problems = find_job_sync(options.cache.directory if options.cache else None, inputs)
-        warnings.extend(problems)
+        job_sync = find_job_sync(options.cache, inputs)
+    warnings.extend(options.cache.problems[seen:] if options.cache is not None else ())
     return SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=job.bucket_cap_mb,
                       interconnect=interconnect or Interconnect(), measured=measured, measured_note=note,
                       job_sync=job_sync)
@@ -395,8 +398,7 @@ def _measured_network(backend: Backend, inventories: Sequence[NodeInventory], op
     measure = getattr(backend, "measure_network", None)
     if len(nodes) < 2 or measure is None:
         return {}, ""
-    cache_dir = options.cache.directory if options.cache is not None else None
-    link = link_probe.cached_network(cache_dir, nodes)
+    link = link_probe.cached_network(options.cache, nodes)
     if link is None:
         try:
             times, world = measure(link_probe.PROBE_SIZES_BYTES, link_probe.PROBE_REPEATS, link_probe.PROBE_TIMEOUT_S)
@@ -405,7 +407,7 @@ def _measured_network(backend: Backend, inventories: Sequence[NodeInventory], op
             warnings.append(f"the network between nodes could not be measured ({exc}); the synchronisation is "
                             "priced from the config's or the assumed network")
             return {}, ""
-        link_probe.store_network(cache_dir, nodes, link)
+        link_probe.store_network(options.cache, nodes, link)
     return {"network": link}, f"network between nodes {link.source}"
 
 

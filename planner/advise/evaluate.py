@@ -101,7 +101,7 @@ class AdviseContext:
         self.epoch_samples = epoch_samples
         identity = job_fingerprint(self.job)
         self.gpus = self._profiles(identity, cache, on_progress)
-        grad_bytes, source = gradient_layout(self.job, identity, cache.directory if cache is not None else None)
+        grad_bytes, source = gradient_layout(self.job, identity, cache)
         self._sync = SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=self.job.bucket_cap_mb)
         self._buckets = self._sync.buckets()
 

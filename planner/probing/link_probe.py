@@ -6,24 +6,24 @@ torch.distributed among the probes: gloo over TCP when the nodes have no CUDA, N
 (then the figure is the GPUs' own path, NIC included). Message sizes around DDP's buckets (1 MiB, its first;
 8 MiB; 25 MiB, its cap), ``PROBE_WARMUPS`` untimed runs then ``PROBE_REPEATS`` timed ones per size, each after
 a barrier; the median per size is what is fitted (nccl-tests-style, sized to seconds). The ring of the probes
-crosses every node's network link once, so the fit is the slowest network link of the cluster.
+crosses every node's network link once, so the fit is the slowest network link of the cluster. The fit is kept
+in the cache directory per set of nodes (``planner.store``, namespace ``links``).
 
 A simulated cluster measures nothing (its nodes share this machine's loopback): the plan says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
-import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from pathlib import Path
 
+from planner.codec import convert
 from planner.errors import ConfigError
-from planner.files import write_file_safely
+from planner.store import CacheStore, Namespace
 from torchkit.estimate.ddp_sync import LinkCost, fit_link
 from torchkit.units import MIB
 
@@ -76,33 +76,33 @@ def network_link(sizes: Sequence[int], times_s: Sequence[float], world: int, bac
                            f"fit error {fit.rms_relative_error:.0%})")
 
 
-def _cache_path(cache_dir: str | os.PathLike, nodes: Sequence[str]) -> Path:
-    digest = hashlib.sha256("\0".join(sorted(nodes)).encode()).hexdigest()[:24]
-    return Path(cache_dir) / "links" / f"{digest}.json"
+def _key(inputs: Mapping[str, str]) -> str:
+    """The file name the release before the store gave a measured network (its entries keep theirs)."""
+    return hashlib.sha256("\0".join(inputs["nodes"].split(",")).encode()).hexdigest()[:24]
 
 
-def cached_network(cache_dir: str | os.PathLike | None, nodes: Sequence[str]) -> LinkCost | None:
+def _legacy(document: object, where: str) -> tuple[LinkCost, None]:
+    """An entry of the release before the store: the link's figures without its name."""
+    if not isinstance(document, dict):
+        raise ConfigError(f"{where} is not a JSON object")
+    return convert(LinkCost, {"name": "network", **document}, where=where), None
+
+
+LINKS: Namespace[LinkCost] = Namespace(
+    what="measured network cache entry", folder="links", schema="batchplan/link-cache@1", payload="link",
+    value_type=LinkCost, key_of=_key, redo="measuring it again", legacy=_legacy)
+
+
+def cached_network(store: CacheStore | None, nodes: Sequence[str]) -> LinkCost | None:
     """The network measured earlier for these nodes, if cached."""
-    if cache_dir is None:
-        return None
-    try:
-        data = json.loads(_cache_path(cache_dir, nodes).read_text())
-        return LinkCost(name="network", bus_bytes_per_s=float(data["bus_bytes_per_s"]),
-                        step_latency_s=float(data["step_latency_s"]), source=f"{data['source']} (cached)")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    link = store.read(LINKS, _key({"nodes": ",".join(sorted(nodes))})) if store is not None else None
+    return dataclasses.replace(link, source=f"{link.source} (cached)") if link is not None else None
 
 
-def store_network(cache_dir: str | os.PathLike | None, nodes: Sequence[str], link: LinkCost) -> None:
-    """Cache a measured network for these nodes (written safely, ``planner.files``); a failure costs a
-    re-measure, nothing else."""
-    if cache_dir is None:
-        return
-    path = _cache_path(cache_dir, nodes)
-    text = json.dumps({"bus_bytes_per_s": link.bus_bytes_per_s, "step_latency_s": link.step_latency_s,
-                       "source": link.source})
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_safely(path, text, what="measured network cache entry", fix="check the cache directory")
-    except (OSError, ConfigError):
-        pass
+def store_network(store: CacheStore | None, nodes: Sequence[str], link: LinkCost) -> None:
+    """Cache a measured network for these nodes; a failure costs a re-measure (said in ``problems``)."""
+    if store is not None:
+        try:
+            store.write(LINKS, {"nodes": ",".join(sorted(nodes))}, link)
+        except ConfigError as exc:
+            store.problems.append(f"{exc}; the network is measured again next time")

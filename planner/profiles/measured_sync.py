@@ -17,31 +17,29 @@ shape (``planner.plan.comm.ring_shape``: the nodes, the ranks on each, and each 
 so a plan that drops a node, adds a rank or is given another network is not answered by it. A simulated run
 (``--simulate-speed``) files nothing: its waits are the simulation's.
 
-Files: ``<cache>/sync/<key>.json``, written safely (``planner.files``), read strictly: an entry whose key does
+Entries: the ``sync`` namespace of the cache directory's one store (``planner.store``): an entry whose key does
 not recompute from the inputs it records, or whose figures are not finite and in range, is ignored (with a
 problem line for the plan). Pure: no torch.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from planner.files import write_file_safely
+from planner.codec import convert
+from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.profiles import measured
 from planner.profiles.key import key_of_inputs
+from planner.store import CacheStore, Namespace
 
 __all__ = ["SYNC_SCHEME", "JobSync", "find_job_sync", "store_job_sync", "sync_key_inputs"]
 
 SYNC_SCHEME = "measured-sync-in-job"
 """the first part of a measured-synchronisation key, which tells it from a profile's"""
-_SUBDIR = "sync"
-_MAX_ENTRY_BYTES = 1 * 2**20
 _MAX_SHAPES = 64
 """ring shapes kept per job (the latest): a job planned on many clusters keeps a bounded file"""
 
@@ -93,45 +91,29 @@ def sync_key_inputs(job: JobSpec, *, fingerprint: str, gradient_bytes: int,
     return {name: str(value) for name, value in zip(names, values, strict=True)}
 
 
-def _path(cache_dir: str | os.PathLike, inputs: Mapping[str, str]) -> Path:
-    return Path(cache_dir) / _SUBDIR / f"{key_of_inputs(dict(inputs))}.json"
+def _legacy(document: object, where: str) -> tuple[dict[str, JobSync], Mapping[str, str]]:
+    """An entry of the release before the store: ``{"inputs": ..., "shapes": ...}``."""
+    if not isinstance(document, dict):
+        raise ConfigError(f"{where} is not a JSON object")
+    return (convert(dict[str, JobSync], document.get("shapes"), where=f"{where}: shapes"),
+            convert(dict[str, str], document.get("inputs"), where=f"{where}: inputs"))
 
 
-def _read(path: Path, inputs: Mapping[str, str]) -> tuple[dict[str, JobSync], str | None]:
-    """(shape -> correction, a problem line or None); nothing there is ({}, None)."""
-    try:
-        if path.stat().st_size > _MAX_ENTRY_BYTES:
-            return {}, f"measured synchronisation entry {path} is over {_MAX_ENTRY_BYTES} bytes: ignored"
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, ValueError) as exc:
-        return {}, f"measured synchronisation entry {path} is unreadable ({exc}): ignored"
-    try:
-        if data["inputs"] != dict(inputs) or path.stem != key_of_inputs(dict(data["inputs"])):
-            return {}, f"measured synchronisation entry {path} is not this job's (its key does not match): ignored"
-        return {str(shape): JobSync(**entry) for shape, entry in data["shapes"].items()}, None
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        return {}, f"measured synchronisation entry {path} is malformed ({exc}): ignored"
+SYNC: Namespace[dict[str, JobSync]] = Namespace(
+    what="measured synchronisation entry", folder="sync", schema="batchplan/sync-cache@1", payload="shapes",
+    value_type=dict[str, JobSync], key_of=lambda inputs: key_of_inputs(dict(inputs)), redo="pricing the links alone",
+    legacy=_legacy)
 
 
-def find_job_sync(cache_dir: str | os.PathLike | None, inputs: Mapping[str, str]) -> tuple[dict[str, JobSync], list[str]]:
-    """The corrections a real run of this job (``sync_key_inputs``) filed, by ring shape, and the problems
-    found reading them (for the plan's warnings)."""
-    if cache_dir is None:
-        return {}, []
-    found, problem = _read(_path(cache_dir, inputs), inputs)
-    return found, [problem] if problem else []
+def find_job_sync(store: CacheStore | None, inputs: Mapping[str, str]) -> dict[str, JobSync]:
+    """The corrections a real run of this job (``sync_key_inputs``) filed, by ring shape (an entry refused is
+    said in the store's ``problems``)."""
+    return (store.read(SYNC, key_of_inputs(dict(inputs))) if store is not None else None) or {}
 
 
-def store_job_sync(cache_dir: str | os.PathLike, inputs: Mapping[str, str], shape: str, sync: JobSync) -> Path:
+def store_job_sync(store: CacheStore, inputs: Mapping[str, str], shape: str, sync: JobSync) -> Path:
     """File ``sync`` for the ring ``shape`` of this job, beside the corrections of its other shapes (the
     latest ``_MAX_SHAPES``). Raises ConfigError where the cache cannot be written."""
-    path = _path(cache_dir, inputs)
-    shapes, _ = _read(path, inputs)
-    shapes.pop(shape, None)
+    shapes = {s: j for s, j in find_job_sync(store, inputs).items() if s != shape}
     shapes[shape] = sync
-    kept = dict(list(shapes.items())[-_MAX_SHAPES:])
-    text = json.dumps({"inputs": dict(inputs), "shapes": {s: asdict(j) for s, j in kept.items()}}, indent=1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_file_safely(path, text, what="measured synchronisation entry", fix="check the profile cache directory")
+    return store.write(SYNC, inputs, dict(list(shapes.items())[-_MAX_SHAPES:]))

@@ -1,73 +1,64 @@
 """The gradient layout of a job's model (bytes of each parameter's gradient, registration order), for the
-synchronisation model: the model built on the meta device (no memory, no weights), cached on disk beside
-the profiles under the workload's fingerprint, so a warm plan imports no torch for it.
+synchronisation model: the model built on the meta device (no memory, no weights), kept in the cache directory
+(``planner.store``, namespace ``gradients``) under the workload's fingerprint, so a warm plan imports no torch
+for it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-from pathlib import Path
+from collections.abc import Mapping
+from typing import Annotated
 
+from planner.codec import Meta, convert
 from planner.errors import ConfigError
-from planner.files import write_file_safely
 from planner.job import JobSpec
+from planner.store import CacheStore, Namespace
 
-_CACHE_SUBDIR = "gradients"
-"""beside the profiles, in a folder of its own (the profile cache's own files stay the only ones at its top)"""
-
-
-def _cache_path(directory: Path, job: JobSpec, identity: tuple[str, str]) -> Path:
-    digest = hashlib.sha256(repr((job.model, *identity)).encode()).hexdigest()[:24]
-    return directory / _CACHE_SUBDIR / f"{digest}.json"
+Layout = Annotated[tuple[Annotated[int, Meta(gt=0)], ...], Meta(min_length=1)]
 
 
-def _read(path: Path) -> tuple[int, ...] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    sizes = data.get("grad_bytes") if isinstance(data, dict) else None
-    if not isinstance(sizes, list) or not sizes or not all(isinstance(s, int) and s > 0 for s in sizes):
-        return None
-    return tuple(sizes)
+def _key(inputs: Mapping[str, str]) -> str:
+    """The file name the release before the store gave a layout (its entries keep theirs)."""
+    return hashlib.sha256(repr((inputs["model"], inputs["fingerprint"], inputs["torch_version"])).encode()).hexdigest()[:24]
 
 
-def _write(path: Path, sizes: tuple[int, ...]) -> None:
-    """Written safely (``planner.files``); a cache that cannot be written costs a rebuild next time, nothing else."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_safely(path, json.dumps({"grad_bytes": list(sizes)}), what="gradient layout cache entry",
-                          fix="check the cache directory")
-    except (OSError, ConfigError):
-        pass
+def _legacy(document: object, where: str) -> tuple[tuple[int, ...], None]:
+    """An entry of the release before the store: ``{"grad_bytes": [...]}``."""
+    if not isinstance(document, dict):
+        raise ConfigError(f"{where} is not a JSON object")
+    return convert(Layout, document.get("grad_bytes"), where=f"{where}: grad_bytes"), None
 
 
-def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os.PathLike | None
-                    ) -> tuple[tuple[int, ...], str]:
+GRADIENTS: Namespace[tuple[int, ...]] = Namespace(
+    what="gradient layout cache entry", folder="gradients", schema="batchplan/gradient-layout-cache@1",
+    payload="grad_bytes", value_type=Layout, key_of=_key, redo="building the model on the meta device again",
+    legacy=_legacy)
+
+
+def gradient_layout(job: JobSpec, identity: tuple[str, str], store: CacheStore | None) -> tuple[tuple[int, ...], str]:
     """(gradient bytes per parameter that requires grad, where they come from) for ``job``'s model.
 
-    ``identity``: ``planner.profiling.job_fingerprint(job)``, the cache key. Raises whatever
-    building the model raises (the caller reports it and plans without the synchronisation)."""
-    path = _cache_path(Path(cache_dir), job, identity) if cache_dir is not None else None
-    if path is not None and (cached := _read(path)) is not None:
-        return cached, _source(job, cached)
-    import torch
+    ``identity``: ``planner.profiling.job_fingerprint(job)``, the cache key. A cache that cannot be written costs
+    a rebuild next time, nothing else. Raises whatever building the model raises (the caller reports it and
+    plans without the synchronisation)."""
+    inputs = {"model": job.model, "fingerprint": identity[0], "torch_version": identity[1]}
+    sizes = store.read(GRADIENTS, _key(inputs)) if store is not None else None
+    if sizes is None:
+        import torch
 
-    from planner.profiling.make import workload_for
-    from torchkit.estimate.ddp_sync import gradient_bytes_of
+        from planner.profiling.make import workload_for
+        from torchkit.estimate.ddp_sync import gradient_bytes_of
 
-    workload = workload_for(job)
-    with torch.device("meta"):
-        sizes = gradient_bytes_of(workload.build_model())
-    if not sizes:
-        raise ValueError(f"{job.model} has no parameter that requires grad: nothing to synchronise")
-    if path is not None:
-        _write(path, sizes)
-    return sizes, _source(job, sizes)
-
-
-def _source(job: JobSpec, sizes: tuple[int, ...]) -> str:
-    """The same whether the layout was built now or read from the cache: a warm plan equals the cold one."""
-    return f"{job.model}: {len(sizes)} gradient tensors (the model built on the meta device)"
+        workload = workload_for(job)  # checked on real (CPU) tensors, then built on the meta device
+        with torch.device("meta"):
+            sizes = gradient_bytes_of(workload.build_model())
+        if not sizes:
+            raise ValueError(f"{job.model} has no parameter that requires grad: nothing to synchronise")
+        if store is not None:
+            try:
+                store.write(GRADIENTS, inputs, sizes)
+            except ConfigError as exc:
+                store.problems.append(f"{exc}; the gradient layout is built again next time")
+    # the same whether built now or read from the cache: a warm plan equals the cold one
+    return sizes, f"{job.model}: {len(sizes)} gradient tensors (the model built on the meta device)"

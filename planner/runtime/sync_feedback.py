@@ -95,9 +95,9 @@ def file_job_sync(plan: Plan, cache_dir: str | os.PathLike | None) -> Path | Non
 
     Raises WorkloadError where the plan's model cannot be rebuilt here to name it (as for the measured
     profiles), ConfigError where the cache cannot be written."""
-    from planner.profiles.cache import default_cache_dir
     from planner.profiles.measured_sync import store_job_sync, sync_key_inputs
     from planner.runtime.rebalance_feedback import measured_fingerprint
+    from planner.store import CacheStore
 
     measured, comm = plan.measured, plan.comm
     if measured is None or measured.simulated or measured.sync is None or comm is None:
@@ -107,4 +107,4 @@ def file_job_sync(plan: Plan, cache_dir: str | os.PathLike | None) -> Path | Non
         return None
     inputs = sync_key_inputs(plan.job, fingerprint=measured_fingerprint(plan.job), gradient_bytes=comm.gradient_bytes,
                              bucket_cap_mb=comm.bucket_cap_mb)
-    return store_job_sync(cache_dir if cache_dir is not None else default_cache_dir(), inputs, shape, filed)
+    return store_job_sync(CacheStore(cache_dir), inputs, shape, filed)

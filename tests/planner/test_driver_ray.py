@@ -89,8 +89,8 @@ def test_three_nodes_of_one_type_are_profiled_once_and_cached(ray_cluster, tmp_p
     assert second.profile_calls == 0
     assert _comparable(encode(second.plan)) == _comparable(encode(first.plan))
     # the profiling probe imported torch for its fake passes; from the cache no probe needs it
-    assert first.plan.extra["probing"]["probes_imported_torch"] >= 1
-    assert second.plan.extra["probing"]["probes_imported_torch"] == 0
+    assert first.plan.probing.probes_imported_torch >= 1
+    assert second.plan.probing.probes_imported_torch == 0
 
 
 def _mark_first_probe_node_to_hang() -> str:

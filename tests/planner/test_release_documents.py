@@ -51,28 +51,36 @@ def release_cache(tmp_path: Path) -> Path:
     return cache
 
 
-def test_every_profile_entry_of_the_release_is_trusted(release_cache: Path) -> None:
-    from planner.profiles.cache import ProfileCache
+def test_every_entry_of_the_release_is_found_and_trusted_through_the_store(release_cache: Path) -> None:
+    from planner.probing.link_probe import LINKS
+    from planner.profiles.cache import PROFILES
+    from planner.profiles.measured_sync import SYNC
+    from planner.profiling.gradients import GRADIENTS
+    from planner.store import CacheStore
 
-    cache = ProfileCache(release_cache)
-    entries = sorted(release_cache.glob("*.json"))
-    methods = sorted(cache.get(p.stem).method for p in entries)
-    assert not cache.problems
-    assert methods == ["estimate"] * (len(entries) - 1) + ["job"]
-
-
-def test_the_release_gradient_layout_network_and_synchronisation_are_found(release_cache: Path) -> None:
-    from planner.probing.link_probe import cached_network
-    from planner.profiles.measured_sync import find_job_sync
-    from planner.profiling.gradients import _read as read_layout
-
+    store = CacheStore(release_cache)
+    profiles = [store.read(PROFILES, p.stem) for p in sorted(release_cache.glob("*.json"))]
+    assert sorted(p.method for p in profiles) == ["estimate"] * (len(profiles) - 1) + ["job"]
     [layout] = (release_cache / "gradients").glob("*.json")
-    assert read_layout(layout) == (3456, 128, 128, 128, 73728, 256, 256, 256, 2560, 40)
-    network = cached_network(release_cache, ["node-a", "node-b", "node-c", "node-d"])
-    assert network is not None and network.bus_bytes_per_s == pytest.approx(1.8e9, rel=0.01)
+    assert store.read(GRADIENTS, layout.stem) == (3456, 128, 128, 128, 73728, 256, 256, 256, 2560, 40)
+    [network] = (release_cache / "links").glob("*.json")
+    link = store.read(LINKS, network.stem)
+    assert link is not None and link.name == "network" and link.bus_bytes_per_s == pytest.approx(1.8e9, rel=0.01)
     [sync] = (release_cache / "sync").glob("*.json")
-    inputs = json.loads(sync.read_text())["inputs"]
-    found, problems = find_job_sync(release_cache, inputs)
-    assert not problems
-    [(shape, measured)] = found.items()
+    [(shape, measured)] = store.read(SYNC, sync.stem).items()
     assert shape.startswith("node-ax2;") and measured.slowdown > 1
+    assert store.problems == []
+
+
+def test_the_release_entries_are_found_by_the_keys_their_readers_compute(release_cache: Path) -> None:
+    """Each reader names an entry of the release by the key it computes from what it looks for."""
+    from planner.probing.link_probe import cached_network
+    from planner.profiles.cache import ProfileCache
+    from planner.profiles.measured_sync import find_job_sync
+
+    store = ProfileCache(release_cache)
+    assert cached_network(store, ["node-d", "node-c", "node-b", "node-a"]).source.endswith("(cached)")
+    [sync] = (release_cache / "sync").glob("*.json")
+    assert find_job_sync(store, json.loads(sync.read_text())["inputs"])
+    assert all(store.get(p.stem) is not None for p in release_cache.glob("*.json"))
+    assert store.problems == []

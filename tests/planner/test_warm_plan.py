@@ -49,8 +49,9 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
         keys[gpu_name] = key
     # a cold run also leaves the model's gradient layout (the sync model's input) beside the profiles
     from planner.profiling.gradients import gradient_layout
+    from planner.store import CacheStore
 
-    gradient_layout(job, job_fingerprint(job), cache_dir)
+    gradient_layout(job, job_fingerprint(job), CacheStore(cache_dir))
     return keys
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from planner.probing import link_probe
+from planner.store import CacheStore
 from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.units import MIB
 
@@ -35,16 +36,20 @@ def test_node_probes_time_an_allreduce_among_themselves_and_the_times_fit_a_link
 
 
 def test_a_measured_network_is_cached_per_set_of_nodes(tmp_path):
+    store = CacheStore(tmp_path)
     link = LinkCost(name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)")
-    assert link_probe.cached_network(tmp_path, ["a", "b"]) is None
-    link_probe.store_network(tmp_path, ["b", "a"], link)
-    cached = link_probe.cached_network(tmp_path, ["a", "b"])
+    assert link_probe.cached_network(store, ["a", "b"]) is None
+    link_probe.store_network(store, ["b", "a"], link)
+    cached = link_probe.cached_network(store, ["a", "b"])
     assert cached is not None and cached.bus_bytes_per_s == 1.2e9 and cached.step_latency_s == 2e-5
     assert cached.source.endswith("(cached)")
-    assert link_probe.cached_network(tmp_path, ["a", "b", "c"]) is None
+    assert link_probe.cached_network(store, ["a", "b", "c"]) is None
     assert link_probe.cached_network(None, ["a", "b"]) is None
+    [entry] = (tmp_path / "links").glob("*.json")
+    entry.write_text(entry.read_text().replace("1200000000.0", "-1.0"))  # a negative bandwidth, checksum kept
+    assert link_probe.cached_network(store, ["a", "b"]) is None and "checksum mismatch" in store.problems[-1]
     (tmp_path / "links").chmod(0o500)
     try:
-        link_probe.store_network(tmp_path, ["x", "y"], link)  # unwritable: no error, just no cache
+        link_probe.store_network(store, ["x", "y"], link)  # unwritable: no error, just no cache
     finally:
         (tmp_path / "links").chmod(0o700)

@@ -11,6 +11,7 @@ import pytest
 from planner.job import JobSpec
 from planner.profiles import measured
 from planner.profiles.measured_sync import JobSync, find_job_sync, store_job_sync, sync_key_inputs
+from planner.store import CacheStore, checksum
 
 JOB = {"model": "resnet50", "optimizer": "sgd", "imgsz": 224}
 
@@ -27,32 +28,46 @@ def _inputs(**changes) -> dict[str, str]:
 
 
 def test_an_entry_answers_the_same_job_by_ring_shape_and_nothing_else(tmp_path, monkeypatch):
-    path = store_job_sync(tmp_path, _inputs(), "ax2;intra a=pcie", _sync(2.0))
-    store_job_sync(tmp_path, _inputs(), "ax2;bx2;network", _sync(5.0))
+    store = CacheStore(tmp_path)
+    path = store_job_sync(store, _inputs(), "ax2;intra a=pcie", _sync(2.0))
+    store_job_sync(store, _inputs(), "ax2;bx2;network", _sync(5.0))
     assert path.parent.name == "sync"
-    found, problems = find_job_sync(tmp_path, _inputs())
-    assert problems == [] and {s: j.slowdown for s, j in found.items()} == {"ax2;intra a=pcie": 2.0, "ax2;bx2;network": 5.0}
-    store_job_sync(tmp_path, _inputs(), "ax2;intra a=pcie", _sync(2.5))  # a later run of the same ring replaces it
-    assert find_job_sync(tmp_path, _inputs())[0]["ax2;intra a=pcie"].slowdown == 2.5
+    found = find_job_sync(store, _inputs())
+    assert {s: j.slowdown for s, j in found.items()} == {"ax2;intra a=pcie": 2.0, "ax2;bx2;network": 5.0}
+    store_job_sync(store, _inputs(), "ax2;intra a=pcie", _sync(2.5))  # a later run of the same ring replaces it
+    assert find_job_sync(store, _inputs())["ax2;intra a=pcie"].slowdown == 2.5
     for other in (_inputs(fingerprint="changed"), _inputs(gradient_bytes=1), _inputs(bucket_cap_mb=50)):
-        assert find_job_sync(tmp_path, other) == ({}, [])
-    assert find_job_sync(None, _inputs()) == ({}, [])
+        assert find_job_sync(store, other) == {}
+    assert find_job_sync(None, _inputs()) == {}
     monkeypatch.setattr(measured, "software_version", lambda: "torch 0.0.1")
-    assert find_job_sync(tmp_path, _inputs()) == ({}, [])
+    assert find_job_sync(store, _inputs()) == {}
+    assert store.problems == []
 
 
 @pytest.mark.parametrize(("damage", "problem"), [
-    (lambda d: {**d, "inputs": {**d["inputs"], "gradient_bytes": "1"}}, "not this job's"),
-    (lambda d: {**d, "shapes": {"s": {**d["shapes"]["s"], "slowdown": -1.0}}}, "malformed"),
-    (lambda d: {**d, "shapes": {"s": {"slowdown": 2.0}}}, "malformed"),
+    (lambda d: {**d, "inputs": {**d["inputs"], "gradient_bytes": "1"}}, "its key recomputed from its own inputs"),
+    (lambda d: {**d, "shapes": {"s": {**d["shapes"]["s"], "slowdown": -1.0}}}, "checksum mismatch"),
+    (lambda d: {**d, "shapes": {"s": {"slowdown": 2.0}}, "checksum": checksum({"s": {"slowdown": 2.0}})},
+     "shapes['s'] lacks the field 'measured_exposed_s'"),
+    (lambda d: {"inputs": d["inputs"], "shapes": {"s": {**d["shapes"]["s"], "slowdown": -1.0}}},  # the old form
+     "shapes['s']: JobSync.slowdown must be a finite number >= 0, got -1.0"),
 ])
 def test_a_broken_or_foreign_entry_is_ignored_with_a_problem_line(tmp_path, damage, problem):
-    path = store_job_sync(tmp_path, _inputs(), "s", _sync(2.0))
+    store = CacheStore(tmp_path)
+    path = store_job_sync(store, _inputs(), "s", _sync(2.0))
     path.write_text(json.dumps(damage(json.loads(path.read_text()))))
-    found, problems = find_job_sync(tmp_path, _inputs())
-    assert found == {} and len(problems) == 1 and problem in problems[0]
+    assert find_job_sync(store, _inputs()) == {}
+    assert len(store.problems) == 1 and problem in store.problems[0] and "ignoring it" in store.problems[0]
     path.write_text("{not json")
-    assert "unreadable" in find_job_sync(tmp_path, _inputs())[1][0]
+    assert find_job_sync(store, _inputs()) == {} and "not valid JSON" in store.problems[-1]
+
+
+def test_an_entry_of_the_release_before_the_store_still_answers(tmp_path):
+    store = CacheStore(tmp_path)
+    path = store_job_sync(store, _inputs(), "s", _sync(2.0))
+    entry = json.loads(path.read_text())
+    path.write_text(json.dumps({"inputs": entry["inputs"], "shapes": entry["shapes"]}))  # as that release wrote it
+    assert find_job_sync(store, _inputs())["s"].slowdown == 2.0 and not store.problems
 
 
 def test_job_sync_refuses_impossible_figures():

@@ -265,7 +265,7 @@ def _set(key, value):
         (_set("memory_fit", {"kind": "spline"}), "memory_fit: kind 'spline' is not one of affine, loglog"),
         (_set("memory_fit", {"kind": "affine", "intercept_bytes": 1.0}), "memory_fit lacks the field 'bytes_per_sample'"),
         (_set("time_fit", {"kind": "loglog"}), "time_fit.kind must be one of affine, got 'loglog'"),
-        (_set("memory_points", [[1]]), "memory_points[0] is invalid (Expected array of length 2"),
+        (_set("memory_points", [[1]]), "memory_points[0] must be of length 2, got [1]"),
         (_set("memory_points", [["one", 5]]), "memory_points[0][0] must be int, got 'one'"),
         (_set("memory_points", 7), "memory_points must be list, got 7"),
         (_set("time_points", None), "time_points must be list, got None"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import planner.files as files_module
-import planner.profiles.cache as cache_module
+import planner.store as store_module
 from planner.codec import encode
 from planner.errors import ConfigError
 from planner.profiles.cache import CACHE_SCHEMA, ProfileCache, default_cache_dir
@@ -124,7 +124,7 @@ def _tamper_profile(entry: dict) -> None:
 
 def _malformed_with_valid_checksum(entry: dict) -> None:
     del entry["profile"]["time_fit"]
-    entry["checksum"] = cache_module._checksum(entry["profile"])
+    entry["checksum"] = store_module.checksum(entry["profile"])
 
 
 CORRUPTIONS = {
@@ -132,7 +132,7 @@ CORRUPTIONS = {
     "empty file": (lambda p: p.write_text(""), "Expecting value"),
     "not UTF-8": (lambda p: p.write_bytes(b"\xff\xfe\xfa"), "codec"),
     "wrong checksum": (_edit(_tamper_profile), "checksum mismatch"),
-    "no checksum": (_edit(lambda e: e.pop("checksum")), "checksum mismatch"),
+    "no checksum": (_edit(lambda e: e.pop("checksum")), "lacks the field 'checksum'"),
     "wrong schema": (_edit(lambda e: e.update(schema="batchplan/profile-cache@0")), "schema 'batchplan/profile-cache@0'"),
     "wrong key": (_edit(lambda e: e.update(key="fedcba9876543210")), "entry is for key 'fedcba9876543210'"),
     "no profile": (_edit(lambda e: e.pop("profile")), "'profile'"),
@@ -186,7 +186,7 @@ def test_a_failed_write_leaves_the_old_entry_intact_and_no_temporary_file(cache,
     def failing_replace(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cache_module.os, "replace", failing_replace)
+    monkeypatch.setattr(files_module.os, "replace", failing_replace)
     with pytest.raises(ConfigError, match="cannot write the profile cache entry.*No space left"):
         cache.put(KEY, make_profile(per_sample=2**25), inputs=inputs_for())
     monkeypatch.undo()
