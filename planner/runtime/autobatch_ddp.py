@@ -180,13 +180,15 @@ def _node_profiles(
     node, local_rank = me["node"], me["local_rank"]
     profiled: dict[str, Profiled] = {}
     profiled_here: list[str] = []
+    estimates: dict[Any, Any] = {}  # fake passes do not depend on the GPU type: one set serves every type here
 
     def make(request: ProfileRequest) -> DeviceProfile:
         if local_rank != 0:
             log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", me["rank"],
                         request.gpu.name)
         profiled_here.append(request.gpu.name)
-        return make_profile(request.job, request.gpu, method=request.method, device_index=request.device_index)
+        return make_profile(request.job, request.gpu, method=request.method, device_index=request.device_index,
+                            estimates_cache=estimates)
 
     with torch_distributed_zero_first(local_rank):
         for gpu_name in sorted({p["gpu"] for p in everyone if p["node"] == node}):
