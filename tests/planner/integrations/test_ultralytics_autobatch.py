@@ -6,8 +6,7 @@ the ranks plan inside the job, the larger card gets the larger batch, the per-ra
 loader takes its batch. The dataset (100 images) is smaller than what the cards hold at 640 pixels, so the job
 plans again for a global batch of 100 (Ultralytics' AutoBatch caps a batch at the dataset size), which is
 ``batchplan plan --global-batch 100``. The ranks stop after ``_setup_train`` (no training step at 640 on a CPU).
-
-On one device: the planned trainer is Ultralytics' own AutoBatch path, call for call.
+(On one device ``batch=-1`` is Ultralytics' own path: test_ultralytics_trainer.py.)
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from tests.planner.integrations.ultralytics_helpers import (
     write_dataset,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.ultralytics, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.ultralytics, pytest.mark.timeout(900)]
 
 SIMULATED = ("A100-SXM4-80GB", "T4", "T4")
 IMGSZ = 640
@@ -111,24 +110,4 @@ def test_each_rank_loader_takes_its_batch_of_the_plan_it_trains_with(in_job):
         assert record["batch_size"] == TRAIN_IMAGES  # the global batch, for accumulate and weight decay
         assert record["steps_per_epoch"] == 1
     assert sum(record["rank_batch"] for record in in_job["records"]) == TRAIN_IMAGES
-
-
-def test_batch_minus_one_on_one_device_is_ultralytics_own_autobatch_path(tmp_path):
-    require_ultralytics()
-    data = write_dataset(tmp_path / "dataset", 20)
-    result = subprocess.run([sys.executable, str(WORKER), "autobatch", "--data", str(data), "--out", str(tmp_path)],
-                            env=child_env(tmp_path / "config"), capture_output=True, text=True, timeout=TIMEOUT_S,
-                            cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    runs = json.loads((tmp_path / "autobatch.json").read_text())
-    ultralytics, planned = runs["ultralytics"], runs["planned"]
-    # the same call of check_train_batch_size (image size, AMP, batch, loss simulation, dataset size) ...
-    assert planned["calls"] == ultralytics["calls"] and len(ultralytics["calls"]) == 1
-    assert ultralytics["calls"][0]["max_num_obj"] == 16 and ultralytics["calls"][0]["dataset_size"] == 20
-    # ... and what follows from its answer, 7: batch, loader, accumulation, weight decay; no plan
-    assert planned["batch"] == planned["args_batch"] == planned["loader_batch"] == 7
-    assert {k: v for k, v in planned.items() if k != "planned"} == {k: v for k, v in ultralytics.items()
-                                                                  if k != "planned"}
-    assert planned["planned"] is False
-    assert "batchplan:" not in result.stderr
 

@@ -1,6 +1,6 @@
 """One process of the Ultralytics trainer tests: a DDP rank under torchrun (``ddp``), or a single process
-(``reference``: Ultralytics' own DetectionTrainer; ``autobatch``: batch=-1 on one device, Ultralytics' own path
-against the planned trainer's).
+(``reference``: Ultralytics' own DetectionTrainer; ``single``: batch=-1 on one device, Ultralytics' own path
+against the planned trainer's, and the launching process of a 3-GPU job, its DDP launch captured).
 
 What is patched to let Ultralytics' DDP run on CPU processes over gloo (Ultralytics trains DDP on GPUs only):
 1. ``world_size`` is torchrun's ``WORLD_SIZE`` (Ultralytics counts 0 devices on a CPU);
@@ -110,7 +110,7 @@ def _save(trainer, out: Path, name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["ddp", "reference", "autobatch"])
+    parser.add_argument("mode", choices=["ddp", "reference", "single"])
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--plan", default=None)
@@ -140,8 +140,9 @@ def main() -> None:
                          init=out / "init.pt")
         _save(trainer, out, "reference")
         return
-    if args.mode == "autobatch":
+    if args.mode == "single":
         _autobatch(settings, out)
+        _launches(settings, out)
         return
     from planner.integrations.ultralytics import planned_trainer
 
@@ -189,6 +190,58 @@ def _autobatch(settings: dict, out: Path) -> None:
             "planned": getattr(trainer, "batchplan_rank_plan", None) is not None,
         }
     (out / "autobatch.json").write_text(json.dumps(results))
+
+
+def _launches(settings: dict, out: Path) -> None:
+    """The launching process of ``device="0,1,2"`` (three GPUs simulated: ``ddp`` and ``world_size`` set as
+    Ultralytics sets them for three CUDA devices) with ``batch=-1``: Ultralytics' own trainer refuses; the
+    planned one starts its DDP workers (``subprocess.run`` recorded, the state it pickled for them read back),
+    and refuses a plan whose world size or GPU types are not the devices'."""
+    import subprocess
+
+    from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.utils.patches import torch_load
+
+    from planner.errors import ConfigError
+    from planner.integrations.ultralytics import planned_trainer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from tests.plans import make_plan
+
+    simulated = "A100-SXM4-80GB,T4,T4"
+    plans = {
+        "matching": make_plan((12, 2, 2), gpus=["A100-SXM4-80GB", "T4", "T4"]),
+        "four_ranks": make_plan((2, 2, 2, 2), nodes=(("node-a", 4),)),
+        "other_types": make_plan((2, 2, 2)),
+    }
+    launched: list = []
+
+    def recorded_run(cmd, check=False):
+        state = torch_load(Path(cmd[-1]).with_suffix(".pt"), map_location="cpu")
+        launched.append({"cmd": [str(c) for c in cmd], "batch": state["args"]["batch"],
+                         "options": repr(state["trainer"].batchplan), "trainer": state["trainer"].__name__,
+                         "mro": [c.__name__ for c in state["trainer"].__mro__]})
+
+    subprocess.run = recorded_run
+    results: dict = {}
+    cases = [("ultralytics", DetectionTrainer), ("in_job", planned_trainer("detect", simulate_gpus=simulated))]
+    from planner.cluster import catalog_for
+
+    for name, plan in plans.items():
+        for entry in plan["ranks"]:  # the memory of the planned type, as batchplan plan writes it
+            entry["total_memory_bytes"] = catalog_for(None).get(entry["gpu"]).memory_bytes
+        path = out / f"{name}.json"
+        path.write_text(json.dumps(plan))
+        cases.append((name, planned_trainer("detect", plan=str(path), simulate_gpus=simulated)))
+    for name, trainer_class in cases:
+        trainer = trainer_class(overrides={**settings, "device": "cpu", "batch": -1, "name": f"launch-{name}"})
+        trainer.ddp, trainer.world_size, trainer.args.device = True, 3, "0,1,2"  # as for three CUDA devices
+        launched.clear()
+        try:
+            trainer.train()
+            results[name] = {"launched": list(launched)}
+        except (ValueError, ConfigError) as e:
+            results[name] = {"error": f"{type(e).__name__}: {e}", "launched": list(launched)}
+    (out / "launches.json").write_text(json.dumps(results))
 
 
 if __name__ == "__main__":
