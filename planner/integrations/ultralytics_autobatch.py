@@ -140,7 +140,6 @@ def ultralytics_profile(model: Any, request: AutoBatchRequest, gpu: GpuSpec, dev
         InfeasiblePlanError: no probe gave a usable point (Ultralytics' own RuntimeError, or no probe ran).
     """
     import torch
-    import ultralytics
     import ultralytics.utils.autobatch as autobatch
 
     from planner.integrations.ultralytics_batchnorm import plain_batchnorm
@@ -165,8 +164,27 @@ def ultralytics_profile(model: Any, request: AutoBatchRequest, gpu: GpuSpec, dev
             f"{gpu.name} ({device}): Ultralytics' AutoBatch did not profile (see its warning above: it needs a CUDA "
             "device and torch.backends.cudnn.benchmark=False)"
         )
-    total_gib = torch.cuda.get_device_properties(device).total_memory / GIB
     batches, results = probes[-1]
+    total_bytes = int(torch.cuda.get_device_properties(device).total_memory)
+    return profile_from_probes(gpu.name, batches, results, total_bytes=total_bytes, request=request,
+                               chosen=chosen, where=str(device))
+
+
+def profile_from_probes(
+    gpu_name: str, batches: list[int], results: list[Any], *, total_bytes: int, request: AutoBatchRequest,
+    chosen: int, where: str,
+) -> DeviceProfile:
+    """A device profile from Ultralytics' ``profile_ops`` rows (``[params, GFLOPs, GiB, forward ms, backward
+    ms, in, out]`` per probe batch, None where the probe failed): a memory point per usable row (numeric, above
+    0, below the device's total), no point at or above the first failure after a success (Ultralytics' memory
+    ceiling, kept as ``oom_batch``), and a time point (forward + backward) per usable row but the first.
+
+    Raises:
+        InfeasiblePlanError: no usable row.
+    """
+    import ultralytics
+
+    total_gib = total_bytes / GIB
     memory_points, time_points, oom_batch = [], [], None
     for batch, result in zip(batches, results, strict=True):
         if result is None:
@@ -179,16 +197,16 @@ def ultralytics_profile(model: Any, request: AutoBatchRequest, gpu: GpuSpec, dev
             if math.isfinite(forward_ms + backward_ms):
                 time_points.append((batch, (forward_ms + backward_ms) / 1000))
     if not memory_points:
-        raise InfeasiblePlanError(f"{gpu.name} ({device}): none of Ultralytics' AutoBatch probes {batches} fit "
+        raise InfeasiblePlanError(f"{gpu_name} ({where}): none of Ultralytics' AutoBatch probes {batches} fit "
                                   "(free GPU memory, reduce imgsz, or set batch explicitly)")
     if len(time_points) >= 3:
         time_points = time_points[1:]  # the first probe also paid CUDA's and cuDNN's warm-up
     notes = (
-        f"{gpu.name}: measured by Ultralytics' AutoBatch probes (ultralytics {ultralytics.__version__} "
+        f"{gpu_name}: measured by Ultralytics' AutoBatch probes (ultralytics {ultralytics.__version__} "
         f"profile_ops at batches {batches}, loss-memory simulation for {request.max_num_obj} objects per image, "
         f"imgsz {request.imgsz}); optimizer state and the EMA copy are not measured, as in Ultralytics' AutoBatch",
-        f"{gpu.name}: Ultralytics' AutoBatch alone picks batch {chosen} for this GPU",
+        f"{gpu_name}: Ultralytics' AutoBatch alone picks batch {chosen} for this GPU",
     )
-    return DeviceProfile.from_points(gpu=gpu.name, method="measure", amp=request.amp, memory_points=memory_points,
+    return DeviceProfile.from_points(gpu=gpu_name, method="measure", amp=request.amp, memory_points=memory_points,
                                      time_points=time_points, oom_batch=oom_batch, notes=notes,
                                      time_model="measured")
