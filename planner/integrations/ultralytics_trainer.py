@@ -41,6 +41,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from planner.errors import ConfigError, UserError
@@ -186,6 +187,7 @@ class PlannedTrainerMixin:
         """the plans made in the job, in order (a second one when the first exceeded the dataset)"""
         self._batchplan_source = ""
         self._batchplan_global: int | None = None
+        self._batchplan_cap: int | None = None  # this rank's largest batch in the plan (its memory cap)
         self._batchplan_sync_bn = 0  # SyncBatchNorm layers made
         self._batchplan_reported = False
         if LOCAL_RANK != -1 and self.device.type not in {"cpu", "mps"} and self.world_size < WORLD_SIZE:
@@ -203,7 +205,11 @@ class PlannedTrainerMixin:
     # ------------------------------------------------------------------------------ the launching process
 
     def train(self) -> Any:
+        from ultralytics.utils import RANK
+
         if not self.ddp:
+            if RANK == -1 and self.batchplan.plan is not None:
+                self._take_one_rank_plan()
             return super().train()
         self._check_plan_before_launch()
         require_cloudpickle()
@@ -250,6 +256,18 @@ class PlannedTrainerMixin:
         spec = catalog_for(None).get(simulated[rank])
         return GpuStats(index=rank, name=spec.name, memory_total_bytes=spec.memory_bytes, memory_used_bytes=0,
                         memory_free_bytes=spec.memory_bytes)
+
+    def _take_one_rank_plan(self) -> None:
+        """One process takes only a one-rank plan (refused before anything is built or profiled), and its
+        batch, instead of Ultralytics' AutoBatch."""
+        from planner.plan.io import load_plan
+
+        plan = load_plan(self.batchplan.plan)
+        if plan.world_size != 1:
+            raise ConfigError(f"{self.batchplan.plan} is for {plan.world_size} ranks but this run is one process "
+                              f"(device={self.args.device!r}): pass the plan's {plan.world_size} devices")
+        self._say_batch_replaced(plan.global_batch)
+        self.args.batch = self.batch_size = plan.global_batch
 
     def _check_plan_before_launch(self) -> None:
         """Refuse, before any worker starts, a plan whose world size or GPU types are not this launch's."""
@@ -347,12 +365,17 @@ class PlannedTrainerMixin:
         if self.batchplan.plan is not None:
             plan = self._plan_from_file()
             self._batchplan_source = f"plan {self.batchplan.plan}"
-            if RANK in {-1, 0} and self.args.batch >= 1 and int(self.args.batch) != plan.global_batch:
-                say(f"batch={self.args.batch:g} is replaced by the plan's global batch {plan.global_batch}")
+            if RANK == 0:
+                self._say_batch_replaced(plan.global_batch)
         else:
             plan = self._plan_in_job()
         self.batchplan_rank_plan = plan
         self._batchplan_global = plan.global_batch
+
+    def _say_batch_replaced(self, global_batch: int) -> None:
+        asked = self.args.batch
+        if asked >= 1 and int(asked) != global_batch:
+            say(f"batch={asked:g} is replaced by the plan's global batch {global_batch}")
 
     def _this_gpu(self) -> Any:
         """This rank's GPU as ``GpuStats`` (simulated or CUDA's), or None on a CPU without a simulated type."""
@@ -365,16 +388,16 @@ class PlannedTrainerMixin:
     def _plan_from_file(self) -> Any:
         from ultralytics.utils import RANK
 
+        from planner.plan.rank_view import read_rank_view
         from planner.runtime import load_rank_plan
 
         path = self.batchplan.plan
-        if RANK == -1:  # one process: the plan must be a one-rank plan
+        if RANK == -1:  # one process: a one-rank plan (train() checked)
             plan = load_rank_plan(path, rank=0, env={}, gpu=self._this_gpu())
-            if plan.world_size != 1:
-                raise ConfigError(f"{path} is for {plan.world_size} ranks but this run is one process (device="
-                                  f"{self.args.device!r}): pass the plan's {plan.world_size} devices")
-            return plan
-        return load_rank_plan(path, rank=RANK, gpu=self._this_gpu())  # WORLD_SIZE, launch position and GPU checked
+        else:  # WORLD_SIZE, the launch position and the GPU checked against the rank's entry
+            plan = load_rank_plan(path, rank=RANK, gpu=self._this_gpu())
+        self._batchplan_cap = read_rank_view(Path(path), lambda world_size, nodes: plan.rank).entry.max_batch
+        return plan
 
     def _plan_in_job(self) -> Any:
         """Every rank computes the same plan from Ultralytics' AutoBatch request and the gathered profiles."""
@@ -419,6 +442,7 @@ class PlannedTrainerMixin:
             self.batchplan_plans.append(result.plan)
         how = "estimated for the simulated GPU types" if simulated else "Ultralytics' AutoBatch probes on each GPU type"
         self._batchplan_source = f"planned in the job ({how})"
+        self._batchplan_cap = result.plan["ranks"][RANK]["max_batch"]
         if RANK == 0:
             from planner.plan.io import write_plan
 
@@ -437,14 +461,17 @@ class PlannedTrainerMixin:
         if RANK in {-1, 0}:
             weight_decay = next((g["weight_decay"] for g in self.optimizer.param_groups
                                  if g.get("param_group") in {"weight", "muon"}), self.args.weight_decay)
-            say(f"{plan.world_size} ranks, {self._batchplan_source}: {plan.step_batch} images per step, "
+            ranks = f"{plan.world_size} rank{'s' if plan.world_size != 1 else ''}"
+            say(f"{ranks}, {self._batchplan_source}: {plan.step_batch} images per step, "
                 f"global batch {plan.global_batch}, accumulate {self.accumulate} (nbs {self.args.nbs}) and "
                 f"weight_decay {weight_decay:.6g} on every rank")
             say(self._loss_line(plan))
             if plan.world_size > 1:
                 say(self._batchnorm_line(plan))
+        steps = len(self.train_loader)
+        cap = f", cap {self._batchplan_cap}" if self._batchplan_cap is not None else ""
         say(f"rank {plan.rank}/{plan.world_size} {self.device} {gpu}: batch {plan.batch} of {plan.step_batch} per "
-            f"step ({plan.batch / plan.step_batch:.1%}), {len(self.train_loader)} steps per epoch")
+            f"step ({plan.batch / plan.step_batch:.1%}{cap}), {steps} step{'s' if steps != 1 else ''} per epoch")
 
     def _loss_line(self, plan: Any) -> str:
         task = self.batchplan_task

@@ -17,6 +17,7 @@ import pytest
 
 from planner.errors import ConfigError
 from tests.planner.integrations.ultralytics_helpers import (
+    REPO,
     WORKER,
     child_env,
     require_ultralytics,
@@ -201,3 +202,22 @@ def test_a_plan_for_other_devices_is_refused_before_any_worker_starts_in_one_lin
         assert all(word in error for word in words), error
         assert launches[name]["launched"] == []
 
+
+
+@pytest.mark.slow
+@pytest.mark.ultralytics
+def test_the_example_refuses_a_plan_for_other_devices_in_one_line(tmp_path):
+    require_ultralytics()
+    from tests.plans import make_plan
+
+    data = write_dataset(tmp_path / "dataset", 4)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(make_plan((2, 3, 5))))
+    result = subprocess.run([sys.executable, str(REPO / "examples" / "ultralytics_train.py"), "--data", str(data),
+                             "--device", "cpu", "--plan", str(plan), "--imgsz", "64", "--epochs", "1"],
+                            env=child_env(tmp_path / "config"), capture_output=True, text=True, timeout=TIMEOUT_S,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {plan} is for 3 ranks but this run is one process (device='cpu'): pass the plan's 3 devices")
