@@ -63,6 +63,10 @@ def import_ultralytics(module: str) -> Any:
 
     try:
         imported = import_library(module, model=module, subject="planner.integrations.ultralytics", extra=EXTRA)
+        # Ultralytics imports torchvision's operators only when it first runs them (NMS in validation): a
+        # torchvision that cannot load beside this torch would fail the job at its first validation
+        import_library("torchvision.ops", model="torchvision", extra=EXTRA,
+                       subject="planner.integrations.ultralytics (Ultralytics' trainer runs torchvision's NMS)")
     except WorkloadError as e:
         raise UltralyticsUnavailableError(str(e)) from e
     base = import_library("ultralytics.engine.trainer", model=module).BaseTrainer

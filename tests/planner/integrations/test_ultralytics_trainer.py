@@ -24,6 +24,8 @@ from tests.planner.integrations.ultralytics_helpers import (
     write_dataset,
 )
 
+pytestmark = pytest.mark.ultralytics  # CI's "torch unpinned" stage runs this marker where Ultralytics imports
+
 TIMEOUT_S = 300
 
 
@@ -83,7 +85,7 @@ def test_each_planned_trainer_is_its_task_trainer_and_pickles_by_name():
 
 def test_the_options_travel_to_the_ddp_workers_with_the_class():
     require_ultralytics()
-    import cloudpickle
+    cloudpickle = pytest.importorskip("cloudpickle", reason="the [ultralytics] extra installs cloudpickle")
 
     from planner.integrations.ultralytics import PlannedDetectionTrainer, PlanOptions, planned_trainer
 
@@ -136,7 +138,6 @@ def _loss_ratio(task: str) -> float:
     return two / one
 
 
-@pytest.mark.ultralytics
 @pytest.mark.parametrize("task", ["detect", "segment", "pose", "obb", "classify"])
 def test_each_task_loss_reduction_is_the_installed_criterion(task):
     require_ultralytics()
@@ -160,7 +161,6 @@ def single_process(tmp_path_factory) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.ultralytics
 def test_batch_minus_one_on_one_device_is_ultralytics_own_autobatch_path(single_process):
     ultralytics, planned = single_process["autobatch"]["ultralytics"], single_process["autobatch"]["planned"]
     # the same call of check_train_batch_size (image size, AMP, batch, loss simulation, dataset size) ...
@@ -174,7 +174,6 @@ def test_batch_minus_one_on_one_device_is_ultralytics_own_autobatch_path(single_
 
 
 @pytest.mark.slow
-@pytest.mark.ultralytics
 def test_the_launching_process_starts_ddp_with_batch_minus_one_where_ultralytics_refuses(single_process):
     launches = single_process["launches"]
     assert launches["ultralytics"]["error"].startswith(
@@ -188,7 +187,6 @@ def test_the_launching_process_starts_ddp_with_batch_minus_one_where_ultralytics
 
 
 @pytest.mark.slow
-@pytest.mark.ultralytics
 def test_a_plan_for_other_devices_is_refused_before_any_worker_starts_in_one_line(single_process):
     launches = single_process["launches"]
     for name, words in {
@@ -205,7 +203,6 @@ def test_a_plan_for_other_devices_is_refused_before_any_worker_starts_in_one_lin
 
 
 @pytest.mark.slow
-@pytest.mark.ultralytics
 def test_the_example_refuses_a_plan_for_other_devices_in_one_line(tmp_path):
     require_ultralytics()
     from tests.plans import make_plan
