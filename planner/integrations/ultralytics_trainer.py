@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from planner.errors import ConfigError, UserError
+from planner.errors import ConfigError, InfeasiblePlanError, UserError
 
 #: the Ultralytics release this trainer was built and tested against
 TESTED_ULTRALYTICS = "8.4.190"
@@ -412,9 +412,16 @@ class PlannedTrainerMixin:
         if simulated is not None and len(simulated) != self.world_size:  # the same on every rank: all stop here
             raise ConfigError(f"simulate_gpus names {len(simulated)} GPU types for {self.world_size} ranks: name one "
                               "type per rank")
-        box = [autobatch_request(self) if RANK == 0 else None]
+        box: list[Any] = [None]
+        if RANK == 0:
+            try:
+                box = [autobatch_request(self)]
+            except Exception as e:  # told to every rank below, so that none waits for a request that will not come
+                box = [f"{type(e).__name__}: {e}"]
         dist.broadcast_object_list(box, src=0)  # one request, so that every rank plans the same job
         request = box[0]
+        if isinstance(request, str):
+            raise InfeasiblePlanError(f"rank 0 could not make Ultralytics' AutoBatch request: {request}")
         asked = self.args.batch
         global_batch = int(asked) if asked >= 1 else None
         job = job_for(self, request, global_batch=global_batch, simulated=simulated is not None)
