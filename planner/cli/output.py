@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ def print_json(obj: Any) -> None:
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A table on stdout: rich when stdout is a terminal, plain aligned text otherwise (pipes, files, CI)."""
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    cells = [list(map(str, row)) if None not in row else ["" if c is None else str(c) for c in row] for row in rows]
     if sys.stdout.isatty() and len(cells) <= RICH_MAX_ROWS:
         from rich.console import Console
         from rich.table import Table
@@ -49,12 +50,12 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
             table.add_row(*row)
         Console().print(table)
         return
-    # column by column (a 65,536-rank plan is a table of 65,536 rows); zip stops at the shortest row, as before
-    by_column = zip(*cells, strict=False)
-    widths = [max(len(name), max(map(len, column))) for name, column in zip(columns, by_column, strict=False)] \
-        if cells else [len(c) for c in columns]
+    # column by column, in C (a 65,536-rank plan is a table of 65,536 rows); as many columns as the shortest row
+    count = min(len(columns), *map(len, cells)) if cells else len(columns)
+    widths = [max(len(columns[i]), *map(len, map(operator.itemgetter(i), cells))) for i in range(count)]
     lines = [title] if title else []
-    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in [columns, *cells])
+    line = "  ".join(f"{{:<{w}}}" for w in widths).format  # one format call a row: 65,536 rows in well under a second
+    lines.extend(line(*row[:len(widths)]).rstrip() for row in [list(columns), *cells])
     sys.stdout.write("\n".join(lines) + "\n")
 
 

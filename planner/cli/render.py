@@ -20,23 +20,20 @@ def render_plan(plan: Plan) -> None:
         f"plan for {job.model} ({plan.mode}, optimizer {job.optimizer}, amp {job.amp}, "
         f"fraction {job.fraction}): {plan.world_size} ranks on {len(plan.nodes)} node(s)"
     )
-    memory: dict[tuple[int, int, int], str] = {}  # most ranks share their figures with others of their type
+    # the columns after the device's repeat across the ranks of a GPU type at one batch: each shared tail is
+    # formatted once (a 65,536-rank plan has a handful)
+    tails: dict[tuple, list[str]] = {}
 
-    def memory_cell(r) -> str:
-        key = (r.predicted_memory_bytes, r.memory_budget_bytes, r.total_memory_bytes)
-        if key not in memory:
-            memory[key] = "/".join(format_gib(b) for b in key)
-        return memory[key]
+    def tail(r) -> list[str]:
+        key = (r.gpu, r.batch, r.max_batch, r.predicted_memory_bytes, r.memory_budget_bytes, r.total_memory_bytes,
+               r.predicted_step_time_s, r.idle_fraction, r.loss_weight)
+        if key not in tails:
+            memory = "/".join(format_gib(b) for b in key[3:6])
+            tails[key] = [r.gpu, str(r.batch), str(r.max_batch), memory, format_ms(r.predicted_step_time_s),
+                          f"{(r.idle_fraction or 0.0) * 100:.0f}%", f"{r.loss_weight:.4f}"]
+        return tails[key]
 
-    rows = [
-        [
-            r.rank, r.node, r.local_rank, r.device_index, r.gpu, r.batch, r.max_batch, memory_cell(r),
-            format_ms(r.predicted_step_time_s),
-            f"{(r.idle_fraction or 0.0) * 100:.0f}%",
-            f"{r.loss_weight:.4f}",
-        ]
-        for r in plan.ranks
-    ]
+    rows = [[str(r.rank), r.node, str(r.local_rank), str(r.device_index), *tail(r)] for r in plan.ranks]
     print_table(
         None,
         ["rank", "node", "local", "gpu#", "type", "batch", "cap", "mem GiB pred/budget/total", "step ms", "idle",
