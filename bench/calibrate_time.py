@@ -48,7 +48,7 @@ from torchkit.estimate.calibration.fit import (  # noqa: E402
     ARCH_PARAMS,
     GLOBAL_PARAMS,
     TENSOR_CORE_CEILINGS,
-    FitResult,
+    CalibrationFit,
     Observation,
     fit_calibration,
     predict,
@@ -66,13 +66,13 @@ PRIOR_SOURCES = {
 }
 
 
-def fit_constants(observations: list[Observation], held_ids: frozenset[str]) -> FitResult:
+def fit_constants(observations: list[Observation], held_ids: frozenset[str]) -> CalibrationFit:
     """The shipped fit: every row not held out (``fit_calibration``: eager rows first, then the other stacks')."""
     return fit_calibration([o for o in observations if o.id not in held_ids], PRIOR_CONSTANTS)
 
 
 def calibrate(rows: list, observations: list[Observation], held_ids: frozenset[str],
-              progress: bool = False) -> tuple[dict, FitResult, dict[str, float]]:
+              progress: bool = False) -> tuple[dict, CalibrationFit, dict[str, float]]:
     """Fit, cross-validate, and build the time-model document. Returns (document, fit result, held-out
     predictions of the shipped fit, each in its row's own stack)."""
     fit_obs = [o for o in observations if o.id not in held_ids]
@@ -143,7 +143,7 @@ def _row_sigma(o: Observation, gpu_doc: dict, sigmas: Sigmas) -> float:
     return entry["log_sigma"] if entry else sigmas.for_gpu(o.arch, gpu_eager_rows=False, gpu_rows=False, arch_rows=True)
 
 
-def _arch_documents(result: FitResult, fit_obs: list[Observation], sigmas: Sigmas, fitted_on: str) -> dict:
+def _arch_documents(result: CalibrationFit, fit_obs: list[Observation], sigmas: Sigmas, fitted_on: str) -> dict:
     """Per architecture: its constants with their rows, its achievable-matmul ceiling where measured, and the σ
     of a type with the rows that define it."""
     out = {}
@@ -180,7 +180,7 @@ def _arch_documents(result: FitResult, fit_obs: list[Observation], sigmas: Sigma
     return out
 
 
-def _stack_documents(result: FitResult, fit_obs: list[Observation]) -> dict:
+def _stack_documents(result: CalibrationFit, fit_obs: list[Observation]) -> dict:
     """Per software stack other than eager PyTorch: its two terms and the rows that determine them."""
     out = {}
     for stack, terms in sorted(result.stack_terms.items()):

@@ -47,7 +47,7 @@ from planner.plan.sections import StepMeasure
 from torchkit.step.fit import AffineTimeFit
 
 __all__ = [
-    "Decision", "RankLimits", "RebalancePolicy", "StepMeasure", "Thresholds", "balanced", "bounded_split", "decide",
+    "Decision", "RankLimits", "RebalancePolicy", "StepMeasure", "NoiseThresholds", "balanced", "bounded_split", "decide",
     "decision_fit", "fit_rank_time", "idle_fractions", "max_idle", "median_points", "memory_cap", "relative_noise",
     "speeds_changed", "split_step_s", "switch_verdict", "thresholds",
 ]
@@ -148,7 +148,7 @@ class Decision:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Thresholds:
+class NoiseThresholds:
     """What the noise of the measured steps allows to be called an imbalance or a gain."""
 
     noise: float
@@ -240,13 +240,13 @@ def relative_noise(values: Sequence[float]) -> float:
     return _MAD_TO_SIGMA * statistics.median(abs(v - middle) for v in values) / middle
 
 
-def thresholds(at_split: Sequence[StepMeasure], policy: RebalancePolicy) -> Thresholds:
+def thresholds(at_split: Sequence[StepMeasure], policy: RebalancePolicy) -> NoiseThresholds:
     """The idle and gain thresholds for decisions on ``at_split`` (steps measured at one split): the policy's
     floors, raised to ``noise_z`` standard errors of a difference of two medians of these steps."""
     world_size = len(at_split[0].compute_s)
     noise = max(relative_noise([m.compute_s[r] for m in at_split]) for r in range(world_size))
     margin = policy.noise_z * math.sqrt(2.0) * _MEDIAN_SE * noise / math.sqrt(len(at_split))
-    return Thresholds(noise=noise, idle=max(policy.imbalance_threshold, margin), gain=max(policy.min_gain, margin))
+    return NoiseThresholds(noise=noise, idle=max(policy.imbalance_threshold, margin), gain=max(policy.min_gain, margin))
 
 
 def split_step_s(at_split: Sequence[StepMeasure]) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torchkit.estimate.calibration.data import MeasuredRow
-from torchkit.estimate.calibration.fit import FitResult, Observation, fit_calibration, predict
+from torchkit.estimate.calibration.fit import CalibrationFit, Observation, fit_calibration, predict
 from torchkit.estimate.calibration.stacks import REFERENCE_STACK
 from torchkit.estimate.calibration.tables import table_key
 from torchkit.estimate.roofline import KernelTable, TimeConstants
@@ -56,7 +56,7 @@ def held_out_predictions(
         left = [o for o in observations if group_of(o) == group]
         if not rest:
             continue
-        result: FitResult = fit_calibration(rest, prior)
+        result: CalibrationFit = fit_calibration(rest, prior)
         for o in left:
             if o.stack == REFERENCE_STACK or o.stack in result.stack_terms:
                 out[o.id] = predict(o, result.global_constants, result.arch_constants, result.stack_terms)

@@ -114,7 +114,7 @@ class StackTerms:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FitResult:
+class CalibrationFit:
     global_constants: TimeConstants
     arch_constants: dict[str, TimeConstants]
     stack_terms: dict[str, StackTerms]
@@ -233,7 +233,7 @@ def fit(
     max_iterations: int = 200,
     start: dict[str, float] | None = None,
     fixed: dict[str, float] | None = None,
-) -> FitResult:
+) -> CalibrationFit:
     """Fit the constants to ``observations`` (see the module docstring); ``prior`` gives the prior means and
     the fields that are not fitted (launch gap, dispatch time). ``start``: coordinates to start from (another
     fit's ``params``; a cross-validation refit converges in a few steps from the full fit's), else the prior.
@@ -284,7 +284,7 @@ def fit(
             break
     glob, per_arch, terms = constants_from(theta, names, prior)
     residuals_by_id = {o.id: math.log(predict(o, glob, per_arch, terms) / o.samples_per_s) for o in observations}
-    return FitResult(
+    return CalibrationFit(
         global_constants=glob,
         arch_constants=per_arch,
         stack_terms=terms,
@@ -297,7 +297,7 @@ def fit(
 def fit_calibration(
     observations: Sequence[Observation], prior: TimeConstants, *, start: dict[str, float] | None = None,
     **prior_sigmas: float,
-) -> FitResult:
+) -> CalibrationFit:
     """The calibration's fit, in two stages: the eager rows alone first (global constants and the
     architectures they show, as if no other stack existed), then every row with those held, which fits only
     the other stacks' terms and the architectures seen nowhere but in them. So the per-GPU-of-N and compiled
