@@ -7,14 +7,14 @@ config and job; only the run metadata under ``probing`` differs.
 
 The pipeline (``run_plan``), each stage a function that returns what the next reads: probe
 (``_probe``: inventories, failed nodes) → requests (``_profile_requests``) → profiles (``_profile_all``,
-through ``planner.profiling.obtain_profile``) → rank slots (``_rank_slots``) and exclusions
+through ``planner.obtain.obtain_profile``) → rank slots (``_rank_slots``) and exclusions
 (``_excluded_devices``, the one builder of ``excluded``) → warnings (``_warnings``) → ``build_plan``.
 
 Profiling policy: each distinct (model, input, amp, optimizer, GPU type, method) is profiled once for the
 whole cluster and cached on disk. Estimates do not depend on which node runs them, and their fake passes
 do not depend on the GPU type, so every GPU type to be estimated is sent to the same probe (it reuses its
 fake passes); a real node's GPU type is asked for with the job's method on a node that has a free GPU of
-that type, and ``auto`` is decided there (``planner.profiling.method``: measured where CUDA can use it,
+that type, and ``auto`` is decided there (``planner.obtain.method``: measured where CUDA can use it,
 else estimated with a note). A probe that dies or times out has its node excluded (with the reason) and
 its work re-sent to another live probe.
 """
@@ -32,6 +32,16 @@ from planner.errors import InfeasiblePlanError, field_name, render_fields
 from planner.events import Event, EventSink, ignore_event
 from planner.interconnect import Interconnect
 from planner.job import JobSpec
+from planner.obtain import (
+    Method,
+    Profiled,
+    ProfileOrigin,
+    ProfileRequest,
+    job_fingerprint,
+    obtain_profile,
+    planned_key,
+    planned_method,
+)
 from planner.plan.build import build_plan
 from planner.plan.comm import SyncInputs, backward_share_of
 from planner.plan.launch import DEFAULT_MASTER_PORT, DEFAULT_PLAN_PATH
@@ -51,16 +61,6 @@ from planner.probing.inventory import NodeInventory
 from planner.profiles.cache import ProfileCache
 from planner.profiles.measured_sync import find_job_sync, sync_key_inputs
 from planner.profiles.profile import DeviceProfile
-from planner.profiling import (
-    Method,
-    Profiled,
-    ProfileOrigin,
-    ProfileRequest,
-    job_fingerprint,
-    obtain_profile,
-    planned_key,
-    planned_method,
-)
 from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX, GpuCatalog
 
@@ -78,7 +78,7 @@ class DriverOptions:
     cache: ProfileCache | None = None
     """profile cache; None disables it"""
     verify_cache: bool = False
-    """hold every profile read from the cache against a fresh estimate (``planner.profiling.verify``)"""
+    """hold every profile read from the cache against a fresh estimate (``planner.obtain.verify``)"""
     workers_per_rank: int = 0
     """data-loader workers each rank will run; used to warn when a node's ranks oversubscribe its cores"""
     script: str = "train.py"
@@ -111,7 +111,7 @@ class _Requests:
     device of a known type is planned with."""
 
     by_key: dict[str, ProfileRequest]
-    """each request under the key it is looked up by (``planner.profiling.planned_key``)"""
+    """each request under the key it is looked up by (``planner.obtain.planned_key``)"""
     device_key: dict[tuple[str, int], str]
     """(node, device index) → the key of its request"""
 
@@ -224,7 +224,7 @@ def _profile_all(
     backend: Backend, requests: _Requests, identity: tuple[str, str], failed_at_probe: dict[str, str],
     options: DriverOptions, on_event: EventSink,
 ) -> _Profiling:
-    """Every requested profile through ``planner.profiling.obtain_profile`` (measured in a running job, cached,
+    """Every requested profile through ``planner.obtain.obtain_profile`` (measured in a running job, cached,
     or made by a live probe)."""
     profiled: dict[str, Profiled] = {}
     failed: dict[str, str] = {}
@@ -362,7 +362,7 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
                  options: DriverOptions, interconnect: Interconnect | None, warnings: list[str]) -> SyncInputs | None:
     """What the gradient synchronisation model needs (``planner.plan.comm``); None, with a warning, when the
     model's gradients cannot be laid out. The cache entries it reads that are refused are said in ``warnings``."""
-    from planner.profiling.gradients import gradient_layout
+    from planner.obtain.gradients import gradient_layout
 
     seen = len(options.cache.problems) if options.cache is not None else 0
 

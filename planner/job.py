@@ -70,7 +70,7 @@ INPUT_DTYPES: tuple[str, ...] = get_args(InputDtype)
 
 
 class Method(str, Enum):
-    """How a profile is made (``planner.profiling``): ``auto`` measures where the probe finds a free CUDA GPU
+    """How a profile is made (``planner.obtain``): ``auto`` measures where the probe finds a free CUDA GPU
     of the type and estimates elsewhere, with a note."""
 
     AUTO = "auto"
@@ -164,7 +164,7 @@ class JobSpec:
     """a rank that cannot fit this many samples is excluded"""
     method: Method = Method.AUTO
     """how profiles are made: measure on a real GPU, estimate on fake tensors, or auto (measure where the GPU's
-    own process can use it with CUDA, else estimate: ``planner.profiling.method``)"""
+    own process can use it with CUDA, else estimate: ``planner.obtain.method``)"""
     gpus: str = "all"
     """per node: ``all``, ``-1,-1`` (that many most idle GPUs) or explicit indices ``0,2``"""
     min_free_memory_fraction: float = DEFAULT_MIN_FREE_MEMORY_FRACTION
@@ -179,7 +179,7 @@ class JobSpec:
     time counts"""
     user_code_timeout_s: float = DEFAULT_USER_CODE_TIMEOUT_S
     """seconds a ``package.module:factory`` may take to import and build its model, in the driver and in each
-    probe, before the run stops it with an error (``planner.profiling.time_limit``); shapes no plan"""
+    probe, before the run stops it with an error (``planner.obtain.time_limit``); shapes no plan"""
     bucket_cap_mb: float | None = None
     """DDP's ``bucket_cap_mb`` in the training script, MiB (None: DDP's default, 25 MiB with a 1 MiB first
     bucket): how the gradients are bucketed for the synchronisation model (``torchkit.estimate.ddp_sync``)"""

@@ -1,7 +1,7 @@
 """Pricing one candidate cluster: its plan with the ``plan`` machinery, and a bound that needs no plan.
 
 ``AdviseContext`` is made once per search: one profile per GPU type of the offers (through
-``planner.profiling.obtain_profile``, so the profile cache serves it as it serves ``plan``, and estimated in
+``planner.obtain.obtain_profile``, so the profile cache serves it as it serves ``plan``, and estimated in
 this process: no GPU, no Ray) and the model's gradient layout. A candidate is then evaluated by
 ``planner.plan.build.build_plan`` over its rank slots with the synchronisation model of its links: the
 allocator and the comm model only, milliseconds. Its plan is the one ``batchplan plan --cluster <its config>
@@ -51,7 +51,7 @@ class GpuFigures:
     """What the search knows of one GPU type before any plan: its profile and its best rate."""
 
     key: str
-    """the profile's key (``planner.profiling.planned_key``), as a plan names it"""
+    """the profile's key (``planner.obtain.planned_key``), as a plan names it"""
     profile: DeviceProfile
     max_batch: int
     """the most samples per step within the job's memory budget of a free card"""
@@ -93,8 +93,8 @@ class AdviseContext:
 
     def __init__(self, job: JobSpec, offers: OfferSet, *, epoch_samples: int, cache: ProfileCache | None,
                  on_progress: ProgressSink = lambda _line: None) -> None:
-        from planner.profiling import job_fingerprint
-        from planner.profiling.gradients import gradient_layout
+        from planner.obtain import job_fingerprint
+        from planner.obtain.gradients import gradient_layout
 
         self.job = advise_job(job)
         self.offers = offers
@@ -107,7 +107,7 @@ class AdviseContext:
 
     def _profiles(self, identity: tuple[str, str], cache: ProfileCache | None,
                   on_progress: ProgressSink) -> dict[str, GpuFigures]:
-        from planner.profiling import ProfileRequest, make_profile, obtain_profile
+        from planner.obtain import ProfileRequest, make_profile, obtain_profile
         from torchkit.estimate.time_model import load_time_model
 
         fake_passes: dict = {}  # shared by the GPU types: fake passes do not depend on the type (planner.driver)

@@ -125,7 +125,7 @@ def add_cluster_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_verify_cache_flag(group) -> None:
-    """``--verify-cache`` (plan, preflight, profile): ``planner.profiling.verify``."""
+    """``--verify-cache`` (plan, preflight, profile): ``planner.obtain.verify``."""
     group.add_argument("--verify-cache", action="store_true",
                        help="hold every cached profile against a fresh estimate of the same job and GPU type; one "
                        "outside the estimator's range is refused, with both figures, and profiled again")

@@ -87,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _obtained_profile(args: argparse.Namespace, request) -> DeviceProfile:
-    """The profile from the cache ``plan`` shares, or made here now (and cached): ``planner.profiling``."""
+    """The profile from the cache ``plan`` shares, or made here now (and cached): ``planner.obtain``."""
+    from planner.obtain import ProfileOrigin, job_fingerprint, make_profile, obtain_profile, planned_method
     from planner.profiles.cache import ProfileCache
-    from planner.profiling import ProfileOrigin, job_fingerprint, make_profile, obtain_profile, planned_method
 
     cache = None if args.no_cache else ProfileCache(args.cache_dir)
     job, gpu = request.job, request.gpu
@@ -111,7 +111,7 @@ def _obtained_profile(args: argparse.Namespace, request) -> DeviceProfile:
 def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile]:
     """Profile the GPU the flags name; the ``batchplan/profile@1`` document and the profile."""
     from planner.cli.catalog import catalog_of_args
-    from planner.profiling import ProfileRequest
+    from planner.obtain import ProfileRequest
 
     catalog = catalog_of_args(args)
     if args.device is None and args.gpu is None:

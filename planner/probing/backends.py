@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 from planner.cluster import ClusterSpec
 from planner.events import Event, EventSink
+from planner.obtain.make import factory_search_dirs, make_profile
+from planner.obtain.method import planned_method
+from planner.obtain.request import ProfileRequest
 from planner.probing.inventory import NodeInventory, simulated_inventory
 from planner.profiles.profile import DeviceProfile
-from planner.profiling.make import factory_search_dirs, make_profile
-from planner.profiling.method import planned_method
-from planner.profiling.request import ProfileRequest
 from torchkit.hardware.catalog import GpuCatalog
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class Backend(Protocol):
         """Inventories of the nodes that answered (with ``select`` applied), and failures ``{node: reason}``."""
 
     def profile(self, request: ProfileRequest, avoid: Set[str]) -> tuple[DeviceProfile, str]:
-        """Make one profile (``planner.profiling.make_profile``) on a probe not in ``avoid``: on
+        """Make one profile (``planner.obtain.make_profile``) on a probe not in ``avoid``: on
         ``request.node`` when it names one; returns the profile and the node that made it.
 
         Raises ProbeFailure (the probe is unusable) or a UserError (the job itself is bad)."""

@@ -92,7 +92,7 @@ class NodeProbe:
 
     def profile(self, job: JobSpec, gpu_type: str, method: str, device_index: int | None = None) -> dict:
         """Profile one GPU type for the job; returns the ``DeviceProfile`` (``profile``) and the probe's identity."""
-        from planner.profiling.make import make_profile
+        from planner.obtain.make import make_profile
 
         profile = make_profile(
             job,

@@ -8,7 +8,7 @@ an A100's key is refused), it is physically possible (``planner.profiles.checks`
 memory growing with the batch, ``oom_batch`` above a batch that fitted) and possible on its GPU where the
 catalog knows it (no step faster than the card's bandwidth allows, no memory below the weights the entry lists).
 An entry that passes them is possible, not proven right (a plausible forgery passes): ``--verify-cache`` holds
-it against a fresh estimate (``planner.profiling.verify``). Entries of ``@1`` are re-profiled once.
+it against a fresh estimate (``planner.obtain.verify``). Entries of ``@1`` are re-profiled once.
 """
 
 from __future__ import annotations

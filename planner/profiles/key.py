@@ -1,5 +1,5 @@
 """The one name of a profile: a short content key of everything that determines it (``job_key_inputs`` →
-``key_of_inputs``). ``planner.profiling.obtain`` names every profile the driver, ``batchplan profile`` and
+``key_of_inputs``). ``planner.obtain.lookup`` names every profile the driver, ``batchplan profile`` and
 ``autobatch_ddp`` obtain with it, so a profile made by one is found by the others. Pure Python."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A re-balanced job writes, per GPU type, a profile whose step-time points are the compute times its ranks
 measured (method ``"job"``) into the profile cache under :func:`measured_profile_key`. The key holds what
 decides how fast one training step runs: the job's model, input and optimizer, the AMP mode and the GPU
-type, the torch version, and the workload's fingerprint (``planner.profiling.job_fingerprint``: a model whose code or
+type, the torch version, and the workload's fingerprint (``planner.obtain.job_fingerprint``: a model whose code or
 settings changed is another step, whose plan must not be answered with the old model's times); not the planning options (fraction, mode, global batch, multiple-of), so a re-plan with another
 global batch still finds it. ``batchplan plan --method auto`` looks there before estimating
 (:func:`find_measured`) and says so in the plan's warnings. Pure: no torch.
@@ -44,7 +44,7 @@ def software_version() -> str:
 def measured_key_inputs(job: JobSpec, gpu: str, amp: str, *, fingerprint: str) -> dict[str, str]:
     """The named parts of :func:`measured_profile_key`, in the order it hashes them (the profile cache records
     them so that an entry's key can be recomputed from what it claims to describe). ``fingerprint``: the
-    job's workload fingerprint (``planner.profiling.job_fingerprint(job)[0]``); ``software`` is this
+    job's workload fingerprint (``planner.obtain.job_fingerprint(job)[0]``); ``software`` is this
     process's torch: the job that measured and the planner that reads must run the same."""
     values = [MEASURED_SCHEME, fingerprint, *step_fields(job), amp, gpu, software_version()]
     names = ["scheme", "fingerprint", *STEP_FIELDS, "amp", "gpu", "software"]

@@ -84,7 +84,7 @@ class JobSync:
 def sync_key_inputs(job: JobSpec, *, fingerprint: str, gradient_bytes: int,
                     bucket_cap_mb: float | None) -> dict[str, str]:
     """The named parts of a job's measured-synchronisation key (``fingerprint``:
-    ``planner.profiling.job_fingerprint(job)[0]``), in the order they are hashed."""
+    ``planner.obtain.job_fingerprint(job)[0]``), in the order they are hashed."""
     values = [SYNC_SCHEME, fingerprint, *measured.step_fields(job), int(gradient_bytes), bucket_cap_mb,
               measured.software_version()]
     names = ["scheme", "fingerprint", *measured.STEP_FIELDS, "gradient_bytes", "bucket_cap_mb", "software"]

@@ -32,11 +32,11 @@ from typing import Any
 
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec
+from planner.obtain.request import Profiled
 from planner.plan.build import build_plan
 from planner.plan.sections import ProbingInfo
 from planner.plan.types import Plan, RankSlot
 from planner.profiles.profile import DeviceProfile
-from planner.profiling.request import Profiled
 from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX, GpuSpec
 
 #: ``profiler(gpu, device_index)``: this rank's GPU type profiled on its own CUDA device (see ``autobatch_ddp``)
@@ -121,7 +121,7 @@ def autobatch_ddp(
     import torch.distributed as dist
 
     from planner.cluster import catalog_for
-    from planner.profiling import job_fingerprint
+    from planner.obtain import job_fingerprint
     from planner.runtime.rank_plan import load_rank_plan
 
     if not dist.is_available() or not dist.is_initialized():
@@ -170,11 +170,11 @@ def autobatch_ddp(
 def _node_profiles(
     job: JobSpec, me: dict, everyone: list[dict], catalog, *, identity: tuple[str, str], simulated: bool, cache_dir,
 ) -> tuple[dict[str, Profiled], list[str]]:
-    """The profile of every GPU type on this rank's node (``planner.profiling.obtain_profile``): the node's first
+    """The profile of every GPU type on this rank's node (``planner.obtain.obtain_profile``): the node's first
     rank makes (or finds) each one in the node's cache while the others wait, then the others read it there.
     A simulated GPU type (``gpu=``) is estimated; a real one is asked for with the job's method, decided here."""
+    from planner.obtain import Method, ProfileRequest, make_profile, obtain_profile
     from planner.profiles.cache import ProfileCache
-    from planner.profiling import Method, ProfileRequest, make_profile, obtain_profile
     from torchkit.process.zero_first import torch_distributed_zero_first
 
     cache = ProfileCache(cache_dir)

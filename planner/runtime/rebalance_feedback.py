@@ -69,8 +69,8 @@ def _pooled_points(measures: Sequence[StepMeasure], ranks: Sequence[int]) -> lis
 
 def measured_fingerprint(job: JobSpec) -> str:
     """The workload fingerprint of a plan's ``job``, the part of a measured profile's key that names the
-    model's step (``planner.profiling.job_fingerprint``)."""
-    from planner.profiling import job_fingerprint
+    model's step (``planner.obtain.job_fingerprint``)."""
+    from planner.obtain import job_fingerprint
 
     return job_fingerprint(job)[0]
 

@@ -1,4 +1,4 @@
-"""The driver's profiling methods on real nodes (``planner.profiling.method``): ``auto`` is decided in the
+"""The driver's profiling methods on real nodes (``planner.obtain.method``): ``auto`` is decided in the
 node's probe. The probes run in this process (``LocalBackend``) for nodes reported as real: this machine's
 torch has no CUDA, so each is a real node without CUDA."""
 
@@ -13,9 +13,9 @@ from planner.cluster import load_cluster
 from planner.driver import DriverOptions, run_plan
 from planner.errors import FieldError
 from planner.job import JobSpec
+from planner.obtain.method import cuda_usable
 from planner.probing.backends import LocalBackend
 from planner.profiles.cache import ProfileCache
-from planner.profiling.method import cuda_usable
 
 without_cuda = pytest.mark.skipif(cuda_usable(0), reason="CUDA is usable here: the nodes could measure")
 
@@ -115,7 +115,7 @@ def test_auto_on_a_node_whose_torch_has_no_cuda_is_cached_as_the_estimate_it_is(
 
 @without_cuda
 def test_auto_where_torch_has_cuda_but_cannot_use_it_still_estimates_each_run(cluster, tmp_path):
-    """The limitation left (planner.profiling.obtain): a node whose probe cannot tell in advance."""
+    """The limitation left (planner.obtain.lookup): a node whose probe cannot tell in advance."""
     cache = ProfileCache(tmp_path / "profiles")
     options = DriverOptions(cache=cache)
     calls = [run_plan(JobSpec(**JOB), RealNodesBackend(cluster), cluster.catalog, options=options).profile_calls

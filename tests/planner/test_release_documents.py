@@ -52,10 +52,10 @@ def release_cache(tmp_path: Path) -> Path:
 
 
 def test_every_entry_of_the_release_is_found_and_trusted_through_the_store(release_cache: Path) -> None:
+    from planner.obtain.gradients import GRADIENTS
     from planner.probing.link_probe import LINKS
     from planner.profiles.cache import PROFILES
     from planner.profiles.measured_sync import SYNC
-    from planner.profiling.gradients import GRADIENTS
     from planner.store import CacheStore
 
     store = CacheStore(release_cache)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from planner.cluster import load_cluster
 from planner.job import JobSpec
+from planner.obtain import job_fingerprint
 from planner.profiles.cache import ProfileCache
 from planner.profiles.key import job_key_inputs, key_of_inputs
 from planner.profiles.profile import DeviceProfile
-from planner.profiling import job_fingerprint
 from tests.planner.cli_helpers import (
     DEMO_MIXED,
     REPO_ROOT,
@@ -48,7 +48,7 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
         ProfileCache(cache_dir).put(key, profile, inputs=inputs)
         keys[gpu_name] = key
     # a cold run also leaves the model's gradient layout (the sync model's input) beside the profiles
-    from planner.profiling.gradients import gradient_layout
+    from planner.obtain.gradients import gradient_layout
     from planner.store import CacheStore
 
     gradient_layout(job, job_fingerprint(job), CacheStore(cache_dir))
@@ -56,7 +56,7 @@ def _seed_cache(cache_dir: Path, job: JobSpec) -> dict[str, str]:
 
 
 def test_job_fingerprint_of_a_built_in_model_needs_no_torch() -> None:
-    code = ("import sys; from planner.job import JobSpec; from planner.profiling import job_fingerprint; "
+    code = ("import sys; from planner.job import JobSpec; from planner.obtain import job_fingerprint; "
             "key = job_fingerprint(JobSpec(model='resnet50')); print(key[0], 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=cli_env(), capture_output=True, text=True,
                          check=True).stdout.split()

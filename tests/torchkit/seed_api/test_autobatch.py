@@ -248,7 +248,7 @@ def convnet_workload():
 
 def test_estimate_batch_agrees_with_the_planner_cap_for_the_same_budget(convnet_workload):
     from planner.job import JobSpec
-    from planner.profiling.make import make_profile
+    from planner.obtain.make import make_profile
     from torchkit.hardware.catalog import load_catalog
     from torchkit.seed_api.autobatch import estimate_batch
 

@@ -20,17 +20,17 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from planner.job import Method
+from planner.obtain.method import planned_method
+from planner.obtain.request import Profiled, ProfileOrigin, ProfileRequest
+from planner.obtain.verify import compare_with_estimate
 from planner.profiles.cache import ProfileCache
 from planner.profiles.key import job_key_inputs, key_of_inputs
 from planner.profiles.measured import find_measured
 from planner.profiles.profile import DeviceProfile
-from planner.profiling.method import planned_method
-from planner.profiling.request import Profiled, ProfileOrigin, ProfileRequest
-from planner.profiling.verify import compare_with_estimate
 
 log = logging.getLogger(__name__)
 
-#: ``(workload fingerprint, torch version)``: ``planner.profiling.make.job_fingerprint``
+#: ``(workload fingerprint, torch version)``: ``planner.obtain.make.job_fingerprint``
 JobIdentity = tuple[str, str]
 
 
@@ -76,7 +76,7 @@ def obtain_profile(
         cache: the profile cache; None reads and writes none.
         identity: ``job_fingerprint(request.job)``, computed once per job by the caller.
         verify: hold every profile read from the cache against a fresh estimate made by ``make``
-            (``planner.profiling.verify``); one outside its range is refused (in ``cache.problems``, with both
+            (``planner.obtain.verify``); one outside its range is refused (in ``cache.problems``, with both
             figures) and the profile made again.
 
     Returns:

@@ -1,4 +1,4 @@
-"""planner.profiling.method: the one meaning of ``auto``, decided in the process that holds the GPU.
+"""planner.obtain.method: the one meaning of ``auto``, decided in the process that holds the GPU.
 
 On this machine torch is the CPU build: ``auto`` at a named device estimates with a note and ``measure``
 refuses; where CUDA is usable (a lent GPU) the same calls measure."""
@@ -9,7 +9,7 @@ import pytest
 
 from planner.errors import FieldError
 from planner.job import METHODS, Method
-from planner.profiling.method import cuda_usable, planned_method, resolve_method
+from planner.obtain.method import cuda_usable, planned_method, resolve_method
 
 
 def test_the_method_enum_is_the_jobs_vocabulary():

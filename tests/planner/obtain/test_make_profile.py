@@ -10,7 +10,7 @@ import pytest
 from planner.codec import convert, encode
 from planner.errors import ConfigError
 from planner.job import JobSpec
-from planner.profiling.make import make_profile
+from planner.obtain.make import make_profile
 from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, TIME_MODEL_ENV, load_time_model
 from torchkit.hardware.catalog import load_catalog
 
@@ -96,7 +96,7 @@ def test_a_gpu_bound_model_keeps_the_default_probes(catalog, cache) -> None:
 
 def test_a_new_estimator_revision_names_new_estimates_but_not_measurements(catalog, monkeypatch) -> None:
     import torchkit.estimate.identity as identity
-    from planner.profiling import Method, ProfileRequest, profile_key_inputs
+    from planner.obtain import Method, ProfileRequest, profile_key_inputs
 
     request = ProfileRequest(job=JobSpec(**TINY), gpu=catalog.get("T4"), method=Method.AUTO)
     before = {m: profile_key_inputs(request, Method(m), ("f", "2.13")) for m in ("estimate", "measure")}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from planner.job import JobSpec
-from planner.profiling import job_fingerprint
-from planner.profiling.gradients import GRADIENTS, gradient_layout
+from planner.obtain import job_fingerprint
+from planner.obtain.gradients import GRADIENTS, gradient_layout
 from planner.store import CacheStore
 from tests.planner.tiny_models import convnet
 

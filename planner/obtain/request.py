@@ -18,7 +18,7 @@ class ProfileRequest:
     gpu: GpuSpec
     """the catalog type profiled"""
     method: Method
-    """as asked (``planner.profiling.method``): ``AUTO`` is resolved where the GPU is"""
+    """as asked (``planner.obtain.method``): ``AUTO`` is resolved where the GPU is"""
     device_index: int | None = None
     """the CUDA device (PCI order) to measure on, on the node that makes the profile; None: nothing to measure
     on (a simulated node, a catalog type)"""

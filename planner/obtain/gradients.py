@@ -39,7 +39,7 @@ GRADIENTS: Namespace[tuple[int, ...]] = Namespace(
 def gradient_layout(job: JobSpec, identity: tuple[str, str], store: CacheStore | None) -> tuple[tuple[int, ...], str]:
     """(gradient bytes per parameter that requires grad, where they come from) for ``job``'s model.
 
-    ``identity``: ``planner.profiling.job_fingerprint(job)``, the cache key. A cache that cannot be written costs
+    ``identity``: ``planner.obtain.job_fingerprint(job)``, the cache key. A cache that cannot be written costs
     a rebuild next time, nothing else. Raises whatever building the model raises (the caller reports it and
     plans without the synchronisation)."""
     inputs = {"model": job.model, "fingerprint": identity[0], "torch_version": identity[1]}
@@ -47,7 +47,7 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], store: CacheStore |
     if sizes is None:
         import torch
 
-        from planner.profiling.make import workload_for
+        from planner.obtain.make import workload_for
         from torchkit.estimate.ddp_sync import gradient_bytes_of
 
         workload = workload_for(job)  # checked on real (CPU) tensors, then built on the meta device

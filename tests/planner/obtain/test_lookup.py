@@ -1,15 +1,15 @@
-"""planner.profiling.obtain: key → cache.get → make → cache.put, once, for the driver, ``profile`` and the job."""
+"""planner.obtain.lookup: key → cache.get → make → cache.put, once, for the driver, ``profile`` and the job."""
 
 from __future__ import annotations
 
 import pytest
 
 from planner.job import JobSpec, Method
+from planner.obtain import ProfileOrigin, ProfileRequest, obtain_profile, planned_key, profile_key_inputs
 from planner.profiles.cache import ProfileCache
 from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import MEASURED_METHOD, measured_key_inputs, measured_profile_key
 from planner.profiles.profile import DeviceProfile
-from planner.profiling import ProfileOrigin, ProfileRequest, obtain_profile, planned_key, profile_key_inputs
 from torchkit.hardware.catalog import load_catalog
 
 IDENTITY = ("fingerprint", "2.13.0")

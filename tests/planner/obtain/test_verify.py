@@ -1,4 +1,4 @@
-"""planner.profiling.verify and ``obtain_profile(verify=True)``: a cached profile held against a fresh estimate
+"""planner.obtain.verify and ``obtain_profile(verify=True)``: a cached profile held against a fresh estimate
 of the same job and GPU type; one outside the estimator's range is refused with both figures and made again."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ import math
 import pytest
 
 from planner.job import Method
-from planner.profiles.cache import ProfileCache
-from planner.profiles.measured import MEASURED_METHOD, measured_key_inputs, measured_profile_key
-from planner.profiles.profile import DeviceProfile
-from planner.profiling import ProfileOrigin, obtain_profile, planned_key, profile_key_inputs
-from planner.profiling.verify import (
+from planner.obtain import ProfileOrigin, obtain_profile, planned_key, profile_key_inputs
+from planner.obtain.verify import (
     COVERAGE_SIGMAS,
     MEASURED_MEMORY_FACTOR,
     REDERIVED_TOLERANCE,
     compare_with_estimate,
 )
-from tests.planner.profiling.test_obtain import IDENTITY, JOB, request
+from planner.profiles.cache import ProfileCache
+from planner.profiles.measured import MEASURED_METHOD, measured_key_inputs, measured_profile_key
+from planner.profiles.profile import DeviceProfile
+from tests.planner.obtain.test_lookup import IDENTITY, JOB, request
 
 #: the estimator's log-sigma on a T4 (an uncalibrated architecture) at the time of writing; the test builds
 #: its own profiles with it, so the figure only sets the scale

@@ -2,9 +2,9 @@
 measuring real training steps on a real GPU.
 
 ``estimate`` works for any catalog GPU on any machine; ``measure`` needs the GPU itself; ``auto`` is decided
-here, where the GPU is (``planner.profiling.method.resolve_method``), and recorded in the profile's
+here, where the GPU is (``planner.obtain.method.resolve_method``), and recorded in the profile's
 ``method`` and, where it estimated although a device was named, a note. Where a profile is looked up and
-cached: ``planner.profiling.obtain``.
+cached: ``planner.obtain.lookup``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import replace
 from typing import Any
 
 from planner.job import JobSpec, Method
+from planner.obtain.method import resolve_method
 from planner.profiles.profile import DeviceProfile
-from planner.profiling.method import resolve_method
 from torchkit.estimate.time_model import TimeUncertainty
 from torchkit.hardware.catalog import GpuSpec
 
@@ -39,14 +39,14 @@ def workload_for(job: JobSpec):
 
     The search directories are appended to ``sys.path``, not prepended: a ``json.py`` lying in the working
     directory must not replace the standard library's."""
-    from planner.profiling.time_limit import user_code_time_limit
+    from planner.obtain.time_limit import user_code_time_limit
     from torchkit.workloads import get_workload
 
     for directory in factory_search_dirs(job.model):
         if directory not in sys.path:
             sys.path.append(directory)
     limit = user_code_time_limit(job.user_code_timeout_s, job.model) if ":" in job.model else contextlib.nullcontext()
-    with limit:  # a factory that hangs is stopped (planner.profiling.time_limit)
+    with limit:  # a factory that hangs is stopped (planner.obtain.time_limit)
         return get_workload(
             job.model,
             imgsz=job.imgsz,
@@ -129,7 +129,7 @@ def make_profile(
     """Profile the job's training step on one GPU type, here.
 
     Args:
-        method: ``estimate``, ``measure`` or ``auto`` (``planner.profiling.method``).
+        method: ``estimate``, ``measure`` or ``auto`` (``planner.obtain.method``).
         device_index: the CUDA device to measure on (PCI order) for ``measure``/``auto``; None: none here.
         estimates_cache: fake-pass results kept between calls; fake passes do not depend on the GPU type,
             so profiling several types in one process reuses them.
