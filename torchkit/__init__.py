@@ -4,6 +4,10 @@
 Every public name is importable from ``torchkit`` but loaded lazily (PEP 562): ``import torchkit`` imports
 neither torch, CUDA nor NVML, so ``planner`` can use torchkit's pure-numpy parts (``torchkit.step.fit``,
 ``torchkit.hardware.catalog``) without paying for torch.
+
+Its packages: ``hardware``, ``step``, ``process``, ``estimate``, ``workloads``, ``seed_api``; its modules:
+``autobatch`` (the seed's module path), ``errors`` (the errors a user can cause), ``units`` (byte units),
+``versions`` (torch version flags), ``lazy`` (lazy public names).
 """
 
 from __future__ import annotations

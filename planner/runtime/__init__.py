@@ -1,6 +1,14 @@
 """In-job helpers for DDP with the planned per-rank batches: each rank's plan entry, its loss weight and a
 batch sampler that gives it its slice of every global batch.
 
+- ``rank_plan`` (``load_rank_plan``: this rank's part of plan.json), ``rank_gpu`` (is the rank on its
+  planned GPU), ``weights`` (the loss weights), ``sampler`` (``PlannedBatchSampler``), ``autobatch_ddp`` (the
+  heterogeneous AutoBatch inside the running job);
+- the re-balancer: ``rebalance`` (``Rebalancer``, in the training loop), ``rebalance_model`` (its rules, pure),
+  ``rebalance_report`` (what it did), ``rebalance_feedback`` (the measured plan and profiles it leaves),
+  ``sync_feedback`` (the measured synchronisation it files), ``rebalance_faults`` (naming a rank that stopped),
+  ``default_group_timeout`` (the process group's timeout while it runs), ``simulate`` (declared slow devices).
+
 Names are loaded lazily (PEP 562): ``import planner.runtime`` imports no torch; ``loss_weight`` and
 ``load_rank_plan`` stay torch-free, and only ``PlannedBatchSampler`` (a ``torch.utils.data.Sampler``)
 imports torch when first used; so does ``Rebalancer``, the in-job re-balancer (``planner.runtime.rebalance``).

@@ -10,8 +10,11 @@ Typical use::
     curves = estimate_curves(get_workload("resnet50"), gpu_spec, amp="fp16", optimizer="sgd")
 
 Modules: ``estimator`` (public functions), ``memory_tracker`` (dispatch-mode tracker), ``op_costs``
-(FLOPs/bytes per op), ``overhead`` (kernel workspace and CUDA overhead models), ``roofline`` (step time),
-``step`` (the training step simulated and measured), ``cpu_truth`` (real CPU peak from the profiler).
+(FLOPs/bytes per op), ``attention`` (scaled-dot-product attention as a GPU runs it), ``rnn_workspace`` (an
+LSTM's workspace), ``overhead`` (kernel workspace and CUDA overhead models), ``roofline`` (step time),
+``time_model`` (the calibrated constants and their error), ``identity`` (what estimates are named with),
+``ddp_sync`` (DDP's buckets and ring all-reduce), ``cpu_truth`` (real CPU peak from the profiler), and the
+``calibration`` package (the step-time model's fit on public measurements).
 """
 
 from __future__ import annotations

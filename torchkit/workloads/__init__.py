@@ -11,6 +11,7 @@ face; import-linter's contract in pyproject.toml too).
   ``user_models`` (``package.module:factory``);
 - ``fingerprint``: ``workload_fingerprint``, the content key profile caches are indexed by;
 - ``construct``: models built outside fake mode and their fake copies; ``inputs``: user inputs and losses;
+  ``extras``: importing an optional model library only when a model source names it;
 - the models: ``resnet``, ``vit``, ``yolo``, ``gpt2``.
 
 Every ``make_batch`` builds its tensors with ``torch.rand*``/``torch.randint`` and no real data, so it
