@@ -10,7 +10,8 @@ Here the limits are checked before anything is parsed, and what is parsed is str
 
 ``check_tree`` checks a document in memory (parsed, or a plan passed as a mapping): the same depth limit,
 finite numbers, and strings free of control characters (a newline or an ANSI escape in a node name would
-forge lines in a table or a shell script).
+forge lines in a table or a shell script). Documents read from files go through ``planner.codec``, which
+holds their bytes to the same rules.
 Pure Python + numpy; every failure is a ``ConfigError`` naming the source and the limit.
 """
 
@@ -36,25 +37,9 @@ MAX_JSON_DEPTH = 32
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: a lone UTF-16 surrogate (JSON's ``"\ud800"``): valid JSON, but no terminal or file can encode it as UTF-8
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_BAD_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _QUOTE, _OPEN_CURLY = ord('"'), ord("{")  # ord("[") | 0x20 == ord("{"); ] and } stay apart from both
 #: every byte but a quote and the four brackets: what ``json_depth`` drops
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
-
-
-def read_json_file(path: str | os.PathLike, *, what: str, max_bytes: int, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Read ``path`` as strict JSON within the limits (see the module docstring).
-
-    Args:
-        what: the kind of file for messages (``"plan file"``).
-        max_bytes: largest accepted file size.
-        fix: the advice appended to every error (``"regenerate it with batchplan plan"``).
-
-    Raises:
-        ConfigError: missing, not a regular file, too large, too deep, not JSON, or not strict.
-    """
-    raw = read_limited_bytes(path, what=what, max_bytes=max_bytes, fix=fix)
-    return loads_strict(raw, source=f"{what} {Path(path)}", fix=fix, max_depth=max_depth)
 
 
 def read_limited_bytes(path: str | os.PathLike, *, what: str, max_bytes: int, fix: str) -> bytes:
@@ -126,45 +111,8 @@ def check_tree(doc: Any, where: str, *, max_depth: int = MAX_JSON_DEPTH) -> None
     """The rules of ``loads_strict`` for a document already in memory: depth, finite numbers, string keys,
     no control characters or lone surrogates. Iterative, so no depth of input can overflow the stack.
 
-    A clean document is recognised in one pass over plain values with one search over all its text
-    (a 65,536-rank plan holds 1.5 million strings); only a document with a problem is walked again, with
-    paths, for the message naming it."""
-    if not _is_clean(doc, max_depth):
-        _check_tree_naming_the_problem(doc, where, max_depth=max_depth)
-
-
-def _is_clean(doc: Any, max_depth: int) -> bool:
-    """True when ``doc`` is plain JSON data (dict, list, str, int, finite float, bool, None; tuples too) within
-    ``max_depth`` whose strings are clean; False when it may not be (then the slow walk decides)."""
-    texts: list[str] = []
-    level, depth = [doc], 0
-    while level:
-        if depth > max_depth:
-            return False
-        below: list[Any] = []
-        for value in level:
-            kind = type(value)
-            if kind is str:
-                texts.append(value)
-            elif kind is dict:
-                texts.extend(value)
-                below.extend(value.values())
-            elif kind is list or kind is tuple:
-                below.extend(value)
-            elif kind is float:
-                if not math.isfinite(value):
-                    return False
-            elif not (kind is int or kind is bool or value is None):
-                return False
-        level, depth = below, depth + 1
-    try:
-        joined = " ".join(texts)
-    except TypeError:  # a key that is not a string
-        return False
-    return _BAD_TEXT.search(joined) is None
-
-
-def _check_tree_naming_the_problem(doc: Any, where: str, *, max_depth: int) -> None:
+    A document read from a file is held to these by ``planner.codec``'s reading of its bytes; this walk is for
+    documents built in memory (a plan passed as a mapping, parsed YAML)."""
     stack: list[tuple[Any, str, int]] = [(doc, where, 0)]
     while stack:
         value, path, depth = stack.pop()

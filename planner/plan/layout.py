@@ -25,12 +25,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
+from planner.codec import Meta, decode
 from planner.errors import ConfigError
-from planner.jsonio import loads_strict
 
 INDEX_SCHEMA = "batchplan/rank-index@1"
 INDEX_SUFFIX = ".index"
@@ -115,6 +115,24 @@ class PlanParts:
         return self.raw[self.node_spans[2 * j]:self.node_spans[2 * j + 1]]
 
 
+@dataclass(frozen=True, kw_only=True)
+class RankIndex:
+    """plan.json.index (``batchplan/rank-index@1``), as :func:`plan_text` writes it."""
+
+    sha256: str
+    """SHA-256 of the plan file's bytes, then of this index's text without this field"""
+    schema: Literal["batchplan/rank-index@1"]
+    plan_bytes: int
+    ranks_at: tuple[int, int]
+    """the byte span ``[start, end)`` of the ``ranks`` array"""
+    nodes_at: tuple[int, int]
+    ranks: tuple[int, ...]
+    """each entry's span, flat: ``[s0, e0, s1, e1, ...]``"""
+    nodes: tuple[int, ...]
+    batches: tuple[Annotated[int, Meta(ge=1)], ...]
+    """every rank's batch, in rank order"""
+
+
 def plan_parts(raw: bytes, index_text: bytes, source: str) -> PlanParts | None:
     """The indexed parts of the plan file's bytes ``raw`` by its index's bytes ``index_text``; None when the
     index does not match them (the plan is then read whole, which also gives the error of a damaged file)."""
@@ -123,41 +141,33 @@ def plan_parts(raw: bytes, index_text: bytes, source: str) -> PlanParts | None:
     if signed is None or _digest(raw, b"{" + index_text[signed.end():]) != signed.group(1).decode():
         return None
     try:
-        index = loads_strict(index_text, source=source, fix="")
+        index = decode(RankIndex, index_text, where=source, fix="")
     except ConfigError:
         return None
-    spans = _checked_index(index, len(raw))
-    if spans is None or not _batches_match(raw, spans[0], index["batches"]):
+    if not _in_order(index, len(raw)) or not _batches_match(raw, index.ranks, index.batches):
         return None
-    (r0, r1), (n0, n1) = index["ranks_at"], index["nodes_at"]
-    return PlanParts(header=raw[:r0] + b"[]" + raw[r1:n0] + b"[]" + raw[n1:], batches=tuple(index["batches"]),
-                     num_nodes=len(spans[1]) // 2, raw=raw, rank_spans=spans[0], node_spans=spans[1])
+    (r0, r1), (n0, n1) = index.ranks_at, index.nodes_at
+    return PlanParts(header=raw[:r0] + b"[]" + raw[r1:n0] + b"[]" + raw[n1:], batches=index.batches,
+                     num_nodes=len(index.nodes) // 2, raw=raw, rank_spans=index.ranks, node_spans=index.nodes)
 
 
-def _batches_match(raw: bytes, rank_spans: tuple[int, ...], batches: list[int]) -> bool:
+def _batches_match(raw: bytes, rank_spans: tuple[int, ...], batches: tuple[int, ...]) -> bool:
     """The entries' bytes hold one ``"batch": N`` per rank, in order, and they are the index's batches: an index
     edited with its digest recomputed still cannot give a rank another split than the entries that the writer
     wrote (a JSON string cannot hold the unescaped quotes this pattern needs)."""
     found = _BATCH.findall(raw, rank_spans[0], rank_spans[-1])
-    return len(found) == len(batches) and list(map(int, found)) == batches
+    return len(found) == len(batches) and tuple(map(int, found)) == batches
 
 
-def _checked_index(index: Any, plan_bytes: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The entry spans of a well-formed index of a plan file of ``plan_bytes`` bytes, in order; else None."""
-    if not (isinstance(index, dict) and index.get("schema") == INDEX_SCHEMA and index.get("plan_bytes") == plan_bytes):
-        return None
-    arrays = [index.get(name) for name in ("ranks_at", "nodes_at", "ranks", "nodes", "batches")]
-    if not all(isinstance(a, list) and all(type(v) is int for v in a) for a in arrays):
-        return None
-    ranks_at, nodes_at, ranks, nodes, batches = arrays
-    if len(ranks_at) != 2 or len(nodes_at) != 2 or not ranks or not nodes or len(ranks) % 2 or len(nodes) % 2:
-        return None
-    if len(batches) != len(ranks) // 2 or any(b < 1 for b in batches):
-        return None
+def _in_order(index: RankIndex, plan_bytes: int) -> bool:
+    """The index's spans lie in order inside a plan file of ``plan_bytes`` bytes, one batch a rank."""
+    ranks_at, nodes_at, ranks, nodes = index.ranks_at, index.nodes_at, index.ranks, index.nodes
+    if index.plan_bytes != plan_bytes or not ranks or not nodes or len(ranks) % 2 or len(nodes) % 2:
+        return False
+    if len(index.batches) != len(ranks) // 2:
+        return False
     for whole, parts in ((ranks_at, ranks), (nodes_at, nodes)):
         bounds = np.asarray([whole[0], *parts, whole[1]], dtype=np.int64)
         if not np.all(np.diff(bounds) > 0):  # strictly increasing: entries in order, inside their array
-            return None
-    if not ranks_at[1] < nodes_at[0] or not nodes_at[1] < plan_bytes:
-        return None
-    return tuple(ranks), tuple(nodes)
+            return False
+    return ranks_at[1] < nodes_at[0] and nodes_at[1] < plan_bytes
