@@ -5,7 +5,9 @@ error is one line ``error: <what> (<how to fix>)`` and exit code 2 (1 for an inf
 preflight); ``--debug`` shows the traceback too, with the same exit code. Ctrl-C and SIGTERM stop a run the
 same way: one ``error:`` line, everything it started torn down, exit 128 + the signal (130, 143). Under
 ``--json`` every such failure also puts one ``batchplan/error@1`` document on stdout
-(``planner.cli.json_error``).
+(``planner.cli.json_error``). A closed stderr (a log piped to ``head``) drops the logs, not the run
+(``planner.cli.log_stream``); a closed stdout after the files are written ends the run with 0 (the reader took
+what it wanted), and no other broken pipe does.
 """
 
 from __future__ import annotations
@@ -86,9 +88,16 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from planner.cli.log_stream import guarded_log_stream
+
+    with guarded_log_stream():  # a closed stderr drops the logs, never the result (planner.cli.log_stream)
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     from planner.cli.json_error import print_error_document, wants_json
     from planner.cli.signals import exit_code_and_line, handle_sigterm_like_sigint
-    from planner.cli.stdout_guard import forget_writes, guarded_result_stream
+    from planner.cli.stdout_guard import forget_writes, guarded_result_stream, stdout_closed_by_reader
 
     forget_writes()
     handle_sigterm_like_sigint()
@@ -133,12 +142,26 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None and "ray" in sys.modules:  # this process is batchplan's own: end it here
             _exit_now(code)
         return code
-    except BrokenPipeError:  # `batchplan plan | head`: not an error of ours
+    except BrokenPipeError:
+        if not stdout_closed_by_reader():  # not the result's reader: a pipe of ours broke, the run did not finish
+            raise
+        # `batchplan plan | head`: the reader of the result went away after the files were written; what is
+        # still buffered goes nowhere (not an "Exception ignored" at interpreter exit)
+        _silence_stdout()
         return 0
     except Exception as exc:  # a bug of ours: its traceback follows, and a --json reader still gets a document
         if as_json:
             print_error_document(args.command, f"internal error: {type(exc).__name__}: {exc}", 1)
         raise
+
+
+def _silence_stdout() -> None:
+    import os
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _exit_now(code: int) -> None:
