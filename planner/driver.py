@@ -365,7 +365,7 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
 
     try:
         grad_bytes, source = gradient_layout(job, identity, options.cache.directory if options.cache else None)
-    except Exception as exc:  # a user model that cannot be built on the meta device: plan compute only
+    except Exception as exc:  # a model that cannot be built at all (nor its parameters counted): plan compute only
         warnings.append(f"gradient synchronisation not modelled: the model's gradients could not be laid out "
                         f"({type(exc).__name__}: {exc}); the step times are compute only")
         return None
