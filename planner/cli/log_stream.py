@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import sys
-from collections.abc import Iterator
 from typing import Any, TextIO
 
 
@@ -59,16 +57,8 @@ class _LogStream:
         return getattr(self._stream, name)
 
 
-@contextlib.contextmanager
-def guarded_log_stream() -> Iterator[None]:
+def guarded_log_stream() -> contextlib.AbstractContextManager[None]:
     """While the block runs, a closed stderr drops the logs instead of stopping the run (module docstring)."""
-    original = sys.stderr
-    if original is None or isinstance(original, _LogStream):
-        yield
-        return
-    sys.stderr = _LogStream(original)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        if isinstance(sys.stderr, _LogStream):
-            sys.stderr = original
+    from planner.cli.stdout_guard import wrapped_stream
+
+    return wrapped_stream("stderr", _LogStream)

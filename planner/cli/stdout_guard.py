@@ -109,15 +109,21 @@ def _discarded(exc: OSError) -> ConfigError:
 
 
 @contextlib.contextmanager
-def guarded_result_stream() -> Iterator[None]:
-    """While the block runs, write errors on stdout are one-line errors (see the module docstring)."""
-    original = sys.stdout
-    if original is None or isinstance(original, _ResultStream):
+def wrapped_stream(name: str, wrapper: type) -> Iterator[None]:
+    """While the block runs, ``sys.<name>`` (``stdout``, ``stderr``) is the stream wrapped in ``wrapper`` (once:
+    a block inside another leaves it), and the stream it was after."""
+    original = getattr(sys, name)
+    if original is None or isinstance(original, wrapper):
         yield
         return
-    sys.stdout = _ResultStream(original)  # type: ignore[assignment]
+    setattr(sys, name, wrapper(original))
     try:
         yield
     finally:
-        if isinstance(sys.stdout, _ResultStream):
-            sys.stdout = original
+        if isinstance(getattr(sys, name), wrapper):
+            setattr(sys, name, original)
+
+
+def guarded_result_stream() -> contextlib.AbstractContextManager[None]:
+    """While the block runs, write errors on stdout are one-line errors (see the module docstring)."""
+    return wrapped_stream("stdout", _ResultStream)
