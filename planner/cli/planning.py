@@ -99,6 +99,6 @@ def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bo
             if cluster is not None or args.address is not None:
                 raise
             # nothing was named: this machine (or a Ray cluster found here) was planned, and it has no GPU
-            raise NoGpuError("no GPU to plan on: none found on this machine nor in a Ray cluster running here (try "
+            raise NoGpuError("no usable GPU to plan on: none found on this machine nor in a Ray cluster running here (try "
                              "a simulated cluster, --cluster demo-mixed; or join a GPU cluster with --address "
                              "HOST:6379; `batchplan devices` lists what is here)") from exc
