@@ -1,0 +1,227 @@
+"""Lightning with planned batches (planner.integrations.lightning.BatchPlanCallback): three gloo ranks with
+batches 2, 5, 9 and accumulation 2 (taken from the plan; the Trainer left at 1 and at its default
+use_distributed_sampler) train 4 optimizer steps and end with one process's parameters on the same global
+batches; declaring the loss a sum misses; the re-balancer reorders the batches by speed and stays exact."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.planner.integrations.exactness import require_integration
+
+require_integration("planner.integrations.lightning")
+
+import torch  # noqa: E402
+
+from tests.net import free_port  # noqa: E402
+from tests.planner.integrations.exactness import (  # noqa: E402
+    ACCUMULATE,
+    BATCHES,
+    EXACT,
+    OPTIMIZER_STEPS,
+    PLANNED_GPUS,
+    REBALANCE_STEPS,
+    SAMPLE_S,
+    SPEEDS,
+    STEP_BATCH,
+    WRONG,
+    IndexedRegression,
+    flat,
+    init_gloo,
+    make_mlp,
+    mlp_reference,
+    ordered_by_speed,
+    plan_document,
+    planned_job,
+    relative_difference,
+    samples_of_epoch_once,
+    save,
+    spawn,
+)
+from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries  # noqa: E402
+
+pytestmark = [pytest.mark.lightning, pytest.mark.timeout(420)]
+
+LEARNING_RATE = 0.5
+REBALANCE_LEARNING_RATE = 0.1
+
+
+def _train(rank: int, *, loss_reduction: str = "mean", rebalance=False, steps: int = OPTIMIZER_STEPS,
+           lr: float = LEARNING_RATE, plan=None, autobatch=None) -> dict:
+    import lightning.pytorch as pl
+
+    from planner.integrations.lightning import BatchPlanCallback
+
+    batchplan = BatchPlanCallback(plan if plan is not None else plan_document(), loss_reduction=loss_reduction,
+                                  rebalance=rebalance, autobatch=autobatch, seed=5)
+
+    class Regression(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_mlp()
+            self.taken: list[list[int]] = []
+
+        def training_step(self, batch, batch_idx):
+            x, y, index = batch
+            self.taken.append(index.tolist())
+            return torch.nn.functional.mse_loss(self.net(x), y)  # the plain mean: the callback weights it
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=lr)
+
+        def train_dataloader(self):
+            return batchplan.dataloader(IndexedRegression())
+
+    module = Regression()
+    trainer = pl.Trainer(accelerator="cpu", devices=len(BATCHES), strategy="ddp", max_steps=steps,
+                         callbacks=[batchplan], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(module)
+    run = batchplan.run
+    return {"params": flat(module.net), "taken": module.taken, "global_step": trainer.global_step,
+            "accumulate": trainer.accumulate_grad_batches, "rule": run.rule, "batches": run.rank_plan.batches,
+            "batches_last": list(run.rebalancer.report().batches_last) if run.rebalancer else None,
+            "switches": len(run.rebalancer.switches) if run.rebalancer else 0}
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    import logging
+
+    import torch.distributed as dist
+
+    from planner.integrations import Rebalance
+    from planner.runtime.simulate import SimulatedSpeed
+
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    init_gloo(rank, port)  # Lightning keeps a group it finds initialised (as under torchrun)
+    try:
+        result = {
+            "mean": _train(rank),
+            "sum": _train(rank, loss_reduction="sum"),
+            "rebalance": _train(rank, steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE,
+                                rebalance=Rebalance(simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S))),
+            "job": _train(rank, plan=planned_job(), autobatch={"gpu": PLANNED_GPUS[rank],
+                                                               "cache_dir": f"{out_dir}/profiles"}),
+        }
+        save(out_dir, rank, result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    return spawn(_worker, tmp_path_factory.mktemp("lightning"))
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_lightning_with_planned_batches_equals_one_process(ranks):
+    reference = mlp_reference(LEARNING_RATE)
+    for rank, result in enumerate(ranks):
+        run = result["mean"]
+        assert run["rule"].reduction.value == "mean" and run["accumulate"] == ACCUMULATE
+        assert run["global_step"] == OPTIMIZER_STEPS
+        assert [len(b) for b in run["taken"]] == [BATCHES[rank]] * (OPTIMIZER_STEPS * ACCUMULATE)
+        assert relative_difference(run["params"], reference) < EXACT, relative_difference(run["params"], reference)
+    assert samples_of_epoch_once([r["mean"]["taken"] for r in ranks])
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_declaring_the_loss_a_sum_drops_the_weight_and_misses(ranks):
+    reference = mlp_reference(LEARNING_RATE)
+    for result in ranks:
+        assert relative_difference(result["sum"]["params"], reference) > WRONG
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ranks):
+    runs = [r["rebalance"] for r in ranks]
+    assert all(run["switches"] >= 1 for run in runs)
+    assert runs[0]["batches_last"] == runs[1]["batches_last"] == runs[2]["batches_last"]
+    assert ordered_by_speed(runs[0]["batches_last"]) and sum(runs[0]["batches_last"]) == STEP_BATCH, runs[0]
+    reference = mlp_reference(REBALANCE_LEARNING_RATE, steps=REBALANCE_STEPS)
+    for run in runs:
+        assert run["global_step"] == REBALANCE_STEPS
+        assert relative_difference(run["params"], reference) < EXACT, relative_difference(run["params"], reference)
+    assert samples_of_epoch_once([run["taken"] for run in runs], epochs=REBALANCE_STEPS // OPTIMIZER_STEPS)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_the_readme_script_is_the_example_and_lightning_s_own_launcher_runs_it(tmp_path):
+    example = REPO / "examples" / "train_lightning.py"
+    assert readme_script("Lightning") == example.read_text()
+    stdout = run_example([PYTHON, str(example), "plan.json"], tmp_path, MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=str(free_port()))
+    assert summaries(stdout, "Lightning") == {0: "mean", 1: "mean", 2: "mean"}, stdout
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_job_planned_in_the_run_trains_its_own_batches_exactly(ranks):
+    runs = [r["job"] for r in ranks]
+    batches = runs[0]["batches"]
+    assert all(run["batches"] == batches for run in runs) and sum(batches) == 32 and len(batches) == 3
+    for rank, run in enumerate(runs):
+        assert run["accumulate"] == 1 and run["global_step"] == OPTIMIZER_STEPS
+        assert [len(b) for b in run["taken"]] == [batches[rank]] * OPTIMIZER_STEPS
+    reference = mlp_reference(LEARNING_RATE, batches=batches, accumulate=1)
+    assert all(relative_difference(run["params"], reference) < EXACT for run in runs)
+
+
+def _one_rank_fit(tmp_path, *, own_loader: bool = True, callbacks=(), **trainer_options) -> None:
+    import lightning.pytorch as pl
+
+    from planner.integrations.lightning import BatchPlanCallback
+    from tests.plans import make_plan
+
+    batchplan = BatchPlanCallback(make_plan((STEP_BATCH,), nodes=(("node-a", 1),), accumulate=ACCUMULATE))
+
+    class Regression(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_mlp()
+
+        def training_step(self, batch, batch_idx):
+            x, y, _ = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=LEARNING_RATE)
+
+        def train_dataloader(self):
+            if own_loader:
+                return batchplan.dataloader(IndexedRegression())
+            return torch.utils.data.DataLoader(IndexedRegression(), batch_size=4)
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, callbacks=[batchplan, *callbacks], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path), **trainer_options)
+    trainer.fit(Regression())
+
+
+def test_an_accumulation_other_than_the_plan_s_is_refused_in_one_line(tmp_path):
+    from planner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^accumulate_grad_batches=3 contradicts the plan's accumulate 2"):
+        _one_rank_fit(tmp_path, accumulate_grad_batches=3)
+
+
+def test_an_accumulation_scheduler_is_refused(tmp_path):
+    import lightning.pytorch as pl
+
+    from planner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="GradientAccumulationScheduler changes accumulate_grad_batches"):
+        _one_rank_fit(tmp_path, callbacks=[pl.callbacks.GradientAccumulationScheduler({0: 2})])
+
+
+def test_a_train_loader_that_is_not_the_planned_one_is_refused(tmp_path):
+    from planner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"return batchplan.dataloader\(dataset\) from train_dataloader\(\)"):
+        _one_rank_fit(tmp_path, own_loader=False)
