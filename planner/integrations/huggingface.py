@@ -36,7 +36,9 @@ Known limitations: DeepSpeed, FSDP and DataParallel (``n_gpu > 1``) are refused;
 batches the re-balancer's timing would count); before transformers 4.57 the logged samples per second use the
 Trainer's own ``per_device_train_batch_size`` (its total batch is not overridable there); in transformers 4.x
 the causal-LM label count includes each row's first label, which the shifted loss never predicts (set it to
--100 for an exact token mean; 5.x counts ``labels[..., 1:]``).
+-100 for an exact token mean; 5.x counts ``labels[..., 1:]``); transformers 4.46 and 4.47 divide a mean loss by no
+``gradient_accumulation_steps`` (#37766), so a plan with accumulation is refused there for such a loss. Tested
+with transformers 4.57 and 5.x.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ from planner.runtime.weights import LossReduction, LossRule
 PIP = "'transformers>=4.45' 'accelerate>=0.26'"
 
 try:  # transformers' names are lazy: a broken dependency fails when they are taken, so take them here
-    from transformers import Trainer, TrainerCallback
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import __version__ as _TRANSFORMERS_VERSION
 except Exception as exc:  # not installed, or installed and broken (a torchvision built for another torch)
     raise missing_library(exc, "transformers", integration=__name__, pip=PIP) from None
 from planner.integrations.accelerate import device_loader  # noqa: E402  (after transformers: its error first)
@@ -105,21 +108,26 @@ class BatchPlanMixin:
         self._batchplan_declared = None if loss_reduction == "auto" else LossReduction.parse(loss_reduction)
         self._batchplan_rebalance = rebalance_options(rebalance)
         self._batchplan_weighting = False
-        super().__init__(*args, **kwargs)
-        self._batchplan_check_setup()
+        # the plan before the Trainer: its accumulation must be in the arguments when the Trainer builds its
+        # Accelerator (transformers 4.45 hands it to it); reading the ranks sets up the process group
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if training_args is None:
+            training_args = kwargs["args"] = TrainingArguments(output_dir="tmp_trainer")
         group_rank = os.environ.get("GROUP_RANK")
-        launch = RankLaunch(rank=self.args.process_index, world_size=self.args.world_size,
-                            local_rank=self.args.local_process_index,
+        launch = RankLaunch(rank=training_args.process_index, world_size=training_args.world_size,
+                            local_rank=training_args.local_process_index,
                             node_rank=int(group_rank) if group_rank not in (None, "") else None)
         self.batchplan = PlannedRun(resolve_plan(batchplan, launch, autobatch=autobatch),
                                     framework="Hugging Face Trainer")
         """this rank's planned run: sampler, loss rule, re-balancer, ``summary()``"""
         plan = self.batchplan.rank_plan
-        self.args.gradient_accumulation_steps = self.batchplan.accumulation(self.args.gradient_accumulation_steps,
-                                                                            "gradient_accumulation_steps")
-        if self.args.per_device_train_batch_size != plan.batch:
+        training_args.gradient_accumulation_steps = self.batchplan.accumulation(
+            training_args.gradient_accumulation_steps, "gradient_accumulation_steps")
+        if training_args.per_device_train_batch_size != plan.batch:
             log.info("batchplan: per_device_train_batch_size=%d is not used: rank %d takes its planned batch %d",
-                     self.args.per_device_train_batch_size, plan.rank, plan.batch)
+                     training_args.per_device_train_batch_size, plan.rank, plan.batch)
+        super().__init__(*args, **kwargs)
+        self._batchplan_check_setup()
         self.add_callback(_StepBoundary(self.batchplan))
 
     def _batchplan_check_setup(self) -> None:
@@ -207,6 +215,7 @@ class BatchPlanMixin:
             and "num_items_in_batch" in inspect.signature(Trainer.compute_loss).parameters
         )
         if not takes_count:
+            self._batchplan_check_accumulation_scaling()
             return LossReduction.MEAN, ("the Trainer gives this loss no label count (the model's forward takes no "
                                         "**kwargs, or the batch has no labels): the model's mean over the rank's "
                                         "samples, divided by gradient_accumulation_steps")
@@ -226,6 +235,7 @@ class BatchPlanMixin:
                               "divide it by gradient_accumulation_steps: divide by num_items_in_batch in it, or pass "
                               "loss_reduction='mean' and drop compute_loss_func")
         if unchanged:
+            self._batchplan_check_accumulation_scaling()
             self.model_accepts_loss_kwargs = False
             return LossReduction.MEAN, ("the model's forward takes **kwargs but its loss ignores num_items_in_batch "
                                         "(transformers #47688): the Trainer is told so (model_accepts_loss_kwargs="
@@ -234,6 +244,17 @@ class BatchPlanMixin:
         raise ConfigError(f"BatchPlanTrainer: cannot tell how this model's loss reduces: with num_items_in_batch "
                           f"{_PROBE_COUNTS[0]:g} and {_PROBE_COUNTS[1]:g} it gave {losses[0]!r} and {losses[1]!r} "
                           f"(neither halved nor unchanged); pass loss_reduction='mean' or 'global-mean'")
+
+    def _batchplan_check_accumulation_scaling(self) -> None:
+        """transformers 4.46 and 4.47 divide a mean loss that takes no label count by no
+        ``gradient_accumulation_steps`` (transformers #37766; 4.45 lets Accelerate divide, 4.48 on divide in
+        ``training_step``): with the plan's accumulation the step would be that many times too large."""
+        accumulate = self.batchplan.rank_plan.accumulate
+        if accumulate > 1 and _TRANSFORMERS_VERSION.startswith(("4.46.", "4.47.")):
+            raise ConfigError(f"BatchPlanTrainer: transformers {_TRANSFORMERS_VERSION} does not divide this model's "
+                              f"mean loss by gradient_accumulation_steps (transformers #37766), so the plan's accumulate "
+                              f"{accumulate} would scale the step {accumulate}×: upgrade to transformers>=4.48, or plan "
+                              "without accumulation")
 
     def _batchplan_probe_losses(self, inputs: Mapping[str, Any]) -> list[float]:
         """The training loss of one batch with two label counts: no gradient, eval mode (no dropout), unweighted."""

@@ -119,7 +119,8 @@ def _train(rank: int, out_dir: str, task: str, *, loss_reduction: str = "auto", 
         output_dir=f"{out_dir}/{task}-{rank}", per_device_train_batch_size=1, max_steps=steps,
         learning_rate=lr, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
         report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True,
-        ddp_backend="gloo", remove_unused_columns=False, seed=SEED, dataloader_drop_last=True)
+        ddp_backend="gloo", remove_unused_columns=False, seed=SEED, dataloader_drop_last=True,
+        average_tokens_across_devices=True)  # the default since transformers 4.54, named for older ones
     trainer = BatchPlanTrainer(model=make_model(task), args=args, train_dataset=IndexedTokens(task),
                                data_collator=collator, callbacks=[StartRecording()],
                                batchplan=plan if plan is not None else plan_document(), autobatch=autobatch,
