@@ -113,6 +113,31 @@ def ordered_by_speed(batches: Sequence[int]) -> bool:
     return all(a > b for a, b in zip(batches, batches[1:], strict=False))
 
 
+def assert_rebalanced_exactly(runs: Sequence[dict], reference: torch.Tensor) -> None:
+    """The re-balancing runs (speeds 1, 2, 4 declared) switched, ended on one split ordered by speed, and
+    trained exactly what one process does on the same global batches, every sample of each epoch once."""
+    batches_last = runs[0]["batches_last"]
+    assert all(run["switches"] >= 1 for run in runs)
+    assert all(run["batches_last"] == batches_last for run in runs)
+    assert ordered_by_speed(batches_last) and sum(batches_last) == STEP_BATCH, batches_last
+    for run in runs:
+        assert run["global_step"] == REBALANCE_STEPS
+        assert relative_difference(run["params"], reference) < EXACT, relative_difference(run["params"], reference)
+    assert samples_of_epoch_once([run["taken"] for run in runs], epochs=REBALANCE_STEPS // OPTIMIZER_STEPS)
+
+
+def assert_planned_job_trained_exactly(runs: Sequence[dict], reference: Callable[[Sequence[int]], torch.Tensor]) -> None:
+    """The runs of ``planned_job()``: every rank holds the same planned split of 32 samples, takes its own batch
+    in every step, and ends where ``reference(batches)`` (one process on that plan's global batches) does."""
+    batches = runs[0]["batches"]
+    assert all(run["batches"] == batches for run in runs) and sum(batches) == 32 and len(batches) == WORLD_SIZE
+    for rank, run in enumerate(runs):
+        assert run["accumulate"] == 1 and run["global_step"] == OPTIMIZER_STEPS
+        assert [len(b) for b in run["taken"]] == [batches[rank]] * OPTIMIZER_STEPS
+    expected = reference(batches)
+    assert all(relative_difference(run["params"], expected) < EXACT for run in runs)
+
+
 def dist_environment(rank: int, port: int) -> None:
     """What torchrun would set for ``rank`` of the three (frameworks initialise the group from it)."""
     torch.set_num_threads(1)

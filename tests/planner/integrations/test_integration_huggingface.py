@@ -33,9 +33,10 @@ from tests.planner.integrations.exactness import (  # noqa: E402
     SPEEDS,
     STEP_BATCH,
     WRONG,
+    assert_planned_job_trained_exactly,
+    assert_rebalanced_exactly,
     flat,
     init_gloo,
-    ordered_by_speed,
     plan_document,
     planned_job,
     reference_parameters,
@@ -225,17 +226,8 @@ def test_samples_per_second_count_the_planned_global_batch(ranks):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ranks):
-    runs = [r["rebalance"] for r in ranks]
-    assert all(run["switches"] >= 1 for run in runs)
-    assert runs[0]["batches_last"] == runs[1]["batches_last"] == runs[2]["batches_last"]
-    assert ordered_by_speed(runs[0]["batches_last"]), runs[0]["batches_last"]
-    assert sum(runs[0]["batches_last"]) == STEP_BATCH
-    reference = _reference("classify", steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE)
-    for run in runs:
-        assert run["global_step"] == REBALANCE_STEPS
-        assert relative_difference(run["params"], reference) < EXACT
-    epochs = REBALANCE_STEPS // OPTIMIZER_STEPS
-    assert samples_of_epoch_once([run["taken"] for run in runs], epochs=epochs)
+    assert_rebalanced_exactly([r["rebalance"] for r in ranks],
+                              _reference("classify", steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE))
 
 
 @pytest.mark.dist
@@ -252,14 +244,8 @@ def test_the_readme_script_is_the_example_and_it_runs_under_torchrun(tmp_path):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_job_planned_in_the_run_trains_its_own_batches_exactly(ranks):
-    runs = [r["job"] for r in ranks]
-    batches = runs[0]["batches"]
-    assert all(run["batches"] == batches for run in runs) and sum(batches) == 32 and len(batches) == 3
-    for rank, run in enumerate(runs):
-        assert run["accumulate"] == 1 and run["global_step"] == OPTIMIZER_STEPS
-        assert [len(b) for b in run["taken"]] == [batches[rank]] * OPTIMIZER_STEPS
-    reference = _reference("classify", batches=batches, accumulate=1)
-    assert all(relative_difference(run["params"], reference) < EXACT for run in runs)
+    assert_planned_job_trained_exactly([r["job"] for r in ranks],
+                                       lambda batches: _reference("classify", batches=batches, accumulate=1))
 
 
 def _one_rank_trainer(tmp_path, task: str, **options):

@@ -26,11 +26,12 @@ from tests.planner.integrations.exactness import (  # noqa: E402
     STEP_BATCH,
     WRONG,
     IndexedRegression,
+    assert_planned_job_trained_exactly,
+    assert_rebalanced_exactly,
     flat,
     init_gloo,
     make_mlp,
     mlp_reference,
-    ordered_by_speed,
     plan_document,
     planned_job,
     relative_difference,
@@ -139,15 +140,8 @@ def test_declaring_the_loss_a_sum_drops_the_weight_and_misses(ranks):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ranks):
-    runs = [r["rebalance"] for r in ranks]
-    assert all(run["switches"] >= 1 for run in runs)
-    assert runs[0]["batches_last"] == runs[1]["batches_last"] == runs[2]["batches_last"]
-    assert ordered_by_speed(runs[0]["batches_last"]) and sum(runs[0]["batches_last"]) == STEP_BATCH, runs[0]
-    reference = mlp_reference(REBALANCE_LEARNING_RATE, steps=REBALANCE_STEPS)
-    for run in runs:
-        assert run["global_step"] == REBALANCE_STEPS
-        assert relative_difference(run["params"], reference) < EXACT, relative_difference(run["params"], reference)
-    assert samples_of_epoch_once([run["taken"] for run in runs], epochs=REBALANCE_STEPS // OPTIMIZER_STEPS)
+    assert_rebalanced_exactly([r["rebalance"] for r in ranks],
+                              mlp_reference(REBALANCE_LEARNING_RATE, steps=REBALANCE_STEPS))
 
 
 @pytest.mark.dist
@@ -163,14 +157,8 @@ def test_the_readme_script_is_the_example_and_lightning_s_own_launcher_runs_it(t
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_job_planned_in_the_run_trains_its_own_batches_exactly(ranks):
-    runs = [r["job"] for r in ranks]
-    batches = runs[0]["batches"]
-    assert all(run["batches"] == batches for run in runs) and sum(batches) == 32 and len(batches) == 3
-    for rank, run in enumerate(runs):
-        assert run["accumulate"] == 1 and run["global_step"] == OPTIMIZER_STEPS
-        assert [len(b) for b in run["taken"]] == [batches[rank]] * OPTIMIZER_STEPS
-    reference = mlp_reference(LEARNING_RATE, batches=batches, accumulate=1)
-    assert all(relative_difference(run["params"], reference) < EXACT for run in runs)
+    assert_planned_job_trained_exactly([r["job"] for r in ranks],
+                                       lambda batches: mlp_reference(LEARNING_RATE, batches=batches, accumulate=1))
 
 
 def _one_rank_fit(tmp_path, *, own_loader: bool = True, callbacks=(), **trainer_options) -> None:
