@@ -38,7 +38,7 @@ WRONG = 1e-3
 #: per-sample time whose sleeps (up to 4 × 9 × 4 ms a micro-step) dwarf a loaded machine's noise
 SPEEDS = (1.0, 2.0, 4.0)
 SAMPLE_S = 0.004
-REBALANCE_STEPS = 24
+REBALANCE_STEPS = 32  # 8 epochs: room for the three bounded switches from (2, 5, 9) to the speed order, and a roll-back
 
 
 def require_integration(module: str) -> None:
