@@ -105,6 +105,9 @@ def device_loader(accelerator: Any, loader: DataLoader) -> DataLoader:
     registered = getattr(accelerator, "_dataloaders", None)  # what save_state / load_state walk
     if isinstance(registered, list):
         registered.append(prepared)
+    # marked as Accelerate marks what it prepared: a later accelerator.prepare(loader) returns it as it is,
+    # instead of slicing the planned batches again
+    prepared._is_accelerate_prepared = True
     return prepared
 
 

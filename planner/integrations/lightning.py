@@ -153,16 +153,14 @@ class BatchPlanCallback(pl.Callback):
                                                                 "accumulate_grad_batches")
 
     def _keep_the_sampler(self, trainer) -> None:
-        """Lightning must not replace the planned sampler with a DistributedSampler."""
+        """Lightning must not replace the planned sampler with a DistributedSampler (``on_train_start`` checks
+        that it did not, wherever this Lightning keeps the setting)."""
         connector = getattr(trainer, "_accelerator_connector", None)
-        if trainer.world_size <= 1 or not getattr(connector, "use_distributed_sampler", False):
-            return
-        if not hasattr(connector, "use_distributed_sampler"):
-            raise ConfigError("BatchPlanCallback: Lightning would replace the planned sampler with a DistributedSampler:"
-                              " build the Trainer with use_distributed_sampler=False")
-        connector.use_distributed_sampler = False
-        log.info("batchplan: use_distributed_sampler=False for this run (Lightning would replace the planned sampler; "
-                 "validation loaders are no longer split by Lightning: give them a DistributedSampler to split them)")
+        if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", False):
+            connector.use_distributed_sampler = False
+            log.info("batchplan: use_distributed_sampler=False for this run (Lightning would replace the planned "
+                     "sampler; validation loaders are no longer split by Lightning: give them a DistributedSampler "
+                     "to split them)")
 
     def _weigh_backward(self, pl_module) -> None:
         """``pl_module.backward`` (every backward Lightning runs, automatic or manual) takes the planned factor."""
@@ -225,6 +223,11 @@ class BatchPlanCallback(pl.Callback):
         run = self._require_run()
         loader = trainer.train_dataloader
         if getattr(loader, "batch_sampler", None) is not run.sampler or run.sampler is None:
+            from torch.utils.data.distributed import DistributedSampler
+
+            if isinstance(getattr(loader, "sampler", None), DistributedSampler):
+                raise ConfigError("BatchPlanCallback: Lightning replaced the planned sampler with a DistributedSampler: "
+                                  "build the Trainer with use_distributed_sampler=False")
             raise ConfigError("BatchPlanCallback: the train loader does not give this rank its planned batches: return "
                               "batchplan.dataloader(dataset) from train_dataloader() (or fit with datamodule=)")
         if self.rebalance is not None:

@@ -19,6 +19,7 @@ from tests.planner.integrations.exactness import (  # noqa: E402
     BATCHES,
     EXACT,
     OPTIMIZER_STEPS,
+    SEED,
     WRONG,
     IndexedRegression,
     dist_environment,
@@ -41,10 +42,11 @@ LEARNING_RATE = 0.5
 def _train(accelerator, loss_reduction: str) -> dict:
     from planner.integrations.accelerate import prepare_planned
 
-    planned = prepare_planned(accelerator, plan_document(), IndexedRegression(), loss_reduction=loss_reduction, seed=5)
+    planned = prepare_planned(accelerator, plan_document(), IndexedRegression(), loss_reduction=loss_reduction, seed=SEED)
     model = make_mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     model, optimizer = accelerator.prepare(model, optimizer)
+    assert accelerator.prepare(planned.loader) is planned.loader  # prepared once: never sliced again
     taken, steps, devices = [], 0, set()
     for x, y, index in planned.loader:
         taken.append(index.tolist())

@@ -22,6 +22,7 @@ from tests.planner.integrations.exactness import (  # noqa: E402
     PLANNED_GPUS,
     REBALANCE_STEPS,
     SAMPLE_S,
+    SEED,
     SPEEDS,
     STEP_BATCH,
     WRONG,
@@ -54,7 +55,7 @@ def _train(rank: int, *, loss_reduction: str = "mean", rebalance=False, steps: i
     from planner.integrations.lightning import BatchPlanCallback
 
     batchplan = BatchPlanCallback(plan if plan is not None else plan_document(), loss_reduction=loss_reduction,
-                                  rebalance=rebalance, autobatch=autobatch, seed=5)
+                                  rebalance=rebalance, autobatch=autobatch, seed=SEED)
 
     class Regression(pl.LightningModule):
         def __init__(self) -> None:
@@ -161,13 +162,14 @@ def test_a_job_planned_in_the_run_trains_its_own_batches_exactly(ranks):
                                        lambda batches: mlp_reference(LEARNING_RATE, batches=batches, accumulate=1))
 
 
-def _one_rank_fit(tmp_path, *, own_loader: bool = True, callbacks=(), **trainer_options) -> None:
+def _one_rank_fit(tmp_path, *, own_loader: bool = True, callbacks=(), datamodule: bool = False,
+                  **trainer_options):
     import lightning.pytorch as pl
 
     from planner.integrations.lightning import BatchPlanCallback
     from tests.plans import make_plan
 
-    batchplan = BatchPlanCallback(make_plan((STEP_BATCH,), nodes=(("node-a", 1),), accumulate=ACCUMULATE))
+    batchplan = BatchPlanCallback(make_plan((STEP_BATCH,), nodes=(("node-a", 1),), accumulate=ACCUMULATE), seed=SEED)
 
     class Regression(pl.LightningModule):
         def __init__(self) -> None:
@@ -181,15 +183,18 @@ def _one_rank_fit(tmp_path, *, own_loader: bool = True, callbacks=(), **trainer_
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=LEARNING_RATE)
 
-        def train_dataloader(self):
-            if own_loader:
-                return batchplan.dataloader(IndexedRegression())
-            return torch.utils.data.DataLoader(IndexedRegression(), batch_size=4)
+        if not datamodule:
+            def train_dataloader(self):
+                if own_loader:
+                    return batchplan.dataloader(IndexedRegression())
+                return torch.utils.data.DataLoader(IndexedRegression(), batch_size=4)
 
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, callbacks=[batchplan, *callbacks], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=str(tmp_path), **trainer_options)
-    trainer.fit(Regression())
+    module = Regression()
+    trainer.fit(module, datamodule=batchplan.datamodule(IndexedRegression()) if datamodule else None)
+    return module, batchplan
 
 
 def test_an_accumulation_other_than_the_plan_s_is_refused_in_one_line(tmp_path):
@@ -213,3 +218,11 @@ def test_a_train_loader_that_is_not_the_planned_one_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match=r"return batchplan.dataloader\(dataset\) from train_dataloader\(\)"):
         _one_rank_fit(tmp_path, own_loader=False)
+
+
+def test_a_planned_datamodule_trains_one_rank_exactly_with_the_plan_s_accumulation(tmp_path):
+    module, batchplan = _one_rank_fit(tmp_path, datamodule=True)
+    assert module.trainer.accumulate_grad_batches == ACCUMULATE and module.trainer.global_step == 1
+    assert batchplan.summary()["batchplan_loss_rule"] == "mean"
+    reference = mlp_reference(LEARNING_RATE, steps=1, batches=(STEP_BATCH,))
+    assert relative_difference(flat(module.net), reference) < EXACT
