@@ -1,6 +1,7 @@
 """Plans applied by the trainers people use: Hugging Face (``huggingface``: a ``Trainer`` subclass and
-mixin; ``accelerate``: a planned, device-placed loader for a hand-written Accelerate loop) and Lightning
-(``lightning``: a callback), each taking a ``plan.json`` or a ``JobSpec`` planned in the job.
+mixin; ``accelerate``: a planned, device-placed loader for a hand-written Accelerate loop), Lightning
+(``lightning``: a callback), each taking a ``plan.json`` or a ``JobSpec`` planned in the job, and Ultralytics
+(``ultralytics``: the planned trainers, ``batch=-1`` on several GPUs).
 
 Each integration gives every rank its planned batches without its framework re-sharding them, takes the
 gradient accumulation from the plan, decides the per-rank loss rule from what its framework does with the

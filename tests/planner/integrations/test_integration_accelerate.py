@@ -6,15 +6,10 @@ optimizer steps and end with one process's parameters on the same global batches
 from __future__ import annotations
 
 import pytest
+import torch
 
-from tests.planner.integrations.exactness import require_integration
-
-require_integration("planner.integrations.accelerate")
-
-import torch  # noqa: E402
-
-from tests.net import free_port  # noqa: E402
-from tests.planner.integrations.exactness import (  # noqa: E402
+from tests.net import free_port
+from tests.planner.integrations.exactness import (
     ACCUMULATE,
     BATCHES,
     EXACT,
@@ -28,13 +23,15 @@ from tests.planner.integrations.exactness import (  # noqa: E402
     mlp_reference,
     plan_document,
     relative_difference,
+    requires_integration,
     samples_of_epoch_once,
     save,
     spawn,
 )
-from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries  # noqa: E402
+from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.accelerate, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.accelerate, pytest.mark.timeout(300),
+              requires_integration("planner.integrations.accelerate")]
 
 LEARNING_RATE = 0.5
 

@@ -12,15 +12,10 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
-from tests.planner.integrations.exactness import require_integration
-
-require_integration("planner.integrations.huggingface")
-
-import torch  # noqa: E402
-
-from tests.net import free_port  # noqa: E402
-from tests.planner.integrations.exactness import (  # noqa: E402
+from tests.net import free_port
+from tests.planner.integrations.exactness import (
     ACCUMULATE,
     BATCHES,
     DATASET_SIZE,
@@ -41,13 +36,14 @@ from tests.planner.integrations.exactness import (  # noqa: E402
     planned_job,
     reference_parameters,
     relative_difference,
+    requires_integration,
     samples_of_epoch_once,
     save,
     spawn,
 )
-from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries  # noqa: E402
+from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
 
-pytestmark = [pytest.mark.hf, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.hf, pytest.mark.timeout(420), requires_integration("planner.integrations.huggingface")]
 
 LEARNING_RATE = 1.0
 REBALANCE_LEARNING_RATE = 0.2

@@ -6,15 +6,10 @@ batches; declaring the loss a sum misses; the re-balancer reorders the batches b
 from __future__ import annotations
 
 import pytest
+import torch
 
-from tests.planner.integrations.exactness import require_integration
-
-require_integration("planner.integrations.lightning")
-
-import torch  # noqa: E402
-
-from tests.net import free_port  # noqa: E402
-from tests.planner.integrations.exactness import (  # noqa: E402
+from tests.net import free_port
+from tests.planner.integrations.exactness import (
     ACCUMULATE,
     BATCHES,
     EXACT,
@@ -36,13 +31,14 @@ from tests.planner.integrations.exactness import (  # noqa: E402
     plan_document,
     planned_job,
     relative_difference,
+    requires_integration,
     samples_of_epoch_once,
     save,
     spawn,
 )
-from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries  # noqa: E402
+from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
 
-pytestmark = [pytest.mark.lightning, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.lightning, pytest.mark.timeout(420), requires_integration("planner.integrations.lightning")]
 
 LEARNING_RATE = 0.5
 REBALANCE_LEARNING_RATE = 0.1

@@ -150,6 +150,7 @@ def test_reduction_names_parse_and_a_wrong_one_lists_the_choices():
     from planner.runtime.weights import LossReduction
 
     assert LossReduction.parse("global-mean") is LossReduction.GLOBAL_MEAN
+    assert f"{LossReduction.GLOBAL_MEAN}" == str(LossReduction.GLOBAL_MEAN) == "global-mean"
     assert LossReduction.parse(LossReduction.SUM) is LossReduction.SUM
     with pytest.raises(ConfigError, match=r"loss_reduction='avg' is not a loss reduction \(choose 'mean', 'sum', "):
         LossReduction.parse("avg")
