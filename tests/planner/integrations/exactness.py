@@ -173,11 +173,18 @@ def _rank_entry(rank: int, worker: Callable[..., None], *args: Any) -> None:
 
 
 def spawn(worker: Callable[..., None], out_dir: Path, *args: Any) -> list[Any]:
-    """Run ``worker(rank, port, out_dir, *args)`` on three spawned ranks; every rank's saved result, in order."""
+    """Run ``worker(rank, port, out_dir, *args)`` on three spawned ranks; every rank's saved result, in order. A
+    port another process took between choosing and binding it (a shared machine) is tried once more."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_rank_entry, args=(worker, free_port(), str(out_dir), *args), nprocs=WORLD_SIZE,
-                       start_method="spawn")
+    for attempt in range(2):
+        try:
+            mp.start_processes(_rank_entry, args=(worker, free_port(), str(out_dir), *args), nprocs=WORLD_SIZE,
+                               start_method="spawn")
+            break
+        except mp.ProcessRaisedException as exc:
+            if attempt or "address already in use" not in str(exc).lower():
+                raise
     results = []
     for rank in range(WORLD_SIZE):
         with open(out_dir / f"rank{rank}.pkl", "rb") as handle:
@@ -228,6 +235,12 @@ def mlp_reference(lr: float, steps: int = OPTIMIZER_STEPS, batches: Sequence[int
 #: the job planned inside the run (a JobSpec instead of a plan file): a small convnet estimated for three
 #: simulated GPU types, one per rank, 32 samples per optimizer step
 PLANNED_GPUS = ("T4", "A10", "A100-SXM4-80GB")
+
+
+def shared_profile_cache(tmp_path_factory) -> Path:
+    """One profile cache for every run of ``planned_job()`` in a test session: the first spawn estimates the
+    three GPU types, the next reads them (as a node's cache serves its next job)."""
+    return tmp_path_factory.getbasetemp() / "planned-job-profiles"
 
 
 def planned_job():

@@ -8,8 +8,10 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from tests.net import free_port
 from tests.planner.integrations.exactness import plan_document
 from tests.planner.test_example_train_ddp import child_env
 
@@ -25,12 +27,20 @@ def readme_script(title: str) -> str:
     return re.findall(r"```python\n(.*?)```", README[start:end], flags=re.DOTALL)[0]
 
 
-def run_example(command: list[str], tmp_path: Path, timeout_s: float = 240, **env: str) -> str:
-    """Run ``command`` (a launch line whose last argument is the plan) in ``tmp_path`` with the plan written
-    there; its stdout, after checking it exited 0."""
+def run_example(command: Callable[[int], list[str]], tmp_path: Path, timeout_s: float = 240,
+                port_env: str | None = None, **env: str) -> str:
+    """Run ``command(port)`` (a launch line whose last argument is the plan) in ``tmp_path`` with the plan
+    written there; its stdout, after checking it exited 0. ``port_env`` names an environment variable that
+    carries the port instead (Lightning's ``MASTER_PORT``). A port another process took between choosing and
+    binding it (a shared machine) is tried once more with a new one."""
     (tmp_path / "plan.json").write_text(json.dumps(plan_document()))
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=tmp_path,
-                            env=child_env(PYTHONPATH=str(REPO), **env))
+    for attempt in range(2):
+        port = free_port()
+        extra = {port_env: str(port)} if port_env else {}
+        result = subprocess.run(command(port), capture_output=True, text=True, timeout=timeout_s, cwd=tmp_path,
+                                env=child_env(PYTHONPATH=str(REPO), **env, **extra))
+        if result.returncode == 0 or attempt or "address already in use" not in result.stderr.lower():
+            break
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result.stdout
 

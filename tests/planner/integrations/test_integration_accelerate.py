@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.net import free_port
 from tests.planner.integrations.exactness import (
     ACCUMULATE,
     BATCHES,
@@ -103,7 +102,7 @@ def test_declaring_the_loss_a_sum_drops_the_weight_and_misses(ranks):
 def test_the_readme_script_is_the_example_and_it_runs_under_accelerate_launch(tmp_path):
     example = REPO / "examples" / "train_accelerate.py"
     assert readme_script("Accelerate") == example.read_text()
-    stdout = run_example([PYTHON, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "3",
-                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                          "--main_process_port", str(free_port()), str(example), "plan.json"], tmp_path)
+    stdout = run_example(lambda port: [PYTHON, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
+                                       "3", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                                       "--main_process_port", str(port), str(example), "plan.json"], tmp_path)
     assert summaries(stdout, "Accelerate") == {0: "mean", 1: "mean", 2: "mean"}, stdout

@@ -14,7 +14,6 @@ import re
 import pytest
 import torch
 
-from tests.net import free_port
 from tests.planner.integrations.exactness import (
     ACCUMULATE,
     BATCHES,
@@ -39,6 +38,7 @@ from tests.planner.integrations.exactness import (
     requires_integration,
     samples_of_epoch_once,
     save,
+    shared_profile_cache,
     spawn,
 )
 from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
@@ -132,7 +132,7 @@ def _train(rank: int, out_dir: str, task: str, *, loss_reduction: str = "auto", 
             "switches": len(run.rebalancer.switches) if run.rebalancer else 0}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, out_dir: str, profiles: str) -> None:
     import logging
 
     import torch.distributed as dist
@@ -153,7 +153,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "rebalance": _train(rank, out_dir, "classify", steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE,
                                 rebalance=Rebalance(simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S))),
             "job": _train(rank, out_dir, "classify", plan=planned_job(),
-                          autobatch={"gpu": PLANNED_GPUS[rank], "cache_dir": f"{out_dir}/profiles"}),
+                          autobatch={"gpu": PLANNED_GPUS[rank], "cache_dir": profiles}),
         }
         save(out_dir, rank, result)
         dist.barrier()
@@ -163,7 +163,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    return spawn(_worker, tmp_path_factory.mktemp("hf"))
+    return spawn(_worker, tmp_path_factory.mktemp("hf"), str(shared_profile_cache(tmp_path_factory)))
 
 
 def _reference(task: str, steps: int = OPTIMIZER_STEPS, lr: float = LEARNING_RATE, batches=BATCHES,
@@ -231,8 +231,8 @@ def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ran
 def test_the_readme_script_is_the_example_and_it_runs_under_torchrun(tmp_path):
     example = REPO / "examples" / "train_hf_trainer.py"
     assert readme_script("Hugging Face Trainer") == example.read_text()
-    stdout = run_example([PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-                          "--master-port", str(free_port()), str(example), "plan.json"], tmp_path)
+    stdout = run_example(lambda port: [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr",
+                                       "127.0.0.1", "--master-port", str(port), str(example), "plan.json"], tmp_path)
     assert summaries(stdout, "Hugging Face Trainer") == {0: "global-mean", 1: "global-mean", 2: "global-mean"}, stdout
     assert len(re.findall(r"samples/s \d", stdout)) == 3
 

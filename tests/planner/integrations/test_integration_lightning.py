@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.net import free_port
 from tests.planner.integrations.exactness import (
     ACCUMULATE,
     BATCHES,
@@ -34,6 +33,7 @@ from tests.planner.integrations.exactness import (
     requires_integration,
     samples_of_epoch_once,
     save,
+    shared_profile_cache,
     spawn,
 )
 from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
@@ -82,7 +82,7 @@ def _train(rank: int, *, loss_reduction: str = "mean", rebalance=False, steps: i
             "switches": len(run.rebalancer.switches) if run.rebalancer else 0}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, out_dir: str, profiles: str) -> None:
     import logging
 
     import torch.distributed as dist
@@ -100,7 +100,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             "rebalance": _train(rank, steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE,
                                 rebalance=Rebalance(simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S))),
             "job": _train(rank, plan=planned_job(), autobatch={"gpu": PLANNED_GPUS[rank],
-                                                               "cache_dir": f"{out_dir}/profiles"}),
+                                                               "cache_dir": profiles}),
         }
         save(out_dir, rank, result)
         dist.barrier()
@@ -110,7 +110,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    return spawn(_worker, tmp_path_factory.mktemp("lightning"))
+    return spawn(_worker, tmp_path_factory.mktemp("lightning"), str(shared_profile_cache(tmp_path_factory)))
 
 
 @pytest.mark.dist
@@ -146,8 +146,8 @@ def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ran
 def test_the_readme_script_is_the_example_and_lightning_s_own_launcher_runs_it(tmp_path):
     example = REPO / "examples" / "train_lightning.py"
     assert readme_script("Lightning") == example.read_text()
-    stdout = run_example([PYTHON, str(example), "plan.json"], tmp_path, MASTER_ADDR="127.0.0.1",
-                         MASTER_PORT=str(free_port()))
+    stdout = run_example(lambda port: [PYTHON, str(example), "plan.json"], tmp_path, port_env="MASTER_PORT",
+                         MASTER_ADDR="127.0.0.1")
     assert summaries(stdout, "Lightning") == {0: "mean", 1: "mean", 2: "mean"}, stdout
 
 
