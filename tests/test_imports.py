@@ -28,7 +28,13 @@ def _modules(package) -> list[str]:
 
 @pytest.mark.parametrize("name", _modules(planner) + _modules(torchkit))
 def test_every_module_imports(name):
-    importlib.import_module(name)
+    from planner.integrations.optional import MissingLibraryError
+
+    try:
+        importlib.import_module(name)
+    except MissingLibraryError as exc:  # a trainer integration whose library is not importable here: its one line
+        assert name.startswith("planner.integrations."), name
+        pytest.skip(str(exc))
 
 
 def _run(code: str) -> None:
@@ -105,7 +111,8 @@ def test_the_planner_core_imports_neither_torch_ray_nor_pynvml():
         "import planner.allocate.allocation, planner.allocate.advice, planner.allocate.solver\n"
         "import planner.plan.build, planner.plan.io, planner.plan.launch, planner.plan.types\n"
         "import planner.preflight, planner.runtime, planner.cli.main\n"
-        "heavy = [m for m in ('torch', 'ray', 'pynvml') if m in sys.modules]\n"
+        "import planner.integrations, planner.integrations.plan_source, planner.integrations.planned_run\n"
+        "heavy = [m for m in ('torch', 'ray', 'pynvml', 'transformers', 'accelerate', 'lightning') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
 

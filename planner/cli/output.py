@@ -52,7 +52,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         return
     # column by column, in C (a 65,536-rank plan is a table of 65,536 rows); as many columns as the shortest row
     count = min(len(columns), *map(len, cells)) if cells else len(columns)
-    widths = [max(len(columns[i]), *map(len, map(operator.itemgetter(i), cells))) for i in range(count)]
+    widths = [max(len(columns[i]), max(map(len, map(operator.itemgetter(i), cells)), default=0)) for i in range(count)]
     lines = [title] if title else []
     line = "  ".join(f"{{:<{w}}}" for w in widths).format  # one format call a row: 65,536 rows in well under a second
     lines.extend(line(*row[:len(widths)]).rstrip() for row in [list(columns), *cells])

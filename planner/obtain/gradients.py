@@ -1,7 +1,7 @@
 """The gradient layout of a job's model (bytes of each parameter's gradient, registration order), for the
-synchronisation model: the model built on the meta device (no memory, no weights), kept in the cache directory
-(``planner.store``, namespace ``gradients``) under the workload's fingerprint, so a warm plan imports no torch
-for it.
+synchronisation model: parameter shapes only, from the model template the estimator uses (built on the meta
+device, or on the CPU where its constructor reads values), kept in the cache directory (``planner.store``,
+namespace ``gradients``) under the workload's fingerprint, so a warm plan imports no torch for it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _legacy(document: object, where: str) -> tuple[tuple[int, ...], None]:
 
 GRADIENTS: Namespace[tuple[int, ...]] = Namespace(
     what="gradient layout cache entry", folder="gradients", schema="batchplan/gradient-layout-cache@1",
-    payload="grad_bytes", value_type=Layout, key_of=_key, redo="building the model on the meta device again",
+    payload="grad_bytes", value_type=Layout, key_of=_key, redo="building the model's parameter shapes again",
     legacy=_legacy)
 
 
@@ -45,14 +45,13 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], store: CacheStore |
     inputs = {"model": job.model, "fingerprint": identity[0], "torch_version": identity[1]}
     sizes = store.read(GRADIENTS, _key(inputs)) if store is not None else None
     if sizes is None:
-        import torch
-
         from planner.obtain.make import workload_for
         from torchkit.estimate.ddp_sync import gradient_bytes_of
+        from torchkit.workloads.workload import model_template
 
-        workload = workload_for(job)  # checked on real (CPU) tensors, then built on the meta device
-        with torch.device("meta"):
-            sizes = gradient_bytes_of(workload.build_model())
+        # parameter shapes are all it needs: the template the estimator copies (on the meta device, or built on the
+        # CPU where the constructor reads values, as Ultralytics' stride probe does; torchkit.workloads.construct)
+        sizes = gradient_bytes_of(model_template(workload_for(job)))
         if not sizes:
             raise ValueError(f"{job.model} has no parameter that requires grad: nothing to synchronise")
         if store is not None:
@@ -61,4 +60,4 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], store: CacheStore |
             except ConfigError as exc:
                 store.problems.append(f"{exc}; the gradient layout is built again next time")
     # the same whether built now or read from the cache: a warm plan equals the cold one
-    return sizes, f"{job.model}: {len(sizes)} gradient tensors (the model built on the meta device)"
+    return sizes, f"{job.model}: {len(sizes)} gradient tensors (the model's parameter shapes)"

@@ -4,8 +4,9 @@
   model's gradient bytes and DDP buckets, the ring's links with their sources, the exposed time and its range;
 - ``probing`` (:class:`ProbingInfo`): how the plan was made (backend, probes, timings), for people;
 - ``measured`` (:class:`MeasuredSection`): what a re-balanced run measured (``planner.runtime.rebalance``): its
-  steps (:class:`StepMeasure`), its switches (:class:`Switch`), each rank's refitted curve, and the exposed
-  synchronisation it filed for the next plan (:class:`FiledSync`).
+  steps (:class:`StepMeasure`), its switches (:class:`Switch`), each rank's refitted curve, the exposed
+  synchronisation it filed for the next plan (:class:`FiledSync`) and, in the re-balanced plan, what the plan
+  had said of its own batches (:class:`PlannedFigures`).
 
 A field added to a section is an edit to its dataclass here; a plan written before a section existed simply
 lacks it (each is optional in ``planner.plan.types.Plan``). Pure Python: no torch.
@@ -151,6 +152,19 @@ class FiledSync:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlannedFigures:
+    """``measured.planned``: what the plan said of the batches it planned, before a re-balanced run replaced them
+    (``planner.runtime.rebalance_feedback.updated_plan``); kept aside, not re-judged at the measured speeds."""
+
+    batches: tuple[int, ...]
+    balance_efficiency: float
+    alternatives: dict[str, float] | None
+    """throughput of the options the plan compared; None where it compared none"""
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class MeasuredSection:
     """plan.json's ``measured``: what a re-balanced run measured (``planner.runtime.rebalance_feedback``)."""
 
@@ -180,3 +194,6 @@ class MeasuredSection:
     ranks: tuple[MeasuredRank, ...]
     step_times: tuple[StepMeasure, ...]
     """the latest measured steps (``planner.runtime.rebalance_feedback.MAX_STEPS_LISTED``)"""
+    planned: PlannedFigures | None = field(default=None, metadata=OMIT_DEFAULT)
+    """what the plan said of its own batches, in a re-balanced plan; None in the run's section and in plans
+    written without it"""

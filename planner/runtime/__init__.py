@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "loss_weight": "planner.runtime.weights",
     "loss_weights": "planner.runtime.weights",
     "sum_loss_scale": "planner.runtime.weights",
+    "LossReduction": "planner.runtime.weights",
+    "LossRule": "planner.runtime.weights",
     "PlannedBatchSampler": "planner.runtime.sampler",
     "RankPlan": "planner.runtime.rank_plan",
     "load_rank_plan": "planner.runtime.rank_plan",

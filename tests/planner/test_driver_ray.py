@@ -91,6 +91,13 @@ def test_three_nodes_of_one_type_are_profiled_once_and_cached(ray_cluster, tmp_p
     # the profiling probe imported torch for its fake passes; from the cache no probe needs it
     assert first.plan.probing.probes_imported_torch >= 1
     assert second.plan.probing.probes_imported_torch == 0
+    # each fake pass the probe ran reached the driver as it finished, as --no-ray prints them (it said nothing
+    # between "estimating T4" and "profiled T4")
+    progress = [e for e in events if e.status == "progress"]
+    assert [e.detail["message"].split(" (")[0] for e in progress][:3] == [f"fake pass {i} of 3 done" for i in (1, 2, 3)]
+    assert all(e.stage == "profile" and e.item == "T4" and e.detail["node"].startswith("t4-") for e in progress)
+    done = next(i for i, e in enumerate(events) if e.status == "done" and e.stage == "profile")
+    assert all(events.index(e) < done for e in progress)
 
 
 def _mark_first_probe_node_to_hang() -> str:

@@ -5,6 +5,7 @@ profile); a rank killed mid-run ends every rank within the collective timeout, e
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import subprocess
@@ -16,11 +17,13 @@ from planner.runtime.rank_plan import load_rank_plan
 from tests.net import free_port
 from tests.planner.runtime.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
 from tests.planner.test_example_train_ddp import EXAMPLE, child_env
+from tests.plans import make_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
 
 LINE = re.compile(
-    r"^rebalance: switches=(?P<switches>\d+) steps_to_balance=(?P<steps>\d+) max_idle_first=(?P<first>[\d.]+) "
+    r"^rebalance: switches=(?P<switches>\d+) steps_to_balance=(?P<steps>\d+) "
+    r"step_compute_s_first=(?P<sfirst>[\d.]+) step_compute_s_last=(?P<slast>[\d.]+) max_idle_first=(?P<first>[\d.]+) "
     r"max_idle_last=(?P<last>[\d.]+) batches_first=\[(?P<bfirst>[\d, ]+)\] batches_last=\[(?P<blast>[\d, ]+)\] "
     r"samples_once=(?P<once>true|false) rollbacks=(?P<rollbacks>\d+) compute_s_last=\[(?P<compute>[\d., ]+)\] "
     r"sync_wait_s_last=\[(?P<wait>[\d., ]+)\] watch_overhead=(?P<watch>[\d.]+%|n/a)$", re.MULTILINE)
@@ -66,6 +69,44 @@ def test_rebalance_corrects_a_two_times_wrong_plan_and_writes_what_it_measured(t
     assert per_sample[0] < per_sample[1] < per_sample[2]
     assert per_sample[2] / per_sample[0] == pytest.approx(4.0, rel=0.25)
     assert all(len(s["sync_wait_s"]) == 3 for s in updated["measured"]["step_times"])
+
+
+def _simulated_step(speeds, batches) -> float:
+    """The simulated devices' step in units of the agreed per-sample time: ``max_i k_i · b_i`` (every rank's
+    compute is stretched to ``k_i × s × b_i`` with one ``s``): a value of the batches, not a time."""
+    return max(k * b for k, b in zip(speeds, batches, strict=True))
+
+
+@pytest.mark.parametrize("speeds, steps", [((4, 2, 1), 30), ((1, 2, 4), 40)], ids=["4,2,1", "1,2,4"])
+def test_measured_mode_ends_at_least_as_good_as_it_started_with_batches_ordered_by_speed(tmp_path, speeds, steps):
+    """README's lab plan ([3, 11, 34]) without --simulate-sample-ms: the per-sample time is measured after the
+    warm-up. It ended worse than it started (max idle 0.575 -> 0.756, once at [1, 1, 46]): the speed-1 rank cost
+    only its real compute per sample, and a sleep's lateness on a loaded machine made every sleeping rank look
+    like a fixed cost deaf to its batch (planner.runtime.simulate). Asserted on the batches (their order, and
+    the simulated step they make), never on a measured time."""
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(make_plan((3, 11, 34))))
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
+        str(EXAMPLE), "--plan", str(plan_path), "--steps", str(steps), "--rebalance",
+        "--simulate-speed", ",".join(map(str, speeds)), "--write-plan", str(tmp_path / "trained.json"),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env(), cwd=tmp_path)
+    stdout = "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("stdout.log")))
+    assert result.returncode == 0, result.stdout + result.stderr + stdout
+    match = LINE.search(stdout)
+    assert match, stdout
+    first = [int(b) for b in match["bfirst"].split(",")]
+    last = [int(b) for b in match["blast"].split(",")]
+    assert first == [3, 11, 34] and sum(last) == 48
+    assert _simulated_step(speeds, last) <= _simulated_step(speeds, first), (first, last)
+    for i, j in itertools.permutations(range(3), 2):  # a rank 2× faster or more never takes fewer samples
+        if speeds[j] >= 2 * speeds[i]:
+            assert last[i] > last[j], (speeds, last)
+    assert match["once"] == "true"
+    trained = json.loads((tmp_path / "trained.json").read_text())
+    assert "the real compute is part of it" in trained["measured"]["simulated"]
 
 
 def test_simulate_speed_with_the_wrong_number_of_ranks_is_one_line_and_exit_2(tmp_path):

@@ -93,3 +93,43 @@ def test_the_collective_timeout_must_be_a_positive_number():
     sampler = PlannedBatchSampler(64, [8], 0, seed=0)
     with pytest.raises(Exception, match="collective_timeout_s"):
         Rebalancer.from_plan(plan, sampler, torch.nn.Linear(4, 1), collective_timeout_s=0)
+
+
+def test_a_rebalanced_plans_figures_are_its_new_batches_and_the_planned_advice_moves_aside():
+    """It kept the old predicted memory, balance efficiency and advice ("dropping the 1 T4 rank would be 1.37×
+    faster (0.007 s vs 0.010 s ...)") for batches that no longer ran."""
+    from planner.codec import encode
+    from planner.plan.sections import MeasuredRank, MeasuredSection, PlannedFigures, Switch
+    from planner.plan.validate import plan_from_bytes, validate_plan
+    from planner.runtime.rebalance_feedback import updated_plan
+    from torchkit.step.fit import AffineTimeFit
+
+    document = make_plan((5, 3, 8))
+    document.update(alternatives={"balanced": 100.0, "uniform": 50.0}, notes=["'balanced' is 2.00× faster than ..."],
+                    warnings=["dropping the 1 T4 rank (rank 1) would be 1.37× faster (...)"],
+                    balance_efficiency_range=[0.9, 1.0])
+    plan = validate_plan(document)
+    fits = [AffineTimeFit(intercept_s=0.0, s_per_sample=s) for s in (0.001, 0.002, 0.004)]
+    section = MeasuredSection(
+        source="test", created="2026-01-01T00:00:00+00:00", steps=8, measured_steps=6,
+        switches=(Switch(decided_at_step=3, batches=(9, 5, 2), predicted_step_s=0.01, previous_step_s=0.032),),
+        steps_to_balance=3, batches_first=(5, 3, 8), batches_last=(9, 5, 2), max_idle_first=None, max_idle_last=0.1,
+        step_time_first_s=None, step_time_last_s=None, rollbacks=0, watch_overhead=None, compute_s_last=None,
+        sync_wait_s_last=None, simulated=None, sync=None, marks={},
+        ranks=tuple(MeasuredRank(rank=r, gpu="T4", time_points=(), time_fit=fit, peak_reserved_points=())
+                    for r, fit in enumerate(fits)),
+        step_times=())
+    updated = updated_plan(plan, section)
+    profile = plan.profiles["p0"]
+    assert [r.predicted_memory_bytes for r in updated.ranks] == [profile.memory_bytes(b) for b in (9, 5, 2)]
+    assert updated.predicted_step_time_s == pytest.approx(0.010)  # rank 1: 5 × 2 ms
+    bound = sum(64 / (64 * s) for s in (0.001, 0.002, 0.004))  # every rank alone at its cap 64
+    assert updated.balance_efficiency == pytest.approx(16 / 0.010 / bound)
+    assert updated.balance_efficiency_range is None and updated.alternatives is None
+    assert updated.warnings == (next(w for w in updated.warnings if w.startswith("re-balanced in the running job")),)
+    assert len(updated.notes) == 1 and "measured.planned" in updated.notes[0] and "[5, 3, 8]" in updated.notes[0]
+    assert updated.measured.planned == PlannedFigures(
+        batches=(5, 3, 8), balance_efficiency=plan.balance_efficiency, alternatives=plan.alternatives,
+        notes=plan.notes, warnings=plan.warnings)
+    again = plan_from_bytes(json.dumps(encode(updated)).encode(), where="re-balanced plan")
+    assert again.balance_efficiency == updated.balance_efficiency and again.measured.planned == updated.measured.planned
