@@ -41,17 +41,16 @@ a ``lightning.pytorch`` callback (the standalone ``pytorch_lightning`` package i
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import ConfigError
 from planner.integrations.optional import missing_library
 from planner.integrations.plan_source import PlanSource, RankLaunch, resolve_plan
 from planner.integrations.planned_run import PlannedRun, Rebalance, rebalance_options
+from planner.plan.types import Plan
 from planner.runtime.weights import LossReduction, LossRule
 
 if TYPE_CHECKING:
@@ -72,7 +71,7 @@ log = logging.getLogger("planner.integrations")
 _REFUSED_STRATEGIES = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy", "XLAStrategy")
 
 
-def trainer_devices(plan: str | os.PathLike | Mapping[str, Any]) -> dict[str, int]:
+def trainer_devices(plan: str | os.PathLike | Mapping[str, Any] | Plan) -> dict[str, int]:
     """``num_nodes`` and ``devices`` for ``L.Trainer`` from a plan: what Lightning's own launcher needs to start
     the plan's ranks (``L.Trainer(**trainer_devices("plan.json"), ...)``).
 
@@ -80,11 +79,12 @@ def trainer_devices(plan: str | os.PathLike | Mapping[str, Any]) -> dict[str, in
         ConfigError: an invalid plan, or nodes with different numbers of ranks (Lightning starts the same number
             on every node: launch each node's torchrun line from the plan instead).
     """
-    from planner.runtime.rank_plan import load_rank_plan
+    from planner.plan.io import load_plan
+    from planner.plan.validate import validate_plan
 
-    document = dict(plan) if isinstance(plan, Mapping) else json.loads(Path(plan).read_text())
-    load_rank_plan(document, rank=0, env={}, check_gpu=False)  # the whole plan validated
-    counts = [int(node["nproc_per_node"]) for node in document["nodes"]]
+    # the whole plan read and validated once, through the codec (a path within the plan file's size limit)
+    typed = validate_plan(plan) if isinstance(plan, Mapping | Plan) else load_plan(plan)
+    counts = [node.nproc_per_node for node in typed.nodes]
     if len(set(counts)) != 1:
         raise ConfigError(f"Lightning starts the same number of processes on every node (devices=), but this plan has "
                           f"{counts} ranks per node: launch each node's torchrun line from the plan instead")

@@ -222,3 +222,24 @@ def test_a_planned_datamodule_trains_one_rank_exactly_with_the_plan_s_accumulati
     assert batchplan.summary()["batchplan_loss_rule"] == "mean"
     reference = mlp_reference(LEARNING_RATE, steps=1, batches=(STEP_BATCH,))
     assert relative_difference(flat(module.net), reference) < EXACT
+
+
+def test_trainer_devices_reads_the_plan_once_through_the_codec(tmp_path):
+    """From a path, a document or a typed Plan alike; nodes with different numbers of ranks are one line, and a
+    plan that is not one is refused with the plan file's fix."""
+    from planner.errors import ConfigError
+    from planner.integrations.lightning import trainer_devices
+    from planner.plan.io import write_plan
+    from planner.plan.validate import validate_plan
+    from tests.plans import make_plan
+
+    even = make_plan((4, 4, 4, 4), nodes=(("a", 2), ("b", 2)))
+    path = tmp_path / "plan.json"
+    write_plan(even, path)
+    for source in (path, str(path), even, validate_plan(even)):
+        assert trainer_devices(source) == {"num_nodes": 2, "devices": 2}
+    with pytest.raises(ConfigError, match=r"\[2, 1\] ranks per node"):
+        trainer_devices(make_plan((4, 4, 4), nodes=(("a", 2), ("b", 1))))
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="regenerate it with batchplan plan"):
+        trainer_devices(path)
