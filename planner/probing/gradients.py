@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 from planner.errors import ConfigError
-from planner.files import write_file_safely
 from planner.job import JobSpec
+from planner.profiles.cache import untrusted_cache_dir
+from planner.trust import UntrustedPathError, read_trusted, write_trusted
+
+log = logging.getLogger(__name__)
 
 _CACHE_SUBDIR = "gradients"
 """beside the profiles, in a folder of its own (the profile cache's own files stay the only ones at its top)"""
@@ -23,10 +27,27 @@ def _cache_path(directory: Path, job: JobSpec, identity: tuple[str, str]) -> Pat
     return directory / _CACHE_SUBDIR / f"{digest}.json"
 
 
+_FIX = "the model is built on the meta device again"
+_MAX_ENTRY_BYTES = 16 * 2**20  # a gradient size per parameter: a million parameters is ~8 MB of JSON
+
+
 def _read(path: Path) -> tuple[int, ...] | None:
+    """The cached layout where no other user could have written it (``planner.trust``); an entry that is not
+    trusted or not readable is said on stderr and built again.
+
+    Raises:
+        FieldError: (``cache_dir``) the cache directory, or one above it, is not trusted.
+    """
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        raw = read_trusted(path, what="gradient layout cache entry", fix=_FIX, max_bytes=_MAX_ENTRY_BYTES)
+        data = json.loads(raw) if raw is not None else None
+    except UntrustedPathError as exc:
+        if exc.in_directory:
+            raise untrusted_cache_dir(exc) from None
+        log.warning("%s: not trusted; %s", exc.problem, _FIX)
+        return None
+    except (ConfigError, ValueError) as exc:
+        log.warning("gradient layout cache entry %s is unreadable (%s); %s", path, exc, _FIX)
         return None
     sizes = data.get("grad_bytes") if isinstance(data, dict) else None
     if not isinstance(sizes, list) or not sizes or not all(isinstance(s, int) and s > 0 for s in sizes):
@@ -35,13 +56,13 @@ def _read(path: Path) -> tuple[int, ...] | None:
 
 
 def _write(path: Path, sizes: tuple[int, ...]) -> None:
-    """Written safely (``planner.files``); a cache that cannot be written costs a rebuild next time, nothing else."""
+    """Written for a later trusted read (``planner.trust.write_trusted``); a cache that cannot be written costs a
+    rebuild next time, nothing else."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_safely(path, json.dumps({"grad_bytes": list(sizes)}), what="gradient layout cache entry",
-                          fix="check the cache directory")
-    except (OSError, ConfigError):
-        pass
+        write_trusted(path, json.dumps({"grad_bytes": list(sizes)}), what="gradient layout cache entry",
+                      fix="check the cache directory")
+    except (OSError, ConfigError) as exc:
+        log.warning("%s", exc)
 
 
 def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os.PathLike | None

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from planner.errors import FieldError
 from planner.job import JobSpec
 from planner.probing.gradients import gradient_layout
 from planner.profiling import job_fingerprint
@@ -26,3 +29,17 @@ def test_layout_is_the_models_gradient_bytes_and_is_cached(tmp_path):
     rebuilt, source = gradient_layout(JOB, identity, tmp_path)  # a broken entry is rebuilt, not trusted
     assert rebuilt == sizes and "built on the meta device" in source
     assert all(isinstance(s, int) and s > 0 for s in sizes)
+
+
+def test_a_layout_others_could_write_is_built_again_and_their_directory_refused(tmp_path, caplog):
+    identity = job_fingerprint(JOB)
+    sizes, _ = gradient_layout(JOB, identity, tmp_path)
+    entry = next((tmp_path / "gradients").glob("*.json"))
+    entry.write_text(json.dumps({"grad_bytes": [4]}))  # issue #34: a layout that makes the sync free
+    entry.chmod(0o666)
+    assert gradient_layout(JOB, identity, tmp_path)[0] == sizes
+    assert f"{entry} is writable by every user" in caplog.text
+    assert entry.stat().st_mode & 0o777 == 0o644  # rewritten, private
+    (tmp_path / "gradients").chmod(0o775)
+    with pytest.raises(FieldError, match=r"gradients above it is writable by its group"):
+        gradient_layout(JOB, identity, tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from planner.errors import FieldError
 from planner.probing import link_probe
 from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.units import MIB
@@ -48,3 +49,17 @@ def test_a_measured_network_is_cached_per_set_of_nodes(tmp_path):
         link_probe.store_network(tmp_path, ["x", "y"], link)  # unwritable: no error, just no cache
     finally:
         (tmp_path / "links").chmod(0o700)
+
+
+def test_a_link_entry_others_could_write_is_measured_again_and_their_directory_refused(tmp_path, caplog):
+    link = LinkCost(name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)")
+    link_probe.store_network(tmp_path, ["a", "b"], link)
+    entry = next((tmp_path / "links").glob("*.json"))
+    entry.chmod(0o666)  # issue #34: anyone could have put a faster network there
+    assert link_probe.cached_network(tmp_path, ["a", "b"]) is None
+    assert f"{entry} is writable by every user" in caplog.text and "it is measured again" in caplog.text
+    link_probe.store_network(tmp_path, ["a", "b"], link)  # the measurement replaces it, private again
+    assert entry.stat().st_mode & 0o777 == 0o644 and link_probe.cached_network(tmp_path, ["a", "b"]) is not None
+    (tmp_path / "links").chmod(0o777)
+    with pytest.raises(FieldError, match=r"links above it is writable by every user"):
+        link_probe.cached_network(tmp_path, ["a", "b"])
