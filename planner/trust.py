@@ -9,9 +9,11 @@ could have written it is the question, not what it holds. A path is trusted when
   and writable by neither its group nor others: checked with ``fstat`` on the open descriptor, so what was
   checked is what is read;
 - its directory, and every directory above it up to ``/``, is owned by this user or root, and writable by
-  neither group nor others, unless it is sticky (``/tmp``, ``drwxrwxrwt``: there no one else may rename or
-  remove what is ours). Each is opened with ``O_NOFOLLOW`` relative to the one above (``openat``) and checked
-  with ``fstat`` on that descriptor, starting from the path with its symbolic links resolved: a
+  neither group nor others, unless it is sticky and above the file's own (``/tmp``, ``drwxrwxrwt``: there no
+  one else may rename or remove what is ours), or a private directory above it shields it (one of this user's
+  or root's that neither group nor others may enter, such as a 0700 home: no one else can reach what is
+  below). Each is opened with ``O_NOFOLLOW`` relative to the one above (``openat``) and checked with ``fstat``
+  on that descriptor, starting from the path with its symbolic links resolved: a
   ``~/.cache -> /data/me/cache`` link is fine, and what it points to is what is checked.
 
 A path that fails is an :class:`UntrustedPathError`: one line naming the path, what is wrong with it (whose it
@@ -94,10 +96,17 @@ def _this_user() -> str:
     return "root" if os.geteuid() == 0 else f"this user ({owner_name(os.geteuid())}) or root"
 
 
-def _check_directory(info: os.stat_result, current: str, *, subject: str, fix: str, holds_entries: bool) -> None:
+def _is_private(info: os.stat_result) -> bool:
+    """A directory of this user's or root's that neither group nor others may enter (no search bit): no other
+    user can reach anything below it."""
+    return _trusted_owner(info.st_uid) and not info.st_mode & (stat.S_IXGRP | stat.S_IXOTH)
+
+
+def _check_directory(info: os.stat_result, current: str, *, subject: str, fix: str, holds_entries: bool,
+                     shielded: bool) -> None:
     """``subject``: what the message is about (``the profile cache directory /c``), ``current`` the directory
     on its path being checked; ``holds_entries``: the directory the files are in, where sticky is no excuse
-    (anyone could add one)."""
+    (anyone could add one); ``shielded``: a private directory above it (:func:`_is_private`)."""
     where = subject if subject.endswith(f" {current}") else f"{subject}: {current} above it"
     mode = info.st_mode
     if not stat.S_ISDIR(mode):
@@ -107,7 +116,7 @@ def _check_directory(info: os.stat_result, current: str, *, subject: str, fix: s
             current, f"{where} is owned by {owner_name(info.st_uid)}, not by {_this_user()}: its owner could "
             "replace what batchplan reads there", fix, in_directory=True)
     writable = mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if writable and (holds_entries or not mode & stat.S_ISVTX):
+    if writable and not shielded and (holds_entries or not mode & stat.S_ISVTX):
         who = "every user" if mode & stat.S_IWOTH else "its group"
         raise UntrustedPathError(
             current, f"{where} is writable by {who} (mode {stat.filemode(mode)}): others could plant or replace "
@@ -141,7 +150,9 @@ def _directory_fd(directory: Path, *, subject: str, fix: str) -> Iterator[int | 
     try:
         current = Path("/")
         parts = directory.parts[1:]
-        _check_directory(os.fstat(fd), str(current), subject=subject, fix=fix, holds_entries=not parts)
+        info = os.fstat(fd)
+        _check_directory(info, str(current), subject=subject, fix=fix, holds_entries=not parts, shielded=False)
+        shielded = _is_private(info)
         for depth, part in enumerate(parts, start=1):
             current = current / part
             try:
@@ -157,8 +168,10 @@ def _directory_fd(directory: Path, *, subject: str, fix: str) -> Iterator[int | 
                                          in_directory=True) from None
             os.close(fd)
             fd = below
-            _check_directory(os.fstat(fd), str(current), subject=subject, fix=fix,
-                             holds_entries=depth == len(parts))
+            info = os.fstat(fd)
+            _check_directory(info, str(current), subject=subject, fix=fix, holds_entries=depth == len(parts),
+                             shielded=shielded)
+            shielded = shielded or _is_private(info)
         yield fd
     finally:
         os.close(fd)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.other_user import reachable_place
 from tests.planner.cli_helpers import (
     TINY_MODEL,
     assert_ok,
@@ -55,10 +56,11 @@ def _no_temporary_files(directory: Path) -> None:
 
 def test_a_world_writable_cache_directory_is_refused(warm, tmp_path) -> None:
     config, cache = warm
-    shared = tmp_path / "shared"
-    shutil.copytree(cache, shared)
-    shared.chmod(0o777)
-    assert_user_error(_plan(tmp_path, config, shared, "--no-write"), 2, str(shared), "writable by every user")
+    with reachable_place() as place:  # where other users can reach it (pytest's tmp_path is private to root)
+        shared = place / "shared"
+        shutil.copytree(cache, shared)
+        shared.chmod(0o777)
+        assert_user_error(_plan(tmp_path, config, shared, "--no-write"), 2, str(shared), "writable by every user")
 
 
 def test_a_dangling_link_as_cache_dir_is_one_line(warm, tmp_path) -> None:

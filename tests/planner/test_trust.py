@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,17 +18,19 @@ from planner.trust import (
     trusted_dir,
     write_trusted,
 )
-from tests.other_user import other_uid_gid
+from tests.other_user import other_uid_gid, reachable_place
 
 WHAT = {"what": "the test cache", "fix": "the fix"}
 
 
 @pytest.fixture
-def private(tmp_path: Path) -> Path:
-    directory = tmp_path / "private"
-    directory.mkdir(mode=0o755)
-    directory.chmod(0o755)
-    return directory
+def private() -> Iterator[Path]:
+    """A directory of this user's, mode 0755, where every user can reach it (not under pytest's 0700 ones)."""
+    with reachable_place() as place:
+        directory = place / "private"
+        directory.mkdir(mode=0o755)
+        directory.chmod(0o755)
+        yield directory
 
 
 def test_a_private_directory_and_its_own_files_are_trusted(private: Path) -> None:
@@ -128,3 +131,18 @@ def test_another_user_s_directory_or_entry_is_refused(private: Path) -> None:
     assert not (private / "new").exists()  # nothing is created under another user's directory
     again = pickle.loads(pickle.dumps(raised.value))
     assert (str(again), again.in_directory) == (str(raised.value), True)
+
+
+def test_a_directory_others_can_write_below_a_private_one_is_out_of_their_reach() -> None:
+    """Ray makes its ``<tmp>/ray`` 0777 whoever it belongs to: under a private directory (0700, this user's) no
+    other user can reach it, so a file there is this user's to trust."""
+    with reachable_place() as place:
+        private = place / "private"
+        (private / "ray").mkdir(parents=True)
+        private.chmod(0o700)
+        (private / "ray").chmod(0o777)
+        (private / "ray" / "address").write_text("x")
+        assert read_trusted(private / "ray" / "address", max_bytes=10, **WHAT) == b"x"
+        private.chmod(0o701)  # others may pass through: no longer private
+        with pytest.raises(UntrustedPathError, match="ray above it is writable by every user"):
+            read_trusted(private / "ray" / "address", max_bytes=10, **WHAT)

@@ -10,6 +10,7 @@ from planner.errors import FieldError
 from planner.job import JobSpec
 from planner.probing.gradients import gradient_layout
 from planner.profiling import job_fingerprint
+from tests.other_user import reachable_place
 from tests.planner.tiny_models import convnet
 
 JOB = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32))
@@ -31,15 +32,16 @@ def test_layout_is_the_models_gradient_bytes_and_is_cached(tmp_path):
     assert all(isinstance(s, int) and s > 0 for s in sizes)
 
 
-def test_a_layout_others_could_write_is_built_again_and_their_directory_refused(tmp_path, caplog):
+def test_a_layout_others_could_write_is_built_again_and_their_directory_refused(caplog):
     identity = job_fingerprint(JOB)
-    sizes, _ = gradient_layout(JOB, identity, tmp_path)
-    entry = next((tmp_path / "gradients").glob("*.json"))
-    entry.write_text(json.dumps({"grad_bytes": [4]}))  # issue #34: a layout that makes the sync free
-    entry.chmod(0o666)
-    assert gradient_layout(JOB, identity, tmp_path)[0] == sizes
-    assert f"{entry} is writable by every user" in caplog.text
-    assert entry.stat().st_mode & 0o777 == 0o644  # rewritten, private
-    (tmp_path / "gradients").chmod(0o775)
-    with pytest.raises(FieldError, match=r"gradients above it is writable by its group"):
-        gradient_layout(JOB, identity, tmp_path)
+    with reachable_place() as cache:  # where other users can reach it (pytest's tmp_path is private)
+        sizes, _ = gradient_layout(JOB, identity, cache)
+        entry = next((cache / "gradients").glob("*.json"))
+        entry.write_text(json.dumps({"grad_bytes": [4]}))  # issue #34: a layout that makes the sync free
+        entry.chmod(0o666)
+        assert gradient_layout(JOB, identity, cache)[0] == sizes
+        assert f"{entry} is writable by every user" in caplog.text
+        assert entry.stat().st_mode & 0o777 == 0o644  # rewritten, private
+        (cache / "gradients").chmod(0o775)
+        with pytest.raises(FieldError, match=r"gradients above it is writable by its group"):
+            gradient_layout(JOB, identity, cache)

@@ -11,6 +11,7 @@ import pytest
 from planner.errors import FieldError
 from planner.profiles import measured
 from planner.profiles.measured_sync import JobSync, find_job_sync, store_job_sync, sync_key_inputs
+from tests.other_user import reachable_place
 
 JOB = {"model": "resnet50", "optimizer": "sgd", "imgsz": 224, "input_shape": None, "seq_len": None}
 
@@ -62,14 +63,15 @@ def test_job_sync_refuses_impossible_figures():
                 created="")
 
 
-def test_an_entry_others_could_write_is_ignored_with_a_problem_line_and_their_directory_refused(tmp_path):
-    path = store_job_sync(tmp_path, _inputs(), "s", _sync(2.0))
-    path.chmod(0o646)
-    found, problems = find_job_sync(tmp_path, _inputs())
-    assert found == {} and len(problems) == 1 and f"{path} is writable by every user" in problems[0]
-    path.chmod(0o644)
-    (tmp_path / "sync").chmod(0o777)
-    with pytest.raises(FieldError, match=r"sync above it is writable by every user"):
-        find_job_sync(tmp_path, _inputs())
-    with pytest.raises(FieldError, match=r"sync above it is writable by every user"):
-        store_job_sync(tmp_path, _inputs(), "s", _sync(2.0))
+def test_an_entry_others_could_write_is_ignored_with_a_problem_line_and_their_directory_refused():
+    with reachable_place() as cache:  # where other users can reach it (pytest's tmp_path is private)
+        path = store_job_sync(cache, _inputs(), "s", _sync(2.0))
+        path.chmod(0o646)
+        found, problems = find_job_sync(cache, _inputs())
+        assert found == {} and len(problems) == 1 and f"{path} is writable by every user" in problems[0]
+        path.chmod(0o644)
+        (cache / "sync").chmod(0o777)
+        with pytest.raises(FieldError, match=r"sync above it is writable by every user"):
+            find_job_sync(cache, _inputs())
+        with pytest.raises(FieldError, match=r"sync above it is writable by every user"):
+            store_job_sync(cache, _inputs(), "s", _sync(2.0))
