@@ -666,7 +666,10 @@ class Rebalancer:
     def collective_failure(self, what: str, exc: BaseException) -> RebalanceError:
         """The one-line error of a failed collective (``what``: e.g. "the loss all-reduce"), naming the rank(s)
         that did not answer; for the training loop's own collectives too."""
-        grace_s = min(2.0, self.collective_timeout_s / 2)  # the survivors fail within moments of each other
+        # the survivors fail within moments of each other, seconds apart on a loaded machine: 2 s was seen to let
+        # the store's host (rank 0 of an env:// launch) leave before a slower survivor could name (1 run in 20 at
+        # load 12-19 on 2 cores)
+        grace_s = min(4.0, self.collective_timeout_s / 2)
         missing = missing_ranks(default_store(), self._key_prefix, self.rank, self.world_size, self._step, grace_s)
         if missing:
             who = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(str(r) for r in missing)
