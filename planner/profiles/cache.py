@@ -8,7 +8,8 @@ so an entry is trusted only when, besides parsing strictly within size and nesti
 - its key, recomputed from the inputs it records, is its file's key, and the profile's GPU type, method and
   amp are those inputs' (a T4 profile filed under an A100's key is refused);
 - its profile is physically possible (``planner.profiles.checks``: positive finite points, memory growing
-  with the batch, ``oom_batch`` above a batch that fitted) and possible on its GPU (a catalog type: no step
+  with the batch, fits that are the fits of its points, ``oom_batch`` above a batch that fitted), and no string
+  in it holds a control character (a note with ESC in it would make every plan that carries it unwritable) and possible on its GPU (a catalog type: no step
   faster than the card's bandwidth allows, no memory below the weights the entry lists);
 - no other user could have written it (``planner.trust``, OpenSSH's ``StrictModes``): the entry is a regular
   file owned by this user or root and writable by no one else, checked on the open descriptor; its directory
@@ -33,7 +34,7 @@ import os
 from pathlib import Path
 
 from planner.errors import ConfigError, FieldError
-from planner.jsonio import loads_strict
+from planner.jsonio import check_tree, loads_strict
 from planner.profiles.checks import check_against_gpu, checked_profile
 from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import MEASURED_METHOD, MEASURED_SCHEME
@@ -64,7 +65,8 @@ class ProfileCache:
     """Profiles by content key in ``directory``; ``problems`` lists the entries found corrupt."""
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        # absolute now: user code run later (a factory's os.chdir) must not move the cache
+        self.directory = Path(os.path.abspath(directory if directory is not None else default_cache_dir()))
         self.problems: list[str] = []
         self._directory_checked = False
 
@@ -119,6 +121,8 @@ class ProfileCache:
             if raw is None:
                 return None
             entry = loads_strict(raw, source=f"entry {path}", fix="it will be profiled again")
+            # no control character in any string: a note holding ESC made every later plan unwritable
+            check_tree(entry, f"entry {path}")
             return _trusted_profile(entry, key, str(path))
         except UntrustedPathError as exc:
             if exc.in_directory:

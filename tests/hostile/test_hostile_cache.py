@@ -99,7 +99,21 @@ def _memory_below_the_weights(entry: dict, _) -> dict:
     return entry
 
 
+def _fit_contradicting_its_points(entry: dict, _) -> dict:
+    """Issue #34: ``bytes_per_sample`` 1.0 beside points of megabytes per sample (an A100 cap of 65,536)."""
+    entry["profile"]["memory_fit"]["bytes_per_sample"] = 1.0
+    return entry
+
+
+def _escape_in_a_note(entry: dict, _) -> dict:
+    """Issue #34: a note holding ESC made every later ``plan -o`` fail, naming neither the cache nor the entry."""
+    entry["profile"]["notes"] = [*entry["profile"].get("notes", []), "measured \x1b[2Jon a quiet GPU"]
+    return entry
+
+
 CASES = {
+    "a fit that contradicts its own points": _fit_contradicting_its_points,
+    "ESC in a note": _escape_in_a_note,
     "a step faster than the GPU's bandwidth allows": _faster_than_the_bandwidth,
     "memory below the weights": _memory_below_the_weights,
     "negative bytes_per_sample": _negative_bytes_per_sample,
