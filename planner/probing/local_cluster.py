@@ -57,20 +57,21 @@ class FoundCluster:
         return f"{self.address} (from {self.source}; {whose})"
 
 
-def ray_address_file() -> str:
-    """Where ``ray start --head`` records the cluster address for ``ray.init()`` on this machine.
-
-    The same rule as Ray's ``ray._common.utils.get_default_ray_temp_dir`` (Ray 2.60), repeated here so that the
-    check runs before ``ray`` is imported: ``$RAY_TMPDIR``, else ``$TMPDIR`` on Linux, else ``/tmp``; then
-    ``ray/ray_current_cluster``.
-    """
+def ray_temp_root() -> tuple[str, str]:
+    """(Ray's temporary directory on this machine, the variable that chose it): the same rule as Ray's
+    ``ray._common.utils.get_default_ray_temp_dir`` (Ray 2.60), repeated here so that checks run before ``ray`` is
+    imported: ``$RAY_TMPDIR``, else ``$TMPDIR`` on Linux, else ``/tmp``; then ``ray``."""
     if "RAY_TMPDIR" in os.environ:
-        base = os.environ["RAY_TMPDIR"]
-    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
-        base = os.environ["TMPDIR"]
-    else:
-        base = "/tmp"
-    return os.path.join(base, "ray", "ray_current_cluster")
+        return os.path.join(os.environ["RAY_TMPDIR"], "ray"), "RAY_TMPDIR"
+    if sys.platform.startswith("linux") and "TMPDIR" in os.environ:
+        return os.path.join(os.environ["TMPDIR"], "ray"), "TMPDIR"
+    return os.path.join("/tmp", "ray"), "the default /tmp"
+
+
+def ray_address_file() -> str:
+    """Where ``ray start --head`` records the cluster address for ``ray.init()`` on this machine
+    (:func:`ray_temp_root`, then ``ray_current_cluster``)."""
+    return os.path.join(ray_temp_root()[0], "ray_current_cluster")
 
 
 def under_sudo() -> bool:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from planner.errors import ClusterUnreachableError, ConfigError
 from planner.probing.gcs_probe import GcsAnswer, ask_gcs, is_this_machine, listening_owner, split_host_port
-from planner.probing.local_cluster import find_running_cluster, ray_address_file
+from planner.probing.local_cluster import find_running_cluster, ray_address_file, ray_temp_root
 from torchkit.terminal_text import printable
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,54 @@ def _join_address(address: str | None) -> tuple[str | None, str | None]:
         if owner is not None:
             log.info("joining the Ray cluster at %s (its GCS runs as %s)", printable(address), owner)
     return address, (None if "://" in address else address)
+
+
+#: the longest socket path Ray puts under its temporary directory, less that directory and this process's pid (the
+#: session is named after it: ``ray._private.node``): "/session_<date>_<time>_<microseconds>_<pid>/sockets/
+#: plasma_store.N", ".N" for the second and later raylets of a simulated cluster
+_RAY_SOCKET_SUFFIX_CHARS = len("/session_2026-12-06_06-53-32_037564_/sockets/plasma_store.9")
+#: the longest path of a Unix socket (Linux ``sockaddr_un``: 108 bytes with the terminating zero)
+_MAX_UNIX_SOCKET_PATH_BYTES = 107
+#: free space Ray's temporary directory needs for a run's session files and logs (a planning run writes a few
+#: MiB; a full one made Ray wait 60 s for a port file and end in a traceback)
+MIN_RAY_TEMP_FREE_BYTES = 64 * 2**20
+
+
+def check_ray_temp_dir() -> None:
+    """Ray's temporary directory can hold the session of a Ray this process starts: its socket paths within the
+    Unix limit (a ``TMPDIR`` of about 40 characters was a traceback), room for its files (a full one was a
+    traceback after a minute), writable.
+
+    Raises:
+        ConfigError: one line naming the directory, the variable that chose it and the fix.
+    """
+    root, source = ray_temp_root()
+    shown = printable(root)
+    suffix = _RAY_SOCKET_SUFFIX_CHARS + len(str(os.getpid()))
+    longest = len(os.fsencode(os.path.abspath(root))) + suffix
+    if longest > _MAX_UNIX_SOCKET_PATH_BYTES:
+        room = _MAX_UNIX_SOCKET_PATH_BYTES - suffix - len("/ray")
+        raise ConfigError(
+            f"Ray's temporary directory {shown} (from {source}) is too long: Ray's socket paths under it would be "
+            f"{longest} bytes, over the {_MAX_UNIX_SOCKET_PATH_BYTES} a Unix socket allows (set RAY_TMPDIR to a "
+            f"directory of at most {room} characters, e.g. RAY_TMPDIR=/tmp)")
+    existing = root
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    try:
+        space = os.statvfs(existing)
+    except OSError as exc:
+        raise ConfigError(f"Ray's temporary directory {shown} (from {source}) cannot be used: {exc.strerror} (set "
+                          "RAY_TMPDIR to a writable directory)") from None
+    free = space.f_bavail * space.f_frsize
+    if free < MIN_RAY_TEMP_FREE_BYTES or (space.f_files and space.f_favail < 64):
+        raise ConfigError(
+            f"Ray's temporary directory {shown} (from {source}) has {free / 2**20:.1f} MiB and {space.f_favail} "
+            f"inodes free: Ray needs {MIN_RAY_TEMP_FREE_BYTES // 2**20} MiB for its session files (free space there, "
+            "or set RAY_TMPDIR to another directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"Ray's temporary directory {shown} (from {source}) is not writable by this user (set "
+                          "RAY_TMPDIR to a directory of yours)")
 
 
 def _already_connected() -> bool:
@@ -251,6 +299,7 @@ def ray_session(
             ray.shutdown()
         return
 
+    check_ray_temp_dir()
     cap = raylet_cap or raylet_cap_from_env()
     started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
     with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0, started_env):
