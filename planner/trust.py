@@ -43,6 +43,7 @@ from typing import BinaryIO
 
 from planner.errors import ConfigError
 from planner.files import write_file_safely
+from planner.jsonio import read_at_most
 
 __all__ = ["UntrustedPathError", "make_trusted_dir", "open_trusted", "owner_name", "read_trusted", "trusted_dir",
            "write_trusted"]
@@ -265,13 +266,7 @@ def read_trusted(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int
         size = os.fstat(handle.fileno()).st_size
         if size > max_bytes:
             raise ConfigError(f"{what} {path} is {size} bytes, over the limit of {max_bytes} bytes ({fix})")
-        try:
-            raw = handle.read(max_bytes + 1)  # a file that grew since fstat is still refused, never read whole
-        except OSError as exc:
-            raise ConfigError(f"{what} {path} cannot be read: {exc.strerror or exc} ({fix})") from None
-    if len(raw) > max_bytes:
-        raise ConfigError(f"{what} {path} is over the limit of {max_bytes} bytes ({fix})")
-    return raw
+        return read_at_most(handle, max_bytes, what=f"{what} {path}", fix=fix)
 
 
 def write_trusted(path: str | os.PathLike, text: str, *, what: str, fix: str, mode: int = 0o644) -> Path:
