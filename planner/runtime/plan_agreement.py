@@ -4,27 +4,29 @@ A stale ``plan.json`` on one node (copied before the last re-plan) gives that no
 rest: the slices of every global step then overlap or leave gaps, the loss weights no longer sum to the global
 mean, and nothing fails (rc 0). So the first time a rank's :class:`~planner.runtime.sampler.PlannedBatchSampler`
 is iterated, every rank gathers what decides its slices (every rank's batch, ``accumulate``, the dataset size,
-the shuffle, seed and ``drop_last``: :class:`SplitTerms`) from every other, in one collective on the default
-process group; where they differ, every rank raises the same :class:`PlanMismatchError`: one line naming the
+the shuffle, seed and ``drop_last``: :class:`SplitTerms`) from every other, through the job's key-value store
+(the default process group's; no CUDA device needed, JSON only); where they differ, every rank raises the same :class:`PlanMismatchError`: one line naming the
 nodes (host, torchrun's node rank) and ranks whose plan differs from the others' and what differs. Every rank
 sees the same gathered list, so every rank stops, none waits for the others.
 
 :func:`agree_on_split` is the same check for an integration that cuts batches itself (a trainer whose
 loader is built elsewhere): call it once on every rank, at the same point, with the terms it uses.
 
-Known limitations: the check is a collective, so every rank must iterate its sampler (or call
-:func:`agree_on_split`) at the same point of the program: a sampler iterated on one rank only (an evaluation
-loader on rank 0) must be created with ``sampler.agree_on_first_use = False`` set before iterating. Without an
+Known limitations: every rank waits for every other's entry (up to the store's timeout, the process group's), so
+every rank must iterate its planned samplers, in the same order: a sampler iterated on one rank only (an
+evaluation loader on rank 0) must have ``sampler.agree_on_first_use = False`` set before iterating. Without an
 initialised process group (one process) there is nothing to agree with and nothing is checked.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import asdict, astuple, dataclass
 
 from planner.errors import ConfigError
 
@@ -32,6 +34,8 @@ __all__ = ["PlanMismatchError", "SplitTerms", "agree_on_split"]
 
 #: ranks named in a message before "..." (a job can have thousands)
 _MAX_NAMED = 8
+#: agreements made in this process, in order: samplers are iterated in the same order on every rank
+_rounds = itertools.count()
 
 
 class PlanMismatchError(ConfigError):
@@ -75,8 +79,10 @@ def _this_node() -> str:
 def agree_on_split(terms: SplitTerms, *, what: str = "the plan") -> None:
     """Every rank of the default process group holds ``terms``, or every rank raises.
 
-    A collective: call it on every rank at the same point. Without an initialised process group it does
-    nothing.
+    Exchanged through the job's key-value store (the process group's rendezvous store), not a collective on the
+    group's backend: a NCCL group would need each rank's CUDA device set first, which a training script may not have
+    done yet, and a store needs none. What is exchanged is plain JSON, never a pickle. Every rank must call it at the
+    same point (as every sampler's first iteration is); without an initialised process group it does nothing.
 
     Raises:
         PlanMismatchError: some rank holds other terms (one line: the nodes and ranks that differ, both terms),
@@ -86,13 +92,34 @@ def agree_on_split(terms: SplitTerms, *, what: str = "the plan") -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return
-    mine = (terms.digest(), _this_node(), terms)
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    world_size = dist.get_world_size()
+    from planner.runtime.rebalance_faults import default_store
+
+    store = default_store()
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    if store is None:  # a torch without the private accessor: the same check over a collective
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, (terms.digest(), _this_node(), terms))
+    else:
+        # one key per rank, per sampler in creation order and per torchrun restart: every rank counts alike
+        prefix = f"batchplan-plan-agreement/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_rounds)}"
+        mine = {"node": _this_node(), "terms": asdict(terms)}
+        store.set(f"{prefix}/{rank}", json.dumps(mine))
+        keys = [f"{prefix}/{r}" for r in range(world_size)]
+        store.wait(keys)
+        gathered = [_entry(store.get(key)) for key in keys]
     problem = mismatch(gathered, world_size, what=what)
     if problem is not None:
         raise PlanMismatchError(problem)
+
+
+def _entry(raw: bytes) -> tuple[str, str, SplitTerms]:
+    """A rank's filed terms as :func:`mismatch` takes them."""
+    data = json.loads(raw)
+    fields = data["terms"]
+    terms = SplitTerms(batches=tuple(int(b) for b in fields["batches"]), accumulate=int(fields["accumulate"]),
+                       dataset_size=int(fields["dataset_size"]), shuffle=bool(fields["shuffle"]),
+                       seed=int(fields["seed"]), drop_last=bool(fields["drop_last"]))
+    return terms.digest(), str(data["node"]), terms
 
 
 def mismatch(gathered: Sequence[tuple[str, str, SplitTerms]], world_size: int, *, what: str) -> str | None:

@@ -24,7 +24,7 @@ micro-step inside it — that no rank has yielded yet, so a DataLoader that pref
 slice of the old split for a step that uses the new one.
 
 The first time it is iterated, every rank checks with the others that they cut the same global batches
-(``planner.runtime.plan_agreement``: one collective on the default process group, where one is initialised); a
+(``planner.runtime.plan_agreement``: through the job's key-value store, where a process group is initialised); a
 rank with another plan (a stale ``plan.json`` on a node) ends every rank with one line naming its node. Set
 ``agree_on_first_use = False`` on a sampler that only some ranks iterate.
 
@@ -77,8 +77,8 @@ class PlannedBatchSampler(Sampler[list[int]]):
     """
 
     agree_on_first_use: bool = True
-    """check with the other ranks, at the first iteration, that they cut the same global batches (a collective:
-    set False on a sampler that only some ranks iterate)"""
+    """check with the other ranks, at the first iteration, that they cut the same global batches (every rank waits
+    for the others: set False on a sampler that only some ranks iterate)"""
 
     def __init__(
         self,
