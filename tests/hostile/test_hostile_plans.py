@@ -20,8 +20,6 @@ from planner.runtime import load_rank_plan
 from tests.hostile.shell_sandbox import Sandbox, launch_lines
 from tests.planner.cli_helpers import DEMO_MIXED, TINY_MODEL, assert_ok, assert_user_error, run_cli
 
-pytestmark = pytest.mark.slow  # one real plan per module (a model build and an estimate: 4-10 s)
-
 SCRIPT = "my jobs/train.py"
 PLAN_PATH = "out dir/my plan.json"
 
@@ -332,6 +330,7 @@ def test_a_plan_written_with_its_index_and_then_tampered_is_refused_by_every_ran
         assert shown == f"error: {refused.value}"
 
 
+@pytest.mark.slow  # a subprocess reads a 128 MiB plan
 def test_a_small_plan_padded_to_the_size_limit_costs_memory_of_a_few_times_its_size(planned, tmp_path) -> None:
     """127 MiB of spaces inside a valid plan cost 2.4 GiB to read (a regular expression and an int64 per byte
     for the nesting count); now the nesting is counted on the quotes and brackets alone."""

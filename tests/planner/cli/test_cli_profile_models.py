@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.library_models import CASES, ModelCase, require_library, write_tiny_gpt2_config
+from tests.library_models import CASE_PARAMS, ModelCase, require_library, write_tiny_gpt2_config
 from tests.planner.cli_helpers import (
     assert_ok,
     assert_user_error,
@@ -20,7 +20,7 @@ from tests.planner.cli_helpers import (
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=ModelCase.id)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_profile_json_of_a_library_model_on_a_t4(case: ModelCase, tmp_path: Path) -> None:
     require_library(case)
     model = case.name_with(write_tiny_gpt2_config(tmp_path))
