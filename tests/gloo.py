@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib
 import multiprocessing
 import os
 import signal
@@ -41,6 +42,8 @@ from pathlib import Path
 DEFAULT_DEADLINE_S = 300.0
 #: characters of each rank's output shown in a failure message
 OUTPUT_TAIL_CHARS = 4000
+#: seconds to wait for the stacks of a rank past its deadline
+STACK_DUMP_WAIT_S = 10.0
 
 
 class RanksFailed(AssertionError):
@@ -74,9 +77,12 @@ class GlooRanks:
         self._final_exitcodes: list[int | None] | None = None  # kept when close() releases the processes
         try:
             for rank in range(world_size):
+                # the target by name: the rank imports it after its output and faulthandler are set up, so an
+                # import that fails or hangs shows in its log too
                 process = context.Process(
                     target=_rank_main, name=f"rank{rank}",
-                    args=(target, rank, world_size, self.port, str(self.log_path(rank)), args, dict(env or {})),
+                    args=((target.__module__, target.__qualname__), rank, world_size, self.port,
+                          str(self.log_path(rank)), args, dict(env or {})),
                 )
                 process.start()
                 self.processes.append(process)
@@ -140,12 +146,17 @@ class GlooRanks:
         return "\n".join(parts)
 
     def _dump_stacks(self, ranks: Sequence[int]) -> None:
+        """Ask each rank for its threads' stacks (faulthandler, in its log) and wait for them to be written."""
+        lengths = {rank: len(self.output(rank)) for rank in ranks}
         for rank in ranks:
             pid = self.processes[rank].pid
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGUSR1)  # faulthandler.register in _rank_main: all threads' stacks
-        time.sleep(1.0)
+        end = time.monotonic() + STACK_DUMP_WAIT_S  # a process at load 10 waits a while for a core
+        while time.monotonic() < end and any(
+                "most recent call first" not in self.output(rank)[lengths[rank]:] for rank in ranks):
+            time.sleep(0.1)
 
     def close(self) -> None:
         """Kill every rank still running and release the store."""
@@ -180,8 +191,8 @@ def run_ranks(target: Callable[..., object], *args: object, world_size: int,
         return [ranks.output(r) for r in range(world_size)]
 
 
-def _rank_main(target: Callable[..., object], rank: int, world_size: int, port: int, log_path: str,
-               args: tuple, env: dict[str, str]) -> None:
+def _rank_main(target: tuple[str, str], rank: int, world_size: int, port: int, log_path: str, args: tuple,
+               env: dict[str, str]) -> None:
     """A spawned rank: output to its log, torchrun's environment, ``target(rank, *args)``, ``os._exit``."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
@@ -203,7 +214,11 @@ def _rank_main(target: Callable[..., object], rank: int, world_size: int, port: 
         import torch
 
         torch.set_num_threads(1)  # ranks share two cores: one thread each
-        target(rank, *args)
+        module, qualname = target
+        function = importlib.import_module(module)
+        for name in qualname.split("."):
+            function = getattr(function, name)
+        function(rank, *args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
