@@ -22,12 +22,15 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from tests import cli_in_process
 from tests.cost_budget import BUDGET_S, Cost, Snapshot
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Ray reads this once, at its first import: every raylet a test starts must stay on 127.0.0.1 (DESIGN.md)
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -86,15 +89,19 @@ class _TestRay:
         # long one would break it, and the test must not write there. A short one of its own, for its raylets only.
         self.temp_dir = tempfile.mkdtemp(prefix="bpr", dir="/tmp")
         common = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "object_store_memory": 80 * 2**20}
-        saved = {name: os.environ.pop(name, None) for name in ("RAY_TMPDIR", "RAY_ADDRESS")}
+        saved = {name: os.environ.pop(name, None) for name in ("RAY_TMPDIR", "RAY_ADDRESS", "PYTHONPATH")}
         os.environ["RAY_TMPDIR"] = self.temp_dir
+        # the probes build the tests' models (tests.planner.tiny_models): the repository on their path, as a user's
+        # package is on theirs, whatever directory the tests run from
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), saved["PYTHONPATH"]) if p)
         try:
             self.cluster = Cluster(initialize_head=True, head_node_args={**common, "include_dashboard": False})
             for _ in range(TEST_RAYLETS - 1):
                 self.cluster.add_node(wait=False, **common)
             self.cluster.wait_for_nodes()
         finally:
-            os.environ.pop("RAY_TMPDIR")
+            for name in ("RAY_TMPDIR", "PYTHONPATH"):
+                os.environ.pop(name)
             os.environ.update({k: v for k, v in saved.items() if v is not None})
 
     def connect(self) -> None:
