@@ -2,19 +2,21 @@
 
     python bench/calibrate_time.py [--refresh-tables] [--out PATH]
 
-1. reads ``torchkit/estimate/calibration/measured_throughput.csv`` (public measured single-GPU training
-   throughput, a source per row) and the cached kernel table of every row's configuration
-   (``kernel_tables.json``; ``--refresh-tables`` recomputes them with one fake pass each, ~1 min);
+1. reads ``torchkit/estimate/calibration/measured_throughput.csv`` (public measured training throughput, a
+   source, a software stack and a kind — single GPU or per GPU of N — per row) and the cached kernel table of
+   every row's configuration (``kernel_tables.json``; ``--refresh-tables`` recomputes them with one fake pass
+   each, a few minutes);
 2. fits the roofline's efficiencies by least squares on log throughput to the rows *not* held out
-   (``held_out_ids``: a third of each (architecture, precision) group, by a hash of the row ids), priors and
-   shrinkage as
-   ``torchkit/estimate/calibration/fit.py`` says;
-3. the uncertainty per architecture, calibrated for coverage: the RMS of leave-one-row-out log errors of its
-   fit rows (at least the data noise), all scaled by the one factor that makes 95% of those errors lie
-   within 2σ (``coverage_scale``; RMS alone under-covers heavy-tailed errors); for architectures without
-   rows: its neighbours' errors when each of them was the unseen one (leave one architecture out): the RMS
-   of the worst-predicted architecture's rows (an unseen card's rows share one bias, so rows pooled over
-   architectures would understate it), at least the σ that covers 95% of all those errors at 2σ; the
+   (``held_out_ids``: a third of each (architecture, precision, stack) group, by a hash of the row ids), with
+   an architecture-level deviation per architecture (tensor-core efficiency bounded by its measured
+   achievable matmul share), a throughput and memory-traffic term per software stack other than eager
+   PyTorch, priors and shrinkage as ``torchkit/estimate/calibration/fit.py`` says; in two stages
+   (``fit_calibration``): the eager rows alone, then the other stacks' rows with those constants held, so
+   they place Hopper, Ada and Turing relative to the eager-calibrated anchors in their stack and cannot move
+   a Volta or Ampere prediction;
+3. states σ per GPU type from four cross-validations of the fit rows (a refit per row, GPU type and
+   architecture, about a minute: ``torchkit/estimate/calibration/uncertainty.py``), scaled for 95% coverage at
+   2σ, widened for a type whose architecture is seen only in another stack or per GPU of an MLPerf run; the
    held-out rows' coverage at 2σ is printed as the check;
 4. writes ``torchkit/estimate/calibration/time_model.json`` (atomically), every constant with the rows it
    came from, and prints every row's residual (held-out rows predicted by the fit that never saw them).
@@ -35,16 +37,25 @@ sys.path.insert(0, str(REPO))
 
 from torchkit.estimate.calibration.crossval import (  # noqa: E402
     COVERAGE_TARGET,
-    coverage_scale,
-    held_out_predictions,
+    cross_validate,
     log_errors,
     observations_from_rows,
     rms,
     within,
 )
 from torchkit.estimate.calibration.data import DATA_PATH, held_out_ids, read_measured  # noqa: E402
-from torchkit.estimate.calibration.fit import ARCH_PARAMS, DATA_LOG_SIGMA, GLOBAL_PARAMS, fit, predict  # noqa: E402
+from torchkit.estimate.calibration.fit import (  # noqa: E402
+    ARCH_PARAMS,
+    GLOBAL_PARAMS,
+    TENSOR_CORE_CEILINGS,
+    FitResult,
+    Observation,
+    fit_calibration,
+    predict,
+)
+from torchkit.estimate.calibration.stacks import REFERENCE_STACK, STACKS  # noqa: E402
 from torchkit.estimate.calibration.tables import build_tables, load_tables, write_tables  # noqa: E402
+from torchkit.estimate.calibration.uncertainty import Sigmas, stated_sigmas  # noqa: E402
 from torchkit.estimate.roofline import TimeConstants  # noqa: E402
 from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, PRIOR_CONSTANTS  # noqa: E402
 from torchkit.hardware.catalog import load_catalog  # noqa: E402
@@ -55,88 +66,160 @@ PRIOR_SOURCES = {
 }
 
 
-def calibrate(rows: list, observations: list, held_ids: frozenset[str]) -> tuple[dict, object, dict]:
+def fit_constants(observations: list[Observation], held_ids: frozenset[str]) -> FitResult:
+    """The shipped fit: every row not held out (``fit_calibration``: eager rows first, then the other stacks')."""
+    return fit_calibration([o for o in observations if o.id not in held_ids], PRIOR_CONSTANTS)
+
+
+def calibrate(rows: list, observations: list[Observation], held_ids: frozenset[str],
+              progress: bool = False) -> tuple[dict, FitResult, dict[str, float]]:
     """Fit, cross-validate, and build the time-model document. Returns (document, fit result, held-out
-    predictions of the shipped fit)."""
+    predictions of the shipped fit, each in its row's own stack)."""
     fit_obs = [o for o in observations if o.id not in held_ids]
-    fit_ids = [o.id for o in fit_obs]
-    result = fit(fit_obs, PRIOR_CONSTANTS)
-    loo = log_errors(fit_obs, held_out_predictions(fit_obs, PRIOR_CONSTANTS, lambda o: o.id))
-    by_arch_out = log_errors(fit_obs, held_out_predictions(fit_obs, PRIOR_CONSTANTS, lambda o: o.arch))
+    result = fit_constants(observations, held_ids)
+    say = (lambda m: print(f"  {m}", file=sys.stderr, flush=True)) if progress else None
+    cv = cross_validate(fit_obs, PRIOR_CONSTANTS, start=result.params, progress=say)
+    sigmas = stated_sigmas(cv, fit_obs)
     rel_data = os.path.relpath(DATA_PATH, REPO)
     digest = hashlib.sha256(DATA_PATH.read_bytes()).hexdigest()[:12]
-    fitted_on = f"fit on {len(fit_ids)} rows of {rel_data}"
+    fitted_on = f"fit on {len(fit_obs)} rows of {rel_data}"
     glob = {}
     for f in fields(TimeConstants):
+        if f.name not in GLOBAL_PARAMS and f.name not in PRIOR_SOURCES:
+            continue
         value = getattr(result.global_constants, f.name)
         source = f"{fitted_on} (all architectures)" if f.name in GLOBAL_PARAMS else PRIOR_SOURCES[f.name]
         glob[f.name] = {"value": value, "source": source}
-    arch_doc = _arch_documents(result, fit_obs, loo, fitted_on)
     held = [o for o in observations if o.id in held_ids]
-    held_pred = {o.id: predict(o, result.global_constants, result.arch_constants) for o in held}
+    held_pred = {o.id: predict(o, result.global_constants, result.arch_constants, result.stack_terms) for o in held}
     held_errors = log_errors(held, held_pred)
-    unseen = _unseen_sigma(by_arch_out, fit_obs)
-    sigma_of = {a: e["log_sigma"] for a, e in arch_doc.items()}
-    held_sigmas = [sigma_of.get(o.arch, unseen) for o in held]
+    gpu_doc = _gpu_documents(rows, fit_obs, sigmas)
+    type_source = (
+        f"RMS of the log errors of a GPU type left out of the fit while its architecture keeps other types' rows "
+        f"({sigmas.raw['type']:.4f}, {len(cv.type)} rows) times {sigmas.coverage_factor:.3f}; added in quadrature "
+        "to its architecture's sigma for a type without rows of its own"
+    )
     doc = {
         "generated_by": "python bench/calibrate_time.py",
-        "data": f"{rel_data} (sha256 {digest}; {len(rows)} rows, {len(fit_ids)} fitted, {len(held)} held out)",
-        "fit_rows": fit_ids,
+        "data": f"{rel_data} (sha256 {digest}; {len(rows)} rows, {len(fit_obs)} fitted, {len(held)} held out)",
+        "fit_rows": [o.id for o in fit_obs],
         "held_out_rows": [o.id for o in held],
         "global": glob,
-        "arch": arch_doc,
-        "unseen_gpu_log_sigma": unseen,
+        "arch": _arch_documents(result, fit_obs, sigmas, fitted_on),
+        "stacks": _stack_documents(result, fit_obs),
+        "gpus": gpu_doc,
+        "type_log_sigma": sigmas.type,
+        "type_log_sigma_source": type_source,
+        "unseen_gpu_log_sigma": sigmas.unseen,
         "unseen_gpu_log_sigma_source": (
-            "RMS of the leave-one-architecture-out log errors of the worst-predicted architecture's fit rows "
-            f"(pooled over all architectures: {rms(list(by_arch_out.values())):.4f})"
+            "RMS of the leave-one-architecture-out log errors of the worst-predicted architecture's fit rows, at "
+            f"least the other-stack transfer sigma ({sigmas.raw['unseen']:.4f}) times {sigmas.coverage_factor:.3f} "
+            f"(pooled over all architectures: {rms(list(cv.unseen.values())):.4f})"
         ),
-        "calibrated_gpus": sorted({o.gpu.name for o in fit_obs}),
+        "calibrated_gpus": sorted(gpu_doc),
         "fit": {
             "iterations": result.iterations,
             "in_sample_rms_log_error": rms(list(result.log_residuals.values())),
-            "leave_one_out_rms_log_error": rms(list(loo.values())),
+            "leave_one_out_rms_log_error": rms(list(cv.loo.values())),
+            "leave_one_type_out_rms_log_error": rms(list(cv.type.values())),
+            "other_stack_transfer_rms_log_error": rms(list(cv.transfer.values())),
+            "leave_one_architecture_out_rms_log_error": rms(list(cv.unseen.values())),
+            "coverage_factor": sigmas.coverage_factor,
             "held_out_rms_log_error": rms(list(held_errors.values())),
-            "held_out_within_2_sigma": within([held_errors[o.id] for o in held], held_sigmas),
-            "leave_one_out_within_2_sigma": within([loo[o.id] for o in fit_obs], [sigma_of[o.arch] for o in fit_obs]),
+            "held_out_within_2_sigma": within([held_errors[o.id] for o in held],
+                                              [_row_sigma(o, gpu_doc, sigmas) for o in held]),
+            "leave_one_out_within_2_sigma": within(
+                [cv.loo[o.id] for o in fit_obs if o.id in cv.loo],
+                [_row_sigma(o, gpu_doc, sigmas) for o in fit_obs if o.id in cv.loo]),
             "params_log": result.params,
         },
     }
     return doc, result, held_pred
 
 
-def _arch_documents(result, fit_obs: list, loo: dict[str, float], fitted_on: str) -> dict:
-    """Per architecture: its constants with their rows, and its σ calibrated for coverage (module docstring)."""
-    base = {
-        arch: max(rms([loo[o.id] for o in fit_obs if o.arch == arch]), DATA_LOG_SIGMA)
-        for arch in result.arch_constants
-    }
-    scale = coverage_scale([loo[o.id] for o in fit_obs], [base[o.arch] for o in fit_obs])
+def _row_sigma(o: Observation, gpu_doc: dict, sigmas: Sigmas) -> float:
+    """The σ the calibration states for the row's GPU type (what its profile would carry)."""
+    entry = gpu_doc.get(o.gpu.name)
+    return entry["log_sigma"] if entry else sigmas.for_gpu(o.arch, gpu_eager_rows=False, gpu_rows=False, arch_rows=True)
+
+
+def _arch_documents(result: FitResult, fit_obs: list[Observation], sigmas: Sigmas, fitted_on: str) -> dict:
+    """Per architecture: its constants with their rows, its achievable-matmul ceiling where measured, and the σ
+    of a type with the rows that define it."""
     out = {}
     for arch, constants in sorted(result.arch_constants.items()):
         arch_rows = [o for o in fit_obs if o.arch == arch]
-        out[arch] = {
+        eager = [o for o in arch_rows if o.stack == REFERENCE_STACK]
+        entry = {
             "constants": {
                 p: {"value": getattr(constants, p), "source": f"{fitted_on}: {', '.join(o.id for o in arch_rows)}"}
                 for p in ARCH_PARAMS
             },
             "rows": len(arch_rows),
+            "eager_rows": len(eager),
             "gpus": sorted({o.gpu.name for o in arch_rows}),
-            "log_sigma": scale * base[arch],
+            "stacks": sorted({o.stack for o in arch_rows}),
+            "log_sigma": sigmas.arch(arch),
             "log_sigma_source": (
-                f"RMS of leave-one-row-out log errors of these rows ({base[arch]:.4f}, floor: the data noise) times "
-                f"{scale:.3f}, the factor that puts {COVERAGE_TARGET:.0%} of all fit rows' leave-one-out errors "
-                "within 2 sigma"
+                f"RMS of leave-one-row-out log errors of its eager rows ({sigmas.raw[f'arch:{arch}']:.4f}, floor: "
+                f"the data noise) times {sigmas.coverage_factor:.3f}, the factor that puts {COVERAGE_TARGET:.0%} "
+                "of all cross-validated errors within 2 sigma"
+                if eager else
+                "seen only in other stacks than eager PyTorch: the RMS of the log errors of an architecture's "
+                "eager rows predicted by a fit that saw it only in other stacks, worst architecture "
+                f"({sigmas.raw['transfer']:.4f}) times {sigmas.coverage_factor:.3f}"
             ),
+        }
+        if arch in TENSOR_CORE_CEILINGS:
+            value, source = TENSOR_CORE_CEILINGS[arch]
+            entry["tensor_core_ceiling"] = {
+                "value": value,
+                "source": f"stas00/ml-engineering compute/accelerator/README.md: {source}",
+            }
+        out[arch] = entry
+    return out
+
+
+def _stack_documents(result: FitResult, fit_obs: list[Observation]) -> dict:
+    """Per software stack other than eager PyTorch: its two terms and the rows that determine them."""
+    out = {}
+    for stack, terms in sorted(result.stack_terms.items()):
+        stack_rows = [o for o in fit_obs if o.stack == stack]
+        out[stack] = {
+            "description": STACKS[stack].description,
+            "throughput_factor": terms.throughput_factor,
+            "memory_traffic": terms.memory_traffic,
+            "rows": len(stack_rows),
+            "gpus": sorted({o.gpu.name for o in stack_rows}),
+            "anchors": sorted({o.arch for o in stack_rows} & {o.arch for o in fit_obs if o.stack == REFERENCE_STACK}),
         }
     return out
 
 
-def _unseen_sigma(by_arch_out: dict[str, float], fit_obs: list) -> float:
-    """σ of a GPU architecture without rows, from the leave-one-architecture-out errors (module docstring)."""
-    errors = list(by_arch_out.values())
-    pooled = max(rms(errors), DATA_LOG_SIGMA)
-    worst = max(rms([by_arch_out[o.id] for o in fit_obs if o.arch == arch]) for arch in {o.arch for o in fit_obs})
-    return max(worst, pooled * coverage_scale(errors, [pooled] * len(errors)))
+def _gpu_documents(rows: list, fit_obs: list[Observation], sigmas: Sigmas) -> dict:
+    """Per GPU type with rows in the fit: what its rows are (kind, stack) and its σ."""
+    kinds: dict[str, list[str]] = {}
+    fitted = {o.id for o in fit_obs}
+    for r in rows:
+        if r.id in fitted:
+            kinds.setdefault(r.gpu, []).append(r.kind)
+    arch_of = {o.gpu.name: o.arch for o in fit_obs}
+    eager_gpus = {o.gpu.name for o in fit_obs if o.stack == REFERENCE_STACK}
+    out = {}
+    for gpu, gpu_kinds in sorted(kinds.items()):
+        arch = arch_of[gpu]
+        sigma = sigmas.for_gpu(arch, gpu_eager_rows=gpu in eager_gpus, gpu_rows=True, arch_rows=True)
+        if gpu in eager_gpus:
+            source = f"its {arch} eager rows' cross-validated error"
+        elif arch in sigmas.arch_eager:
+            source = (f"no eager rows of its own ({', '.join(sorted(set(gpu_kinds)))}): its {arch} eager rows' "
+                      "cross-validated error and the unseen-type term in quadrature")
+        else:
+            source = (f"rows only {', '.join(sorted(set(gpu_kinds)))}: the other-stack transfer error of an "
+                      "architecture seen only in another stack")
+        out[gpu] = {"rows": len(gpu_kinds), "kinds": sorted(set(gpu_kinds)), "log_sigma": sigma,
+                    "log_sigma_source": source}
+    return out
 
 
 def write_document(doc: dict, path: Path) -> None:
@@ -156,27 +239,37 @@ def main() -> int:
         write_tables(build_tables(rows))
     observations = observations_from_rows(rows, load_tables(rows), catalog)
     held_ids = held_out_ids(rows, catalog)
-    doc, result, held_pred = calibrate(rows, observations, held_ids)
+    print("cross-validating (a refit per row, GPU type and architecture) ...", file=sys.stderr, flush=True)
+    doc, result, held_pred = calibrate(rows, observations, held_ids, progress=True)
     write_document(doc, args.out)
     print(f"wrote {args.out}", file=sys.stderr)
-    print(f"{'row':30s} {'gpu':16s} {'split':8s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
+    kind_of = {r.id: r.kind for r in rows}
+    print(f"{'row':34s} {'gpu':16s} {'kind':32s} {'split':8s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
     for o in observations:
         held = o.id in held_ids
-        pred = held_pred[o.id] if held else predict(o, result.global_constants, result.arch_constants)
+        pred = held_pred[o.id] if held else predict(o, result.global_constants, result.arch_constants,
+                                                    result.stack_terms)
         split = "held-out" if held else "fit"
-        print(f"{o.id:30s} {o.gpu.name:16s} {split:8s} {o.samples_per_s:9.1f} {pred:9.1f} {pred / o.samples_per_s - 1:+7.1%}")
+        print(f"{o.id:34s} {o.gpu.name:16s} {kind_of[o.id]:32s} {split:8s} {o.samples_per_s:9.1f} {pred:9.1f} "
+              f"{pred / o.samples_per_s - 1:+7.1%}")
     f = doc["fit"]
-    print(f"in_sample_rms_log_error={f['in_sample_rms_log_error']:.4f}")
-    print(f"leave_one_out_rms_log_error={f['leave_one_out_rms_log_error']:.4f}")
-    print(f"held_out_rms_log_error={f['held_out_rms_log_error']:.4f}")
-    print(f"held_out_within_2_sigma={f['held_out_within_2_sigma']:.3f}")
-    print(f"leave_one_out_within_2_sigma={f['leave_one_out_within_2_sigma']:.3f}")
+    for name in ("in_sample_rms_log_error", "leave_one_out_rms_log_error", "leave_one_type_out_rms_log_error",
+                 "other_stack_transfer_rms_log_error", "leave_one_architecture_out_rms_log_error",
+                 "held_out_rms_log_error", "held_out_within_2_sigma", "leave_one_out_within_2_sigma",
+                 "coverage_factor"):
+        print(f"{name}={f[name]:.4f}")
     for name, entry in doc["global"].items():
         print(f"global.{name}={entry['value']:.4g}")
     for arch, entry in doc["arch"].items():
         for p, c in entry["constants"].items():
             print(f"{arch}.{p}={c['value']:.4g}")
         print(f"{arch}.log_sigma={entry['log_sigma']:.4f}")
+    for stack, entry in doc["stacks"].items():
+        print(f"stack.{stack}.throughput_factor={entry['throughput_factor']:.4g}")
+        print(f"stack.{stack}.memory_traffic={entry['memory_traffic']:.4g}")
+    for gpu, entry in doc["gpus"].items():
+        print(f"gpu.{gpu}.log_sigma={entry['log_sigma']:.4f}")
+    print(f"type_log_sigma={doc['type_log_sigma']:.4f}")
     print(f"unseen_gpu_log_sigma={doc['unseen_gpu_log_sigma']:.4f}")
     return 0
 

@@ -6,7 +6,8 @@ Config (``planner.cluster``; DESIGN.md "Planned extensions")::
     network: {gbps: 25, latency_us: 20}     # between nodes (optional; per node too, overriding it)
     nodes:
       - name: node-a
-        intra: nvlink                       # or pcie, or {gbps: 200, latency_us: 3}; default by GPU type
+        intra: nvlink                       # or nvlink-bridge, pcie, pcie-x8, or {gbps: 200, latency_us: 3};
+                                            # default by GPU type
         network: {gbps: 100}
 
 ``gbps`` is the link's rate in Gb/s (10^9 bit/s), taken as the bus bandwidth a ring all-reduce reaches over
@@ -27,7 +28,7 @@ from typing import Any, Literal
 
 from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.hardware.configio import ConfigLocation, describe_value, expect_mapping, expect_number
-from torchkit.hardware.links import NCCL_NET_STEP_S, NCCL_PCIE_STEP_S, load_link_catalog
+from torchkit.hardware.links import NCCL_NET_STEP_S, NCCL_PCIE_STEP_S, PCIE_LANES, load_link_catalog
 
 DEFAULT_NETWORK_GBPS = 100.0
 """the network assumed between nodes when nothing says otherwise: 100 Gb/s Ethernet"""
@@ -43,8 +44,11 @@ _LINK_KEYS = {"gbps": "the link's rate in Gb/s, e.g. gbps: 100"}
 class LinkConfig:
     """A link as a config gives it."""
 
-    kind: Literal["nvlink", "pcie", "rate"]
-    """``nvlink``/``pcie``: the catalog figure of the node's GPU type; ``rate``: ``gbps`` as given"""
+    kind: Literal["nvlink", "pcie", "nvlink-bridge", "rate"]
+    """``nvlink``/``pcie``/``nvlink-bridge``: the catalog figure of the node's GPU type; ``rate``: ``gbps`` as
+    given"""
+    lanes: int = 16
+    """PCIe lanes of the node's GPU slots (``pcie-x8``); the catalog's PCIe figures are x16"""
     gbps: float | None = None
     latency_us: float | None = None
     where: str = ""
@@ -73,19 +77,33 @@ def parse_network(raw: Any, where: ConfigLocation) -> LinkConfig:
     return _parse_rate(raw, where, "{gbps: 100, latency_us: 14}")
 
 
+_INTRA_FORMS = "nvlink, nvlink-bridge, pcie, pcie-x8 (x1/x2/x4/x8/x16) or {gbps: N}"
+
+
 def parse_intra(raw: Any, where: ConfigLocation, gpu_types: tuple[str, ...]) -> LinkConfig:
-    """``intra: nvlink | pcie | {gbps: N, latency_us: N}``; ``nvlink`` on a node of PCIe cards is an error."""
+    """``intra: nvlink | nvlink-bridge | pcie | pcie-xN | {gbps: N, latency_us: N}``; ``nvlink`` on a node of
+    PCIe cards, or ``nvlink-bridge`` on cards that take none, is an error (``torchkit.hardware.links``)."""
     if isinstance(raw, str):
-        kind = raw.strip().lower()
-        if kind not in ("nvlink", "pcie"):
-            raise where.error(f"expected nvlink, pcie or {{gbps: N}}, got {describe_value(raw)}")
+        kind, _, width = raw.strip().lower().partition("-x")
+        if raw.strip().lower() == "nvlink-bridge":
+            kind, width = "nvlink-bridge", ""
+        if kind not in ("nvlink", "pcie", "nvlink-bridge") or (width and kind != "pcie"):
+            raise where.error(f"expected {_INTRA_FORMS}, got {describe_value(raw)}")
+        if width and (not width.isdigit() or int(width) not in PCIE_LANES):
+            raise where.error(f"{raw}: a PCIe slot has x1, x2, x4, x8 or x16 lanes")
+        links = load_link_catalog()
         if kind == "nvlink":
-            links = load_link_catalog()
             pcie_only = [t for t in gpu_types if links.for_gpu(t).nvlink_bus_gb_s is None]
             if pcie_only:
-                raise where.error(f"nvlink: {pcie_only[0]} has no NVLink figure in the link catalog (use pcie, or "
-                                  "{gbps: N} with your measured bus bandwidth)")
-        return LinkConfig(kind=kind, where=f"{where.source}: {where.path}")  # type: ignore[arg-type]
+                raise where.error(f"nvlink: {pcie_only[0]} has no NVLink figure in the link catalog (use pcie, "
+                                  "nvlink-bridge for bridged pairs, or {gbps: N} with your measured bus bandwidth)")
+        if kind == "nvlink-bridge":
+            unbridged = [t for t in gpu_types if links.for_gpu(t).nvlink_bridge_bus_gb_s is None]
+            if unbridged:
+                raise where.error(f"nvlink-bridge: {unbridged[0]} takes no NVLink bridge in the link catalog (use "
+                                  "pcie, or {gbps: N} with your measured bus bandwidth)")
+        return LinkConfig(kind=kind, lanes=int(width) if width else 16,  # type: ignore[arg-type]
+                          where=f"{where.source}: {where.path}")
     return _parse_rate(raw, where, "{gbps: 200, latency_us: 3}")
 
 
@@ -110,14 +128,17 @@ class Interconnect:
                             source=f"assumed default ({DEFAULT_NETWORK_GBPS:g} Gb/s Ethernet)"), True
         return stated.cost("network", NCCL_NET_STEP_S), False
 
-    def intra_link(self, node: str, gpu: str) -> LinkCost:
-        """The GPU-to-GPU link of ``node`` (whose ranks are ``gpu`` cards): the config's, else the catalog's."""
+    def intra_link(self, node: str, gpu: str, ranks: int | None = None) -> LinkCost:
+        """The GPU-to-GPU link of ``node`` (whose ``ranks`` ranks are ``gpu`` cards): the config's, else the
+        catalog's (two cards on one NVLink bridge have the bridge's figure, more cross PCIe between pairs)."""
         stated = self.node_intra.get(node)
         catalog = load_link_catalog()
         if stated is None or stated.kind != "rate":
             kind = catalog.for_gpu(gpu).default_kind if stated is None else stated.kind
-            figures = catalog.for_gpu(gpu).link(kind, gpu)  # type: ignore[arg-type]
-            source = figures.source if stated is None else f"config ({stated.where}: {kind}), {figures.source}"
+            lanes = 16 if stated is None else stated.lanes
+            figures = catalog.for_gpu(gpu).link(kind, gpu, lanes=lanes, ranks=ranks)  # type: ignore[arg-type]
+            said = kind if lanes == 16 else f"{kind}-x{lanes}"
+            source = figures.source if stated is None else f"config ({stated.where}: {said}), {figures.source}"
             return LinkCost(name=figures.name, bus_bytes_per_s=figures.bus_gb_s * 1e9,
                             step_latency_s=figures.step_latency_s, source=source)
         return stated.cost("intra", NCCL_PCIE_STEP_S)

@@ -122,7 +122,7 @@ def ring_hops(slots: Sequence[RankSlot], inputs: SyncInputs) -> tuple[RingCost, 
     hops: list[Hop] = []
     for node, count in counts.items():
         if count > 1:
-            link = inputs.measured.get(f"intra:{node}") or inputs.interconnect.intra_link(node, gpu_of[node])
+            link = inputs.measured.get(f"intra:{node}") or inputs.interconnect.intra_link(node, gpu_of[node], count)
             hops.append(Hop(hop=f"intra {node}", link=link))
     if len(counts) > 1:
         for node in counts:

@@ -12,7 +12,9 @@ Steps, inside an initialised process group:
 
 Works with gloo on CPU (pass ``gpu=`` to simulate a GPU type per rank: the profile is then estimated for
 that catalog type) and with NCCL on GPUs (the GPU type comes from the device's name; ``method="auto"``
-measures it).
+measures it). A trainer with a memory probe of its own (Ultralytics' AutoBatch probes, with its loss
+simulation: ``planner.integrations.ultralytics``) passes it as ``profiler``: step 2 is then made by the first
+rank of each GPU type on each node, on its own device, and the profiles travel by the gather of step 3 only.
 
 Known limitations: every rank must fit the minimum batch (a DDP job cannot leave a rank out once started:
 relaunch without it); ranks must be numbered node by node, as torchrun does.
@@ -33,7 +35,10 @@ from planner.plan.build import build_plan
 from planner.plan.types import Plan, RankSlot
 from planner.profiles.profile import DeviceProfile
 from planner.profiling.request import Profiled
-from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX
+from torchkit.hardware.catalog import ADD_GPU_TYPE_FIX, GpuSpec
+
+#: ``profiler(gpu, device_index)``: this rank's GPU type profiled on its own CUDA device (see ``autobatch_ddp``)
+Profiler = Callable[[GpuSpec, int], DeviceProfile]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +99,7 @@ def autobatch_ddp(
     cache_dir: str | os.PathLike | None = None,
     catalog=None,
     env: Mapping[str, str] | None = None,
+    profiler: Profiler | None = None,
 ) -> DdpAutobatch:
     """Plan this job's per-rank batches from inside the running process group and return this rank's share.
 
@@ -103,6 +109,10 @@ def autobatch_ddp(
         device_index: CUDA device of this rank (default ``LOCAL_RANK``).
         cache_dir: the node's profile cache (default ``~/.cache/batchplan/profiles``).
         env: where RANK/LOCAL_RANK/GROUP_RANK come from (default ``os.environ``).
+        profiler: profile a GPU type here instead of by the job's method through the profile cache: the first
+            rank of each GPU type on each node calls ``profiler(gpu_spec, device_index)`` on its own device
+            while the others go on to the gather, where they receive it. Such profiles are named by their
+            content and not cached (they depend on the caller's model and data, which the job does not name).
 
     Raises:
         InfeasiblePlanError: a rank cannot fit the minimum batch, or the global batch is unreachable.
@@ -127,15 +137,25 @@ def autobatch_ddp(
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
 
-    profiled, profiled_here = _node_profiles(job, me, everyone, catalog, identity=job_fingerprint(job),
-                                             simulated=gpu is not None, cache_dir=cache_dir)
+    if profiler is None:
+        profiled, profiled_here = _node_profiles(job, me, everyone, catalog, identity=job_fingerprint(job),
+                                                 simulated=gpu is not None, cache_dir=cache_dir)
+        mine = {"keys": {name: p.key for name, p in profiled.items()},
+                "profiles": {p.key: p.profile.to_json() for p in profiled.values()}}
+    else:
+        mine, profiled_here = _own_profile(me, everyone, catalog, profiler)
     gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, {"keys": {name: p.key for name, p in profiled.items()},
-                                      "profiles": {p.key: p.profile.to_json() for p in profiled.values()}})
+    dist.all_gather_object(gathered, mine)
+    failed = [f"rank {r}: {entry['error']}" for r, entry in enumerate(gathered) if entry.get("error")]
+    if failed:  # every rank stops with the same message, none waits for a profile that will not come
+        raise InfeasiblePlanError("autobatch_ddp: profiling failed on " + "; ".join(failed))
     all_profiles = {k: DeviceProfile.from_json(v) for entry in gathered for k, v in entry["profiles"].items()}
 
-    def key_of_rank(p: dict) -> str:  # the key of the profile the rank's own node obtained for its GPU type
-        return gathered[p["rank"]]["keys"][p["gpu"]]
+    def key_of_rank(p: dict) -> str:
+        # the key of the profile the first rank of the rank's (node, GPU type) obtained: with the node's cache
+        # every rank of the node has it, with a profiler only that first rank does
+        first = min(q["rank"] for q in everyone if q["node"] == p["node"] and q["gpu"] == p["gpu"])
+        return gathered[first]["keys"][p["gpu"]]
 
     plan = _every_rank_plan(job, everyone, key_of_rank, all_profiles)
     # one timestamp for all ranks: the plans are then identical byte for byte
@@ -160,13 +180,15 @@ def _node_profiles(
     node, local_rank = me["node"], me["local_rank"]
     profiled: dict[str, Profiled] = {}
     profiled_here: list[str] = []
+    estimates: dict[Any, Any] = {}  # fake passes do not depend on the GPU type: one set serves every type here
 
     def make(request: ProfileRequest) -> DeviceProfile:
         if local_rank != 0:
             log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", me["rank"],
                         request.gpu.name)
         profiled_here.append(request.gpu.name)
-        return make_profile(request.job, request.gpu, method=request.method, device_index=request.device_index)
+        return make_profile(request.job, request.gpu, method=request.method, device_index=request.device_index,
+                            estimates_cache=estimates)
 
     with torch_distributed_zero_first(local_rank):
         for gpu_name in sorted({p["gpu"] for p in everyone if p["node"] == node}):
@@ -178,6 +200,26 @@ def _node_profiles(
             assert result is not None  # make raises rather than giving none
             profiled[gpu_name] = result
     return profiled, profiled_here
+
+
+def _own_profile(me: dict, everyone: list[dict], catalog, profiler: Profiler) -> tuple[dict, list[str]]:
+    """This rank's part of the gather when a ``profiler`` makes the profiles: the first rank of its (node, GPU
+    type) profiles its own device; the others contribute nothing and wait at the gather. A profiler's error
+    travels in the gather (``error``), so that every rank stops instead of waiting for it."""
+    import hashlib
+    import json
+
+    first = min(p["rank"] for p in everyone if p["node"] == me["node"] and p["gpu"] == me["gpu"])
+    if me["rank"] != first:
+        return {"keys": {}, "profiles": {}}, []
+    try:
+        profile = profiler(catalog.get(me["gpu"]), me["device_index"]).to_json()
+    except Exception as e:  # reported to every rank after the gather, then raised there
+        log.error("rank %d: profiling %s failed: %s", me["rank"], me["gpu"], e)
+        return {"keys": {}, "profiles": {}, "error": f"{me['gpu']} {type(e).__name__}: {e}"}, []
+    digest = hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16]
+    key = f"{me['gpu']}-{digest}"  # by content: two nodes that measured the same type differently keep both
+    return {"keys": {me["gpu"]: key}, "profiles": {key: profile}}, [me["gpu"]]
 
 
 def _every_rank_plan(

@@ -162,50 +162,83 @@ def cc_major(gpu: GpuSpec) -> int:
         return 0
 
 
-def _class_peaks_and_efficiencies(gpu: GpuSpec, c: TimeConstants) -> tuple[np.ndarray, np.ndarray]:
-    tf32 = cc_major(gpu) >= 8
-    bf16_peak = float(gpu.bf16_tflops) * 1e12 if gpu.supports_bf16 else np.nan
-    peaks = np.array(
-        [
+@dataclass(frozen=True)
+class PlacedTable:
+    """A kernel table on one GPU in one memory layout: everything the roofline needs that does not depend on
+    the constants, computed once (a calibration prices the same rows thousands of times)."""
+
+    kernel_class: np.ndarray
+    flops_at_peak_s: np.ndarray
+    """each kernel's FLOPs over its class's datasheet peak (0 for memory kernels)"""
+    grouped: np.ndarray
+    bytes_moved: np.ndarray
+    is_memory: np.ndarray
+    """memory-class kernels (elementwise, normalisation, copies): what kernel fusion removes"""
+    layout_mismatch: np.ndarray
+    """convolutions whose tensors are not in their kernel's native layout (they pay the conversion)"""
+    count: np.ndarray
+    num_kernels: int
+    bandwidth_bytes_per_s: float
+    tf32: bool
+
+    @classmethod
+    def of(cls, table: KernelTable, gpu: GpuSpec, *, channels_last: bool = False) -> PlacedTable:
+        """Place ``table`` on ``gpu``. Raises ConfigError for bf16 kernels on a GPU without bf16."""
+        kind = table.kernel_class.astype(np.intp)
+        if np.any(kind == KernelClass.BF16) and not gpu.supports_bf16:
+            raise ConfigError(f"{gpu.name} has no bf16 support (use --amp fp16 or off)")
+        tf32 = cc_major(gpu) >= 8
+        bf16_peak = float(gpu.bf16_tflops) * 1e12 if gpu.supports_bf16 else 1.0
+        peaks = np.array([
             gpu.fp16_tflops * 1e12,
             bf16_peak,
             gpu.fp16_tflops * 1e12 / 2 if tf32 else gpu.fp32_tflops * 1e12,  # TF32 tensor cores
             gpu.fp32_tflops * 1e12,
             np.inf,
-        ]
-    )
-    effs = np.array(
-        [
+        ])
+        native_nhwc = (kind <= KernelClass.BF16) | ((kind == KernelClass.CONV32) & tf32)
+        return cls(
+            kernel_class=kind,
+            flops_at_peak_s=np.where(table.flops > 0, table.flops / peaks[kind], 0.0),
+            grouped=table.grouped,
+            bytes_moved=table.bytes_moved,
+            is_memory=kind == KernelClass.MEMORY,
+            layout_mismatch=table.is_conv & (native_nhwc != channels_last),
+            count=table.count,
+            num_kernels=table.num_kernels,
+            bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
+            tf32=tf32,
+        )
+
+    def time_s(self, c: TimeConstants, *, memory_traffic: float = 1.0, cuda_graphs: bool = False) -> float:
+        """Step time with constants ``c`` (the module docstring). ``memory_traffic``: the share of the
+        memory-class kernels' bytes a fusing software stack still moves (1: eager PyTorch);
+        ``cuda_graphs``: the stack replays CUDA graphs, so no per-operator CPU dispatch bounds the step."""
+        effs = np.array([
             c.tensor_core_efficiency,
             c.tensor_core_efficiency,
-            c.tf32_efficiency if tf32 else c.fp32_efficiency,
+            c.tf32_efficiency if self.tf32 else c.fp32_efficiency,
             c.fp32_efficiency,
             1.0,
-        ]
-    )
-    return peaks, effs
+        ])
+        # a kernel never beats its peak, however the grouped factor came out
+        eff = np.minimum(1.0, effs[self.kernel_class] * np.where(self.grouped, c.grouped_conv_efficiency, 1.0))
+        compute_s = self.flops_at_peak_s / eff
+        bandwidth = c.bandwidth_efficiency * self.bandwidth_bytes_per_s
+        moved = self.bytes_moved * np.where(self.is_memory, memory_traffic, 1.0) if memory_traffic != 1.0 \
+            else self.bytes_moved
+        memory_s = moved / bandwidth
+        convert_s = np.where(self.layout_mismatch, c.layout_conversion_factor * self.bytes_moved / bandwidth, 0.0)
+        per_kernel_s = np.maximum(compute_s, memory_s) + convert_s + c.kernel_launch_s
+        gpu_s = float(np.dot(self.count, per_kernel_s))
+        return gpu_s if cuda_graphs else max(gpu_s, self.num_kernels * c.eager_dispatch_s)
 
 
 def table_time_s(
     table: KernelTable, gpu: GpuSpec, constants: TimeConstants, *, channels_last: bool = False
 ) -> float:
     """Step time of the kernels in ``table`` on ``gpu`` (see the module docstring)."""
-    peaks, effs = _class_peaks_and_efficiencies(gpu, constants)
-    cls = table.kernel_class.astype(np.intp)
-    if np.any(cls == KernelClass.BF16) and not gpu.supports_bf16:
-        raise ConfigError(f"{gpu.name} has no bf16 support (use --amp fp16 or off)")
-    bandwidth = constants.bandwidth_efficiency * gpu.memory_bandwidth_bytes_per_s
-    with np.errstate(invalid="ignore"):
-        # a kernel never beats its peak, however the grouped factor came out
-        eff = np.minimum(1.0, effs[cls] * np.where(table.grouped, constants.grouped_conv_efficiency, 1.0))
-        compute_s = np.where(table.flops > 0, table.flops / (eff * np.nan_to_num(peaks[cls], nan=1.0)), 0.0)
-    memory_s = table.bytes_moved / bandwidth
-    native_nhwc = (cls <= KernelClass.BF16) | ((cls == KernelClass.CONV32) & (cc_major(gpu) >= 8))
-    mismatch = table.is_conv & (native_nhwc != channels_last)
-    convert_s = np.where(mismatch, constants.layout_conversion_factor * table.bytes_moved / bandwidth, 0.0)
-    per_kernel_s = np.maximum(compute_s, memory_s) + convert_s + constants.kernel_launch_s
-    gpu_s = float(np.dot(table.count, per_kernel_s))
-    return max(gpu_s, table.num_kernels * constants.eager_dispatch_s)
+    return PlacedTable.of(table, gpu, channels_last=channels_last).time_s(constants)
 
 
 def kernels_time_s(

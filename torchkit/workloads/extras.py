@@ -34,10 +34,11 @@ EXTRA = "models"
 
 
 @functools.cache
-def extra_hint() -> str:
-    """The pip command that installs the ``[models]`` extra for this install of batchplan: editable from a
-    checkout (the checkout's path), else by name (a wheel, an index, or batchplan not installed at all)."""
-    by_name = f"pip install {shlex.quote(f'{DISTRIBUTION}[{EXTRA}]')}"
+def extra_hint(extra: str = EXTRA) -> str:
+    """The pip command that installs the ``[models]`` extra (or another ``extra``) for this install of batchplan:
+    editable from a checkout (the checkout's path), else by name (a wheel, an index, or batchplan not installed
+    at all)."""
+    by_name = f"pip install {shlex.quote(f'{DISTRIBUTION}[{extra}]')}"
     try:
         direct = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
         origin = json.loads(direct) if direct else {}
@@ -48,7 +49,7 @@ def extra_hint() -> str:
         origin["dir_info"].get("editable") is True
     if editable and url.startswith("file:"):
         checkout = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
-        return f"pip install -e {shlex.quote(f'{checkout}[{EXTRA}]')}"
+        return f"pip install -e {shlex.quote(f'{checkout}[{extra}]')}"
     return by_name
 
 
@@ -58,43 +59,48 @@ TORCHVISION_HINT = (
 )
 
 
-def import_library(module: str, *, model: str) -> ModuleType:
+def import_library(module: str, *, model: str, subject: str | None = None, extra: str = EXTRA) -> ModuleType:
     """``import module`` for ``model``, with its stdout sent to stderr (Ultralytics prints its settings
     banner there, and stdout carries only results).
+
+    Args:
+        subject: what needs the library, as the message names it (default ``model 'NAME'``).
+        extra: the extra whose install command a missing library's message gives.
 
     Raises:
         WorkloadError: the library is not installed (names the extra) or fails to import (names the cause;
             for torchvision trouble, the fix).
     """
+    who = subject if subject is not None else f"model {model!r}"
     try:
         with contextlib.redirect_stdout(sys.stderr):
             return importlib.import_module(module)
     except ModuleNotFoundError as e:
         missing = (e.name or "").split(".")[0]
         if missing == module.split(".")[0]:
-            fix = TORCHVISION_HINT if missing == "torchvision" else extra_hint()
-            raise WorkloadError(f"model {model!r} needs {missing}, which is not installed ({fix})") from e
+            fix = TORCHVISION_HINT if missing == "torchvision" else extra_hint(extra)
+            raise WorkloadError(f"{who} needs {missing}, which is not installed ({fix})") from e
         if missing == "torchvision":
             raise WorkloadError(
-                f"model {model!r}: {module.split('.')[0]} needs torchvision, which is not installed ({TORCHVISION_HINT})"
+                f"{who}: {module.split('.')[0]} needs torchvision, which is not installed ({TORCHVISION_HINT})"
             ) from e
         raise WorkloadError(
-            f"model {model!r}: importing {module} failed: {e} (pip install {missing}, or {extra_hint()})"
+            f"{who}: importing {module} failed: {e} (pip install {missing}, or {extra_hint(extra)})"
         ) from e
     except importlib.metadata.PackageNotFoundError as e:  # Ultralytics reads torchvision's version at import
         raise WorkloadError(
-            f"model {model!r}: {module.split('.')[0]} needs the package {e.args[0] if e.args else '?'}, which is "
-            f"not installed ({TORCHVISION_HINT if 'torchvision' in str(e) else extra_hint()})"
+            f"{who}: {module.split('.')[0]} needs the package {e.args[0] if e.args else '?'}, which is "
+            f"not installed ({TORCHVISION_HINT if 'torchvision' in str(e) else extra_hint(extra)})"
         ) from e
     except Exception as e:  # a library that is installed but broken: say which and why
         library = module.split(".")[0]
         cause = _torchvision_trouble()
         if cause:
-            raise WorkloadError(f"model {model!r}: {library} cannot import: {cause} ({TORCHVISION_HINT})") from e
+            raise WorkloadError(f"{who}: {library} cannot import: {cause} ({TORCHVISION_HINT})") from e
         text = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise WorkloadError(
-            f"model {model!r}: {library} is installed but cannot import: {type(e).__name__}: {text} "
-            f"(reinstall it: {extra_hint()})"
+            f"{who}: {library} is installed but cannot import: {type(e).__name__}: {text} "
+            f"(reinstall it: {extra_hint(extra)})"
         ) from e
 
 

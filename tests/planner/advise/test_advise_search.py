@@ -180,9 +180,11 @@ def test_a_point_carries_its_time_range_and_says_when_its_gpu_is_uncalibrated(co
         low, high = point.time_per_epoch_range_s
         assert low < point.time_per_epoch_s < high
     assert context.uncalibrated(result.front[0].candidate) == []  # A100-SXM4-80GB has calibration rows
-    h100 = _offers([{"name": "h", "gpu": "H100-SXM5-80GB"}], {"net": {"gbps": 10}})
-    line, = context.with_offers(h100).uncalibrated(enumerate_candidates(h100, h100.offers, max_gpus=1)[0])
-    assert line.startswith("H100-SXM5-80GB: no calibration rows")
+    t4 = _offers([{"name": "t", "gpu": "T4"}], {"net": {"gbps": 10}})  # Turing has rows (issue #32), the T4 none
+    line, = context.with_offers(t4).uncalibrated(enumerate_candidates(t4, t4.offers, max_gpus=1)[0])
+    assert line.startswith("T4: no calibration rows")
+    h100 = _offers([{"name": "h", "gpu": "H100-SXM5-80GB"}], {"net": {"gbps": 10}})  # MLPerf rows: calibrated
+    assert context.with_offers(h100).uncalibrated(enumerate_candidates(h100, h100.offers, max_gpus=1)[0]) == []
 
 
 def test_an_offer_whose_gpu_cannot_hold_the_minimum_batch_is_ruled_out(context):

@@ -135,8 +135,11 @@ def test_network_config_errors_name_the_key_and_the_fix(snippet, pattern):
 
 @pytest.mark.parametrize(("intra", "pattern"), [
     ("nvlink", r"nodes\[0\]\.intra: nvlink: T4 has no NVLink figure"),
-    ("infiniband", r"nodes\[0\]\.intra: expected nvlink, pcie or \{gbps: N\}"),
+    ("infiniband", r"nodes\[0\]\.intra: expected nvlink, nvlink-bridge, pcie, pcie-x8 .* or \{gbps: N\}"),
     ({"gbps": -5}, r"nodes\[0\]\.intra\.gbps: must be greater than 0"),
+    ("pcie-x6", r"nodes\[0\]\.intra: pcie-x6: a PCIe slot has x1, x2, x4, x8 or x16 lanes"),
+    ("nvlink-x8", r"nodes\[0\]\.intra: expected nvlink, nvlink-bridge"),
+    ("nvlink-bridge", r"nodes\[0\]\.intra: nvlink-bridge: T4 takes no NVLink bridge"),
 ])
 def test_intra_config_errors_name_the_node_and_the_fix(intra, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -152,6 +155,22 @@ def test_intra_overrides_the_catalog_and_a_node_network_the_clusters():
     assert net.intra_link("a", "A100-SXM4-80GB").name == "pcie4"
     assert net.intra_link("b", "T4").bus_bytes_per_s == 50e9 and net.intra_link("b", "T4").step_latency_s == 2e-6
     assert net.network_link("a")[0].bus_bytes_per_s == 25e9 / 8 and net.network_link("b")[0].bus_bytes_per_s == 10e9 / 8
+
+
+def test_a_pcie_link_goes_with_its_lanes_and_bridged_pairs_cross_pcie_between_them():
+    """issue #32: PCIe 5.0 x8 vs x16 vs NVLink bridges, the links of the MLPerf H100-PCIe systems."""
+    cluster = parse_cluster({"nodes": [
+        {"name": "x16", "intra": "pcie", "gpus": [{"type": "H100-PCIe-80GB", "count": 8}]},
+        {"name": "x8", "intra": "pcie-x8", "gpus": [{"type": "H100-PCIe-80GB", "count": 8}]},
+        {"name": "nvb", "intra": "nvlink-bridge", "gpus": [{"type": "H100-PCIe-80GB", "count": 4}]}]}, "lab.yaml")
+    net = cluster.interconnect
+    x16, x8 = net.intra_link("x16", "H100-PCIe-80GB", 8), net.intra_link("x8", "H100-PCIe-80GB", 8)
+    assert (x16.name, x8.name) == ("pcie5", "pcie5x8")
+    assert x8.bus_bytes_per_s == pytest.approx(x16.bus_bytes_per_s / 2) and "pcie-x8" in x8.source
+    pairs, two = net.intra_link("nvb", "H100-PCIe-80GB", 4), net.intra_link("nvb", "H100-PCIe-80GB", 2)
+    assert pairs.bus_bytes_per_s == x16.bus_bytes_per_s  # the ring crosses PCIe between the bridged pairs
+    assert x16.step_latency_s > pairs.step_latency_s > two.step_latency_s  # half its steps on NVLink
+    assert two.name == "nvlink-bridge" and two.bus_bytes_per_s == 116e9  # two cards: one bridge, all NVLink
 
 
 @pytest.mark.slow  # estimates ResNet-50 on three GPU types (about a minute on 2 cores)

@@ -29,10 +29,14 @@ def test_an_estimate_on_a_calibrated_gpu_carries_its_architectures_uncertainty(c
 
 
 def test_a_gpu_type_without_measured_rows_gets_a_note_and_the_larger_uncertainty(catalog, cache) -> None:
-    profile = make_profile(JobSpec(**TINY), catalog.get("H100-SXM5-80GB"), estimates_cache=cache)
-    assert profile.time_log_sigma == pytest.approx(load_time_model().unseen_log_sigma)
+    # issue #32: Ada has rows (MLPerf, compiled), the RTX 4090 none of its own: its architecture's σ and the
+    # unseen-type term in quadrature
+    profile = make_profile(JobSpec(**TINY), catalog.get("RTX-4090"), estimates_cache=cache)
+    model = load_time_model()
+    assert profile.time_log_sigma == pytest.approx(math.hypot(model.arch_log_sigma["ada"], model.type_log_sigma))
+    assert profile.time_log_sigma > model.arch_log_sigma["volta"]
     (note,) = [n for n in profile.notes if "step-time calibration" in n]
-    assert note.startswith("H100-SXM5-80GB: no measured training throughput of this GPU type")
+    assert note.startswith("RTX-4090: no measured training throughput of this GPU type")
     assert f"±{math.exp(profile.time_log_sigma) - 1:.0%}" in note
 
 

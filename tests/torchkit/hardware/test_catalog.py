@@ -37,6 +37,13 @@ CANONICAL_TYPES = (
     "RTX-3090",
     "RTX-4090",
     "RTX-A6000",
+    # issue #32: every GPU type of the Hopper/Ada/Turing calibration rows, and the MLPerf anchors
+    "L40",
+    "RTX-4080",
+    "Quadro-RTX-6000",
+    "A30",
+    "A40",
+    "V100-PCIe-32GB",
 )
 
 # names NVML reports (nvmlDeviceGetName) -> the catalog type they must map to
@@ -60,6 +67,12 @@ NVML_NAMES = {
     "NVIDIA GeForce RTX 3090": "RTX-3090",
     "NVIDIA GeForce RTX 4090": "RTX-4090",
     "NVIDIA RTX A6000": "RTX-A6000",
+    "NVIDIA L40": "L40",
+    "NVIDIA GeForce RTX 4080": "RTX-4080",
+    "Quadro RTX 6000": "Quadro-RTX-6000",
+    "NVIDIA A30": "A30",
+    "NVIDIA A40": "A40",
+    "Tesla V100-PCIE-32GB": "V100-PCIe-32GB",
     "A100-SXM4-40GB": "A100-SXM4-40GB",  # drivers before R460 had no "NVIDIA " prefix
     "GeForce RTX 3090": "RTX-3090",
 }
@@ -135,7 +148,8 @@ def test_catalog_entry_is_sane(catalog: GpuCatalog, name: str) -> None:
 
 def test_bf16_is_missing_exactly_on_the_pre_ampere_types(catalog: GpuCatalog) -> None:
     without_bf16 = {spec.name for spec in catalog if spec.bf16_tflops is None}
-    assert without_bf16 == {"T4", "V100-SXM2-16GB", "V100-SXM2-32GB", "V100-PCIe-16GB", "RTX-2080Ti"}
+    assert without_bf16 == {"T4", "V100-SXM2-16GB", "V100-SXM2-32GB", "V100-PCIe-16GB", "V100-PCIe-32GB", "RTX-2080Ti",
+                            "Quadro-RTX-6000"}
 
 
 @pytest.mark.parametrize(("name", "mib"), DRIVER_MEMORY_MIB.items())

@@ -1,8 +1,9 @@
-"""The calibration data: public measured single-GPU training throughput (``measured_throughput.csv``).
+"""The calibration data: public measured training throughput (``measured_throughput.csv``).
 
-Each row is one measurement as its source reports it (see the file's header for the columns). Reading
-checks every row: a source, a catalog GPU, a workload the estimator has, a precision the GPU can run,
-positive batch and throughput. Rows are kept in file order.
+Each row is one measurement as its source reports it (see the file's header for the columns): one GPU, or
+per GPU of a data-parallel run of ``gpus_in_run``, in one software ``stack`` (``calibration/stacks.py``).
+Reading checks every row: a source, a catalog GPU, a workload the estimator has, a precision the GPU can
+run, positive batch and throughput, a known stack. Rows are kept in file order.
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ from pathlib import Path
 from typing import Literal
 
 from torchkit.errors import ConfigError
+from torchkit.estimate.calibration.stacks import REFERENCE_STACK, STACKS
 from torchkit.hardware.catalog import GpuCatalog
 from torchkit.workloads.registry import WORKLOAD_NAMES
 
 DATA_PATH = Path(__file__).resolve().parent / "measured_throughput.csv"
 COLUMNS = (
-    "id", "model", "gpu", "precision", "layout", "batch", "samples_per_s", "optimizer", "source", "software", "oom_batch"
+    "id", "model", "gpu", "precision", "layout", "batch", "samples_per_s", "optimizer", "source", "software",
+    "oom_batch", "gpus_in_run", "stack",
 )
-OPTIONAL_COLUMNS = frozenset({"oom_batch"})
+OPTIONAL_COLUMNS: tuple[str, ...] = ("oom_batch", "gpus_in_run", "stack")
+"""columns a file may leave out (in this order after the required ones): files written before a column
+existed still read"""
 REQUIRED_COLUMNS = tuple(c for c in COLUMNS if c not in OPTIONAL_COLUMNS)
 Precision = Literal["fp16", "bf16", "tf32", "fp32"]
 PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp32")
@@ -50,6 +55,18 @@ class MeasuredRow:
     software: str
     oom_batch: int | None = None
     """a larger batch the source tried on the same card and ran out of memory at (None: not reported)"""
+    gpus_in_run: int = 1
+    """GPUs of the measured run: 1 for a single-GPU measurement, N for a throughput per GPU of an N-GPU
+    data-parallel run (its gradient synchronisation included)"""
+    stack: str = REFERENCE_STACK
+    """the software stack (``calibration/stacks.py``): only ``pytorch-eager`` rows are absolute throughput of
+    what the estimator predicts; the others count as ratios between GPU types inside their stack"""
+
+    @property
+    def kind(self) -> str:
+        """``single GPU`` or ``per GPU of N``, and the stack: what the row is honest for"""
+        where = "single GPU" if self.gpus_in_run == 1 else f"per GPU of {self.gpus_in_run}"
+        return f"{where}, {self.stack}"
 
     @property
     def amp(self) -> str:
@@ -63,15 +80,16 @@ class MeasuredRow:
 
 
 def held_out_ids(rows: Sequence[MeasuredRow], catalog: GpuCatalog) -> frozenset[str]:
-    """The deterministic held-out split, stratified: within each (GPU architecture, precision) the rows in
-    the order of a hash of their id, and every third one from the second on is held out. So the fit sees
-    every (architecture, precision) the held-out rows ask about (a group of one row is never held out);
-    leaving whole GPU types or models out is the benchmark's cross-validation."""
+    """The deterministic held-out split, stratified: within each (GPU architecture, precision, stack) the
+    rows in the order of a hash of their id, and every third one from the second on is held out. So the fit
+    sees every (architecture, precision, stack) the held-out rows ask about (a group of one row is never
+    held out); leaving whole GPU types, models or an architecture's eager rows out is the benchmark's
+    cross-validation."""
     from torchkit.estimate.time_model import architecture
 
-    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    groups: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for r in rows:
-        groups[(architecture(catalog.get(r.gpu)), r.precision)].append(r.id)
+        groups[(architecture(catalog.get(r.gpu)), r.precision, r.stack)].append(r.id)
     held = set()
     for ids in groups.values():
         ordered = sorted(ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
@@ -105,11 +123,17 @@ def _parse(line: int, raw: dict[str, str], catalog: GpuCatalog) -> MeasuredRow:
     oom = (raw.get("oom_batch") or "").strip()
     if oom and (not oom.isdigit() or int(oom) <= batch):
         raise _fail(line, f"oom_batch {oom!r}", f"empty, or an integer batch above the row's batch {batch}")
+    gpus = (raw.get("gpus_in_run") or "").strip() or "1"
+    if not gpus.isdigit() or int(gpus) < 1:
+        raise _fail(line, f"gpus_in_run {gpus!r}", "empty (one GPU), or the run's GPU count")
+    stack = (raw.get("stack") or "").strip() or REFERENCE_STACK
+    if stack not in STACKS:
+        raise _fail(line, f"stack {stack!r}", f"one of {', '.join(STACKS)} (torchkit/estimate/calibration/stacks.py)")
     return MeasuredRow(
         id=raw["id"], model=raw["model"], gpu=raw["gpu"], precision=raw["precision"],  # type: ignore[arg-type]
         layout=raw["layout"], batch=batch, samples_per_s=tput,  # type: ignore[arg-type]
         optimizer=raw["optimizer"], source=raw["source"], software=raw["software"],
-        oom_batch=int(oom) if oom else None,
+        oom_batch=int(oom) if oom else None, gpus_in_run=int(gpus), stack=stack,
     )
 
 
@@ -126,7 +150,9 @@ def read_measured(path: Path = DATA_PATH, catalog: GpuCatalog | None = None) -> 
     lines = path.read_text().splitlines()
     body = [(n, text) for n, text in enumerate(lines, 1) if text.strip() and not text.startswith("#")]
     reader = csv.DictReader([text for _, text in body])
-    if tuple(reader.fieldnames or ()) not in (COLUMNS, REQUIRED_COLUMNS):
+    header = tuple(reader.fieldnames or ())
+    known_prefixes = {REQUIRED_COLUMNS + OPTIONAL_COLUMNS[:k] for k in range(len(OPTIONAL_COLUMNS) + 1)}
+    if header not in known_prefixes:
         raise ConfigError(f"{path.name}: header {reader.fieldnames} (expected {', '.join(COLUMNS)})")
     rows = [_parse(body[i + 1][0], raw, catalog) for i, raw in enumerate(reader)]
     ids = [r.id for r in rows]
