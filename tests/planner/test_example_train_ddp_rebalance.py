@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from planner.runtime.rank_plan import load_rank_plan
-from tests.net import free_port
+from tests.gloo import describe_torchrun, rank_logs, torchrun, torchrun_command, torchrun_env
 from tests.planner.runtime.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
-from tests.planner.test_example_train_ddp import EXAMPLE, child_env
+from tests.planner.test_example_train_ddp import EXAMPLE
 from tests.plans import make_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -35,15 +35,12 @@ def test_rebalance_corrects_a_two_times_wrong_plan_and_writes_what_it_measured(t
     plan["job"] = {**plan["job"], "optimizer": "sgd", "imgsz": None, "input_shape": None, "seq_len": None}
     plan_path.write_text(json.dumps(plan))
     cache = tmp_path / "cache"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
-        str(EXAMPLE), "--plan", str(plan_path), "--steps", "14", "--dataset-size", "560", "--rebalance",
-        "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--cache-dir", str(cache),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env(), cwd=tmp_path)
-    stdout = "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("stdout.log")))
-    assert result.returncode == 0, result.stdout + result.stderr + stdout
+    logs = tmp_path / "logs"
+    result = torchrun(EXAMPLE, "--plan", plan_path, "--steps", "14", "--dataset-size", "560", "--rebalance",
+                      "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--cache-dir", cache, nproc=3,
+                      log_dir=logs, cwd=tmp_path)
+    stdout = rank_logs(logs)
+    assert result.returncode == 0, describe_torchrun(result, logs)
 
     lines = LINE.findall(stdout)
     assert len(lines) == 1 and len(re.findall(r"^rebalance:", stdout, re.MULTILINE)) == 1, stdout
@@ -86,15 +83,12 @@ def test_measured_mode_ends_at_least_as_good_as_it_started_with_batches_ordered_
     the simulated step they make), never on a measured time."""
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(make_plan((3, 11, 34))))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
-        str(EXAMPLE), "--plan", str(plan_path), "--steps", str(steps), "--rebalance",
-        "--simulate-speed", ",".join(map(str, speeds)), "--write-plan", str(tmp_path / "trained.json"),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env(), cwd=tmp_path)
-    stdout = "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("stdout.log")))
-    assert result.returncode == 0, result.stdout + result.stderr + stdout
+    logs = tmp_path / "logs"
+    result = torchrun(EXAMPLE, "--plan", plan_path, "--steps", str(steps), "--rebalance",
+                      "--simulate-speed", ",".join(map(str, speeds)), "--write-plan", tmp_path / "trained.json",
+                      nproc=3, log_dir=logs, cwd=tmp_path, deadline_s=240)
+    stdout = rank_logs(logs)
+    assert result.returncode == 0, describe_torchrun(result, logs)
     match = LINE.search(stdout)
     assert match, stdout
     first = [int(b) for b in match["bfirst"].split(",")]
@@ -114,7 +108,7 @@ def test_simulate_speed_with_the_wrong_number_of_ranks_is_one_line_and_exit_2(tm
     plan_path.write_text(json.dumps(wrong_plan(2.0)))
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), "--plan", str(plan_path), "--rebalance", "--simulate-speed", "1,2"],
-        capture_output=True, text=True, timeout=120, env=child_env(RANK="0", WORLD_SIZE="3", LOCAL_RANK="0"),
+        capture_output=True, text=True, timeout=120, env=torchrun_env(RANK="0", WORLD_SIZE="3", LOCAL_RANK="0"),
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: --simulate-speed '1,2' gives 2 factors")
@@ -135,13 +129,10 @@ def test_a_rank_that_hangs_or_is_killed_mid_run_ends_the_job_within_60_s_naming_
 
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(wrong_plan(2.0)))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
-        str(EXAMPLE), "--plan", str(plan_path), "--steps", "400", "--dataset-size", "560", "--rebalance",
-        "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--no-feedback", "--collective-timeout", "15",
-    ]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+    command = torchrun_command(EXAMPLE, "--plan", plan_path, "--steps", "400", "--dataset-size", "560", "--rebalance",
+                               "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--no-feedback",
+                               "--collective-timeout", "15", nproc=3, log_dir=tmp_path / "logs")
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=torchrun_env(),
                            cwd=tmp_path)
     pid = None
     try:
