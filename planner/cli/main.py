@@ -5,13 +5,16 @@ error is one line ``error: <what> (<how to fix>)`` and exit code 2 (1 for an inf
 preflight); ``--debug`` shows the traceback too, with the same exit code. Ctrl-C and SIGTERM stop a run the
 same way: one ``error:`` line, everything it started torn down, exit 128 + the signal (130, 143). Under
 ``--json`` every such failure also puts one ``batchplan/error@1`` document on stdout
-(``planner.cli.json_error``).
+(``planner.cli.json_error``). A closed stderr (a log piped to ``head``) drops the logs, not the run
+(``planner.cli.log_stream``); a closed stdout after the files are written ends the run with 0 (the reader took
+what it wanted), and no other broken pipe does.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import logging
 import re
 import sys
@@ -57,12 +60,47 @@ class _UsageError(SystemExit):
 
 
 class _ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in our one-line format with exit code 2."""
+    """argparse that reports a bad flag in our one-line format with exit code 2: an unknown flag with the
+    command's flags it most likely meant, and the command's own help (not ``batchplan --help``)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        line = f"{message} (see '{self.prog} --help')"
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        commands = self._commands()
+        if extras and commands:  # the top-level parser: the unknown words belong to the command given
+            command = commands.get(getattr(parsed, "command", None) or "")
+            if command is not None:
+                command.error(f"unrecognized arguments: {' '.join(extras)}", hint=_did_you_mean(extras, command))
+        return parsed, extras
+
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    def error(self, message: str, hint: str = "") -> None:  # type: ignore[override]
+        line = f"{message} ({hint}see '{self.prog} --help')"
         sys.stderr.write(f"error: {line}\n")
         raise _UsageError(line)
+
+
+def _did_you_mean(words: list[str], parser: argparse.ArgumentParser) -> str:
+    """``did you mean --global-batch? `` for the unknown flags among ``words``: the command's flags spelt alike
+    (``--global_batch``, ``--noray``) or sharing a word with it (``--batch-size``: ``--global-batch``)."""
+    flags = sorted({s for a in parser._actions for s in a.option_strings if s.startswith("--")})
+    found: list[str] = []
+    for word in words:
+        if not word.startswith("--"):
+            continue
+        wanted = word.split("=", 1)[0].lower().replace("_", "-")
+        if wanted in flags:  # --global_batch: the same flag, spelt with underscores
+            close = [wanted]
+        else:
+            close = difflib.get_close_matches(wanted, flags, n=2, cutoff=0.75)
+            words_of = {w for w in wanted.strip("-").split("-") if len(w) >= 5}  # "batch", not "size" or "no"
+            close += [f for f in flags if words_of & set(f.strip("-").split("-"))]
+        found.extend(f for f in close if f not in found)
+    return f"did you mean {' or '.join(found[:3])}? " if found else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,16 +125,24 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    code = _main(argv)
-    if argv is None:  # this process is batchplan's own (the console script): nothing may keep it alive
-        _leave_without_stray_threads(code)
+    from planner.cli.log_stream import guarded_log_stream
+
+    with guarded_log_stream():  # a closed stderr drops the logs, never the result (planner.cli.log_stream)
+        code = _main(argv)
+        if argv is None:  # this process is batchplan's own (the console script): nothing may keep it alive
+            _leave_without_stray_threads(code)
     return code
 
 
 def _main(argv: list[str] | None) -> int:
     from planner.cli.json_error import print_error_document, wants_json
     from planner.cli.signals import exit_code_and_line, handle_signals, raised_by_code
-    from planner.cli.stdout_guard import forget_writes, guarded_result_stream, unusable_stdout
+    from planner.cli.stdout_guard import (
+        forget_writes,
+        guarded_result_stream,
+        stdout_closed_by_reader,
+        unusable_stdout,
+    )
 
     problem = unusable_stdout()
     if problem is not None:  # `batchplan plan >&-`: the result has nowhere to go; said before any work
@@ -148,10 +194,15 @@ def _main(argv: list[str] | None) -> int:
         sys.stderr.write(line + "\n")
         if as_json:
             print_error_document(args.command, line.removeprefix("error: "), code)
-        if argv is None and "ray" in sys.modules:  # this process is batchplan's own: end it here
+        if argv is None:  # this process is batchplan's own: end it here, without the interpreter's teardown
             _exit_now(code)
         return code
-    except BrokenPipeError:  # `batchplan plan | head`: not an error of ours
+    except BrokenPipeError:
+        if not stdout_closed_by_reader():  # not the result's reader: a pipe of ours broke, the run did not finish
+            raise
+        # `batchplan plan | head`: the reader of the result went away after the files were written; what is
+        # still buffered goes nowhere (not an "Exception ignored" at interpreter exit)
+        _silence_stdout()
         return 0
     except Exception as exc:  # a bug of ours: its traceback follows, and a --json reader still gets a document
         if as_json:
@@ -202,11 +253,21 @@ def _leave_without_stray_threads(code: int) -> None:
         _exit_now(code)
 
 
+def _silence_stdout() -> None:
+    import os
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def _exit_now(code: int) -> None:
-    """Exit without the interpreter's finalization. After a Ray start cut short by a signal (everything it
-    started already stopped and swept, see ``planner.probing.session``), Ray's half-initialised C++ state can
-    crash the interpreter's teardown (SIGSEGV after the ``error:`` line, seen once in 20 interrupted starts);
-    the run's result is decided, so only the streams are flushed."""
+    """Exit without the interpreter's finalization: the run's result is decided, so only the streams are
+    flushed. After a Ray start cut short by a signal (everything it started already stopped and swept, see
+    ``planner.probing.session``), Ray's half-initialised C++ state can crash the teardown (SIGSEGV after the
+    ``error:`` line, seen once in 20 interrupted starts); after a fake pass cut short, collecting its tensors
+    took 5 s after the ``error:`` line (and torch's exit hook logged its cache statistics)."""
     import os
 
     for stream in (sys.stdout, sys.stderr):

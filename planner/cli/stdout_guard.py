@@ -72,6 +72,8 @@ def unusable_stdout() -> str | None:
 
 #: whether a result stream was written to in this process (``stdout_written``)
 _wrote: list[bool] = [False]
+#: whether the result stream's reader went away (a closed pipe) in this process (``stdout_closed_by_reader``)
+_closed: list[bool] = [False]
 
 
 def stdout_written() -> bool:
@@ -80,9 +82,16 @@ def stdout_written() -> bool:
     return _wrote[0]
 
 
+def stdout_closed_by_reader() -> bool:
+    """Whether a write of the result met a closed pipe (``batchplan plan | head``): the reader's choice, and
+    the only ``BrokenPipeError`` that ``planner.cli.main`` takes for a finished run."""
+    return _closed[0]
+
+
 def forget_writes() -> None:
     """A new run of ``main`` in this process (tests call it several times) starts with nothing written."""
     _wrote[0] = False
+    _closed[0] = False
 
 
 class _ResultStream:
@@ -98,6 +107,7 @@ class _ResultStream:
         try:
             return self._stream.write(text)
         except BrokenPipeError:
+            _closed[0] = True
             raise
         except OSError as exc:
             raise _discarded(exc) from None
@@ -106,6 +116,7 @@ class _ResultStream:
         try:
             self._stream.flush()
         except BrokenPipeError:
+            _closed[0] = True
             raise
         except OSError as exc:
             raise _discarded(exc) from None
@@ -127,15 +138,21 @@ def _discarded(exc: OSError) -> ConfigError:
 
 
 @contextlib.contextmanager
-def guarded_result_stream() -> Iterator[None]:
-    """While the block runs, write errors on stdout are one-line errors (see the module docstring)."""
-    original = sys.stdout
-    if original is None or isinstance(original, _ResultStream):
+def wrapped_stream(name: str, wrapper: type) -> Iterator[None]:
+    """While the block runs, ``sys.<name>`` (``stdout``, ``stderr``) is the stream wrapped in ``wrapper`` (once:
+    a block inside another leaves it), and the stream it was after."""
+    original = getattr(sys, name)
+    if original is None or isinstance(original, wrapper):
         yield
         return
-    sys.stdout = _ResultStream(original)  # type: ignore[assignment]
+    setattr(sys, name, wrapper(original))
     try:
         yield
     finally:
-        if isinstance(sys.stdout, _ResultStream):
-            sys.stdout = original
+        if isinstance(getattr(sys, name), wrapper):
+            setattr(sys, name, original)
+
+
+def guarded_result_stream() -> contextlib.AbstractContextManager[None]:
+    """While the block runs, write errors on stdout are one-line errors (see the module docstring)."""
+    return wrapped_stream("stdout", _ResultStream)

@@ -1,6 +1,7 @@
 """The gradient layout of a job's model (bytes of each parameter's gradient, registration order), for the
-synchronisation model: the model built on the meta device (no memory, no weights), cached on disk beside
-the profiles under the workload's fingerprint, so a warm plan imports no torch for it.
+synchronisation model: parameter shapes only, from the model template the estimator uses (built on the meta
+device, or on the CPU where its constructor reads values), cached on disk beside the profiles under the
+workload's fingerprint, so a warm plan imports no torch for it.
 """
 
 from __future__ import annotations
@@ -74,14 +75,13 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os
     path = _cache_path(Path(cache_dir), job, identity) if cache_dir is not None else None
     if path is not None and (cached := _read(path)) is not None:
         return cached, _source(job, cached)
-    import torch
-
     from planner.profiling.make import workload_for
     from torchkit.estimate.ddp_sync import gradient_bytes_of
+    from torchkit.workloads.workload import model_template
 
-    workload = workload_for(job)
-    with torch.device("meta"):
-        sizes = gradient_bytes_of(workload.build_model())
+    # parameter shapes are all it needs: the template the estimator copies (on the meta device, or built on the
+    # CPU where the constructor reads values, as Ultralytics' stride probe does; torchkit.workloads.construct)
+    sizes = gradient_bytes_of(model_template(workload_for(job)))
     if not sizes:
         raise ValueError(f"{job.model} has no parameter that requires grad: nothing to synchronise")
     if path is not None:
@@ -91,4 +91,4 @@ def gradient_layout(job: JobSpec, identity: tuple[str, str], cache_dir: str | os
 
 def _source(job: JobSpec, sizes: tuple[int, ...]) -> str:
     """The same whether the layout was built now or read from the cache: a warm plan equals the cold one."""
-    return f"{job.model}: {len(sizes)} gradient tensors (the model built on the meta device)"
+    return f"{job.model}: {len(sizes)} gradient tensors (the model's parameter shapes)"

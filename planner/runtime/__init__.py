@@ -15,6 +15,8 @@ _EXPORTS: dict[str, str] = {
     "loss_weight": "planner.runtime.weights",
     "loss_weights": "planner.runtime.weights",
     "sum_loss_scale": "planner.runtime.weights",
+    "LossReduction": "planner.runtime.weights",
+    "LossRule": "planner.runtime.weights",
     "PlannedBatchSampler": "planner.runtime.sampler",
     "agree_on_split": "planner.runtime.plan_agreement",
     "SplitTerms": "planner.runtime.plan_agreement",

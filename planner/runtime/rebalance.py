@@ -230,6 +230,7 @@ class Rebalancer:
         self._forward_start: Any = None
         self._hook_end: Any = None
         self._slept = False
+        self._credit_s = 0.0  # seconds a simulated sleep overran, taken off the host-clock marks after it
         self._intervals: list[tuple[Any, Any]] = []
         self._waits: list[tuple[Any, Any]] = []
         self._step_splits: list[tuple[int, ...]] = []
@@ -327,7 +328,7 @@ class Rebalancer:
         self._step_splits.append(self._split)
         if self._clock.cuda and not self._intervals:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self._in_compute, self._slept = True, False
+        self._in_compute, self._slept, self._credit_s = True, False, 0.0
         self._forward_start = self._hook_end = None
         self._start = self._clock.mark()
         bounded = lowered_default_timeout(self.collective_timeout_s) if self._group is not None \
@@ -349,7 +350,8 @@ class Rebalancer:
         end = self._clock.mark()
         if self._hook_end is None:  # no all-reduce in this micro-step (no_sync, one rank): the block is compute
             self._maybe_sleep()
-            self._hook_end = end = self._clock.mark()
+            end = self._clock.mark()
+            self._hook_end = self._credited(end)  # a simulated sleep's lateness is waiting, not compute
         start = self._forward_start if self._forward_start is not None else self._start
         self._intervals.append((start, self._hook_end))
         self._waits.append((self._hook_end, end))
@@ -359,18 +361,34 @@ class Rebalancer:
             self._forward_start = self._clock.mark()
 
     def _maybe_sleep(self) -> None:
-        if self.simulate is not None and not self._slept and self._split is not None:
-            self._slept = True
-            extra = self.simulate.extra_s(self.rank, self._split[self.rank], self._step + 1)
-            if extra > 0:
-                time.sleep(extra)
+        """A simulated slow device still computing (``planner.runtime.simulate``): sleep its extra time, once a
+        micro-step. With a measured per-sample time (sleeps of a fraction of a millisecond, which a loaded host
+        overruns several times over) the host-clock marks after it are credited with the sleep's lateness
+        (``_credited``); a declared one's sleeps (tens of ms) carry it as the noise of a real device's step."""
+        if self.simulate is None or self._slept or self._split is None:
+            return
+        self._slept = True
+        start = self._forward_start if self._forward_start is not None else self._start
+        began = self._clock.mark()
+        extra = self.simulate.extra_s(self.rank, self._split[self.rank], self._step + 1,
+                                      real_s=self._clock.elapsed_s(start, began))
+        if extra > 0:
+            time.sleep(extra)
+            if not self._clock.cuda and self.simulate.sample_s is None:
+                self._credit_s = min(0.0, began + extra - self._clock.mark())  # the host woke up late
+
+    def _credited(self, mark: Any) -> Any:
+        """A host-clock mark taken after a simulated sleep, as if the sleep had lasted what was declared: the
+        simulated device computes for the time declared; the host's lateness in waking (the scheduler's, a few
+        ms on a loaded machine, whatever the sleep's length) is this rank's wait, not its compute."""
+        return mark + self._credit_s if self._credit_s else mark
 
     def _comm_hook(self, state, bucket):  # no annotations: DDP checks them, and this module's are strings
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         if self._in_compute:
             self._maybe_sleep()  # a simulated slow device is still computing here
-            self._hook_end = self._clock.mark()  # the last bucket's mark wins: own backward is done
+            self._hook_end = self._credited(self._clock.mark())  # the last bucket's mark wins: own backward is done
         # DDP's default all-reduce, in the re-balancer's group: its timeout bounds a wait for a dead rank
         return allreduce_hook(self._group, bucket).then(self._after_allreduce)  # type: ignore[arg-type]
 

@@ -47,6 +47,10 @@ class SlurmNode:
         return ((self.gres_type, self.num_gpus), *self.more_gpus)
 
 
+#: the nodes of the suite's SLURM cluster (the ``slurm`` fixture of tests/conftest.py)
+SLURM_TEST_NODES = (SlurmNode("gpu-a", "a100", 2), SlurmNode("gpu-b", "t4", 1))
+
+
 def require_slurm() -> None:
     """Skip without SLURM's binaries or munge's key, unless in CI, where they must be there."""
     missing = [b for b in BINARIES if shutil.which(b) is None] + ([] if MUNGE_KEY.exists() else [str(MUNGE_KEY)])

@@ -232,6 +232,10 @@ BAD_CONFIGS = [
         edit("cpu_count: 64", "cpus: 64"),
         r"nodes\[0\]\.cpus: unknown key 'cpus' \(allowed keys: name, gpus, cpu_count, host_memory_gib, intra, network; did you mean 'cpu_count'\?\)",
     ),
+    (  # two unknown keys in one node: both named at once (one was reported per run)
+        edit("cpu_count: 64", "cpus: 64\n    zone: a"),
+        r"nodes\[0\]: unknown keys 'cpus' \(did you mean 'cpu_count'\?\), 'zone' \(allowed keys: name, gpus, ",
+    ),
     (
         node_b_gpu("{type: T4, cnt: 2}"),
         r"nodes\[1\]\.gpus\[0\]\.cnt: unknown key 'cnt' \(allowed keys: type, count, used_memory_gib, utilization",

@@ -164,11 +164,18 @@ def expect_mapping(
     if not isinstance(value, dict):
         raise where.error(f"expected {what}, got {describe_value(value)}")
     allowed = [*required, *optional]
-    for key in value:
-        if not isinstance(key, str) or key not in allowed:
+    unknown = [key for key in value if not isinstance(key, str) or key not in allowed]
+    if len(unknown) == 1:
+        key = unknown[0]
+        close = _closest_key(key, allowed) if isinstance(key, str) else None
+        hint = f"; did you mean {close!r}?" if close else ""
+        raise where.key(key).error(f"unknown key {key!r} (allowed keys: {', '.join(allowed)}{hint})")
+    if unknown:  # every one at once: fixing them one run at a time is a chore
+        named = []
+        for key in unknown:
             close = _closest_key(key, allowed) if isinstance(key, str) else None
-            hint = f"; did you mean {close!r}?" if close else ""
-            raise where.key(key).error(f"unknown key {key!r} (allowed keys: {', '.join(allowed)}{hint})")
+            named.append(f"{key!r}" + (f" (did you mean {close!r}?)" if close else ""))
+        raise where.error(f"unknown keys {', '.join(named)} (allowed keys: {', '.join(allowed)})")
     for key, hint in required.items():
         if key not in value:
             raise where.key(key).error(f"missing required key {key!r} ({hint})")
