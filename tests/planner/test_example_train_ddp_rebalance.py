@@ -15,6 +15,7 @@ import pytest
 
 from planner.runtime.rank_plan import load_rank_plan
 from tests.gloo import describe_torchrun, rank_logs, torchrun, torchrun_command, torchrun_env
+from tests.net import free_port
 from tests.planner.runtime.rebalance_helpers import MULTIPLE_OF, optimum, wrong_plan
 from tests.planner.test_example_train_ddp import EXAMPLE
 from tests.plans import make_plan
@@ -208,7 +209,7 @@ def test_a_stopped_rank_alone_on_its_node_ends_that_node_too(tmp_path):
             "--collective-timeout", str(timeout_s),
         ]
         jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=child_env(), cwd=tmp_path))
+                                     env=torchrun_env(), cwd=tmp_path))
     pid = None
     ended: dict[int, float] = {}
     try:
