@@ -107,6 +107,11 @@ def agree_on_split(terms: SplitTerms, *, what: str = "the plan") -> None:
         keys = [f"{prefix}/{r}" for r in range(world_size)]
         store.wait(keys)
         gathered = [_entry(store.get(key)) for key in keys]
+        # rank 0 may host the store (an env:// launch without torchrun's agent): it leaves only after every rank
+        # has read, or a rank still reading would meet a closed store instead of the mismatch's one line
+        store.set(f"{prefix}/read/{rank}", "1")
+        if rank == 0:
+            store.wait([f"{prefix}/read/{r}" for r in range(world_size)])
     problem = mismatch(gathered, world_size, what=what)
     if problem is not None:
         raise PlanMismatchError(problem)

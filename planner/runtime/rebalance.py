@@ -240,6 +240,11 @@ class Rebalancer:
         self._boundary: tuple[int, int] = (0, 0)
         self._window_first = 0
         self._group = None
+        self._watchdog = None
+        self._connect(ddp)
+
+    def _connect(self, ddp: torch.nn.Module | None) -> None:
+        """The re-balancer's own process group, this rank's watchdog and the model's timing hooks."""
         if self.world_size > 1 and dist.is_available() and dist.is_initialized():
             # every rank builds its re-balancer in the same order: new_group is a collective
             self._group = dist.new_group(timeout=timedelta(seconds=self.collective_timeout_s),

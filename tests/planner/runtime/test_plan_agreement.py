@@ -6,13 +6,12 @@ iterate a ``PlannedBatchSampler`` as a training script does."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from planner.runtime.plan_agreement import SplitTerms, mismatch
-from tests.net import free_port
+from tests.gloo import run_ranks
 
 PLAN = SplitTerms(batches=(8, 8, 4), accumulate=1, dataset_size=200, shuffle=True, seed=0, drop_last=True)
 STALE = SplitTerms(batches=(6, 6, 8), accumulate=1, dataset_size=200, shuffle=True, seed=0, drop_last=True)
@@ -47,13 +46,12 @@ def test_one_plan_for_another_number_of_ranks_is_said() -> None:
     assert line is not None and line.startswith("the plan is for 3 ranks but the job has 2")
 
 
-def _worker(rank: int, port: int, out_dir: str, stale_rank: int) -> None:
+def _worker(rank: int, out_dir: str, stale_rank: int | None) -> None:
     import torch.distributed as dist
 
     from planner.runtime.plan_agreement import PlanMismatchError
     from planner.runtime.sampler import PlannedBatchSampler
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=3)
     terms = STALE if rank == stale_rank else PLAN
     sampler = PlannedBatchSampler(terms.dataset_size, terms.batches, rank, seed=terms.seed)
@@ -65,26 +63,15 @@ def _worker(rank: int, port: int, out_dir: str, stale_rank: int) -> None:
     except PlanMismatchError as exc:
         result["error"] = str(exc)
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    os._exit(0)
 
 
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.parametrize("stale_rank", [None, 2])
 def test_a_stale_plan_on_one_rank_ends_every_rank_with_one_line(tmp_path: Path, stale_rank: int | None) -> None:
-    import torch.multiprocessing as mp
-
-    # three spawned gloo ranks; the join bound only tells a finished job from a hung one (load 10 on 2 cores)
-    context = mp.start_processes(_worker, args=(free_port(), str(tmp_path), stale_rank), nprocs=3,
-                                 start_method="spawn", join=False)
-    try:
-        for process in context.processes:
-            process.join(timeout=240)
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=30)
+    # three gloo ranks (tests/gloo.py: every rank must exit 0, its output shown otherwise); the deadline only tells
+    # a finished job from a hung one (load 10 on 2 cores)
+    run_ranks(_worker, str(tmp_path), stale_rank, world_size=3, deadline_s=240, log_dir=tmp_path / "logs")
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     if stale_rank is None:
         assert all(r["error"] is None and r["steps"] == 200 // 20 for r in results), results
