@@ -11,7 +11,11 @@ and read back through the codec (``planner.codec``: strict JSON, every field of 
 is its namespace's, its key recomputed from the inputs it records is its file's name, its checksum is its
 payload's, and its namespace's own check passes (a profile must be physically possible and of the GPU, method
 and AMP mode its key names: ``planner.profiles.cache``). The checksum only catches accidents (anyone can
-recompute a plain hash): the directory must be writable by this user and no other (:meth:`CacheStore.
+recompute a plain hash), so who could have written an entry is the question (``planner.trust``, OpenSSH's
+``StrictModes``): the entry must be a regular file owned by this user or root and writable by no one else, and
+its directory and every one above it owned by this user or root and writable by no one else (above it: or
+sticky), each checked on its open descriptor. An entry others could write is ignored, reported and derived
+again; a cache directory others could write is one error line before any work (:meth:`CacheStore.
 check_directory`). An entry failing any rule is reported (``problems``: a plan's warnings and stderr),
 ignored, and replaced by the next ``write``; a directory where an entry's file should be is an error when the
 entry is written.
@@ -29,7 +33,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +40,11 @@ from typing import Annotated, Any, Generic, TypeVar
 
 from planner.codec import Meta, convert, encode
 from planner.errors import ConfigError, FieldError
-from planner.files import write_file_safely
-from planner.jsonio import loads_strict, read_limited_bytes
+from planner.jsonio import check_tree, loads_strict
+from planner.trust import UntrustedPathError, make_trusted_dir, read_trusted, trusted_dir, write_trusted
 
-__all__ = ["MAX_ENTRY_BYTES", "CacheStore", "Namespace", "default_cache_dir"]
+__all__ = ["MAX_ENTRY_BYTES", "UNTRUSTED_CACHE_FIX", "CacheStore", "Namespace", "default_cache_dir",
+           "untrusted_cache_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,15 @@ T = TypeVar("T")
 MAX_ENTRY_BYTES = 4 * 2**20
 #: what a user does about a cache that cannot be written (an OSError's text may hold backticks: plain words)
 WRITE_FIX = "choose another --cache-dir, or --no-cache"
+#: the fix of an untrusted cache directory (``cache_dir``, ``no_cache``: rendered as the front end's flags)
+UNTRUSTED_CACHE_FIX = ("chown it to this user and chmod go-w it, or use a directory of your own with `cache_dir` "
+                       "(under sudo: sudo -H, so that HOME is root's), or `no_cache`")
+
+
+def untrusted_cache_dir(exc: UntrustedPathError) -> FieldError:
+    """An untrusted directory on a cache's path (``planner.trust``) as the error it is for a user: one line, the
+    directory at fault, the fix with the front end's flag names (``cache_dir``, ``no_cache``)."""
+    return FieldError("cache_dir", f"{exc.problem.replace('`', chr(39))} ({UNTRUSTED_CACHE_FIX})")
 
 
 def default_cache_dir() -> Path:
@@ -104,7 +117,8 @@ class CacheStore:
     """The entries of every namespace in ``directory``; ``problems`` lists the entries refused so far."""
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        # absolute now: user code run later (a factory's os.chdir) must not move the cache
+        self.directory = Path(os.path.abspath(directory if directory is not None else default_cache_dir()))
         self.problems: list[str] = []
         self._checked: set[Path] = set()
 
@@ -112,11 +126,11 @@ class CacheStore:
         return self.directory / namespace.folder / f"{key}.json"
 
     def check_directory(self, what: str = "the profile cache directory") -> None:
-        """The cache directory is a directory or can become one (no regular file or dangling link on its path);
-        if it exists, this process can write it and no other user can (:func:`_check_trusted_directory`).
+        """The cache directory is a directory or can become one (no regular file or dangling link on its path),
+        no other user could write it or a directory above it (``planner.trust``), and this process can write it.
 
         Raises:
-            FieldError: (``cache_dir``) one line naming the directory and the fix.
+            FieldError: (``cache_dir``) one line naming the directory at fault and the fix.
         """
         for path in (self.directory, *self.directory.parents):
             if path.is_symlink() and not path.exists():
@@ -130,25 +144,40 @@ class CacheStore:
                         "cache_dir", f"{what} {self.directory} is not a directory ({path} is a file; choose another "
                         "`cache_dir` or remove the file)"
                     )
-                if path == self.directory:
-                    _check_trusted_directory(path, what)
-                return
+                break
+        try:
+            trusted_dir(self.directory, what=what, fix=UNTRUSTED_CACHE_FIX)
+        except UntrustedPathError as exc:
+            raise untrusted_cache_dir(exc) from None
+        if self.directory.exists() and not os.access(self.directory, os.W_OK | os.X_OK):
+            raise FieldError(
+                "cache_dir", f"{what} {self.directory} is not writable by this user (choose another `cache_dir`, or "
+                "`no_cache`)"
+            )
 
     def read(self, namespace: Namespace[T], key: str) -> T | None:
-        """The value under ``key``, or None where there is none or it is refused (then said in ``problems``)."""
+        """The value under ``key``, or None where there is none or it is refused (then said in ``problems``):
+        corrupt, or where another user could have written it (``planner.trust``).
+
+        Raises:
+            FieldError: (``cache_dir``) the cache directory, or one above it, is not trusted.
+        """
         path = self.path(namespace, key)
-        if not path.exists():
-            return None
         try:
             self._check_folder(namespace)
             return self._read(namespace, key, path)
         except FieldError:
             raise
+        except UntrustedPathError as exc:
+            if exc.in_directory:
+                raise untrusted_cache_dir(exc) from None
+            # the entry alone: another user's, a link, or writable by others
+            message = f"{exc.problem}: not trusted; ignoring it and {namespace.redo}"
         except (ConfigError, ValueError) as exc:
             message = f"{namespace.what} {path} is corrupt ({exc}); ignoring it and {namespace.redo}"
-            log.warning(message)
-            self.problems.append(message)
-            return None
+        log.warning(message)
+        self.problems.append(message)
+        return None
 
     def write(self, namespace: Namespace[T], inputs: Mapping[str, str], value: T) -> Path:
         """Store ``value`` under the key of ``inputs``, with them; returns the entry's path.
@@ -163,32 +192,37 @@ class CacheStore:
                  namespace.payload: data}
         self.check_directory()
         folder = self.directory / namespace.folder
-        try:
-            folder.mkdir(parents=True, exist_ok=True, mode=0o755)  # never o+w, whatever the umask
-        except OSError as exc:
-            raise ConfigError(f"cannot create the cache directory {folder}: {exc.strerror or exc} ({WRITE_FIX})") from None
         path = self.path(namespace, key)
-        if path.is_dir():
-            raise FieldError("cache_dir", f"{namespace.what} {path} is a directory (remove it, or choose another "
-                                          "`cache_dir`)")
-        write_file_safely(path, json.dumps(entry, indent=1), what=f"the {namespace.what}", fix=WRITE_FIX, mode=0o644)
-        return path
+        try:
+            make_trusted_dir(folder, what="the cache directory", fix=WRITE_FIX)  # never o+w, whatever the umask
+            if path.is_dir() and not path.is_symlink():
+                raise FieldError("cache_dir", f"{namespace.what} {path} is a directory (remove it, or choose another "
+                                              "`cache_dir`)")
+            # a symbolic link at the entry's path is replaced, never written through
+            return write_trusted(path, json.dumps(entry, indent=1), what=f"the {namespace.what}", fix=WRITE_FIX)
+        except UntrustedPathError as exc:
+            raise untrusted_cache_dir(exc) from None
 
     def _check_folder(self, namespace: Namespace[Any]) -> None:
-        """No entry is read from a directory others may write: the store's, and the namespace's folder."""
+        """No entry is read from a directory others may write: the store's, and the namespace's folder (each
+        read checks them again on its descriptors: ``planner.trust.read_trusted``; this says it once, first)."""
         folder = self.directory / namespace.folder
         if folder in self._checked:
             return
         self.check_directory()
         if folder != self.directory:
-            _check_trusted_directory(folder, f"the {namespace.what.removesuffix(' entry')} directory")
+            trusted_dir(folder, what=f"the {namespace.what.removesuffix(' entry')} directory", fix=UNTRUSTED_CACHE_FIX)
         self._checked.add(folder)
 
-    def _read(self, namespace: Namespace[T], key: str, path: Path) -> T:
+    def _read(self, namespace: Namespace[T], key: str, path: Path) -> T | None:
         """The value of the entry at ``path``, every rule of the module docstring held (else ConfigError)."""
         fix = namespace.redo
-        raw = read_limited_bytes(path, what="entry", max_bytes=MAX_ENTRY_BYTES, fix=fix)
+        raw = read_trusted(path, what=namespace.what, fix=fix, max_bytes=MAX_ENTRY_BYTES)
+        if raw is None:
+            return None
         document = loads_strict(raw, source="the entry", fix=fix)
+        # no control character in any string: a profile's note holding ESC made every later plan unwritable
+        check_tree(document, "the entry")
         if isinstance(document, dict) and "schema" not in document and namespace.legacy is not None:
             value, inputs = namespace.legacy(document, "the entry")
         else:
@@ -215,24 +249,3 @@ class CacheStore:
             raise ConfigError("checksum mismatch")
         return convert(namespace.value_type, payload, where=namespace.payload), envelope.inputs
 
-
-def _check_trusted_directory(directory: Path, what: str) -> None:
-    """Refuse a cache directory that others may write or this process may not.
-
-    An entry's name is its key, which anyone can compute, and its checksum anyone can recompute: whoever can
-    write the directory decides the plans (the namespaces' checks reject the impossible, not the merely wrong).
-    So a directory writable by every user (``/tmp``, mode ``o+w``) is refused, sticky bit or not. A directory
-    this process cannot write fails here, before any work, rather than after the work it was to store.
-    """
-    if not directory.exists():
-        return
-    mode = directory.stat().st_mode
-    if mode & stat.S_IWOTH:
-        raise FieldError(
-            "cache_dir", f"{what} {directory} is writable by every user (mode {stat.filemode(mode)}): anyone could "
-            f"plant entries there (chmod o-w {directory}, or choose another `cache_dir`)"
-        )
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise FieldError(
-            "cache_dir", f"{what} {directory} is not writable by this user (choose another `cache_dir`, or `no_cache`)"
-        )

@@ -84,6 +84,7 @@ def test_the_seed_api_keeps_the_names_the_engine_now_holds():
     )
 
 
+@pytest.mark.slow
 def test_torchkit_autobatch_is_a_module_path_and_stays_callable_in_either_import_order():
     # Ultralytics users write `from ultralytics.utils.autobatch import check_train_batch_size`; ours is
     # `from torchkit.autobatch import ...`, while `torchkit.autobatch(...)` keeps working as the function

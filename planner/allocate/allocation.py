@@ -158,14 +158,7 @@ def allocate(
     """
     cap, t0, t1 = _checked_rank_arrays(max_batch, time_intercept_s, time_per_sample_s)
     n = len(cap)
-    if mode not in MODES:
-        raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    k = _check_int("multiple_of", multiple_of, 1)
-    min_batch = _check_int("min_batch", min_batch, 1)
-    if global_batch is not None:
-        global_batch = _check_int("global_batch", global_batch, 1)
-        if global_batch > MAX_GLOBAL_BATCH:
-            raise ConfigError(f"global_batch {global_batch} is above {MAX_GLOBAL_BATCH}; use a smaller one")
+    k, min_batch, global_batch = _checked_options(mode, multiple_of, min_batch, global_batch)
     labels = None if groups is None else _as_1d("groups", groups, n)
 
     lo = -(-min_batch // k)  # minimum units per rank
@@ -204,6 +197,18 @@ def allocate(
         balance_efficiency=efficiency, idle_fraction=idle, mode=mode,
         advice=tuple(a for a in said if a.kind not in NOTE_KINDS),
         notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)
+
+
+def _checked_options(mode: str, multiple_of: int, min_batch: int,
+                     global_batch: int | None) -> tuple[int, int, int | None]:
+    """:func:`allocate`'s scalar options checked: (multiple_of, min_batch, global_batch)."""
+    if mode not in MODES:
+        raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    if global_batch is not None:
+        global_batch = _check_int("global_batch", global_batch, 1)
+        if global_batch > MAX_GLOBAL_BATCH:
+            raise ConfigError(f"global_batch {global_batch} is above {MAX_GLOBAL_BATCH}; use a smaller one")
+    return _check_int("multiple_of", multiple_of, 1), _check_int("min_batch", min_batch, 1), global_batch
 
 
 #: the largest idle share at which the table does not explain a balance efficiency below 1 by itself (the

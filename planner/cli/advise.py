@@ -153,7 +153,8 @@ def _pick(args: argparse.Namespace, context, front: list[dict], result) -> None:
     if abs(plan.throughput_samples_per_s - expected) > 1e-9 * expected:
         note(f"warning: the plan's throughput {plan.throughput_samples_per_s:.6g} differs from the search's "
              f"{expected:.6g} samples/s")
-    note(f"wrote {write_plan(plan, args.output)} (front point {args.pick}: {chosen['cluster']})")
+    write_plan(plan, getattr(args, "output_path", None) or args.output)
+    note(f"wrote {args.output} (front point {args.pick}: {chosen['cluster']})")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from planner import __version__
 from planner.cli import advise, catalog, devices, plan, preflight, profile, show
 from planner.cli.options import flag_of
 from planner.errors import FieldError, UserError
+from torchkit.terminal_text import printable
 
 # one module per command, each defining add_parser(subparsers) (which sets func=run) and run(args) -> int;
 # each module imports its heavy parts (Ray, torch) inside run, so building the parser stays cheap
@@ -127,16 +128,29 @@ def main(argv: list[str] | None = None) -> int:
     from planner.cli.log_stream import guarded_log_stream
 
     with guarded_log_stream():  # a closed stderr drops the logs, never the result (planner.cli.log_stream)
-        return _main(argv)
+        code = _main(argv)
+        if argv is None:  # this process is batchplan's own (the console script): nothing may keep it alive
+            _leave_without_stray_threads(code)
+    return code
 
 
 def _main(argv: list[str] | None) -> int:
     from planner.cli.json_error import print_error_document, wants_json
-    from planner.cli.signals import exit_code_and_line, handle_sigterm_like_sigint
-    from planner.cli.stdout_guard import forget_writes, guarded_result_stream, stdout_closed_by_reader
+    from planner.cli.signals import exit_code_and_line, handle_signals, raised_by_code
+    from planner.cli.stdout_guard import (
+        forget_writes,
+        guarded_result_stream,
+        stdout_closed_by_reader,
+        unusable_stdout,
+    )
 
+    problem = unusable_stdout()
+    if problem is not None:  # `batchplan plan >&-`: the result has nowhere to go; said before any work
+        if sys.stderr is not None:
+            sys.stderr.write(f"error: {problem}\n")
+        return 2
     forget_writes()
-    handle_sigterm_like_sigint()
+    handle_signals()
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -146,14 +160,11 @@ def _main(argv: list[str] | None) -> int:
             named = {command.__name__.rsplit(".", 1)[-1] for command in COMMANDS}  # one module per command
             print_error_document(next((w for w in words if w in named), None), exc.message, 2)
         raise
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
-        format="%(levelname)s %(name)s: %(message)s" if args.debug else "%(message)s",
-        stream=sys.stderr,
-    )
+    _configure_logging(args.debug)
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    absolute_paths(args)  # before any user code runs: a factory's os.chdir must not move the outputs
     as_json = bool(getattr(args, "json", False))
     try:
         with guarded_result_stream():
@@ -163,7 +174,7 @@ def _main(argv: list[str] | None) -> int:
     except UserError as exc:
         if args.debug:
             traceback.print_exc()
-        message = exc.render(flag_of) if isinstance(exc, FieldError) else str(exc)
+        message = printable(exc.render(flag_of) if isinstance(exc, FieldError) else str(exc))
         sys.stderr.write(f"error: {message}\n")
         if as_json:
             print_error_document(args.command, message, exc.exit_code)
@@ -171,6 +182,14 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (planner.cli.signals): everything started is stopped
         if args.debug:
             traceback.print_exc()
+        if raised_by_code(exc):  # no signal came: the model's code raised it (a factory), not the user
+            message = printable(f"the code run for the model raised {type(exc).__name__}({str(exc)[:200]!r}) with "
+                                f"no Ctrl-C or signal (model {getattr(args, 'model', None)!r}: its factory must "
+                                "return the model); everything this run started was stopped")
+            sys.stderr.write(f"error: {message}\n")
+            if as_json:
+                print_error_document(args.command, message, 2)
+            return 2
         code, line = exit_code_and_line(exc)
         sys.stderr.write(line + "\n")
         if as_json:
@@ -189,6 +208,49 @@ def _main(argv: list[str] | None) -> int:
         if as_json:
             print_error_document(args.command, f"internal error: {type(exc).__name__}: {exc}", 1)
         raise
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines with every control, format and separator character of their text escaped
+    (``torchkit.terminal_text``): a log line quoting a path, a node name or a factory's message stays one line
+    and never drives the terminal. A traceback (``--debug``) keeps its lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.msg, record.args = printable(record.getMessage()), None
+        return super().format(record)
+
+
+def _configure_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s" if debug else "%(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler])
+
+
+def absolute_paths(args: argparse.Namespace) -> None:
+    """The file ``-o`` names, absolute from the working directory batchplan started in (``args.output_path``),
+    before any user code runs: a factory that calls ``os.chdir`` sent a relative ``-o`` into its own directory.
+    ``args.output`` keeps its spelling for the launch lines and messages that name it. (The working directory
+    itself is put back after each call into user code: ``torchkit.workloads.user_models``.)"""
+    import os
+
+    output = getattr(args, "output", None)
+    if isinstance(output, str) and output and not output.endswith(os.sep):
+        args.output_path = os.path.abspath(output)
+
+
+def _leave_without_stray_threads(code: int) -> None:
+    """A thread user code started (a factory's non-daemon thread) kept the process alive forever after the
+    result was printed: where one is left, say so and exit now, the result being decided."""
+    import threading
+
+    stray = [t.name for t in threading.enumerate()
+             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if stray:
+        shown = ", ".join(stray[:4]) + (", ..." if len(stray) > 4 else "")
+        if sys.stderr is not None:
+            sys.stderr.write(printable(f"note: {len(stray)} thread(s) still running ({shown}) would keep batchplan "
+                                       "alive after its result: exiting without waiting for them") + "\n")
+        _exit_now(code)
 
 
 def _silence_stdout() -> None:

@@ -52,8 +52,8 @@ def emit(plan: Plan, args: argparse.Namespace) -> None:
     from planner.plan.io import write_plan
 
     if not args.no_write:
-        path = write_plan(plan, args.output)
-        note(f"wrote {path}")
+        write_plan(plan, getattr(args, "output_path", None) or args.output)
+        note(f"wrote {args.output}")  # as the user spelt it (the file is the absolute path main resolved)
     else:
         note(f"plan not written (--no-write): the launch lines name {args.output}, which this run did not write "
              f"(drop --no-write, or write it later from the same flags)")

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if ok and plan is not None and args.output:
         from planner.plan.io import write_plan
 
-        write_plan(plan, args.output)
+        write_plan(plan, getattr(args, "output_path", None) or args.output)
     if args.json:
         print_json({"schema": SCHEMA, "ok": ok, "checks": encode(checks), "plan": encode(plan)})
     else:

@@ -14,6 +14,7 @@ The result itself can fail to arrive: stdout on a full device (``> /dev/full``),
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 from collections.abc import Iterator
@@ -39,6 +40,34 @@ def stdout_to_stderr() -> Iterator[None]:
             original.flush()
         os.dup2(saved_fd, 1)
         os.close(saved_fd)
+
+
+def unusable_stdout() -> str | None:
+    """Why stdout cannot carry a result (closed: ``batchplan plan >&-``), or None. Where it can, a stream whose
+    encoding cannot write every character (``PYTHONIOENCODING=latin-1``: the tables' ×, σ, ±) writes an escape
+    for it instead of failing; so does stderr."""
+    stream = sys.stdout
+    closed = ("stdout is closed: batchplan prints its result there (redirect it, e.g. > plan.txt or > /dev/null, "
+              "rather than closing it)")
+    if stream is None or getattr(stream, "closed", False):
+        return closed
+    try:
+        descriptor = stream.fileno()
+    except (io.UnsupportedOperation, AttributeError):  # a stream without a descriptor (a test's): usable as it is
+        descriptor = None
+    except (OSError, ValueError):
+        return closed
+    if descriptor is not None:
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            return closed
+    for text_stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(text_stream, "reconfigure", None)
+        if callable(reconfigure):
+            with contextlib.suppress(Exception):
+                reconfigure(errors="backslashreplace")
+    return None
 
 
 #: whether a result stream was written to in this process (``stdout_written``)

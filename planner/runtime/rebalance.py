@@ -85,7 +85,8 @@ import torch.distributed as dist
 from planner.errors import ConfigError, RebalanceError, WorkloadError
 from planner.plan.types import Plan
 from planner.runtime.default_group_timeout import is_collective_failure, lowered_default_timeout
-from planner.runtime.rebalance_faults import default_store, missing_ranks
+from planner.runtime.rank_watchdog import start_rank_watchdog, stop_ranks
+from planner.runtime.rebalance_faults import default_store, lowered_store_timeout, missing_ranks
 from planner.runtime.rebalance_model import (
     Decision,
     RankLimits,
@@ -237,10 +238,18 @@ class Rebalancer:
         self._boundary: tuple[int, int] = (0, 0)
         self._window_first = 0
         self._group = None
+        self._watchdog = None
+        self._connect(ddp)
+
+    def _connect(self, ddp: torch.nn.Module | None) -> None:
+        """The re-balancer's own process group, this rank's watchdog and the model's timing hooks."""
         if self.world_size > 1 and dist.is_available() and dist.is_initialized():
             # every rank builds its re-balancer in the same order: new_group is a collective
             self._group = dist.new_group(timeout=timedelta(seconds=self.collective_timeout_s),
                                          backend=dist.get_backend())
+        # lets the others end this rank, on whatever node, if it hangs or is stopped (planner.runtime.rank_watchdog)
+        self._watchdog = start_rank_watchdog(default_store(), self._key_prefix, self.rank) \
+            if self._group is not None else None
         if ddp is not None and isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(None, self._comm_hook)
             ddp.module.register_forward_pre_hook(self._forward_pre_hook)
@@ -676,18 +685,26 @@ class Rebalancer:
     def collective_failure(self, what: str, exc: BaseException) -> RebalanceError:
         """The one-line error of a failed collective (``what``: e.g. "the loss all-reduce"), naming the rank(s)
         that did not answer; for the training loop's own collectives too."""
-        grace_s = min(2.0, self.collective_timeout_s / 2)  # the survivors fail within moments of each other
-        missing = missing_ranks(default_store(), self._key_prefix, self.rank, self.world_size, self._step, grace_s)
+        # the survivors fail within moments of each other, seconds apart on a loaded machine: 2 s was seen to let
+        # the store's host (rank 0 of an env:// launch) leave before a slower survivor could name (1 run in 20 at
+        # load 12-19 on 2 cores)
+        grace_s = min(4.0, self.collective_timeout_s / 2)
+        store = default_store()
+        missing = missing_ranks(store, self._key_prefix, self.rank, self.world_size, self._step, grace_s)
         if missing:
             who = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(str(r) for r in missing)
             who += " stopped answering"
+            with lowered_store_timeout(store, grace_s):  # a hung or stopped rank's node must end too
+                ended = stop_ranks(store, self._key_prefix, missing)
         else:
-            who = "a rank stopped answering (which one could not be told)"
+            who, ended = "a rank stopped answering (which one could not be told)", []
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         return RebalanceError(
             f"rebalance: {who} after optimizer step {self._step}: it died or hung ({what} failed on rank "
             f"{self.rank} within the re-balancer's {self.collective_timeout_s:g} s timeout: "
-            f"{type(exc).__name__}: {first_line[:200]}); rank {self.rank} stops too")
+            f"{type(exc).__name__}: {first_line[:200]}); rank {self.rank} stops too"
+            + (f"; ended rank {', '.join(str(r) for r in ended)} through its watchdog, so that its node stops as well"
+               if ended else ""))
 
     def _agree(self, decision: Decision | None) -> None:
         """Every rank's decision must be the same; otherwise every rank raises (nobody waits forever)."""

@@ -368,3 +368,10 @@ def test_a_config_error_is_a_user_error_with_exit_code_2(tmp_path: Path) -> None
 def test_importing_planner_cluster_stays_cheap() -> None:
     code = "import sys, planner.cluster; bad = {'torch', 'ray', 'pynvml'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("gpu_type", ["T4\u202e", "T4\x1b[31m", "T4\nnodes: []"])
+def test_a_gpu_type_that_is_not_one_line_of_visible_text_is_refused(gpu_type):
+    """Issue #34: U+202E in a GPU type name reached the terminal."""
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.gpus\[0\]\.type: .* holds the character \\"):
+        parse_cluster({"nodes": [{"name": "a", "gpus": [{"type": gpu_type}]}]}, "c.yaml")

@@ -128,3 +128,13 @@ def test_the_readmes_offers_example_is_a_valid_offers_file():
     block = re.search(r"```yaml\n(.*?)```", section, flags=re.DOTALL).group(1)
     offers = parse_offers(yaml.safe_load(block), "README.md")
     assert [o.name for o in offers.offers] == ["lab-a100"] and offers.offers[0].price_per_node_hour_usd == 0
+
+
+@pytest.mark.parametrize("text", ["AWS page\nnodes: [{name: evil, gpus: [{type: T4, count: 256}]}]",
+                                  "AWS \x1b[2Jpage", "AWS \u202eegap"])
+def test_a_source_or_name_that_is_not_one_line_of_visible_text_is_refused(text):
+    """Issue #34: a newline in ``source:`` became live YAML in the cluster file ``advise`` writes."""
+    for field in ("source", "name"):
+        with pytest.raises(ConfigError, match=rf"offers\[0\]\.{field}: .* holds the character \\") as raised:
+            parse_offers(_with(**{field: text}), "t.yaml")
+        assert "\n" not in str(raised.value) and "\x1b" not in str(raised.value)

@@ -67,7 +67,8 @@ offer_entry = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(entries=st.lists(offer_entry, min_size=2, max_size=5),
        gbps=st.tuples(st.sampled_from((1, 10, 100, 400)), st.sampled_from((1, 10, 100, 400))))
 def test_the_pruned_front_is_the_brute_force_front(context, entries, gbps):
@@ -81,7 +82,8 @@ def test_the_pruned_front_is_the_brute_force_front(context, entries, gbps):
         assert point.samples_per_s <= point.bound_samples_per_s
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(entries=st.lists(offer_entry, min_size=2, max_size=3))
 def test_with_a_global_batch_the_pruned_front_is_the_brute_force_front(batch_context, entries):
     offers = _offers([{**e, "name": f"o{i}", "max_nodes": min(e["max_nodes"], 2)} for i, e in enumerate(entries)],

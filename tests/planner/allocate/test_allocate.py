@@ -74,6 +74,7 @@ def clusters(draw, max_ranks: int = 8, max_cap: int = 40):
 # ------------------------------------------------------------------------------------------- properties
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cluster=clusters(), k=st.sampled_from([1, 2, 4, 8]), min_batch=st.integers(1, 10),
        mode=st.sampled_from(["balanced", "max", "uniform"]),
@@ -138,6 +139,7 @@ def test_allocation_respects_bounds_sums_and_is_deterministic(cluster, k, min_ba
     assert same(result, again)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cluster=clusters(max_ranks=4, max_cap=24), k=st.sampled_from([1, 2, 4]), min_batch=st.integers(1, 6),
        global_batch=st.integers(1, 120))
@@ -154,6 +156,7 @@ def test_balanced_with_global_batch_reaches_the_exhaustive_minimum_step_time(clu
     assert result.step_time_s == pytest.approx(best, rel=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cluster=clusters(max_ranks=4, max_cap=24), k=st.sampled_from([1, 2, 4]), min_batch=st.integers(1, 6))
 def test_balanced_without_global_batch_reaches_the_exhaustive_best_throughput(cluster, k, min_batch):
@@ -167,6 +170,7 @@ def test_balanced_without_global_batch_reaches_the_exhaustive_best_throughput(cl
     assert result.throughput_samples_per_s == pytest.approx(best, rel=1e-12)  # small cases are exact
 
 
+@pytest.mark.slow
 def test_branch_and_bound_stays_within_its_tolerance_of_the_exact_optimum(monkeypatch):
     """Force the interval search (enumerate at most 8 candidates at once) on clusters of up to 200 ranks
     with jittered caps and compare with one exact enumeration of every candidate."""

@@ -144,6 +144,7 @@ def test_a_large_cluster_gets_one_bar_per_gpu_type() -> None:
         plt.close(fig)
 
 
+@pytest.mark.slow
 def test_plot_files_are_written_and_the_profile_title_names_the_model(tmp_path: Path) -> None:
     picture = tmp_path / "plan.png"
     result = run_cli("plan", "--no-ray", "--cluster", DEMO_MIXED, *TINY_MODEL, "--cache-dir", tmp_path / "cache",

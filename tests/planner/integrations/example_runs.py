@@ -11,9 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.gloo import torchrun_env
 from tests.net import free_port
 from tests.planner.integrations.exactness import plan_document
-from tests.planner.test_example_train_ddp import child_env
 
 REPO = Path(__file__).resolve().parents[3]
 README = (REPO / "README.md").read_text()
@@ -38,7 +38,7 @@ def run_example(command: Callable[[int], list[str]], tmp_path: Path, timeout_s: 
         port = free_port()
         extra = {port_env: str(port)} if port_env else {}
         result = subprocess.run(command(port), capture_output=True, text=True, timeout=timeout_s, cwd=tmp_path,
-                                env=child_env(PYTHONPATH=str(REPO), **env, **extra))
+                                env=torchrun_env(PYTHONPATH=str(REPO), **env, **extra))
         if result.returncode == 0 or attempt or "address already in use" not in result.stderr.lower():
             break
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

@@ -8,11 +8,13 @@ import json
 
 import pytest
 
+from planner.errors import FieldError
 from planner.job import JobSpec
 from planner.obtain import job_fingerprint
 from planner.obtain.gradients import GRADIENTS, gradient_layout
 from planner.store import CacheStore
 from tests.library_models import CASES, require_library, write_tiny_gpt2_config
+from tests.other_user import reachable_place
 from tests.planner.tiny_models import convnet, stride_probing_convnet
 
 JOB = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32))
@@ -47,6 +49,23 @@ def test_an_entry_of_the_release_before_the_store_is_read_as_it_is(tmp_path):
     entry.write_text(json.dumps({"grad_bytes": [1, -2]}))
     assert gradient_layout(JOB, job_fingerprint(JOB), store)[0] == sizes
     assert "grad_bytes[1] must be >= 1, got -2" in store.problems[-1]
+
+
+def test_a_layout_others_could_write_is_built_again_and_their_directory_refused(caplog):
+    identity = job_fingerprint(JOB)
+    with reachable_place() as cache:  # where other users can reach it (pytest's tmp_path is private)
+        store = CacheStore(cache)
+        sizes, _ = gradient_layout(JOB, identity, store)
+        entry = next((cache / "gradients").glob("*.json"))
+        entry.write_text(json.dumps({"grad_bytes": [4]}))  # issue #34: a layout that makes the sync free
+        entry.chmod(0o666)
+        assert gradient_layout(JOB, identity, store)[0] == sizes
+        assert f"{entry} is writable by every user" in caplog.text
+        assert len(store.problems) == 1 and "not trusted; ignoring it" in store.problems[0]
+        assert entry.stat().st_mode & 0o777 == 0o644  # rewritten, private
+        (cache / "gradients").chmod(0o775)
+        with pytest.raises(FieldError, match=r"/gradients (above it )?is writable by its group"):
+            gradient_layout(JOB, identity, CacheStore(cache))
 
 
 def test_a_model_whose_constructor_reads_values_is_laid_out():

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from planner.errors import FieldError
 from planner.probing import link_probe
 from planner.store import CacheStore
+from tests.other_user import reachable_place
 from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.units import MIB
 
@@ -53,3 +55,20 @@ def test_a_measured_network_is_cached_per_set_of_nodes(tmp_path):
         link_probe.store_network(store, ["x", "y"], link)  # unwritable: no error, just no cache
     finally:
         (tmp_path / "links").chmod(0o700)
+
+
+def test_a_link_entry_others_could_write_is_measured_again_and_their_directory_refused(caplog):
+    link = LinkCost(name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)")
+    with reachable_place() as cache:  # where other users can reach it (pytest's tmp_path is private)
+        store = CacheStore(cache)
+        link_probe.store_network(store, ["a", "b"], link)
+        entry = next((cache / "links").glob("*.json"))
+        entry.chmod(0o666)  # issue #34: anyone could have put a faster network there
+        assert link_probe.cached_network(store, ["a", "b"]) is None
+        assert f"{entry} is writable by every user" in caplog.text and "measuring it again" in caplog.text
+        assert len(store.problems) == 1 and "not trusted; ignoring it and measuring it again" in store.problems[0]
+        link_probe.store_network(store, ["a", "b"], link)  # the measurement replaces it, private again
+        assert entry.stat().st_mode & 0o777 == 0o644 and link_probe.cached_network(store, ["a", "b"]) is not None
+        (cache / "links").chmod(0o777)
+        with pytest.raises(FieldError, match=r"/links (above it )?is writable by every user"):
+            link_probe.cached_network(CacheStore(cache), ["a", "b"])
