@@ -88,9 +88,10 @@ class TimeConstants:
     DRAM traffic cannot stream faster than this however fast the DRAM is: each SM keeps a bounded number of
     loads in flight, so by Little's law its share of the bandwidth is at most (bytes in flight) / (DRAM
     latency), and the loads and the kernel's own instructions take issue slots on the SM. It binds on a card
-    whose DRAM is fast for its SMs (the H200: the H100's SMs with 1.43x its bandwidth, measured 1.10-1.19x an
-    H100 SXM in eager ResNet-50 and 1.13x in MLPerf's); the streaming bandwidth is the soft minimum of
-    ``bandwidth_efficiency x DRAM`` and this (``STREAMING_SOFTMIN_POWER``). ``inf``: no limit"""
+    whose DRAM is fast for its SMs (the H200: the H100 SXM's SMs with 1.43x its bandwidth, measured 1.13x an
+    H100 SXM in MLPerf Training's ResNet-50); the streaming bandwidth is the soft minimum of
+    ``bandwidth_efficiency x DRAM`` and this (``STREAMING_SOFTMIN_POWER``). ``inf``: no limit (the calibration
+    fits it where its data can see it: ``calibration/fit.py`` ``SM_STREAM_PRIORS``)"""
 
 
 STREAMING_SOFTMIN_POWER = 4.0
