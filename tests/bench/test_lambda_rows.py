@@ -3,6 +3,7 @@ PyTorch build, precision) at the median of its runs, the batch and build from ea
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,52 @@ def _without(catalog, name: str):
     from torchkit.hardware.catalog import GpuCatalog
 
     return GpuCatalog(types={k: v for k, v in catalog.types.items() if k != name}, source=catalog.source)
+
+
+@pytest.fixture(scope="module")
+def eval_lambda():
+    spec = importlib.util.spec_from_file_location("eval_lambda", REPO / "bench" / "eval_lambda.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["eval_lambda"] = module  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules["eval_lambda"]
+
+
+def test_eval_lambda_prices_each_row_at_its_own_precision_from_cached_tables(tmp_path, eval_lambda,
+                                                                             monkeypatch) -> None:
+    """The fake clone's V100 rows are Lambda's own (833 img/s AMP at batch 256, 369 fp32 at 128), batches the
+    calibration's kernel cache holds: priced with no fake pass, each near its measurement (the V100 is a
+    calibrated anchor); an AMP row priced as fp32 would be off by 2x."""
+    from torchkit.estimate import estimator
+    from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, load_time_model
+
+    repo = _fake_benchmark(tmp_path)
+    rows = [r for r in eval_lambda.read_rows(repo, "HEAD") if r.gpu == "V100-SXM2-16GB"]
+    assert sorted((r.precision, r.batch, r.measured) for r in rows) == [("fp16", 256, 833.0), ("fp32", 128, 369.0)]
+
+    def no_fake_pass(*args, **kwargs):
+        raise AssertionError("a fake pass for a cached table")
+
+    monkeypatch.setattr(estimator, "estimate_step", no_fake_pass)
+    priced = eval_lambda.price(rows, eval_lambda.kernel_tables(rows), load_time_model(DEFAULT_TIME_MODEL_PATH))
+    ratios = {x.row.precision: x.ratio for x in priced}
+    assert 0.8 < ratios["fp16"] < 1.25 and 0.8 < ratios["fp32"] < 1.25
+    assert all(x.log_sigma > 0 for x in priced)
+
+
+def test_eval_lambda_mix_splits_by_predicted_speed_and_runs_at_measured(eval_lambda) -> None:
+    """Two cards measured alike, one predicted 2x: it gets 2/3 of the batch and sets the step, 0.75 of the bound."""
+    def priced(gpu: str, predicted: float, measured: float = 100.0):
+        row = eval_lambda.Row(gpu=gpu, build="lambda-pt113", precision="fp16", batch=256, measured=measured)
+        return eval_lambda.Priced(row=row, predicted=predicted, log_sigma=0.1)
+
+    pair = [priced("A100-SXM4-80GB", 200.0), priced("V100-SXM2-16GB", 100.0)]
+    assert eval_lambda.mix_efficiency(pair) == pytest.approx(0.75)
+    s = eval_lambda.summary(pair)
+    assert (s["rows"], s["types"], s["types_within_20pct"]) == (2, 2, 1)
+    assert s["ratio_max"] == pytest.approx(2.0) and s["within_2sigma"] == pytest.approx(0.5)
+    assert s["mix_min"] == pytest.approx(0.75)
+    assert eval_lambda.summary(pair[1:])["mix_min"] == 1.0  # one type: nothing to split
