@@ -44,7 +44,7 @@ def main() -> int:
     from planner.job import JobSpec
     from planner.profiles.cache import ProfileCache
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--offers", default=str(REPO / "cluster_configs" / "offers" / "example.yaml"))
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--global-batch", type=int)

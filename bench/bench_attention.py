@@ -101,7 +101,7 @@ def figures(name: str, make) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help="the encoder only")
     args = parser.parse_args()
     figures("transformer_encoder", _encoder)

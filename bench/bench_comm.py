@@ -406,7 +406,7 @@ def _measure_rounds(cases: list[Case], num_rounds: int, repeats: int) -> tuple[l
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--rounds", type=int, default=1,

@@ -51,7 +51,7 @@ def _run(args: list[str], cwd: Path) -> tuple[int, float, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--plan-at-limit", action="store_true", help="also plan 16,384 nodes × 4 GPUs (minutes)")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:

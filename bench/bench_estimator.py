@@ -167,7 +167,7 @@ def speed_run(names: list[str]) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help="small inputs (minutes instead of ~15)")
     parser.add_argument("--only", help="comma-separated workload names")
     parser.add_argument("--models", choices=("reference", "library", "all"), default="all",

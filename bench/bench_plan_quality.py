@@ -98,7 +98,7 @@ def _step_batch(rows: list[dict]) -> int | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--model", default="resnet50")
     args = parser.parse_args()
     results = []

@@ -114,7 +114,7 @@ def oversized_refusal_s(where: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--sizes", default="1024,8192,65536", help="comma-separated rank counts")
     parser.add_argument("--repeat", type=int, default=5, help="ranks timed per size (median)")
     args = parser.parse_args()

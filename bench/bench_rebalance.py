@@ -218,7 +218,7 @@ def real_metrics(record: dict) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sample-ms", type=float, default=2.0)
     parser.add_argument("--cases", default=",".join(CASES))

@@ -238,7 +238,7 @@ def write_document(doc: dict, path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--refresh-tables", action="store_true", help="recompute the kernel tables (fake passes)")
     parser.add_argument("--out", type=Path, default=DEFAULT_TIME_MODEL_PATH, help="where to write the constants")
     args = parser.parse_args()

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--workloads", default="resnet50,yolo-n,vit-b16,gpt2-small")
     parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting new workloads after this")
     parser.add_argument("--seq-len", type=int, default=512, help="gpt2-small sequence length")

@@ -177,7 +177,7 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--plan", required=True, help="plan.json written by batchplan plan")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--match", choices=("node", "rank"), default="node", help="how a worker finds its entry")
@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=args.address)
     else:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep a local Ray on 127.0.0.1
+        # a Ray of this job's own, on loopback: left to itself a new local ray.init (Ray 2.59+) turns token auth on
+        # and writes ~/.ray/auth_token into the user's home, after which every Ray started on this machine finds
+        # it, turns token mode on and says so; a RAY_AUTH_MODE of the user's is kept
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         # address="local": a fresh Ray of our own, even when another one runs on this machine
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
                  num_cpus=max(plan["world_size"], 2))

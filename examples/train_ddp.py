@@ -69,7 +69,7 @@ class IndexedDataset(Dataset):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--plan", required=True, help="plan.json written by batchplan plan")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps to run (default 5)")
     parser.add_argument("--dataset-size", type=int, default=None, help="samples (default: 8 optimizer steps' worth)")

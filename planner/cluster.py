@@ -83,7 +83,19 @@ _READ_LIMITS = DocumentLimits(
                      max_each=MAX_GPUS_PER_NODE, what="GPUs"),
 )
 
-_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # usable as a hostname label and a Ray resource
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", re.ASCII)  # a hostname label and a Ray resource
+
+
+def node_name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as a node name (a cluster config's, or a host SLURM lists), or None.
+
+    The text says the rule, with the name escaped (``!r``): it is safe to print whatever the name holds."""
+    if len(name) > MAX_NODE_NAME_CHARS:
+        return f"node name of {len(name)} characters, over the limit of {MAX_NODE_NAME_CHARS} (a host name)"
+    if not _NODE_NAME.fullmatch(name):
+        return (f"node name {name!r} may hold only letters, digits, '.', '_' and '-' and must start with a letter "
+                "or digit (it becomes a host label)")
+    return None
 
 _TOP_REQUIRED = {"nodes": "a list of nodes, e.g. nodes: [{name: node-a, gpus: [{type: T4, count: 2}]}]"}
 _TOP_OPTIONAL = ("name", "gpu_types", "network")
@@ -364,15 +376,9 @@ def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation, probl
 def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: ConfigProblems) -> NodeSpec:
     node = expect_mapping(raw, where, required=_NODE_REQUIRED, optional=_NODE_OPTIONAL, what="a node mapping")
     name = expect_str(node["name"], where.key("name"))
-    if len(name) > MAX_NODE_NAME_CHARS:
-        raise where.key("name").error(
-            f"node name of {len(name)} characters, over the limit of {MAX_NODE_NAME_CHARS} (a host name)"
-        )
-    if not _NODE_NAME.match(name):
-        raise where.key("name").error(
-            f"node name {name!r} may hold only letters, digits, '.', '_' and '-' and must start with a letter "
-            "or digit (it becomes a host label)"
-        )
+    problem = node_name_problem(name)
+    if problem is not None:
+        raise where.key("name").error(problem)
     cpu_count = None
     if node.get("cpu_count") is not None:
         cpu_count = expect_int(node["cpu_count"], where.key("cpu_count"), minimum=1, maximum=MAX_CPU_COUNT)

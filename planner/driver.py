@@ -365,11 +365,11 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
 
     try:
         grad_bytes, source = gradient_layout(job, identity, options.cache.directory if options.cache else None)
-    except Exception as exc:  # a user model that cannot be built on the meta device: plan compute only
+    except Exception as exc:  # a model that cannot be built at all (nor its parameters counted): plan compute only
         warnings.append(f"gradient synchronisation not modelled: the model's gradients could not be laid out "
                         f"({type(exc).__name__}: {exc}); the step times are compute only")
         return None
-    measured, note = _measured_network(backend, inventories, options, warnings)
+    measured, note = _measured_network(backend, inventories, options, warnings, interconnect or Interconnect())
     job_sync = {}
     if job.method is Method.AUTO:  # as the profiles measured in a running job: found where measurements may answer
         inputs = sync_key_inputs(job.to_json(), fingerprint=identity[0], gradient_bytes=sum(grad_bytes),
@@ -382,15 +382,16 @@ def _sync_inputs(job: JobSpec, backend: Backend, inventories: Sequence[NodeInven
 
 
 def _measured_network(backend: Backend, inventories: Sequence[NodeInventory], options: DriverOptions,
-                      warnings: list[str]) -> tuple[dict[str, LinkCost], str]:
+                      warnings: list[str], interconnect: Interconnect) -> tuple[dict[str, LinkCost], str]:
     """The network the probes measure among the nodes with GPUs to plan on (``planner.probing.link_probe``),
     cached per cluster; nothing on a simulated cluster or one node. (links, what the plan says about it)"""
     from planner.probing import link_probe
 
-    if any(inv.simulated for inv in inventories):
-        return {}, ("simulated cluster: no link measured; the synchronisation is priced from the config's links, "
-                    "the catalog's and the assumed network")
     nodes = sorted(inv.name for inv in inventories if inv.selection.selected)
+    if any(inv.simulated for inv in inventories):
+        assumed = len(nodes) > 1 and any(interconnect.network_link(node)[1] for node in nodes)
+        return {}, ("simulated cluster: no link measured; the synchronisation is priced from the config's links "
+                    "and the catalog's" + (", and the assumed network" if assumed else ""))
     measure = getattr(backend, "measure_network", None)
     if len(nodes) < 2 or measure is None:
         return {}, ""

@@ -58,6 +58,11 @@ class InfeasiblePlanError(UserError):
     exit_code = 1
 
 
+class NoGpuError(InfeasiblePlanError):
+    """The cluster has no GPU at all to plan on (none found, none left out): a machine without GPUs, or a Ray
+    cluster whose nodes have none."""
+
+
 class RebalanceError(RuntimeError):
     """In-job re-balancing cannot go on safely: a rank died or hung in its all-gather, or the ranks did not
     reach the same decision (``planner.runtime.rebalance``). Not a user error: the job must stop."""

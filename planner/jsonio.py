@@ -78,11 +78,24 @@ def read_limited_bytes(path: str | os.PathLike, *, what: str, max_bytes: int, fi
         )
     try:
         with source.open("rb") as handle:
-            raw = handle.read(max_bytes + 1)  # a file that grew since stat is still refused, never read whole
+            return read_at_most(handle, max_bytes, what=f"{what} {source}", fix=fix)
     except OSError as exc:
         raise ConfigError(f"{what} {source} cannot be read: {exc.strerror or exc} ({fix})") from None
+
+
+def read_at_most(handle: Any, max_bytes: int, *, what: str, fix: str) -> bytes:
+    """The rest of an open binary file, refused when it holds more than ``max_bytes`` (checked on what is read: a
+    file that grew since its size was checked is still refused, never read whole).
+
+    Raises:
+        ConfigError: over the limit, or unreadable.
+    """
+    try:
+        raw = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(f"{what} cannot be read: {exc.strerror or exc} ({fix})") from None
     if len(raw) > max_bytes:
-        raise ConfigError(f"{what} {source} is over the limit of {max_bytes} bytes ({fix})")
+        raise ConfigError(f"{what} is over the limit of {max_bytes} bytes ({fix})")
     return raw
 
 

@@ -54,6 +54,17 @@ class ModelCase:
     def id(self) -> str:
         return self.model.replace("{config}", "tiny-gpt2.json")
 
+    def marks(self) -> list[pytest.MarkDecorator]:
+        """The library's cost marker (pyproject.toml: ``timm``, ``torchvision``, ``transformers``,
+        ``ultralytics``), which also picks the CI stage that runs the case (.ci/run)."""
+        if self.library is None:
+            return []
+        return [getattr(pytest.mark, LIBRARY_MARKERS[self.library.split(".", 1)[0]])]
+
+
+#: the top-level module a case imports -> its marker
+LIBRARY_MARKERS = {"timm": "timm", "torchvision": "torchvision", "transformers": "transformers",
+                   "ultralytics": "ultralytics"}
 
 CASES = (
     ModelCase("timm:resnet18", {"imgsz": 64}, "timm"),
@@ -64,6 +75,10 @@ CASES = (
     ModelCase("tests.planner.tiny_models:lstm_classifier", {"seq_len": 32, "vocab_size": 1000}, batches=(8, 32)),
     ModelCase("tests.planner.tiny_models:transformer_encoder", {"seq_len": 32, "vocab_size": 1000}, batches=(8, 32)),
 )
+
+
+#: CASES as pytest parameters: each with its id and its library's marker
+CASE_PARAMS = [pytest.param(case, id=case.id(), marks=case.marks()) for case in CASES]
 
 
 def require_library(case: ModelCase) -> None:

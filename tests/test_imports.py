@@ -28,7 +28,13 @@ def _modules(package) -> list[str]:
 
 @pytest.mark.parametrize("name", _modules(planner) + _modules(torchkit))
 def test_every_module_imports(name):
-    importlib.import_module(name)
+    from planner.integrations.optional import MissingLibraryError
+
+    try:
+        importlib.import_module(name)
+    except MissingLibraryError as exc:  # a trainer integration whose library is not importable here: its one line
+        assert name.startswith("planner.integrations."), name
+        pytest.skip(str(exc))
 
 
 def _run(code: str) -> None:
@@ -78,6 +84,7 @@ def test_the_seed_api_keeps_the_names_the_engine_now_holds():
     )
 
 
+@pytest.mark.slow
 def test_torchkit_autobatch_is_a_module_path_and_stays_callable_in_either_import_order():
     # Ultralytics users write `from ultralytics.utils.autobatch import check_train_batch_size`; ours is
     # `from torchkit.autobatch import ...`, while `torchkit.autobatch(...)` keeps working as the function
@@ -105,7 +112,8 @@ def test_the_planner_core_imports_neither_torch_ray_nor_pynvml():
         "import planner.allocate.allocation, planner.allocate.advice, planner.allocate.solver\n"
         "import planner.plan.build, planner.plan.io, planner.plan.launch, planner.plan.types\n"
         "import planner.preflight, planner.runtime, planner.cli.main\n"
-        "heavy = [m for m in ('torch', 'ray', 'pynvml') if m in sys.modules]\n"
+        "import planner.integrations, planner.integrations.plan_source, planner.integrations.planned_run\n"
+        "heavy = [m for m in ('torch', 'ray', 'pynvml', 'transformers', 'accelerate', 'lightning') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
 

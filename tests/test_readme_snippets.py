@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.net import free_port
-from tests.planner.test_example_train_ddp import child_env
+from tests.gloo import describe_torchrun, torchrun, torchrun_env
 from tests.plans import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,11 +36,8 @@ def test_the_training_script_snippet_runs_as_written_with_accumulation(tmp_path:
     assert "set_epoch" in snippet and "plan.accumulate" in snippet and ".to(device)" in snippet
     (tmp_path / "train.py").write_text(snippet)
     (tmp_path / "plan.json").write_text(json.dumps(make_plan((5, 3), nodes=(("node-a", 2),), accumulate=2)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), "train.py"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                            env=child_env(PYTHONPATH=str(REPO)))
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = torchrun("train.py", nproc=2, cwd=tmp_path, env=torchrun_env(PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, describe_torchrun(result)
     # 1024 samples, 8 per global micro-step, 2 micro-steps per optimizer step: 64 optimizer steps an epoch
     assert "trained 2 epochs: 64 optimizer steps each" in result.stdout, result.stdout
 

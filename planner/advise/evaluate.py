@@ -33,7 +33,7 @@ from planner.allocate.uncertainty import step_time_range_s
 from planner.errors import InfeasiblePlanError
 from planner.job import JobSpec, Method
 from planner.plan.build import build_plan
-from planner.plan.comm import SyncInputs, ring_hops
+from planner.plan.comm import SyncInputs, backward_share_of, ring_hops
 from planner.plan.types import Plan, RankSlot
 from planner.profiles.cache import ProfileCache
 from planner.profiles.profile import DeviceProfile
@@ -162,7 +162,13 @@ class AdviseContext:
         return slots
 
     def sync_inputs(self, candidate: Candidate) -> SyncInputs:
-        return dataclasses.replace(self._sync, interconnect=candidate.interconnect(self.offers))
+        """The synchronisation inputs of the candidate's plan, as the driver makes them for its cluster config:
+        its links, and the backward share of its GPU types' profiles (``backward_share_of``), which sets how
+        much of the all-reduce the backward pass hides."""
+        share, source = backward_share_of([self.gpus[gpu].profile for gpu in dict.fromkeys(
+            offer.gpu.name for offer, _ in candidate.parts)])
+        return dataclasses.replace(self._sync, interconnect=candidate.interconnect(self.offers),
+                                   backward_share=share, backward_share_source=source)
 
     def bound_samples_per_s(self, candidate: Candidate) -> float:
         """The most throughput the candidate can reach (module docstring), without allocating."""
@@ -171,8 +177,9 @@ class AdviseContext:
                         for o, _ in candidate.parts)
         sync_s = 0.0
         if candidate.num_gpus > 1:
-            ring, _ = ring_hops(self.slots(candidate), self.sync_inputs(candidate))
-            sync_s = exposed_sync_s(self._buckets, ring, compute_s=compute_s, backward_share=self._sync.backward_share)
+            sync = self.sync_inputs(candidate)
+            ring, _ = ring_hops(self.slots(candidate), sync)
+            sync_s = exposed_sync_s(self._buckets, ring, compute_s=compute_s, backward_share=sync.backward_share)
         batch = self.job.global_batch
         bound = batch / (batch / total_rate + sync_s) if batch is not None else total_rate * compute_s / (compute_s + sync_s)
         return bound * (1.0 + BOUND_SLACK)

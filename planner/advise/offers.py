@@ -168,7 +168,9 @@ def parse_offers(data: Any, source: str, *, catalog: GpuCatalog | None = None,
     first_index: dict[str, int] = {}
     for i, raw in enumerate(raw_offers):
         with problems.collect():
-            offer = _parse_offer(raw, offers_where.index(i), catalog, networks)
+            offer = _parse_offer(raw, offers_where.index(i), catalog, networks, problems)
+            if offer is None:
+                continue  # its problems are collected
             if offer.name in first_index:
                 raise offers_where.index(i).key("name").error(
                     f"duplicate offer name {offer.name!r} (also offers[{first_index[offer.name]}]; names must be unique)")
@@ -210,29 +212,61 @@ def _parse_date(raw: Any, where: ConfigLocation) -> str:
     raise where.error(f"expected a date YYYY-MM-DD (when the price was read), got {raw!r}")
 
 
-def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks: dict[str, Network]) -> Offer:
+#: an offers file names catalog types only (it has no gpu_types:): what to do about one the catalog lacks
+OFFER_GPU_FIX = ("offers name catalog types: `batchplan catalog` lists them; a type of your own goes in the "
+                 "gpu_types: of a cluster config, planned with batchplan plan")
+
+
+def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks: dict[str, Network],
+                 problems: ConfigProblems) -> Offer | None:
+    """One offer; every problem of it collected in ``problems`` (an unknown GPU type is said with a bad price,
+    not after it is fixed), and None when it has any."""
     entry = expect_mapping(raw, where, required=_OFFER_REQUIRED, optional=_OFFER_OPTIONAL, what="an offer mapping")
-    name = _check_name(entry["name"], where.key("name"), "offer name")
-    try:
-        gpu = catalog.get(expect_str(entry["gpu"], where.key("gpu")))
-    except ConfigError as exc:
-        raise where.key("gpu").error(str(exc)) from None
-    gpus_per_node = expect_int(entry["gpus_per_node"], where.key("gpus_per_node"), minimum=1,
-                               maximum=MAX_GPUS_PER_NODE, hint="GPUs in one node of this offer")
-    max_nodes = expect_int(entry["max_nodes"], where.key("max_nodes"), minimum=1, maximum=MAX_NODES_PER_OFFER,
-                           hint="the most nodes of this offer a candidate may take")
-    price = expect_number(entry["price_per_node_hour"], where.key("price_per_node_hour"), minimum=0,
-                          maximum=MAX_PRICE_PER_NODE_HOUR, hint="USD per node-hour, 0 for owned machines")
-    network = expect_str(entry["network"], where.key("network"))
-    if network not in networks:
-        raise where.key("network").error(f"network {network!r} is not one of networks: ({', '.join(networks)}; "
-                                         "add it there)")
-    source = expect_str(entry["source"], where.key("source"))
-    if len(source) > MAX_SOURCE_CHARS:
-        raise where.key("source").error(f"{len(source)} characters, over the limit of {MAX_SOURCE_CHARS} (shorten it)")
-    intra = None
-    if entry.get("intra") is not None:
-        intra = parse_intra(entry["intra"], where.key("intra"), (gpu.name,))
-    return Offer(name=name, gpu=gpu, gpus_per_node=gpus_per_node, max_nodes=max_nodes,
-                 price_per_node_hour_usd=float(price), network=network, intra=intra, intra_raw=entry.get("intra"),
-                 source=source, date=_parse_date(entry["date"], where.key("date")))
+    before = len(problems.messages)
+    fields: dict[str, Any] = {}
+
+    def field(key: str, parse) -> None:
+        with problems.collect():
+            fields[key] = parse()
+
+    def parse_gpu():
+        name = expect_str(entry["gpu"], where.key("gpu"))
+        try:
+            return catalog.get(name, fix=OFFER_GPU_FIX)
+        except ConfigError as exc:
+            raise where.key("gpu").error(str(exc)) from None
+
+    def parse_network_name():
+        network = expect_str(entry["network"], where.key("network"))
+        if network not in networks:
+            raise where.key("network").error(f"network {network!r} is not one of networks: ({', '.join(networks)}; "
+                                             "add it there)")
+        return network
+
+    def parse_source():
+        source = expect_str(entry["source"], where.key("source"))
+        if len(source) > MAX_SOURCE_CHARS:
+            raise where.key("source").error(f"{len(source)} characters, over the limit of {MAX_SOURCE_CHARS} "
+                                            "(shorten it)")
+        return source
+
+    field("name", lambda: _check_name(entry["name"], where.key("name"), "offer name"))
+    field("gpu", parse_gpu)
+    field("gpus_per_node", lambda: expect_int(entry["gpus_per_node"], where.key("gpus_per_node"), minimum=1,
+                                              maximum=MAX_GPUS_PER_NODE, hint="GPUs in one node of this offer"))
+    field("max_nodes", lambda: expect_int(entry["max_nodes"], where.key("max_nodes"), minimum=1,
+                                          maximum=MAX_NODES_PER_OFFER,
+                                          hint="the most nodes of this offer a candidate may take"))
+    field("price", lambda: expect_number(entry["price_per_node_hour"], where.key("price_per_node_hour"), minimum=0,
+                                         maximum=MAX_PRICE_PER_NODE_HOUR, hint="USD per node-hour, 0 for owned machines"))
+    field("network", parse_network_name)
+    field("source", parse_source)
+    field("date", lambda: _parse_date(entry["date"], where.key("date")))
+    if entry.get("intra") is not None and "gpu" in fields:
+        field("intra", lambda: parse_intra(entry["intra"], where.key("intra"), (fields["gpu"].name,)))
+    if len(problems.messages) > before:
+        return None
+    return Offer(name=fields["name"], gpu=fields["gpu"], gpus_per_node=fields["gpus_per_node"],
+                 max_nodes=fields["max_nodes"], price_per_node_hour_usd=float(fields["price"]),
+                 network=fields["network"], intra=fields.get("intra"), intra_raw=entry.get("intra"),
+                 source=fields["source"], date=fields["date"])

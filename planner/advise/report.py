@@ -17,6 +17,7 @@ from planner.advise.offers import OfferSet
 from planner.advise.search import SearchResult
 from planner.errors import ConfigError
 from planner.files import write_file_safely
+from torchkit.terminal_text import printable
 
 SCHEMA = "batchplan/advise@1"
 
@@ -25,8 +26,10 @@ def cluster_file_text(candidate: Candidate, offers: OfferSet) -> str:
     """The candidate's cluster config as YAML, with where its offers and prices come from."""
     lines = [f"# candidate {candidate.label} of {offers.source_path} (written by batchplan advise)"]
     for offer, nodes in candidate.parts:
-        lines.append(f"#   {nodes}× {offer.name}: {offer.gpus_per_node}× {offer.gpu.name}, "
-                     f"${offer.price_per_node_hour_usd:g}/node-h ({offer.source}, {offer.date})")
+        # a comment line: whatever the offer says stays inside it (escaped; the offers reader refuses control
+        # characters already)
+        lines.append(printable(f"#   {nodes}× {offer.name}: {offer.gpus_per_node}× {offer.gpu.name}, "
+                               f"${offer.price_per_node_hour_usd:g}/node-h ({offer.source}, {offer.date})"))
     body = yaml.safe_dump(candidate.cluster_config(offers), sort_keys=False, default_flow_style=None)
     return "\n".join(lines) + "\n" + body
 

@@ -108,7 +108,8 @@ def _describe(ranks: np.ndarray, gid: np.ndarray, chosen: np.ndarray, names: np.
     if names is None:
         return _rank_list(idx)
     counts = np.bincount(gid[members], minlength=len(names))
-    kinds = " and ".join(f"{counts[g]} {names[g]}" for g in chosen)
+    listed = [f"{counts[g]} {names[g]}" for g in chosen]
+    kinds = listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + f" and {listed[-1]}"
     return f"the {kinds} rank{'s' if len(idx) > 1 else ''} ({_rank_list(idx)})"
 
 
@@ -203,10 +204,14 @@ def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str,
         alternatives["best_group_subset"] = best_prefix[1].throughput
         gain = best_prefix[1].throughput / current.throughput
         if gain >= ADVICE_MIN_SPEEDUP:
-            dropped = order[len(best_prefix[0]):]
+            kept, dropped = best_prefix[0], order[len(best_prefix[0]):]
+            if len(kept) < len(dropped):  # the shorter list to read: what stays
+                left_out = int(np.isin(gid, dropped).sum())
+                change = f"keeping only {_describe(ranks, gid, kept, names)} and dropping the other {left_out}"
+            else:
+                change = f"dropping {_describe(ranks, gid, dropped, names)}"
             advice.append(Advice(AdviceKind.DROP_GROUPS,
-                                 f"dropping {_describe(ranks, gid, dropped, names)} would be {gain:.2f}× faster "
-                                 f"({_versus(best_prefix[1], current, global_batch)})"))
+                                 f"{change} would be {gain:.2f}× faster ({_versus(best_prefix[1], current, global_batch)})"))
             said_prefix = set(best_prefix[0].tolist())
     if best_single is not None:
         alternatives["best_single_group"] = best_single[1].throughput

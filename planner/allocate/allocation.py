@@ -195,7 +195,8 @@ def allocate(
     alternatives, said = advise(rows, t0, t1, k, mode, global_batch, labels,
                                 Option(throughput, split.global_time_s, batches[rows.ranks], accumulate), sync)
     efficiency = min(1.0, throughput / bound) if bound > 0 else 0.0
-    said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r))
+    said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r,
+                                 sync_share=1.0 - compute_time / step_time if step_time > 0 else 0.0))
     return Allocation(
         batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
         step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
@@ -205,22 +206,31 @@ def allocate(
         notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)
 
 
-#: idle shares below this count as "no rank waits" for the efficiency note (what a table shows as 0%)
-_NO_IDLE = 0.005
+#: the largest idle share at which the table does not explain a balance efficiency below 1 by itself (the
+#: ranks visibly wait beyond it): below it the note says where the rest went
+_LITTLE_IDLE = 0.05
 #: efficiencies from here up need no explanation (the design goal for a balanced plan is 0.95)
 _EXPLAIN_EFFICIENCY_BELOW = 0.95
 
 
-def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray) -> list[Advice]:
-    """Why the balance efficiency is below 1 when no rank waits: the ranks run below their caps, where the
-    fixed part of a step (t0) weighs more per sample than at the cap the bound assumes."""
-    if efficiency >= _EXPLAIN_EFFICIENCY_BELOW or len(idle) == 0 or float(idle.max()) >= _NO_IDLE:
+def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray, *,
+                     sync_share: float = 0.0) -> list[Advice]:
+    """Why the balance efficiency is below 1 when (almost) no rank waits: the bound is every GPU alone at its
+    cap with no gradient synchronisation, and the plan pays the exposed synchronisation and runs the ranks
+    below their caps, where the fixed part of a step (t0) weighs more per sample."""
+    if efficiency >= _EXPLAIN_EFFICIENCY_BELOW or len(idle) == 0 or float(idle.max()) >= _LITTLE_IDLE:
         return []
+    reasons = []
+    if sync_share >= 0.01:
+        reasons.append(f"the exposed gradient sync is {sync_share:.0%} of the step")
     below = batches < caps
-    if not below.any():
+    if below.any():
+        share = float(np.mean(batches[below] / caps[below]))
+        reasons.append(f"the ranks run below their caps (on average at {share:.0%} of the cap), where the fixed cost "
+                       "of a step weighs more per sample")
+    if not reasons:
         return []
-    share = float(np.mean(batches[below] / caps[below]))
+    waiting = "no rank waiting" if float(idle.max()) < 0.005 else f"no rank waiting more than {float(idle.max()):.0%}"
     return [Advice(AdviceKind.EFFICIENCY,
-                   f"balance efficiency {efficiency:.2f} with no rank waiting: the ranks run below their caps (on "
-                   f"average at {share:.0%} of the cap), where the fixed cost of a step weighs more per sample; "
-                   "the bound (1.00) is every GPU running alone at its cap")]
+                   f"balance efficiency {efficiency:.2f} with {waiting}: the bound (1.00) is every GPU running alone "
+                   f"at its cap with no gradient sync; here {' and '.join(reasons)}")]

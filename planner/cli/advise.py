@@ -10,7 +10,7 @@ import time
 
 from planner.cli.options import JOB_FLAG_FORMS, add_job_options, job_from_args
 from planner.cli.output import check_writable, note
-from planner.errors import ConfigError
+from planner.errors import ConfigError, InfeasiblePlanError
 from planner.job import JobSpec
 
 IMAGENET_TRAIN_SAMPLES = 1_281_167
@@ -97,7 +97,7 @@ def _search(args: argparse.Namespace, job: JobSpec):
 
     offers = load_offers(args.offers)
     cache = _cache(args)
-    announce_user_code(job)
+    announce_user_code(job, where="here")
     with stdout_to_stderr():  # a user factory's prints stay off the result
         context = AdviseContext(job, offers, epoch_samples=args.epoch_samples, cache=cache, on_progress=note)
     ruled_out = []
@@ -153,7 +153,7 @@ def _pick(args: argparse.Namespace, context, front: list[dict], result) -> None:
     if abs(plan.throughput_samples_per_s - expected) > 1e-9 * expected:
         note(f"warning: the plan's throughput {plan.throughput_samples_per_s:.6g} differs from the search's "
              f"{expected:.6g} samples/s")
-    note(f"wrote {write_plan(plan, args.output)} (front point {args.pick}: {chosen['cluster']})")
+    note(f"wrote {write_plan(plan, getattr(args, 'output_path', None) or args.output)} (front point {args.pick}: {chosen['cluster']})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,4 +174,8 @@ def run(args: argparse.Namespace) -> int:
         _pick(args, context, front, result)
     note(f"advise took {time.monotonic() - start:.1f} s")
     print_advice(document, as_json=args.json)
-    return 0 if front else 1
+    if not front:  # the result printed says why each was left out; the error line says what it means
+        raise InfeasiblePlanError(
+            f"no candidate cluster of these offers can run the job ({len(result.rejected):,} left out, each with why in "
+            f"the result; raise --budget-per-hour, --deadline or --max-gpus, or add offers)")
+    return 0

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from planner.errors import ConfigError
+from torchkit.terminal_text import printable
 from torchkit.units import GIB
 
 #: a table of more rows than this is printed as plain text even on a terminal (rich takes minutes for 65,536)
@@ -37,7 +39,8 @@ def print_json(obj: Any) -> None:
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A table on stdout: rich when stdout is a terminal, plain aligned text otherwise (pipes, files, CI)."""
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    # every cell escaped: a GPU type or node name from a file must not reorder (U+202E) or recolour the table
+    cells = [[("" if c is None else printable(str(c))) for c in row] for row in rows]
     if sys.stdout.isatty() and len(cells) <= RICH_MAX_ROWS:
         from rich.console import Console
         from rich.table import Table
@@ -64,17 +67,37 @@ def echo(text: str = "") -> None:
 
 
 def note(text: str) -> None:
-    """A log line on stderr (never mixed into the result)."""
-    sys.stderr.write(text + "\n")
+    """A log line on stderr (never mixed into the result), its control and format characters escaped
+    (``torchkit.terminal_text``: a name from a file cannot forge lines or drive the terminal)."""
+    sys.stderr.write(printable(text) + "\n")
 
 
 def check_writable(flag: str, value: str) -> None:
-    """``value`` of ``flag`` can become a file: not a directory, and no parent of it is a file."""
+    """``value`` of ``flag`` can become a file: not a directory (``newdir/`` names one, existing or not), no
+    parent of it is a file, and its name is one the file system can hold."""
     path = Path(value)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {value} is a directory (name a file, e.g. {path / 'plan.json'})")
-    for parent in path.parents:
+    try:
+        if value.endswith(os.sep) or path.is_dir():
+            raise ConfigError(f"{flag} {value} is a directory (name a file, e.g. {path / 'plan.json'})")
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir():
+                    raise ConfigError(f"{flag} {value}: {parent} is a file, not a directory (choose another path)")
+                break
+        limit = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
+    except OSError as exc:  # ENAMETOOLONG for a path over PATH_MAX, EACCES on a parent
+        raise ConfigError(f"{flag} {value[:80]}...: {exc.strerror or exc} (choose a shorter or reachable path)") \
+            from None
+    # the file is written to a temporary name beside it first (planner.files): ".NAME.XXXXXXXX.tmp"
+    extra = len("..12345678.tmp")
+    name_bytes = len(path.name.encode("utf-8", "surrogateescape"))
+    if name_bytes + extra > limit or any(len(p.encode("utf-8", "surrogateescape")) > limit for p in path.parts):
+        raise ConfigError(f"{flag} names a file of {name_bytes} bytes, over what the file system holds ({limit} bytes "
+                          f"a name, less the {extra} a temporary name adds): choose a shorter name")
+
+
+def _existing_parent(path: Path) -> str:
+    for parent in (path.parent, *path.parent.parents):
         if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"{flag} {value}: {parent} is a file, not a directory (choose another path)")
-            break
+            return str(parent)
+    return "."

@@ -52,7 +52,7 @@ def emit(plan: Plan, args: argparse.Namespace) -> None:
     from planner.plan.io import write_plan
 
     if not args.no_write:
-        path = write_plan(plan, args.output)
+        path = write_plan(plan, getattr(args, "output_path", None) or args.output)
         note(f"wrote {path}")
     else:
         note(f"plan not written (--no-write): the launch lines name {args.output}, which this run did not write "

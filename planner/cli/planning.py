@@ -13,6 +13,7 @@ from planner.cli.stdout_guard import stdout_to_stderr
 from planner.cli.user_code import announce_user_code
 from planner.cluster import ClusterSpec, load_cluster
 from planner.driver import DriverOptions, PlanOutcome, plan_with_ray, plan_without_ray
+from planner.errors import NoGpuError
 from planner.job import JobSpec
 from planner.plan.launch import DEFAULT_PLAN_PATH
 from planner.profiles.cache import ProfileCache
@@ -84,12 +85,20 @@ def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bo
             return plan_without_ray(job, slurm, options=options, on_event=on_event, allow_infeasible=allow_infeasible)
         if cluster is not None and args.no_ray:
             return plan_without_ray(job, cluster, options=options, on_event=on_event, allow_infeasible=allow_infeasible)
-        return plan_with_ray(
-            job,
-            cluster=cluster,
-            address=args.address,
-            options=options,
-            on_event=on_event,
-            raylet_cap=args.raylet_cap,
-            allow_infeasible=allow_infeasible,
-        )
+        try:
+            return plan_with_ray(
+                job,
+                cluster=cluster,
+                address=args.address,
+                options=options,
+                on_event=on_event,
+                raylet_cap=args.raylet_cap,
+                allow_infeasible=allow_infeasible,
+            )
+        except NoGpuError as exc:
+            if cluster is not None or args.address is not None:
+                raise
+            # nothing was named: this machine (or a Ray cluster found here) was planned, and it has no GPU
+            raise NoGpuError("no usable GPU to plan on: none found on this machine nor in a Ray cluster running here (try "
+                             "a simulated cluster, --cluster demo-mixed; or join a GPU cluster with --address "
+                             "HOST:6379; `batchplan devices` lists what is here)") from exc

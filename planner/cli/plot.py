@@ -40,7 +40,7 @@ def _save(fig, path: str) -> Path:
 #: too small to read
 MAX_RANK_BARS = 48
 _COLOURS = {"cap": "#d9d9d9", "batch": "#4c72b0", "total": "#eeeeee", "budget": "#c6dbef",
-            "predicted": "#dd8452", "step": "#55a868"}
+            "predicted": "#dd8452", "step": "#55a868", "sync": "#8c8c8c"}
 
 
 def _bars(plan: dict) -> tuple[list[str], list[dict]]:
@@ -99,8 +99,8 @@ def plot_plan(plan: Plan | dict, path: str) -> Path:
 
 def plan_figure(plan: Plan | dict):
     """One horizontal bar per rank (node / GPU type / device), three panels sharing the rows: the batch
-    against its cap, memory predicted against budget and total, the predicted step time against the
-    step's. Numbers on the bars, legends outside them, model and cluster in the title. Takes the plan or
+    against its cap, memory predicted against budget and total, each rank's predicted compute and the exposed
+    gradient sync up to the step (``_time_panel``). Numbers on the bars, legends outside them, model and cluster in the title. Takes the plan or
     its document (what ``plan.json`` holds)."""
     plt = _pyplot()
     plan = plan.to_json() if isinstance(plan, Plan) else plan
@@ -126,13 +126,7 @@ def plan_figure(plan: Plan | dict):
                                                  strict=True)])
     _panel(ax_mem, "memory, GiB (predicted / budget / total)", 3)
 
-    step_ms = [r["predicted_step_time_s"] * 1000 for r in rows]
-    ax_time.barh(y, step_ms, color=_COLOURS["step"], label="rank's step time")
-    ax_time.axvline(plan["predicted_step_time_s"] * 1000, color="black", linestyle="--", linewidth=1,
-                    label="step time (slowest rank)")
-    _annotate(ax_time, step_ms, [f"{format_ms(r['predicted_step_time_s'])} ms, idle {r.get('idle_fraction', 0.0):.0%}"
-                                 for r in rows], past=plan["predicted_step_time_s"] * 1000)
-    _panel(ax_time, "predicted step time, ms", 2)
+    _time_panel(ax_time, plan, rows, y)
 
     ax_batch.set_yticks(y)
     ax_batch.set_yticklabels(labels, fontsize=8)
@@ -145,6 +139,33 @@ def plan_figure(plan: Plan | dict):
         fontsize=11,
     )
     return fig
+
+
+def _time_panel(ax, plan: dict, rows: list[dict], y: list[int]) -> None:
+    """Each rank's compute, and the step every rank waits for: the slowest rank's compute plus the exposed
+    gradient synchronisation (``predicted_step_time_s``), each part drawn and named with its figure; a plan
+    without synchronisation (one GPU, written before the model) has none to draw."""
+    compute_ms = [r["predicted_step_time_s"] * 1000 for r in rows]
+    step_ms = plan["predicted_step_time_s"] * 1000
+    slowest_ms = max(r["predicted_step_time_s"] for r in plan["ranks"]) * 1000  # every rank, not only the bars
+    sync_ms = max(step_ms - slowest_ms, 0.0)  # the exposed sync per micro-step (per optimizer step / accumulate)
+    ax.barh(y, compute_ms, color=_COLOURS["step"], label="rank's compute")
+    if sync_ms > 0.005 * step_ms:  # below half a percent it would be a hairline
+        ax.barh(y, [sync_ms] * len(y), left=slowest_ms, color=_COLOURS["sync"], hatch="//", edgecolor="white",
+                linewidth=0, label=f"exposed sync {format_ms(sync_ms / 1000)} ms (every rank waits)")
+        step_label = (f"step {format_ms(step_ms / 1000)} ms = slowest compute {format_ms(slowest_ms / 1000)} + sync "
+                      f"{format_ms(sync_ms / 1000)}")
+        title = "predicted step time, ms (compute + exposed sync)"
+    else:
+        step_label = f"step {format_ms(step_ms / 1000)} ms (slowest rank's compute)"
+        title = "predicted step time, ms"
+    ax.axvline(step_ms, color="black", linestyle="--", linewidth=1, label=step_label)
+    _annotate(ax, compute_ms, [f"{format_ms(r['predicted_step_time_s'])} ms, idle {r.get('idle_fraction', 0.0):.0%}"
+                               for r in rows], past=step_ms)
+    named = sync_ms > 0.005 * step_ms  # three legend entries, one a row: they are long
+    ax.set_title(title, fontsize=10, pad=44 if named else 20)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=1 if named else 2, fontsize=8, frameon=False,
+              borderaxespad=0.2)
 
 
 def plot_profile(profile_json: dict, *, budget_bytes: int, total_bytes: int, chosen_batch: int, path: str,

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if ok and plan is not None and args.output:
         from planner.plan.io import write_plan
 
-        write_plan(plan, args.output)
+        write_plan(plan, getattr(args, "output_path", None) or args.output)
     if args.json:
         print_json({"schema": SCHEMA, "ok": ok, "checks": [c.to_json() for c in checks],
                     "plan": plan.to_json() if plan is not None else None})

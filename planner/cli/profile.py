@@ -61,7 +61,11 @@ def _local_device(spec: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from planner.cli.model_names import check_model_name
+    from planner.cli.user_code import announce_user_code
+
     job = job_from_args(args)
+    check_model_name(job.model)  # a misspelt built-in at once, with the close matches (not after an estimate)
     check_cache_args(args)
     if args.plot:
         if not args.plot.lower().endswith(".png"):
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.stdout_guard import stdout_to_stderr
 
     with stdout_to_stderr():  # what the user's factory prints is not the result (profile --json)
+        announce_user_code(job, where="here")  # the module imported and the factory run, said before (as plan does)
         result, profile = _gather(args, job)
     if args.plot:
         from planner.cli.plot import plot_profile

@@ -17,6 +17,7 @@ _LABELS: dict[tuple[str, ...], str] = {
     ("profile", "start", "estimate"): "estimating {item} on fake tensors (in the probe on {node})",
     ("profile", "start", "measure"): "measuring {item} on {node}",
     ("profile", "start"): "profiling {item} ({method}) on {node}",
+    ("profile", "progress"): "{item}: {message} (in the probe on {node})",
     ("profile", "done"): "profiled {item}",
     ("profile", "cached"): "profile of {item} from cache",
     ("profile", "failed"): "profiling {item} failed on {node}: {reason}",
@@ -29,7 +30,7 @@ def describe(event: Event) -> str:
     template = _LABELS.get((event.stage, event.status, event.detail.get("method")),
                            _LABELS.get((event.stage, event.status), "{stage} {status} {item}"))
     values = {"stage": event.stage, "status": event.status, "item": event.item, "node": "?", "method": "?",
-              "reason": "?", "raylets": "?", "nodes": "?", "failed": "?", **event.detail}
+              "reason": "?", "raylets": "?", "nodes": "?", "failed": "?", "message": "", **event.detail}
     return template.format(**values)
 
 

@@ -92,8 +92,9 @@ def print_plan(
 
 
 def _expected_range(plan: Plan) -> str:
-    """`` (0.91-0.99 expected at real speed)`` when the plan states a range wider than its point figure."""
+    """`` (0.91-0.99 expected at real speed)`` when the plan states a range wider than its point figure, as
+    printed (one GPU type's error moves every rank alike: "0.95 (0.95-0.95 expected ...)" said nothing)."""
     span = plan.balance_efficiency_range
-    if not span or span[0] == span[1]:
+    if not span or f"{span[0]:.2f}" == f"{span[1]:.2f}":
         return ""
     return f" ({span[0]:.2f}-{span[1]:.2f} expected at real speed, step-time model ±1σ per GPU type)"

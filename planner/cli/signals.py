@@ -35,10 +35,26 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated(signum)
 
 
-def handle_sigterm_like_sigint() -> None:
-    """Install the SIGTERM handler (main thread only, as Python requires)."""
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+    raise Terminated(signum)
+
+
+def handle_signals() -> None:
+    """Install the SIGTERM handler, and a SIGINT handler that records the Ctrl-C before raising it as Python's
+    does (main thread only, as Python requires): a KeyboardInterrupt that no signal preceded was raised by code
+    (:func:`raised_by_code`)."""
     if threading.current_thread() is threading.main_thread():
+        _received.clear()
         signal.signal(signal.SIGTERM, _raise_terminated)
+        signal.signal(signal.SIGINT, _raise_interrupted)
+
+
+def raised_by_code(exc: KeyboardInterrupt) -> bool:
+    """Whether ``exc`` was raised by code (a model factory's ``raise KeyboardInterrupt``) rather than by a
+    signal this process received: a Ctrl-C reported for it would send the user looking for a key they never
+    pressed."""
+    return not isinstance(exc, Terminated) and not _received
 
 
 def exit_code_and_line(exc: KeyboardInterrupt) -> tuple[int, str]:

@@ -14,6 +14,7 @@ The result itself can fail to arrive: stdout on a full device (``> /dev/full``),
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import sys
 from collections.abc import Iterator
@@ -41,8 +42,38 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved_fd)
 
 
+def unusable_stdout() -> str | None:
+    """Why stdout cannot carry a result (closed: ``batchplan plan >&-``), or None. Where it can, a stream whose
+    encoding cannot write every character (``PYTHONIOENCODING=latin-1``: the tables' ×, σ, ±) writes an escape
+    for it instead of failing; so does stderr."""
+    stream = sys.stdout
+    closed = ("stdout is closed: batchplan prints its result there (redirect it, e.g. > plan.txt or > /dev/null, "
+              "rather than closing it)")
+    if stream is None or getattr(stream, "closed", False):
+        return closed
+    try:
+        descriptor = stream.fileno()
+    except (io.UnsupportedOperation, AttributeError):  # a stream without a descriptor (a test's): usable as it is
+        descriptor = None
+    except (OSError, ValueError):
+        return closed
+    if descriptor is not None:
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            return closed
+    for text_stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(text_stream, "reconfigure", None)
+        if callable(reconfigure):
+            with contextlib.suppress(Exception):
+                reconfigure(errors="backslashreplace")
+    return None
+
+
 #: whether a result stream was written to in this process (``stdout_written``)
 _wrote: list[bool] = [False]
+#: whether the result stream's reader went away (a closed pipe) in this process (``stdout_closed_by_reader``)
+_closed: list[bool] = [False]
 
 
 def stdout_written() -> bool:
@@ -51,9 +82,16 @@ def stdout_written() -> bool:
     return _wrote[0]
 
 
+def stdout_closed_by_reader() -> bool:
+    """Whether a write of the result met a closed pipe (``batchplan plan | head``): the reader's choice, and
+    the only ``BrokenPipeError`` that ``planner.cli.main`` takes for a finished run."""
+    return _closed[0]
+
+
 def forget_writes() -> None:
     """A new run of ``main`` in this process (tests call it several times) starts with nothing written."""
     _wrote[0] = False
+    _closed[0] = False
 
 
 class _ResultStream:
@@ -69,6 +107,7 @@ class _ResultStream:
         try:
             return self._stream.write(text)
         except BrokenPipeError:
+            _closed[0] = True
             raise
         except OSError as exc:
             raise _discarded(exc) from None
@@ -77,6 +116,7 @@ class _ResultStream:
         try:
             self._stream.flush()
         except BrokenPipeError:
+            _closed[0] = True
             raise
         except OSError as exc:
             raise _discarded(exc) from None
@@ -98,15 +138,21 @@ def _discarded(exc: OSError) -> ConfigError:
 
 
 @contextlib.contextmanager
-def guarded_result_stream() -> Iterator[None]:
-    """While the block runs, write errors on stdout are one-line errors (see the module docstring)."""
-    original = sys.stdout
-    if original is None or isinstance(original, _ResultStream):
+def wrapped_stream(name: str, wrapper: type) -> Iterator[None]:
+    """While the block runs, ``sys.<name>`` (``stdout``, ``stderr``) is the stream wrapped in ``wrapper`` (once:
+    a block inside another leaves it), and the stream it was after."""
+    original = getattr(sys, name)
+    if original is None or isinstance(original, wrapper):
         yield
         return
-    sys.stdout = _ResultStream(original)  # type: ignore[assignment]
+    setattr(sys, name, wrapper(original))
     try:
         yield
     finally:
-        if isinstance(sys.stdout, _ResultStream):
-            sys.stdout = original
+        if isinstance(getattr(sys, name), wrapper):
+            setattr(sys, name, original)
+
+
+def guarded_result_stream() -> contextlib.AbstractContextManager[None]:
+    """While the block runs, write errors on stdout are one-line errors (see the module docstring)."""
+    return wrapped_stream("stdout", _ResultStream)

@@ -32,9 +32,9 @@ def library_model_summary(job: JobSpec) -> str | None:
     return None
 
 
-def user_code_summary(job: JobSpec) -> str | None:
-    """One sentence naming the module, its file and the factory a job runs; None for a built-in workload or a
-    library model (:func:`library_model_summary`)."""
+def user_code_summary(job: JobSpec, where: str = "here and in every probe") -> str | None:
+    """One sentence naming the module, its file and the factory a job runs (``where``: in which processes);
+    None for a built-in workload or a library model (:func:`library_model_summary`)."""
     if ":" not in job.model or library_model_summary(job) is not None:
         return None
     module, _, factory = job.model.partition(":")
@@ -43,20 +43,17 @@ def user_code_summary(job: JobSpec) -> str | None:
     # there never replaces an installed or standard module); found without importing anything
     spec = importlib.machinery.PathFinder.find_spec(top, [*sys.path, os.getcwd()])
     if spec is None:
-        where = "not found on the import path or in the working directory"
+        found = "not found on the import path or in the working directory"
     elif spec.origin and spec.origin != "namespace":
-        where = f"from {spec.origin}" if top == module else f"from package {spec.origin}"
+        found = f"from {spec.origin}" if top == module else f"from package {spec.origin}"
     else:
-        where = f"from {', '.join(spec.submodule_search_locations or [])}"
-    return (
-        f"user code: importing module {module!r} ({where}) and calling {factory}() to build the model, here and "
-        "in every probe"
-    )
+        found = f"from {', '.join(spec.submodule_search_locations or [])}"
+    return f"user code: importing module {module!r} ({found}) and calling {factory}() to build the model, {where}"
 
 
-def announce_user_code(job: JobSpec) -> str | None:
+def announce_user_code(job: JobSpec, where: str = "here and in every probe") -> str | None:
     """Write the summary on stderr (once per run); returns it."""
-    summary = user_code_summary(job) or library_model_summary(job)
+    summary = user_code_summary(job, where) or library_model_summary(job)
     if summary:
         sys.stderr.write(summary + "\n")
     return summary

@@ -15,7 +15,7 @@ from typing import Any
 
 from planner.allocate.allocation import Allocation, allocate
 from planner.allocate.uncertainty import balance_efficiency_range
-from planner.errors import InfeasiblePlanError
+from planner.errors import InfeasiblePlanError, NoGpuError
 from planner.job import JobSpec
 from planner.plan.comm import SyncInputs, plan_comm_fields, sync_model
 from planner.plan.derived import check_identities, loss_weight_of, rank_time_fit
@@ -93,8 +93,9 @@ def build_plan(
         launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script, plan_path=plan_path),
         excluded=tuple(all_excluded),
         profiles={key: profiles[key] for key in used_profiles},
-        warnings=tuple(_plan_warnings([*warnings, *comm_warnings], [profiles[k] for k in used_profiles], allocation,
-                                      caps)),
+        # the notes of the profiles the ranks use: a GPU type left out whole (below --min-batch) warns of nothing
+        warnings=tuple(_plan_warnings([*warnings, *comm_warnings],
+                                      [profiles[k] for k in sorted({s.profile for s in included})], allocation, caps)),
         notes=(*notes, *allocation.notes, *comm_notes),
         advice=allocation.advice,
         extra={**comm_fields, **(extra or {})},
@@ -109,7 +110,9 @@ def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice])
     first_seen = {node: i for i, node in reversed(list(enumerate(s.node for s in slots)))}
     ordered = sorted(slots, key=lambda s: first_seen[s.node])
     if not ordered:
-        reasons = "; ".join(f"{e.node}[{e.device_index}]: {e.reason}" for e in excluded) or "no GPUs found"
+        if not excluded:
+            raise NoGpuError("no usable GPU to plan on (no GPUs found)")
+        reasons = "; ".join(f"{e.node}[{e.device_index}]: {e.reason}" for e in excluded)
         raise InfeasiblePlanError(f"no usable GPU to plan on ({reasons})")
     return ordered
 

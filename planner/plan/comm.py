@@ -55,7 +55,7 @@ class SyncInputs:
     grad_bytes: tuple[int, ...]
     """gradient bytes of each parameter that requires grad, registration order"""
     gradients_source: str
-    """where ``grad_bytes`` come from (the model built on the meta device, a cache)"""
+    """where ``grad_bytes`` come from (the model's parameter shapes, a cache)"""
     bucket_cap_mb: float | None = None
     """the job's ``bucket_cap_mb`` (None: DDP's default)"""
     interconnect: Interconnect = field(default_factory=Interconnect)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -76,10 +77,20 @@ def read_document(path: str | os.PathLike) -> dict:
     not yet validated."""
     source = Path(path)
     if not source.is_file():
-        raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
+        name = "plan.json" if source.suffix.lower() in (".yaml", ".yml") else str(source)  # a plan is JSON
+        fix = f"create one with: batchplan plan ... -o {shlex.quote(name)}"
+        raise ConfigError(f"plan file {source} does not exist ({fix})")
     return read_json_file(source, what="plan file", max_bytes=MAX_PLAN_BYTES, fix=plan_fix(source))
 
 
 def plan_fix(source: Path) -> str:
-    """How to fix any error in the plan file ``source``."""
-    return f"regenerate it with batchplan plan -o {source}"
+    """How to fix any error in the plan file ``source``: never to overwrite a cluster config with a plan."""
+    return _cluster_config_fix(source) or f"regenerate it with batchplan plan -o {shlex.quote(str(source))}"
+
+
+def _cluster_config_fix(source: Path) -> str | None:
+    """A YAML file given where a plan belongs is most likely a cluster config: plan it instead."""
+    if source.suffix.lower() not in (".yaml", ".yml"):
+        return None
+    return (f"{source} is YAML, a cluster config rather than a plan: plan it with batchplan plan --cluster "
+            f"{shlex.quote(str(source))} -o plan.json, then batchplan show plan.json")

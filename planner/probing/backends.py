@@ -5,6 +5,7 @@ in this process, for a cluster config; no Ray). ``planner.driver`` runs the same
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -130,6 +131,7 @@ class RayBackend:
         self.profile_timeout_s = profile_timeout_s
         self.on_event = on_event
         self.run_id = uuid.uuid4().hex[:8]
+        self._profiles_asked = itertools.count()  # each profile's progress key
         env_vars = probe_env(model)
         # a cluster started here gave its workers these already: no runtime_env, so idle workers are reused
         runtime_env = {} if session.worker_env == env_vars else {"runtime_env": {"env_vars": env_vars}}
@@ -187,8 +189,27 @@ class RayBackend:
             except Exception:  # already dead
                 log.debug("probe %s already gone", group_id)
 
-    def _wait(self, refs: dict, timeout_s: float) -> tuple[dict, dict]:
-        """Wait for ``{group: ref}``; returns (results, failures) with failure reasons."""
+    def _wait_relaying(self, refs: dict, timeout_s: float, key: str, item: str, node: str) -> tuple[dict, dict]:
+        """``_wait``, and meanwhile the probe's progress lines under ``key`` as ``profile``/``progress`` events,
+        about once a second (``planner.probing.progress_relay``)."""
+        from planner.probing import progress_relay
+
+        seen = [0]
+
+        def relay() -> None:
+            for line in progress_relay.new_lines(key, seen[0]):
+                seen[0] += 1
+                self.on_event(Event(stage="profile", status="progress", item=item,
+                                    detail={"node": node, "message": line}))
+
+        try:
+            return self._wait(refs, timeout_s, poll=relay)
+        finally:
+            progress_relay.forget(key)
+
+    def _wait(self, refs: dict, timeout_s: float, poll=None) -> tuple[dict, dict]:
+        """Wait for ``{group: ref}``; returns (results, failures) with failure reasons. ``poll``: called about
+        once a second while waiting, and once at the end."""
         ray = self._ray
         results: dict = {}
         failures: dict = {}
@@ -198,7 +219,10 @@ class RayBackend:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=remaining)
+            ready, _ = ray.wait(list(pending.values()), num_returns=1,
+                                timeout=remaining if poll is None else min(remaining, 1.0))
+            if poll is not None:
+                poll()
             for ref in ready:
                 group_id = next(g for g, r in pending.items() if r == ref)
                 del pending[group_id]
@@ -257,9 +281,10 @@ class RayBackend:
                   detail={"node": node, "actor_name": self.actor_names[group_id],
                           "method": planned_method(request.method, request.device_index).value})
         )
+        key = f"progress/{self.run_id}/{next(self._profiles_asked)}"
         ref = self.actors[group_id].profile.remote(request.job.to_json(), request.gpu.name, request.method.value,
-                                                   request.device_index)
-        results, failures = self._wait({group_id: ref}, self.profile_timeout_s)
+                                                   request.device_index, key)
+        results, failures = self._wait_relaying({group_id: ref}, self.profile_timeout_s, key, request.gpu.name, node)
         if group_id in results:
             return DeviceProfile.from_json(results[group_id]["profile"]), node
         reason = failures[group_id]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import statistics
 import time
@@ -23,9 +24,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from planner.errors import ConfigError
-from planner.files import write_file_safely
+from planner.profiles.cache import untrusted_cache_dir
+from planner.trust import UntrustedPathError, read_trusted, write_trusted
 from torchkit.estimate.ddp_sync import LinkCost, fit_link
 from torchkit.units import MIB
+
+log = logging.getLogger(__name__)
 
 PROBE_SIZES_BYTES = (1 * MIB, 8 * MIB, 25 * MIB)
 PROBE_WARMUPS = 2
@@ -81,28 +85,45 @@ def _cache_path(cache_dir: str | os.PathLike, nodes: Sequence[str]) -> Path:
     return Path(cache_dir) / "links" / f"{digest}.json"
 
 
+_FIX = "it is measured again"
+_MAX_ENTRY_BYTES = 2**16
+
+
 def cached_network(cache_dir: str | os.PathLike | None, nodes: Sequence[str]) -> LinkCost | None:
-    """The network measured earlier for these nodes, if cached."""
+    """The network measured earlier for these nodes, if cached where no other user could have written it
+    (``planner.trust``); an entry that is not trusted or not readable is said on stderr and measured again.
+
+    Raises:
+        FieldError: (``cache_dir``) the cache directory, or one above it, is not trusted.
+    """
     if cache_dir is None:
         return None
+    path = _cache_path(cache_dir, nodes)
     try:
-        data = json.loads(_cache_path(cache_dir, nodes).read_text())
+        raw = read_trusted(path, what="measured network cache entry", fix=_FIX, max_bytes=_MAX_ENTRY_BYTES)
+        if raw is None:
+            return None
+        data = json.loads(raw)
         return LinkCost(name="network", bus_bytes_per_s=float(data["bus_bytes_per_s"]),
                         step_latency_s=float(data["step_latency_s"]), source=f"{data['source']} (cached)")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except UntrustedPathError as exc:
+        if exc.in_directory:
+            raise untrusted_cache_dir(exc) from None
+        log.warning("%s: not trusted; %s", exc.problem, _FIX)
+    except (ConfigError, ValueError, KeyError, TypeError) as exc:
+        log.warning("measured network cache entry %s is unreadable (%s); %s", path, exc, _FIX)
+    return None
 
 
 def store_network(cache_dir: str | os.PathLike | None, nodes: Sequence[str], link: LinkCost) -> None:
-    """Cache a measured network for these nodes (written safely, ``planner.files``); a failure costs a
-    re-measure, nothing else."""
+    """Cache a measured network for these nodes (``planner.trust.write_trusted``); a failure costs a re-measure,
+    nothing else."""
     if cache_dir is None:
         return
     path = _cache_path(cache_dir, nodes)
     text = json.dumps({"bus_bytes_per_s": link.bus_bytes_per_s, "step_latency_s": link.step_latency_s,
                        "source": link.source})
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_file_safely(path, text, what="measured network cache entry", fix="check the cache directory")
-    except (OSError, ConfigError):
-        pass
+        write_trusted(path, text, what="measured network cache entry", fix="check the cache directory")
+    except (OSError, ConfigError) as exc:
+        log.warning("%s", exc)

@@ -89,17 +89,21 @@ class NodeProbe:
 
         return timed_allreduce(rank, world, master_addr, master_port, sizes, repeats)
 
-    def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None) -> dict:
-        """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity."""
+    def profile(self, job_json: dict, gpu_type: str, method: str, device_index: int | None = None,
+                progress_key: str | None = None) -> dict:
+        """Profile one GPU type for the job; returns ``DeviceProfile.to_json()`` plus the probe's identity. Its
+        progress lines go to ``progress_key`` of the cluster's key-value store (``planner.probing.progress_relay``)."""
         from planner.job import JobSpec
+        from planner.probing.progress_relay import relayed_progress
         from planner.profiling.make import make_profile
 
         job = JobSpec.from_json(job_json)
-        profile = make_profile(
-            job,
-            self._catalog.get(gpu_type),
-            method=method,
-            device_index=device_index,
-            estimates_cache=self._estimates_cache,
-        )
+        with relayed_progress(progress_key):
+            profile = make_profile(
+                job,
+                self._catalog.get(gpu_type),
+                method=method,
+                device_index=device_index,
+                estimates_cache=self._estimates_cache,
+            )
         return {"profile": profile.to_json(), **self.identity()}

@@ -9,7 +9,10 @@ process answers for each group. A real cluster always gets one probe per node.
 
 A Ray cluster already running on this machine (a user's ``ray start --head``, found as ``ray.init()`` finds
 it: ``RAY_ADDRESS``, else the address file ``ray start`` leaves) is joined when neither ``--cluster`` nor
-``--address`` is given, as ``--address auto`` would, and a line on stderr says so. A simulated cluster is
+``--address`` is given, as ``--address auto`` would, only where this user may trust it
+(``planner.probing.local_cluster``: never another user's, never through the file under ``sudo``), and a line on
+stderr says which cluster it is and whose. Every address is asked one bounded question before ``ray.init``
+(``planner.probing.gcs_probe``): a port that is not a Ray GCS is one error line within seconds. A simulated cluster is
 started beside it on ports of its own, and that cluster's address is not written over the user's address
 file (Ray's test ``Cluster`` would, and then delete it on shutdown).
 
@@ -26,6 +29,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from planner.errors import ClusterUnreachableError, ConfigError
+from planner.probing.gcs_probe import GcsAnswer, ask_gcs, is_this_machine, listening_owner, split_host_port
+from planner.probing.local_cluster import find_running_cluster, ray_address_file, ray_temp_root
+from torchkit.terminal_text import printable
 
 log = logging.getLogger(__name__)
 
@@ -54,103 +60,84 @@ def _keep_ray_on_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-#: seconds to wait for a TCP connection to a cluster address before calling it unreachable (Ray itself retries
-#: for many minutes)
-CONNECT_TIMEOUT_S = 5.0
+def _join_address(address: str | None) -> tuple[str | None, str | None]:
+    """(the address ``ray.init`` is given, the GCS ``host:port`` it names or None for ``ray://``) for
+    ``--address`` (None: the cluster running here, if this user may trust it; ``auto``: the same, or an error),
+    with a stderr line saying which cluster is joined and whose it is (``planner.probing.local_cluster``)."""
+    if address is None or address == "auto":
+        found = find_running_cluster(explicit=address == "auto")
+        if found is None:
+            if address == "auto":
+                raise ClusterUnreachableError(
+                    f"--address auto found no Ray cluster running here (RAY_ADDRESS is unset and "
+                    f"{printable(ray_address_file())} names none that answers; start one with `ray start --head`, "
+                    "or give --address HOST:PORT)")
+            return None, None
+        log.info("found a running Ray cluster at %s: joining it%s", printable(found.describe()),
+                 "" if address == "auto" else ", as --address auto would (give --cluster FILE to plan a simulated "
+                 "cluster instead)")
+        address = found.address
+    elif "://" not in address:
+        parts = split_host_port(address)
+        owner = listening_owner(*parts) if parts is not None else None
+        if owner is not None:
+            log.info("joining the Ray cluster at %s (its GCS runs as %s)", printable(address), owner)
+    return address, (None if "://" in address else address)
 
 
-def _check_reachable(address: str) -> None:
-    """Fail fast, with the address, when ``host:port`` (or ``ray://host:port``) accepts no TCP connection.
+#: the longest socket path Ray puts under its temporary directory, less that directory and this process's pid (the
+#: session is named after it: ``ray._private.node``): "/session_<date>_<time>_<microseconds>_<pid>/sockets/
+#: plasma_store.N", ".N" for the second and later raylets of a simulated cluster
+_RAY_SOCKET_SUFFIX_CHARS = len("/session_2026-12-06_06-53-32_037564_/sockets/plasma_store.9")
+#: the longest path of a Unix socket (Linux ``sockaddr_un``: 108 bytes with the terminating zero)
+_MAX_UNIX_SOCKET_PATH_BYTES = 107
+#: free space Ray's temporary directory needs for a run's session files and logs (a planning run writes a few
+#: MiB; a full one made Ray wait 60 s for a port file and end in a traceback)
+MIN_RAY_TEMP_FREE_BYTES = 64 * 2**20
 
-    ``auto`` and addresses without a port are left to Ray.
+
+def check_ray_temp_dir() -> None:
+    """Ray's temporary directory can hold the session of a Ray this process starts: its socket paths within the
+    Unix limit (a ``TMPDIR`` of about 40 characters was a traceback), room for its files (a full one was a
+    traceback after a minute), writable.
+
+    Raises:
+        ConfigError: one line naming the directory, the variable that chose it and the fix.
     """
-    import socket
-
-    target = address.split("://", 1)[-1]
-    host, _, port_text = target.rpartition(":")
-    if not host or not port_text.isdigit():
-        return
+    root, source = ray_temp_root()
+    shown = printable(root)
+    suffix = _RAY_SOCKET_SUFFIX_CHARS + len(str(os.getpid()))
+    longest = len(os.fsencode(os.path.abspath(root))) + suffix
+    if longest > _MAX_UNIX_SOCKET_PATH_BYTES:
+        room = _MAX_UNIX_SOCKET_PATH_BYTES - suffix - len("/ray")
+        raise ConfigError(
+            f"Ray's temporary directory {shown} (from {source}) is too long: Ray's socket paths under it would be "
+            f"{longest} bytes, over the {_MAX_UNIX_SOCKET_PATH_BYTES} a Unix socket allows (set RAY_TMPDIR to a "
+            f"directory of at most {room} characters, e.g. RAY_TMPDIR=/tmp)")
+    existing = root
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
     try:
-        with socket.create_connection((host.strip("[]"), int(port_text)), timeout=CONNECT_TIMEOUT_S):
-            pass
+        space = os.statvfs(existing)
     except OSError as exc:
-        raise ClusterUnreachableError(
-            f"cannot reach the Ray cluster at {address!r}: {exc} "
-            "(check the address and port, that `ray status` works there, and the firewall)"
-        ) from exc
+        raise ConfigError(f"Ray's temporary directory {shown} (from {source}) cannot be used: {exc.strerror} (set "
+                          "RAY_TMPDIR to a writable directory)") from None
+    free = space.f_bavail * space.f_frsize
+    if free < MIN_RAY_TEMP_FREE_BYTES or (space.f_files and space.f_favail < 64):
+        raise ConfigError(
+            f"Ray's temporary directory {shown} (from {source}) has {free / 2**20:.1f} MiB and {space.f_favail} "
+            f"inodes free: Ray needs {MIN_RAY_TEMP_FREE_BYTES // 2**20} MiB for its session files (free space there, "
+            "or set RAY_TMPDIR to another directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"Ray's temporary directory {shown} (from {source}) is not writable by this user (set "
+                          "RAY_TMPDIR to a directory of yours)")
 
 
-def _ray_address_file() -> str:
-    """Where ``ray start --head`` records the cluster address for ``ray.init()`` on this machine.
-
-    The same rule as Ray's ``ray._common.utils.get_default_ray_temp_dir`` (Ray 2.60), repeated here so that the
-    check runs before ``ray`` is imported (the import fixes whether 127.0.0.1 is kept, see above):
-    ``$RAY_TMPDIR``, else ``$TMPDIR`` on Linux, else ``/tmp``; then ``ray/ray_current_cluster``.
-    """
-    if "RAY_TMPDIR" in os.environ:
-        base = os.environ["RAY_TMPDIR"]
-    elif sys.platform.startswith("linux") and "TMPDIR" in os.environ:
-        base = os.environ["TMPDIR"]
-    else:
-        base = "/tmp"
-    return os.path.join(base, "ray", "ray_current_cluster")
-
-
-def _accepts_connections(address: str) -> bool:
-    host, _, port_text = address.split("://", 1)[-1].rpartition(":")
-    if not host or not port_text.isdigit():
-        return False
-    import socket
-
-    try:
-        with socket.create_connection((host.strip("[]"), int(port_text)), timeout=CONNECT_TIMEOUT_S):
-            return True
-    except OSError:
-        return False
-
-
-def _gcs_address(address: str) -> str | None:
-    """The ``host:port`` of the GCS that ``address`` names (``auto``: the cluster running here), or None for
-    a Ray Client address (``ray://``) or an ``auto`` that finds nothing."""
-    if address == "auto":
-        found = running_local_cluster()
-        address = found[0] if found is not None else ""
-    host, _, port_text = address.rpartition(":")
-    if "://" in address or not host or not port_text.isdigit():
-        return None
-    return address
-
-
-def _is_loopback(gcs_address: str) -> bool:
-    import ipaddress
-
-    host = gcs_address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def running_local_cluster() -> tuple[str, str] | None:
-    """``(address, where it was found)`` of a Ray cluster ``ray.init()`` would join here, or None.
-
-    ``RAY_ADDRESS`` first (as Ray does), then the address file ``ray start`` writes, if its GCS still accepts
-    connections (a cluster stopped without ``ray stop`` leaves a stale file behind).
-    """
-    env_address = os.environ.get("RAY_ADDRESS", "").strip()
-    if env_address:
-        return env_address, "RAY_ADDRESS"
-    path = _ray_address_file()
-    try:
-        with open(path) as handle:
-            address = handle.read().strip()
-    except OSError:
-        return None
-    if address and _accepts_connections(address):
-        return address, path
-    return None
+def _already_connected() -> bool:
+    """Whether this process is connected to Ray already (checked without importing Ray: the import fixes whether
+    127.0.0.1 is kept, ``_keep_ray_on_loopback``)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 @contextlib.contextmanager
@@ -272,7 +259,8 @@ def ray_session(
         num_simulated_nodes: start a local cluster with ``min(num_simulated_nodes, raylet_cap)`` raylets
             (ignored with ``address``). If this process is already connected to Ray (a test fixture, a
             notebook), that connection is used as it is. With neither (0 and no address), a Ray cluster
-            already running here (:func:`running_local_cluster`) is joined, else an embedded one started.
+            already running here that this user may trust (``find_running_cluster``) is joined, else an
+            embedded one started.
         raylet_cap: most raylets to start (default ``BATCHPLAN_RAYLET_CAP`` or ``DEFAULT_RAYLET_CAP``).
         worker_env: environment the probes need; a cluster started here gets it in its workers'
             environment from the start (``RaySession.worker_env``), a joined one does not.
@@ -280,24 +268,20 @@ def ray_session(
     Raises:
         ClusterUnreachableError: ``address`` cannot be reached.
     """
-    if address is None and num_simulated_nodes == 0:
-        found = running_local_cluster()
-        if found is not None:
-            address = found[0]
-            log.info("found a running Ray cluster at %s (from %s): joining it, as --address auto would "
-                     "(give --cluster FILE to plan a simulated cluster instead)", *found)
-    gcs_address = _gcs_address(address) if address is not None else None
-    if address is None or (gcs_address is not None and _is_loopback(gcs_address)):
+    if _already_connected():  # a test fixture, a notebook: used as it is
+        yield RaySession(address="existing", started_here=False, nodes=_alive_nodes())
+        return
+    gcs_address = None
+    if address is not None or num_simulated_nodes == 0:
+        address, gcs_address = _join_address(address)
+    if address is None or (gcs_address is not None and is_this_machine(split_host_port(gcs_address)[0])):
         _keep_ray_on_loopback()  # a cluster on 127.0.0.1 is joined from this host, as 127.0.0.1
     import ray
 
-    if ray.is_initialized():
-        yield RaySession(address="existing", started_here=False, nodes=_alive_nodes())
-        return
-
     if address is not None:
-        _check_reachable(address)
-        if gcs_address is not None:
+        # one bounded question first (planner.probing.gcs_probe): ray.init given a port that is not a GCS retries
+        # for minutes; a GCS that wants a token is then asked again with the one found here (ray_auth)
+        if gcs_address is not None and ask_gcs(gcs_address) is GcsAnswer.WANTS_TOKEN:
             from planner.probing.ray_auth import prepare_join_auth
 
             prepare_join_auth(gcs_address)
@@ -315,6 +299,7 @@ def ray_session(
             ray.shutdown()
         return
 
+    check_ray_temp_dir()
     cap = raylet_cap or raylet_cap_from_env()
     started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
     with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0, started_env):

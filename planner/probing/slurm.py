@@ -8,82 +8,56 @@
 - Partition: ``sinfo -N -h -p NAME -o "%N|%G|%t|%m|%c"`` (node, GRES, state, memory MB, CPUs); nodes that
   are down, drained, failed or in maintenance are left out, with the reason in :attr:`SlurmCluster.skipped`.
 
-GRES type names are chosen by each site (``gpu:a100:4``); :data:`DEFAULT_GRES_TYPES` maps the common ones to
+GRES type names are chosen by each site (``gpu:a100:4``); ``planner.probing.slurm_gres.DEFAULT_GRES_TYPES`` maps the common ones to
 catalog types and ``--gres-type NAME=TYPE`` adds or overrides a mapping for one run. A name that is neither in
 the table nor a catalog name or alias is an error naming the fix. Where a name is ambiguous the smaller-memory
 variant is taken (``a100`` is the 40 GB card): a plan made for less memory never runs out of it.
 
-Pure parsing functions over SLURM's text, and one thin edge (:func:`run_slurm_command`) that runs it.
+Pure parsing functions over SLURM's text (the GRES strings: ``planner.probing.slurm_gres``), and one thin edge
+(``planner.probing.slurm_command.run_slurm_command``) that runs SLURM's commands.
 
-Known limitations: GPUs are numbered 0..n-1 as the job sees them (SLURM sets ``CUDA_VISIBLE_DEVICES`` of a
-step to the allocated cards); a GRES with no type (``gpu:4``) needs ``--gres-type gpu=TYPE``; MIG and shard
-GRES are not counted.
+GPUs are numbered 0..n-1 as the job sees them: SLURM sets a step's ``CUDA_VISIBLE_DEVICES`` to the cards it
+allocated, and CUDA (in PCI order, ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` as the launch lines set it) numbers them from
+0. Where ``scontrol show job -d`` prints the cards' node indices (``gpu:t4:2(IDX:0-1),gpu:a10:2(IDX:2-3)``,
+``gpu(IDX:0,2)``), the job's card k is the one with the k-th smallest index; otherwise the entries are taken in
+the order SLURM prints them. What SLURM prints is held to a cluster config's limits (``planner.cluster``: node
+names, GPUs per node, nodes, GPUs in all, CPUs, memory) before a GPU is built, and read as bytes: output over
+``MAX_SLURM_OUTPUT_BYTES`` or a byte that is not UTF-8 in a field batchplan uses is one error line.
+
+Known limitations: a GRES with no type (``gpu:4``) needs ``--gres-type gpu=TYPE``; MIG and shard GRES are not
+counted.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from planner.cluster import ClusterSpec, NodeSpec, SimulatedGpu
+from planner.cluster import (
+    MAX_CLUSTER_GPUS,
+    MAX_CPU_COUNT,
+    MAX_GPUS_PER_NODE,
+    MAX_HOST_MEMORY_GIB,
+    MAX_NODES,
+    ClusterSpec,
+    NodeSpec,
+    SimulatedGpu,
+    node_name_problem,
+)
 from planner.errors import ConfigError
+from planner.probing.slurm_command import run_slurm_command
+from planner.probing.slurm_gres import MAX_NUMBER_DIGITS, GresGpus, gres_gpu_spec, gres_table, parse_gres_gpus
 from torchkit.hardware.catalog import GpuCatalog, GpuSpec, load_catalog
-
-#: common GRES type names (lower case, ``_`` read as ``-``) -> catalog type. Sources: the names NVIDIA's
-#: product pages use, as sites spell them in gres.conf (``AutoDetect=nvml`` writes ``nvidia_<product>``,
-#: which is stripped to ``<product>`` before this lookup). Ambiguous names take the smaller-memory card.
-DEFAULT_GRES_TYPES: Mapping[str, str] = {
-    "t4": "T4",
-    "v100": "V100-SXM2-16GB",
-    "v100-16g": "V100-SXM2-16GB",
-    "v100-16gb": "V100-SXM2-16GB",
-    "v100-32g": "V100-SXM2-32GB",
-    "v100-32gb": "V100-SXM2-32GB",
-    "a10": "A10",
-    "a10g": "A10G",
-    "a100": "A100-SXM4-40GB",
-    "a100-40g": "A100-SXM4-40GB",
-    "a100-40gb": "A100-SXM4-40GB",
-    "a100-80g": "A100-SXM4-80GB",
-    "a100-80gb": "A100-SXM4-80GB",
-    "l4": "L4",
-    "l40s": "L40S",
-    "h100": "H100-PCIe-80GB",
-    "h100-pcie": "H100-PCIe-80GB",
-    "h100-sxm": "H100-SXM5-80GB",
-    "h100-sxm5": "H100-SXM5-80GB",
-    "h200": "H200-SXM-141GB",
-    "rtx2080ti": "RTX-2080Ti",
-    "2080ti": "RTX-2080Ti",
-    "rtx3090": "RTX-3090",
-    "3090": "RTX-3090",
-    "rtx4090": "RTX-4090",
-    "4090": "RTX-4090",
-    "a6000": "RTX-A6000",
-    "rtx-a6000": "RTX-A6000",
-}
+from torchkit.terminal_text import printable
 
 #: sinfo states (``%t``, compact form, a trailing ``*``/``~``/``#`` flag stripped) whose nodes can run a job
 USABLE_STATES = frozenset({"idle", "mix", "alloc", "comp", "resv", "plnd"})
-#: seconds a SLURM command may take (slurmctld answers in milliseconds; a hung one must not hang us)
-SLURM_COMMAND_TIMEOUT_S = 30.0
 
-_GRES_ENTRY = re.compile(r"^(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?(?::(?P<count>\d+))?(?:\((?P<extra>[^)]*)\))?$")
-
-
-@dataclass(frozen=True, kw_only=True)
-class GresGpus:
-    """GPUs of one GRES entry (``gpu:a100:4``)."""
-
-    gres_type: str | None
-    """the type name as SLURM spells it, or None for an untyped ``gpu:N``"""
-    count: int
-    """number of cards"""
+_JOB_ID = re.compile(r"[0-9]{1,20}", re.ASCII)
+_HOSTLIST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._,\[\]-]*", re.ASCII)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,86 +72,62 @@ class SlurmCluster:
     """nodes whose GPUs NVML read (this host, with a driver) rather than their GRES"""
 
 
-def split_gres(text: str) -> list[str]:
-    """``gpu:a100:2(S:0-1),mps:100`` -> its entries; commas inside parentheses do not split."""
-    entries, depth, current = [], 0, ""
-    for char in text.strip():
-        depth += char == "("
-        depth -= char == ")"
-        if char == "," and depth == 0:
-            entries.append(current)
-            current = ""
-        else:
-            current += char
-    if current:
-        entries.append(current)
-    return [e.strip() for e in entries if e.strip() and e.strip() != "(null)"]
-
-
-def parse_gres_gpus(text: str, where: str) -> list[GresGpus]:
-    """The ``gpu`` entries of a GRES string (others, like ``mps`` or ``shard``, are ignored).
-
-    Raises:
-        ConfigError: an entry SLURM would not write.
-    """
-    found = []
-    for entry in split_gres(text):
-        match = _GRES_ENTRY.match(entry)
-        if match is None:
-            raise ConfigError(f"{where}: GRES entry {entry!r} is not name[:type][:count] (check `sinfo -o %G`)")
-        if match["name"] != "gpu":
-            continue
-        gres_type, count = match["type"], match["count"]
-        if count is None and gres_type is not None and gres_type.isdigit():  # gpu:4
-            gres_type, count = None, gres_type
-        found.append(GresGpus(gres_type=gres_type, count=int(count) if count is not None else 1))
-    return found
-
-
-def gres_table(overrides: Sequence[str] = ()) -> dict[str, str]:
-    """:data:`DEFAULT_GRES_TYPES` with ``NAME=TYPE`` overrides (``--gres-type``) on top."""
-    table = dict(DEFAULT_GRES_TYPES)
-    for item in overrides:
-        name, sep, gpu_type = item.partition("=")
-        if not sep or not name.strip() or not gpu_type.strip():
-            raise ConfigError(f"--gres-type {item!r} is invalid (use NAME=TYPE, e.g. --gres-type a100=A100-SXM4-80GB)")
-        table[_normal_gres_name(name)] = gpu_type.strip()
-    return table
-
-
-def _normal_gres_name(name: str) -> str:
-    name = name.strip().lower().replace("_", "-")
-    return name.removeprefix("nvidia-")
-
-
-def gres_gpu_spec(gres_type: str | None, table: Mapping[str, str], catalog: GpuCatalog, where: str) -> GpuSpec:
-    """The catalog type of a GRES type name: the table first, then the catalog's own names and aliases.
-
-    Raises:
-        ConfigError: an untyped GRES without a ``gpu=`` mapping, or a name nothing maps.
-    """
-    key = "gpu" if gres_type is None else _normal_gres_name(gres_type)
-    if key in table:
-        return catalog.get(table[key])
-    if gres_type is not None:
-        spec = catalog.resolve(gres_type) or catalog.resolve(key)
-        if spec is not None:
-            return spec
-    spelled = "gpu:N (no type)" if gres_type is None else f"gpu:{gres_type}"
-    raise ConfigError(
-        f"{where}: GRES {spelled} names no GPU type batchplan knows (add --gres-type "
-        f"{key if gres_type is not None else 'gpu'}=TYPE with a type from `batchplan catalog`)"
-    )
-
-
 def _node(name: str, gres: Sequence[GresGpus], table: Mapping[str, str], catalog: GpuCatalog, *,
           cpu_count: int | None = None, memory_mb: int | None = None) -> NodeSpec:
-    gpus: list[SimulatedGpu] = []
+    """A node SLURM lists, its GPUs numbered 0..n-1 as the job sees them: by SLURM's card index where every
+    entry prints one (``IDX:``), else in the order printed. Held to a cluster config's limits first."""
+    _check_node_name(name)
+    total = sum(entry.count for entry in gres)
+    if total > MAX_GPUS_PER_NODE:
+        raise ConfigError(f"node {name}: SLURM lists {total} GPUs, over the limit of {MAX_GPUS_PER_NODE} per node "
+                          "(a cluster config's; check `scontrol show node`)")
+    if cpu_count is not None and cpu_count > MAX_CPU_COUNT:
+        raise ConfigError(f"node {name}: SLURM lists {cpu_count} CPUs, over the limit of {MAX_CPU_COUNT} (a cluster "
+                          "config's; check `scontrol show node`)")
+    if memory_mb is not None and memory_mb > MAX_HOST_MEMORY_GIB * 1024:
+        raise ConfigError(f"node {name}: SLURM lists {memory_mb} MB of memory, over the limit of "
+                          f"{MAX_HOST_MEMORY_GIB} GiB (a cluster config's; check `scontrol show node`)")
+    by_index = all(entry.indices is not None for entry in gres)
+    cards: list[tuple[int, GpuSpec]] = []  # (SLURM's index on the node, or the printed order; the card's type)
     for entry in gres:
         spec = gres_gpu_spec(entry.gres_type, table, catalog, f"node {name}")
-        gpus.extend(SimulatedGpu(index=len(gpus) + i, spec=spec) for i in range(entry.count))
+        for k in range(entry.count):
+            cards.append((entry.indices[k] if by_index and entry.indices is not None else len(cards), spec))
+    if by_index and len({position for position, _ in cards}) != len(cards):
+        raise ConfigError(f"node {name}: SLURM lists a GPU index in two GRES entries (is this SLURM's "
+                          "`scontrol show job -d`?)")
+    cards.sort(key=lambda card: card[0])
+    gpus = tuple(SimulatedGpu(index=job_index, spec=spec) for job_index, (_, spec) in enumerate(cards))
     memory = memory_mb * 2**20 if memory_mb else None
-    return NodeSpec(name=name, gpus=tuple(gpus), cpu_count=cpu_count or None, host_memory_bytes=memory)
+    return NodeSpec(name=name, gpus=gpus, cpu_count=cpu_count or None, host_memory_bytes=memory)
+
+
+def _check_node_name(name: str) -> None:
+    problem = node_name_problem(name)
+    if problem is not None:
+        raise ConfigError(f"SLURM lists a {problem} (check `sinfo -N` and `scontrol show hostnames`)")
+
+
+def _check_cluster_size(num_nodes: int, num_gpus: int, what: str) -> None:
+    """A cluster config's limits on nodes and GPUs in all, checked as SLURM's nodes are read."""
+    if num_nodes > MAX_NODES:
+        raise ConfigError(f"{what} lists over {MAX_NODES} nodes, the limit of a cluster config (plan a smaller "
+                          "partition or job)")
+    if num_gpus > MAX_CLUSTER_GPUS:
+        raise ConfigError(f"{what} holds over {MAX_CLUSTER_GPUS} GPUs, the limit of a cluster config and a plan's "
+                          "ranks (plan a smaller partition or job)")
+
+
+def _field_number(text: str, what: str, node: str) -> int | None:
+    """A number field of ``sinfo`` (CPUs, memory MB), None where SLURM prints none; over nine digits it is over
+    every limit, said before it is read."""
+    text = text.rstrip("+")  # sinfo marks a range of values with a trailing '+'
+    if not (text.isascii() and text.isdigit()):
+        return None
+    if len(text) > MAX_NUMBER_DIGITS:
+        raise ConfigError(f"node {node}: SLURM lists {text[:12]}... {what} ({len(text)} digits), over a cluster "
+                          "config's limit (check `scontrol show node`)")
+    return int(text)
 
 
 def parse_sinfo_nodes(
@@ -190,22 +140,30 @@ def parse_sinfo_nodes(
     """
     nodes: dict[str, NodeSpec] = {}
     skipped: list[str] = []
+    seen: set[str] = set()
+    num_gpus = 0
+    what = f"SLURM partition {partition!r}"
     for line in text.splitlines():
         if not line.strip():
             continue
         fields = [f.strip() for f in line.split("|")]
         if len(fields) != 5:
-            raise ConfigError(f"sinfo printed {line!r}, not NODE|GRES|STATE|MEMORY|CPUS (is this SLURM's sinfo?)")
+            raise ConfigError(f"sinfo printed {line[:120]!r}, not NODE|GRES|STATE|MEMORY|CPUS (is this SLURM's sinfo?)")
         name, gres, state, memory, cpus = fields
-        if name in nodes:  # a node in several partitions is listed once per partition
+        if name in seen:  # a node in several partitions is listed once per partition
             continue
+        _check_node_name(name)
+        seen.add(name)
+        _check_cluster_size(len(seen), num_gpus, what)
         state = state.rstrip("*~#!%$@^-+").lower()
         if state not in USABLE_STATES:
-            skipped.append(f"{name}: state {state} (`scontrol show node {name}` says why)")
+            skipped.append(f"{name}: state {printable(state, max_chars=40)} (`scontrol show node {name}` says why)")
             continue
-        node = _node(name, parse_gres_gpus(gres, f"node {name}"), table, catalog,
-                     cpu_count=int(cpus) if cpus.isdigit() else None,
-                     memory_mb=int(memory) if memory.isdigit() else None)
+        gpus = parse_gres_gpus(gres, f"node {name}")
+        num_gpus += sum(entry.count for entry in gpus)
+        _check_cluster_size(len(seen), num_gpus, what)
+        node = _node(name, gpus, table, catalog, cpu_count=_field_number(cpus, "CPUs", name),
+                     memory_mb=_field_number(memory, "MB of memory", name))
         if not node.gpus:
             skipped.append(f"{name}: no GPU GRES")
             continue
@@ -238,14 +196,19 @@ def allocation_cluster(
     Raises:
         ConfigError: no node of the allocation holds a GPU.
     """
+    what = f"SLURM job {job_id}"
+    _check_cluster_size(len(hostnames), 0, what)
     gres_of: dict[str, str] = {}
     for names, gres in job_gres:
         for name in names:
             gres_of[name] = gres
-    nodes, skipped = [], []
+    nodes, skipped, num_gpus = [], [], 0
     for host in hostnames:
-        node = local if local is not None and local.name == host else _node(
-            host, parse_gres_gpus(gres_of.get(host, ""), f"node {host}"), table, catalog)
+        _check_node_name(host)
+        gpus = parse_gres_gpus(gres_of.get(host, ""), f"node {host}")
+        num_gpus += sum(entry.count for entry in gpus)
+        _check_cluster_size(len(hostnames), num_gpus, what)
+        node = local if local is not None and local.name == host else _node(host, gpus, table, catalog)
         if node.gpus:
             nodes.append(node)
         else:
@@ -261,30 +224,26 @@ def allocation_cluster(
 # ------------------------------------------------------------------------------------------------ the edge
 
 
-def run_slurm_command(argv: Sequence[str]) -> str:
-    """stdout of a SLURM command; a missing command or a failure is one ConfigError with SLURM's words."""
-    if shutil.which(argv[0]) is None:
-        raise ConfigError(f"{argv[0]} is not on PATH (run on a SLURM login or compute node, or load its module)")
-    try:
-        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=SLURM_COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise ConfigError(f"`{' '.join(argv)}` did not answer in {SLURM_COMMAND_TIMEOUT_S:.0f} s (is slurmctld up? "
-                          "`scontrol ping` tells)") from exc
-    if result.returncode != 0:
-        said = (result.stderr.strip() or result.stdout.strip()).splitlines()
-        raise ConfigError(f"`{' '.join(argv)}` failed: {said[-1] if said else f'exit {result.returncode}'} "
-                          "(check that slurmctld is reachable: `scontrol ping`)")
-    return result.stdout
-
-
 def expand_hostlist(expression: str) -> list[str]:
-    """``gpu-[a-b],cpu1`` -> hostnames, as SLURM expands them (``scontrol show hostnames``)."""
-    return run_slurm_command(["scontrol", "show", "hostnames", expression]).split()
+    """``gpu-[a-b],cpu1`` -> hostnames, as SLURM expands them (``scontrol show hostnames``).
+
+    Raises:
+        ConfigError: ``expression`` is not a host list (it is never passed on as an option), or it expands to
+            more nodes than a cluster config may hold.
+    """
+    if len(expression) > 2**16 or not _HOSTLIST.fullmatch(expression):
+        raise ConfigError(f"SLURM node list {expression[:120]!r} is not a host list like gpu-[01-04],gpu-10 "
+                          "(check SLURM_JOB_NODELIST)")
+    hostnames = run_slurm_command(["scontrol", "show", "hostnames", expression]).split()
+    _check_cluster_size(len(hostnames), 0, f"SLURM node list {expression[:60]!r}")
+    return hostnames
 
 
 def partition_cluster(partition: str, *, gres_types: Sequence[str] = (), catalog: GpuCatalog | None = None
                       ) -> SlurmCluster:
     """The usable GPU nodes of a SLURM partition (``preflight --slurm-partition``)."""
+    if not partition or partition.startswith("-") or not partition.isprintable() or len(partition) > 256:
+        raise ConfigError(f"SLURM partition {partition[:80]!r} is not a partition name (`sinfo -s` lists them)")
     text = run_slurm_command(["sinfo", "-N", "-h", "-p", partition, "-o", "%N|%G|%t|%m|%c"])
     return parse_sinfo_nodes(text, partition=partition, table=gres_table(gres_types), catalog=catalog or load_catalog())
 
@@ -323,11 +282,16 @@ def current_allocation(*, gres_types: Sequence[str] = (), catalog: GpuCatalog | 
     if not job_id or not nodelist:
         raise ConfigError("--slurm plans the SLURM job this runs in, and SLURM_JOB_ID/SLURM_JOB_NODELIST are not set "
                           "(run it inside salloc or an sbatch script, or use preflight --slurm-partition NAME)")
+    if not _JOB_ID.fullmatch(job_id):
+        raise ConfigError(f"SLURM_JOB_ID {job_id[:40]!r} is not a SLURM job id (digits; run it inside salloc or an "
+                          "sbatch script)")
     catalog = catalog or load_catalog()
     hostnames = expand_hostlist(nodelist)
     detail = run_slurm_command(["scontrol", "show", "job", "-d", job_id])
+    node_lines = parse_job_node_gres(detail)
+    _check_cluster_size(len(node_lines), 0, f"SLURM job {job_id}")
     job_gres = [(expand_hostlist(nodes) if any(c in nodes for c in "[,") else [nodes], gres)
-                for nodes, gres in parse_job_node_gres(detail)]
+                for nodes, gres in node_lines]
     return allocation_cluster(hostnames, job_gres, job_id=job_id, table=gres_table(gres_types), catalog=catalog,
                               local=_local_nvml_node(hostnames, catalog))
 

@@ -11,7 +11,9 @@ watchdog blocks reading a pipe from the session:
   started when the signal came, a worker a raylet spawned while stopping), then exits;
 - the session dies: the pipe reaches end-of-file, and the watchdog does the same on its own.
 
-Either way every process carrying the token is terminated (SIGTERM, then SIGKILL after ``GRACE_S``).
+Either way every process carrying the token is terminated (SIGTERM, then SIGKILL after ``GRACE_S``), and the
+sweep goes on until none has been seen for ``QUIET_S`` (a raylet stopped mid-start spawns its agents a moment
+later), so that when the run says everything was stopped, it was.
 
 Only processes with this run's token are ever signalled, so other Ray clusters on the machine (another
 user's, another run's) are never touched. The watchdog runs in its own session, so a Ctrl-C meant for the
@@ -34,11 +36,17 @@ from collections.abc import Iterator
 SESSION_ENV = "BATCHPLAN_RAY_SESSION"
 #: seconds between SIGTERM and SIGKILL for an orphaned Ray process (Ray's own shutdown waits about as long)
 GRACE_S = 3.0
-#: rounds of looking again: a raylet may start a worker while it is being stopped
-ROUNDS = 5
+#: seconds the machine must show no process of the session, scanned every ``SCAN_INTERVAL_S``, before a sweep
+#: that signalled anything ends: a raylet stopped in the middle of its start-up spawns its agents
+#: (ray::DashboardAgent, ray::RuntimeEnvAgent) while it is being stopped, and one freshly forked may not yet show
+#: its environment; a sweep that ended at its first empty scan left them alive for 20-63 s (3 runs in 22)
+QUIET_S = 2.0
+SCAN_INTERVAL_S = 0.25
+#: the longest a sweep may take: a raylet that keeps spawning is signalled again until then
+MAX_SWEEP_S = 30.0
 _SWEEP = b"sweep\n"
-#: seconds the session waits for the sweep (ROUNDS × GRACE_S in the worst case, plus the scan)
-SWEEP_WAIT_S = ROUNDS * GRACE_S + 10.0
+#: seconds the session waits for the sweep
+SWEEP_WAIT_S = MAX_SWEEP_S + GRACE_S + 10.0
 
 
 @contextlib.contextmanager
@@ -70,15 +78,22 @@ def ray_watchdog() -> Iterator[str]:
             watchdog.wait(timeout=SWEEP_WAIT_S)
 
 
-def stop_session_processes(token: str, *, grace_s: float = GRACE_S) -> int:
-    """Terminate every process whose environment carries ``token``; returns how many were signalled."""
+def stop_session_processes(token: str, *, grace_s: float = GRACE_S, quiet_s: float = QUIET_S,
+                           max_sweep_s: float = MAX_SWEEP_S) -> int:
+    """Terminate every process whose environment carries ``token``, and every child of one, until none has been
+    seen for ``quiet_s`` (at most ``max_sweep_s``); returns how many were signalled."""
     import psutil
 
-    signalled = 0
-    for _ in range(ROUNDS):
-        found = _with_token(psutil, token)
-        if not found:
+    signalled: set[int] = set()
+    deadline = time.monotonic() + max_sweep_s
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet_s:
+        found = _with_token(psutil, token, signalled)
+        if not found and not signalled:  # Ray's own shutdown stopped everything: the usual end, at once
             break
+        if not found:
+            time.sleep(SCAN_INTERVAL_S)
+            continue
         for proc in found:
             with contextlib.suppress(psutil.Error):
                 proc.terminate()
@@ -86,17 +101,26 @@ def stop_session_processes(token: str, *, grace_s: float = GRACE_S) -> int:
         for proc in alive:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        signalled += len(found)
-    return signalled
+        signalled.update(proc.pid for proc in found)
+        quiet_since = time.monotonic()
+    return len(signalled)
 
 
-def _with_token(psutil, token: str) -> list:
+def _with_token(psutil, token: str, parents: set[int]) -> list:
+    """Live processes carrying ``token``, and children of ``parents`` (what the sweep signalled already: a
+    raylet's agent forked but not yet readable is still its child)."""
     found = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
             continue
         with contextlib.suppress(psutil.Error):
-            if proc.environ().get(SESSION_ENV) == token and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            ours = proc.ppid() in parents
+            if not ours:
+                with contextlib.suppress(psutil.Error):
+                    ours = proc.environ().get(SESSION_ENV) == token
+            if ours:
                 found.append(proc)
     return found
 

@@ -8,12 +8,17 @@ so an entry is trusted only when, besides parsing strictly within size and nesti
 - its key, recomputed from the inputs it records, is its file's key, and the profile's GPU type, method and
   amp are those inputs' (a T4 profile filed under an A100's key is refused);
 - its profile is physically possible (``planner.profiles.checks``: positive finite points, memory growing
-  with the batch, ``oom_batch`` above a batch that fitted) and possible on its GPU (a catalog type: no step
+  with the batch, fits that are the fits of its points, ``oom_batch`` above a batch that fitted), and no string
+  in it holds a control character (a note with ESC in it would make every plan that carries it unwritable) and possible on its GPU (a catalog type: no step
   faster than the card's bandwidth allows, no memory below the weights the entry lists);
-- its directory is writable by this user and no other (``check_directory``).
+- no other user could have written it (``planner.trust``, OpenSSH's ``StrictModes``): the entry is a regular
+  file owned by this user or root and writable by no one else, checked on the open descriptor; its directory
+  and every one above it are owned by this user or root and writable by no one else (above it: or sticky).
 
 An entry failing any of these is reported (a warning in the plan and on stderr), ignored, and rewritten by
-the fresh profile. An entry that passes them is possible, not proven right (a plausible forgery passes):
+the fresh profile. A cache directory that fails the last rule is refused before any work, in one line naming
+the directory at fault and the fix (``check_directory``): another user's ``--cache-dir``, a group-writable one,
+one under a directory others can write, another user's ``HOME`` under ``sudo`` without ``-H``. An entry that passes them is possible, not proven right (a plausible forgery passes):
 ``--verify-cache`` holds it against a fresh estimate (``planner.profiling.verify``). Writes are atomic (temporary file + rename), so a crash or two planners writing at once
 cannot leave a half-written entry. A cache directory that is a regular file is a ConfigError before any
 work; a directory where an entry's file should be is a problem when read and a ConfigError when the fresh
@@ -26,16 +31,15 @@ import hashlib
 import json
 import logging
 import os
-import stat
 from pathlib import Path
 
 from planner.errors import ConfigError, FieldError
-from planner.files import write_file_safely
-from planner.jsonio import read_json_file
+from planner.jsonio import check_tree, loads_strict
 from planner.profiles.checks import check_against_gpu, checked_profile
 from planner.profiles.key import key_of_inputs
 from planner.profiles.measured import MEASURED_METHOD, MEASURED_SCHEME
 from planner.profiles.profile import DeviceProfile
+from planner.trust import UntrustedPathError, read_trusted, trusted_dir, write_trusted
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,8 @@ class ProfileCache:
     """Profiles by content key in ``directory``; ``problems`` lists the entries found corrupt."""
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
-        self.directory = Path(directory) if directory is not None else default_cache_dir()
+        # absolute now: user code run later (a factory's os.chdir) must not move the cache
+        self.directory = Path(os.path.abspath(directory if directory is not None else default_cache_dir()))
         self.problems: list[str] = []
         self._directory_checked = False
 
@@ -69,8 +74,12 @@ class ProfileCache:
         return self.directory / f"{key}.json"
 
     def check_directory(self, what: str = "the profile cache directory") -> None:
-        """The cache directory is a directory or can become one (no regular file or dangling link on its path);
-        if it exists, this process can write it and no other user can (``_check_trusted_directory``)."""
+        """The cache directory is a directory or can become one (no regular file or dangling link on its path),
+        no other user could write it or a directory above it (``planner.trust``), and this process can write it.
+
+        Raises:
+            FieldError: (``cache_dir``) one line naming the directory at fault and the fix.
+        """
         for path in (self.directory, *self.directory.parents):
             if path.is_symlink() and not path.exists():
                 raise FieldError(
@@ -83,32 +92,52 @@ class ProfileCache:
                         "cache_dir", f"{what} {self.directory} is not a directory ({path} is a file; choose another "
                         "`cache_dir` or remove the file)"
                     )
-                if path == self.directory:
-                    _check_trusted_directory(path, what)
-                return
+                break
+        try:
+            trusted_dir(self.directory, what=what, fix=UNTRUSTED_CACHE_FIX)
+        except UntrustedPathError as exc:
+            raise untrusted_cache_dir(exc) from None
+        if self.directory.exists() and not os.access(self.directory, os.W_OK | os.X_OK):
+            raise FieldError(
+                "cache_dir", f"{what} {self.directory} is not writable by this user (choose another `cache_dir`, or "
+                "`no_cache`)"
+            )
 
     def get(self, key: str) -> DeviceProfile | None:
         """The cached profile, or None if absent or not to be trusted (then noted in ``problems``).
 
         A directory where the entry's file should be is a problem here, and an error when ``put`` writes.
+
+        Raises:
+            FieldError: (``cache_dir``) the cache directory, or one above it, is not trusted (``planner.trust``).
         """
         path = self.path_for(key)
-        if not path.exists():
-            return None
         if not self._directory_checked:  # no entry is read from a directory others may write
             self.check_directory()
             self._directory_checked = True
         try:
-            entry = read_json_file(path, what="entry", max_bytes=MAX_ENTRY_BYTES, fix="it will be profiled again")
+            raw = read_trusted(path, what="profile cache entry", fix="it will be profiled again",
+                               max_bytes=MAX_ENTRY_BYTES)
+            if raw is None:
+                return None
+            entry = loads_strict(raw, source=f"entry {path}", fix="it will be profiled again")
+            # no control character in any string: a note holding ESC made every later plan unwritable
+            check_tree(entry, f"entry {path}")
             return _trusted_profile(entry, key, str(path))
+        except UntrustedPathError as exc:
+            if exc.in_directory:
+                raise untrusted_cache_dir(exc) from None
+            # the entry alone: another user's, or writable by others
+            message = f"{exc.problem}: not trusted; ignoring it and profiling again (the fresh profile replaces it)"
         except (ConfigError, ValueError, KeyError, TypeError, AttributeError) as exc:
             message = f"profile cache entry {path} is corrupt ({exc}); ignoring it and profiling again"
-            log.warning(message)
-            self.problems.append(message)
-            return None
+        log.warning(message)
+        self.problems.append(message)
+        return None
 
     def put(self, key: str, profile: DeviceProfile, *, inputs: dict[str, str]) -> Path:
-        """Store ``profile`` under ``key``, with the ``inputs`` the key was made from."""
+        """Store ``profile`` under ``key``, with the ``inputs`` the key was made from; an entry that is a
+        symbolic link is replaced, never written through."""
         if key_of_inputs(inputs) != key:
             raise ValueError(f"key {key} is not the key of its inputs {inputs}")  # our own invariant
         profile_json = profile.to_json()
@@ -116,37 +145,26 @@ class ProfileCache:
                  "profile": profile_json}
         self.check_directory()
         fix = "choose another --cache-dir, or --no-cache"  # an OSError's text may hold backticks: plain words
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o755)  # never o+w, whatever the umask
-        except OSError as exc:
-            raise ConfigError(f"cannot create the profile cache directory {self.directory}: {exc.strerror or exc} "
-                              f"({fix})") from None
         path = self.path_for(key)
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             raise FieldError("cache_dir",
                              f"profile cache entry {path} is a directory (remove it, or choose another `cache_dir`)")
-        write_file_safely(path, json.dumps(entry, indent=1), what="the profile cache entry", fix=fix, mode=0o644)
+        try:
+            write_trusted(path, json.dumps(entry, indent=1), what="the profile cache entry", fix=fix)
+        except UntrustedPathError as exc:
+            raise untrusted_cache_dir(exc) from None
         return path
 
 
-def _check_trusted_directory(directory: Path, what: str) -> None:
-    """Refuse a cache directory that others may write or this process may not.
+#: the fix of an untrusted cache directory (``cache_dir``, ``no_cache``: rendered as the front end's flags)
+UNTRUSTED_CACHE_FIX = ("chown it to this user and chmod go-w it, or use a directory of your own with `cache_dir` "
+                       "(under sudo: sudo -H, so that HOME is root's), or `no_cache`")
 
-    An entry's name is its key, which anyone can compute, and its checksum anyone can recompute: whoever can
-    write the directory decides the plans (``checks.py`` rejects the impossible, not the merely wrong). So a
-    directory writable by every user (``/tmp``, mode ``o+w``) is refused, sticky bit or not. A directory this
-    process cannot write fails here, before any work, rather than after the profiling it was to store.
-    """
-    mode = directory.stat().st_mode
-    if mode & stat.S_IWOTH:
-        raise FieldError(
-            "cache_dir", f"{what} {directory} is writable by every user (mode {stat.filemode(mode)}): anyone could "
-            f"plant profiles there (chmod o-w {directory}, or choose another `cache_dir`)"
-        )
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise FieldError(
-            "cache_dir", f"{what} {directory} is not writable by this user (choose another `cache_dir`, or `no_cache`)"
-        )
+
+def untrusted_cache_dir(exc: UntrustedPathError) -> FieldError:
+    """An untrusted directory on a cache's path (``planner.trust``) as the error it is for a user: one line, the
+    directory at fault, the fix with the front end's flag names (``cache_dir``, ``no_cache``)."""
+    return FieldError("cache_dir", f"{exc.problem.replace('`', chr(39))} ({UNTRUSTED_CACHE_FIX})")
 
 
 def _trusted_profile(entry: object, key: str, where: str) -> DeviceProfile:

@@ -25,6 +25,7 @@ from typing import Any, get_args
 from planner.errors import ConfigError
 from planner.profiles.profile import DeviceProfile, ProfileMethod
 from torchkit.hardware.catalog import GpuSpec
+from torchkit.step.fit import fit_memory, fit_time
 from torchkit.step.options import AMP_MODES
 
 METHODS = get_args(ProfileMethod)
@@ -38,6 +39,8 @@ MAX_STEP_SECONDS = 86_400.0
 #: peak bandwidth before it is refused (the memory curve's per-sample bytes include allocator overheads, not
 #: all of them written). Every estimate in the caches of the test machines was 3.4× slower or more than the bound.
 BANDWIDTH_BOUND_MARGIN = 2.0
+#: how far a stored fit may be from the fit of its points (float noise of ``numpy.polyfit`` is ~1e-12)
+FIT_AGREEMENT = 1e-3
 #: breakdown categories every step holds whatever the batch
 FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")
 
@@ -75,6 +78,7 @@ def check_profile(profile: DeviceProfile, where: str) -> None:
     for batch, seconds in profile.time_points:
         _check_point(where, "time_points", batch, seconds, MAX_STEP_SECONDS, "seconds")
     _check_memory_fit(profile, where)
+    _check_fits_are_their_points(profile, where)
     fit = profile.time_fit
     if not (_finite(fit.intercept_s) and _finite(fit.s_per_sample)) or fit.intercept_s < 0 or fit.s_per_sample < 0:
         raise ConfigError(
@@ -112,6 +116,30 @@ def _check_memory_fit(profile: DeviceProfile, where: str) -> None:
         )
     if not 0 < fit.predict_bytes(1) <= MAX_DEVICE_BYTES:
         raise ConfigError(f"{where}.memory_fit predicts {fit.predict_bytes(1):.4g} bytes at batch 1")
+
+
+def _check_fits_are_their_points(profile: DeviceProfile, where: str) -> None:
+    """A profile's fits are what its points fit to (``DeviceProfile.fitted``, ``torchkit.step.fit``): compared at
+    its largest probed batch, within :data:`FIT_AGREEMENT`. An entry whose fit contradicts its own points
+    (``bytes_per_sample: 1.0`` beside points of 7 GB at batch 128: an A100 cap of 65,536) is refused. A time
+    fit a running job measured (method ``job``) is pooled with the plan's prior (``planner.runtime``), so only
+    its memory is compared."""
+    try:
+        memory = fit_memory(profile.memory_points, kind=profile.memory_fit.kind).fit
+        time = fit_time(profile.time_points).fit
+    except ValueError as exc:
+        raise ConfigError(f"{where}: its points fit no curve ({exc})") from None
+    largest = max(b for b, _ in profile.memory_points)
+    pairs = [("memory_fit", memory.predict_bytes(largest), profile.memory_fit.predict_bytes(largest), "bytes")]
+    if profile.method != "job":
+        largest_time = max(b for b, _ in profile.time_points)
+        pairs.append(("time_fit", time.predict_s(largest_time), profile.step_time_s(largest_time), "s"))
+    for name, from_points, stored, unit in pairs:
+        if not math.isclose(stored, from_points, rel_tol=FIT_AGREEMENT):
+            raise ConfigError(
+                f"{where}.{name} predicts {stored:.4g} {unit} at its largest probed batch where its own points fit "
+                f"{from_points:.4g} {unit}: the fit is not the fit of its points"
+            )
 
 
 def _check_point(where: str, name: str, batch: int, value: float, limit: float, unit: str) -> None:

@@ -17,7 +17,8 @@ shape (``planner.plan.comm.ring_shape``: the nodes, the ranks on each, and each 
 so a plan that drops a node, adds a rank or is given another network is not answered by it. A simulated run
 (``--simulate-speed``) files nothing: its waits are the simulation's.
 
-Files: ``<cache>/sync/<key>.json``, written safely (``planner.files``), read strictly: an entry whose key does
+Files: ``<cache>/sync/<key>.json``, written and read where no other user could have written them
+(``planner.trust``; an untrusted cache directory is refused), read strictly: an entry whose key does
 not recompute from the inputs it records, or whose figures are not finite and in range, is ignored (with a
 problem line for the plan). Pure: no torch.
 """
@@ -32,9 +33,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.files import write_file_safely
+from planner.errors import ConfigError
 from planner.profiles import measured
+from planner.profiles.cache import untrusted_cache_dir
 from planner.profiles.key import key_of_inputs
+from planner.trust import UntrustedPathError, read_trusted, write_trusted
 
 __all__ = ["SYNC_SCHEME", "JobSync", "find_job_sync", "store_job_sync", "sync_key_inputs"]
 
@@ -102,12 +105,15 @@ def _path(cache_dir: str | os.PathLike, inputs: Mapping[str, str]) -> Path:
 def _read(path: Path, inputs: Mapping[str, str]) -> tuple[dict[str, JobSync], str | None]:
     """(shape -> correction, a problem line or None); nothing there is ({}, None)."""
     try:
-        if path.stat().st_size > _MAX_ENTRY_BYTES:
-            return {}, f"measured synchronisation entry {path} is over {_MAX_ENTRY_BYTES} bytes: ignored"
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}, None
-    except (OSError, ValueError) as exc:
+        raw = read_trusted(path, what="measured synchronisation entry", fix="ignored", max_bytes=_MAX_ENTRY_BYTES)
+        if raw is None:
+            return {}, None
+        data = json.loads(raw)
+    except UntrustedPathError as exc:
+        if exc.in_directory:
+            raise untrusted_cache_dir(exc) from None
+        return {}, f"{exc.problem}: not trusted, ignored (the job's next measurement replaces it)"
+    except (ConfigError, ValueError) as exc:
         return {}, f"measured synchronisation entry {path} is unreadable ({exc}): ignored"
     try:
         if data["inputs"] != dict(inputs) or path.stem != key_of_inputs(dict(data["inputs"])):
@@ -135,5 +141,8 @@ def store_job_sync(cache_dir: str | os.PathLike, inputs: Mapping[str, str], shap
     shapes[shape] = sync
     kept = dict(list(shapes.items())[-_MAX_SHAPES:])
     text = json.dumps({"inputs": dict(inputs), "shapes": {s: asdict(j) for s, j in kept.items()}}, indent=1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_file_safely(path, text, what="measured synchronisation entry", fix="check the profile cache directory")
+    try:
+        return write_trusted(path, text, what="measured synchronisation entry",
+                             fix="check the profile cache directory")
+    except UntrustedPathError as exc:
+        raise untrusted_cache_dir(exc) from None

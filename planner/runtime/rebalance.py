@@ -84,7 +84,8 @@ import torch.distributed as dist
 
 from planner.errors import ConfigError, RebalanceError, WorkloadError
 from planner.runtime.default_group_timeout import is_collective_failure, lowered_default_timeout
-from planner.runtime.rebalance_faults import default_store, missing_ranks
+from planner.runtime.rank_watchdog import start_rank_watchdog, stop_ranks
+from planner.runtime.rebalance_faults import default_store, lowered_store_timeout, missing_ranks
 from planner.runtime.rebalance_model import (
     Decision,
     RankLimits,
@@ -229,6 +230,7 @@ class Rebalancer:
         self._forward_start: Any = None
         self._hook_end: Any = None
         self._slept = False
+        self._credit_s = 0.0  # seconds a simulated sleep overran, taken off the host-clock marks after it
         self._intervals: list[tuple[Any, Any]] = []
         self._waits: list[tuple[Any, Any]] = []
         self._step_splits: list[tuple[int, ...]] = []
@@ -242,6 +244,9 @@ class Rebalancer:
             # every rank builds its re-balancer in the same order: new_group is a collective
             self._group = dist.new_group(timeout=timedelta(seconds=self.collective_timeout_s),
                                          backend=dist.get_backend())
+        # lets the others end this rank, on whatever node, if it hangs or is stopped (planner.runtime.rank_watchdog)
+        self._watchdog = start_rank_watchdog(default_store(), self._key_prefix, self.rank) \
+            if self._group is not None else None
         if ddp is not None and isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(None, self._comm_hook)
             ddp.module.register_forward_pre_hook(self._forward_pre_hook)
@@ -323,7 +328,7 @@ class Rebalancer:
         self._step_splits.append(self._split)
         if self._clock.cuda and not self._intervals:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self._in_compute, self._slept = True, False
+        self._in_compute, self._slept, self._credit_s = True, False, 0.0
         self._forward_start = self._hook_end = None
         self._start = self._clock.mark()
         bounded = lowered_default_timeout(self.collective_timeout_s) if self._group is not None \
@@ -345,7 +350,8 @@ class Rebalancer:
         end = self._clock.mark()
         if self._hook_end is None:  # no all-reduce in this micro-step (no_sync, one rank): the block is compute
             self._maybe_sleep()
-            self._hook_end = end = self._clock.mark()
+            end = self._clock.mark()
+            self._hook_end = self._credited(end)  # a simulated sleep's lateness is waiting, not compute
         start = self._forward_start if self._forward_start is not None else self._start
         self._intervals.append((start, self._hook_end))
         self._waits.append((self._hook_end, end))
@@ -355,18 +361,34 @@ class Rebalancer:
             self._forward_start = self._clock.mark()
 
     def _maybe_sleep(self) -> None:
-        if self.simulate is not None and not self._slept and self._split is not None:
-            self._slept = True
-            extra = self.simulate.extra_s(self.rank, self._split[self.rank], self._step + 1)
-            if extra > 0:
-                time.sleep(extra)
+        """A simulated slow device still computing (``planner.runtime.simulate``): sleep its extra time, once a
+        micro-step. With a measured per-sample time (sleeps of a fraction of a millisecond, which a loaded host
+        overruns several times over) the host-clock marks after it are credited with the sleep's lateness
+        (``_credited``); a declared one's sleeps (tens of ms) carry it as the noise of a real device's step."""
+        if self.simulate is None or self._slept or self._split is None:
+            return
+        self._slept = True
+        start = self._forward_start if self._forward_start is not None else self._start
+        began = self._clock.mark()
+        extra = self.simulate.extra_s(self.rank, self._split[self.rank], self._step + 1,
+                                      real_s=self._clock.elapsed_s(start, began))
+        if extra > 0:
+            time.sleep(extra)
+            if not self._clock.cuda and self.simulate.sample_s is None:
+                self._credit_s = min(0.0, began + extra - self._clock.mark())  # the host woke up late
+
+    def _credited(self, mark: Any) -> Any:
+        """A host-clock mark taken after a simulated sleep, as if the sleep had lasted what was declared: the
+        simulated device computes for the time declared; the host's lateness in waking (the scheduler's, a few
+        ms on a loaded machine, whatever the sleep's length) is this rank's wait, not its compute."""
+        return mark + self._credit_s if self._credit_s else mark
 
     def _comm_hook(self, state, bucket):  # no annotations: DDP checks them, and this module's are strings
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         if self._in_compute:
             self._maybe_sleep()  # a simulated slow device is still computing here
-            self._hook_end = self._clock.mark()  # the last bucket's mark wins: own backward is done
+            self._hook_end = self._credited(self._clock.mark())  # the last bucket's mark wins: own backward is done
         # DDP's default all-reduce, in the re-balancer's group: its timeout bounds a wait for a dead rank
         return allreduce_hook(self._group, bucket).then(self._after_allreduce)  # type: ignore[arg-type]
 
@@ -666,18 +688,26 @@ class Rebalancer:
     def collective_failure(self, what: str, exc: BaseException) -> RebalanceError:
         """The one-line error of a failed collective (``what``: e.g. "the loss all-reduce"), naming the rank(s)
         that did not answer; for the training loop's own collectives too."""
-        grace_s = min(2.0, self.collective_timeout_s / 2)  # the survivors fail within moments of each other
-        missing = missing_ranks(default_store(), self._key_prefix, self.rank, self.world_size, self._step, grace_s)
+        # the survivors fail within moments of each other, seconds apart on a loaded machine: 2 s was seen to let
+        # the store's host (rank 0 of an env:// launch) leave before a slower survivor could name (1 run in 20 at
+        # load 12-19 on 2 cores)
+        grace_s = min(4.0, self.collective_timeout_s / 2)
+        store = default_store()
+        missing = missing_ranks(store, self._key_prefix, self.rank, self.world_size, self._step, grace_s)
         if missing:
             who = f"rank {missing[0]}" if len(missing) == 1 else "ranks " + ", ".join(str(r) for r in missing)
             who += " stopped answering"
+            with lowered_store_timeout(store, grace_s):  # a hung or stopped rank's node must end too
+                ended = stop_ranks(store, self._key_prefix, missing)
         else:
-            who = "a rank stopped answering (which one could not be told)"
+            who, ended = "a rank stopped answering (which one could not be told)", []
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         return RebalanceError(
             f"rebalance: {who} after optimizer step {self._step}: it died or hung ({what} failed on rank "
             f"{self.rank} within the re-balancer's {self.collective_timeout_s:g} s timeout: "
-            f"{type(exc).__name__}: {first_line[:200]}); rank {self.rank} stops too")
+            f"{type(exc).__name__}: {first_line[:200]}); rank {self.rank} stops too"
+            + (f"; ended rank {', '.join(str(r) for r in ended)} through its watchdog, so that its node stops as well"
+               if ended else ""))
 
     def _agree(self, decision: Decision | None) -> None:
         """Every rank's decision must be the same; otherwise every rank raises (nobody waits forever)."""

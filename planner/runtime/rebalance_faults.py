@@ -21,7 +21,7 @@ import contextlib
 import time
 from typing import Any
 
-__all__ = ["default_store", "missing_ranks"]
+__all__ = ["default_store", "lowered_store_timeout", "missing_ranks"]
 
 _POLL_S = 0.05
 
@@ -49,16 +49,19 @@ def missing_ranks(store: Any, prefix: str, rank: int, world_size: int, step: int
         return None
     previous = _lower_timeout(store, grace_s)  # a stopped (SIGSTOP) store host must not hold us for its timeout
     try:
-        store.set(f"{prefix}/failed/{rank}", str(step))
-        others = [r for r in range(world_size) if r != rank]
-        missing = _unmarked(store, f"{prefix}/failed", others, grace_s)
+        try:
+            store.set(f"{prefix}/failed/{rank}", str(step))
+            others = [r for r in range(world_size) if r != rank]
+            missing = _unmarked(store, f"{prefix}/failed", others, grace_s)
+        except Exception:  # the store's host is gone too, or stopped
+            return None
         # then wait (as long again at most) for every survivor to have named: the rank that hosts the store (rank 0
-        # of a plain env:// launch) must not end it while another is still asking
-        store.set(f"{prefix}/named/{rank}", "1")
-        _unmarked(store, f"{prefix}/named", [r for r in others if r not in missing], grace_s)
+        # of a plain env:// launch) must not end it while another is still asking. What this rank found stands
+        # whatever happens to the store now (a survivor may end the named rank, and with it the store it hosted)
+        with contextlib.suppress(Exception):
+            store.set(f"{prefix}/named/{rank}", "1")
+            _unmarked(store, f"{prefix}/named", [r for r in others if r not in missing], grace_s)
         return missing
-    except Exception:  # the store's host is gone too, or stopped
-        return None
     finally:
         if previous is not None:
             with contextlib.suppress(Exception):
@@ -74,6 +77,19 @@ def _unmarked(store: Any, prefix: str, ranks: list[int], grace_s: float) -> list
         if waiting:
             time.sleep(_POLL_S)
     return waiting
+
+
+@contextlib.contextmanager
+def lowered_store_timeout(store: Any, seconds: float):
+    """While the block runs, ``store``'s operations time out after ``seconds`` (a stopped or gone store host must
+    not hold a failing rank for the store's own timeout, 30 min)."""
+    previous = _lower_timeout(store, seconds)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                store.set_timeout(previous)
 
 
 def _lower_timeout(store: Any, seconds: float) -> Any | None:

@@ -190,7 +190,11 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
     Its step time is, as in every plan, the slowest rank's compute plus the exposed synchronisation per
     optimizer step shared over its micro-steps (``planner.allocate.allocation``): the exposed time the run
     measured (``measured.sync``) where it measured one, else the plan's own ``predicted_comm_time_s``;
-    ``predicted_comm_time_s`` becomes that figure."""
+    ``predicted_comm_time_s`` becomes that figure. Every figure of the batches is theirs: each rank's predicted
+    memory at its new batch (its profile's curve), the balance efficiency against the bound of the measured
+    curves (every GPU alone at its cap, ``planner.allocate.allocation``). What the plan said of its own batches
+    (the options it compared, its notes and warnings) is not re-judged at the measured speeds: it moves to
+    ``measured.planned``, and one note says so (plan again to compare at the measured speeds)."""
     batches = [int(b) for b in section["batches_last"]]
     weights = loss_weights(batches)
     fits = [time_fit_from_json(r["time_fit"]) for r in section["ranks"]]
@@ -198,7 +202,8 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
     idle = idle_fractions(times)
     ranks = tuple(
         dataclasses.replace(entry, batch=batches[i], loss_weight=weights[i], predicted_step_time_s=times[i],
-                            idle_fraction=idle[i])
+                            idle_fraction=idle[i],
+                            predicted_memory_bytes=plan.profiles[entry.profile].memory_bytes(batches[i]))
         for i, entry in enumerate(plan.ranks)
     )
     sync_s, sync_from = _exposed_sync_s(plan, section)
@@ -213,11 +218,20 @@ def updated_plan(plan: Plan, section: Mapping[str, Any]) -> Plan:
         what += f"; exposed synchronisation {sync_s * 1e3:.1f} ms per optimizer step, {sync_from}"
     if section.get("simulated"):
         what += f"; {section['simulated']}"
+    throughput = sum(batches) / step_time if step_time > 0 else 0.0
+    bound = sum(e.max_batch / fit.predict_s(e.max_batch) for e, fit in zip(plan.ranks, fits, strict=True)
+                if fit.predict_s(e.max_batch) > 0)
+    planned = {"batches": [e.batch for e in plan.ranks], "balance_efficiency": plan.balance_efficiency,
+               "alternatives": plan.alternatives, "notes": list(plan.notes), "warnings": list(plan.warnings)}
+    moved = (f"what the plan said of its batches {planned['batches']} (throughput by mode, GPUs to drop, its notes "
+             "and warnings) is in measured.planned, not re-judged at the measured speeds (plan again to compare "
+             "options at them: batchplan plan --method auto reads what a real run measured)")
     updated = plan.replace(
         ranks=ranks, step_batch=sum(batches), global_batch=sum(batches) * plan.accumulate,
-        predicted_step_time_s=step_time, throughput_samples_per_s=sum(batches) / step_time if step_time > 0 else 0.0,
-        warnings=(*plan.warnings, what),
-    ).with_extra(measured=dict(section))
+        predicted_step_time_s=step_time, throughput_samples_per_s=throughput,
+        balance_efficiency=min(1.0, throughput / bound) if bound > 0 else 0.0, balance_efficiency_range=None,
+        alternatives=None, notes=(moved,), warnings=(what,), advice=(),
+    ).with_extra(measured={**section, "planned": planned})
     if "predicted_comm_time_s" in plan.extra:
         updated = updated.with_extra(predicted_comm_time_s=sync_s)
     check_identities(updated, where="re-balanced plan")

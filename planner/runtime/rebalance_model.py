@@ -3,8 +3,9 @@
 Every rank runs this on the same gathered numbers, so every rank reaches the same decision
 (``planner.runtime.rebalance`` checks it). The rules, each there because its absence made a job slower:
 
-* **Noise-aware thresholds.** The steps measured at a split give each rank's step-to-step spread (a robust
-  coefficient of variation, 1.4826·MAD / median). A difference of two medians of ``n`` such steps has a
+* **Noise-aware thresholds.** The steps measured at a split give each rank's step-to-step spread (robust:
+  1.4826·MAD), taken as a share of the split's step (the slowest rank's median compute), the scale of an idle
+  share and of a gain: a small rank's jitter moves neither. A difference of two medians of ``n`` such steps has a
   relative standard error of about ``√2 · 1.2533 · cv / √n``; an imbalance or a predicted gain must exceed
   ``noise_z`` of those (and the floors ``imbalance_threshold`` / ``min_gain``) before anything moves. Identical
   ranks on a noisy machine therefore stay where they are.
@@ -47,8 +48,8 @@ from torchkit.step.fit import AffineTimeFit
 
 __all__ = [
     "Decision", "RankLimits", "RebalancePolicy", "StepMeasure", "Thresholds", "balanced", "bounded_split", "decide",
-    "decision_fit", "fit_rank_time", "idle_fractions", "max_idle", "median_points", "memory_cap", "relative_noise",
-    "speeds_changed", "split_step_s", "switch_verdict", "thresholds",
+    "decision_fit", "fit_rank_time", "idle_fractions", "max_idle", "median_points", "memory_cap",
+    "speeds_changed", "split_step_s", "step_noise", "switch_verdict", "thresholds",
 ]
 
 
@@ -86,8 +87,8 @@ class RebalancePolicy:
     prior_weight: float = 1.0
     """weight of the prior slope in the refits, in steps at batches 10% away from the mean measured batch"""
     rollback_at_once: float = 1.25
-    """a switch measured slower than the split before by more than this factor is undone after ``min_points``
-    steps; one less clearly slower is measured for twice as long first"""
+    """a switch measured slower than the split before by more than this factor (and than the noise of its steps
+    allows) is undone after ``min_points`` steps; one less clearly slower is measured for twice as long first"""
     retry_after_steps: int = 50
     """a split that was rolled back is not proposed again for this many steps (or until the speeds change)"""
     max_switches: int = 12
@@ -168,7 +169,7 @@ class Thresholds:
     """What the noise of the measured steps allows to be called an imbalance or a gain."""
 
     noise: float
-    """the largest rank's relative step-to-step spread (robust coefficient of variation)"""
+    """the largest rank's step-to-step spread (robust: 1.4826·MAD) as a share of the split's step (``step_noise``)"""
     idle: float
     """an idle share at or below this is balanced"""
     gain: float
@@ -246,21 +247,27 @@ def memory_cap(limits: RankLimits, peaks: Sequence[tuple[int, int]], multiple_of
 
 
 
-def relative_noise(values: Sequence[float]) -> float:
-    """Robust relative spread of repeated measurements: 1.4826·MAD / median (0 for fewer than 2)."""
-    if len(values) < 2:
+def step_noise(at_split: Sequence[StepMeasure]) -> float:
+    """The largest rank's step-to-step spread (1.4826·MAD) at one split, as a share of the split's step (the
+    slowest rank's median compute): the scale of an idle share and of a gain, which are shares of the step.
+    (A rank's spread over its own median made a rank of 0.6 ms with 0.3 ms of jitter, beside one of 110 ms,
+    raise the thresholds above any gain: the rules stood still for 20 steps of a split 6× too slow.)"""
+    world_size = len(at_split[0].compute_s)
+    step = statistics.median(max(m.compute_s) for m in at_split)
+    if len(at_split) < 2 or step <= 0:
         return 0.0
-    middle = statistics.median(values)
-    if middle <= 0:
-        return 0.0
-    return _MAD_TO_SIGMA * statistics.median(abs(v - middle) for v in values) / middle
+    spreads = []
+    for r in range(world_size):
+        times = [m.compute_s[r] for m in at_split]
+        middle = statistics.median(times)
+        spreads.append(_MAD_TO_SIGMA * statistics.median(abs(t - middle) for t in times))
+    return max(spreads) / step
 
 
 def thresholds(at_split: Sequence[StepMeasure], policy: RebalancePolicy) -> Thresholds:
     """The idle and gain thresholds for decisions on ``at_split`` (steps measured at one split): the policy's
     floors, raised to ``noise_z`` standard errors of a difference of two medians of these steps."""
-    world_size = len(at_split[0].compute_s)
-    noise = max(relative_noise([m.compute_s[r] for m in at_split]) for r in range(world_size))
+    noise = step_noise(at_split)
     margin = policy.noise_z * math.sqrt(2.0) * _MEDIAN_SE * noise / math.sqrt(len(at_split))
     return Thresholds(noise=noise, idle=max(policy.imbalance_threshold, margin), gain=max(policy.min_gain, margin))
 
@@ -429,12 +436,15 @@ def switch_verdict(
     """``(verdict, before_s, after_s)`` of a switch, from the measured step times of the split before it and
     the one after (``split_step_s``): ``keep`` when the new split is faster; ``rollback`` when it is not and
     has been measured for twice ``min_points`` steps, or at once when it is slower by more than
-    ``rollback_at_once``; otherwise ``more`` (measure on: a burst of load on a shared machine can make three
-    steps of a better split look slower)."""
+    ``rollback_at_once`` and by more than the noise allows (the gain threshold of the steps after it, as a
+    share: on a machine at load 12 three steps of a better split measured 1.39× slower and it was undone);
+    otherwise ``more`` (measure on: a burst of load on a shared machine can make three steps of a better split
+    look slower)."""
     before_s, after_s = split_step_s(before), split_step_s(after)
     if after_s < before_s:
         return "keep", before_s, after_s
-    if len(after) < 2 * policy.min_points and after_s <= before_s * policy.rollback_at_once:
+    at_once = max(policy.rollback_at_once, 1.0 + thresholds(after, policy).gain)
+    if len(after) < 2 * policy.min_points and after_s <= before_s * at_once:
         return "more", before_s, after_s
     return "rollback", before_s, after_s
 
@@ -445,9 +455,10 @@ def speeds_changed(earlier: Sequence[StepMeasure], window: Sequence[StepMeasure]
     if len(earlier) < policy.min_points or len(window) < policy.min_points:
         return False
     margin = max(thresholds(earlier, policy).idle, thresholds(window, policy).idle)
+    step = statistics.median(max(m.compute_s) for m in earlier)  # changes in shares of the step, as the margin
     for rank in range(len(window[0].compute_s)):
         before = statistics.median(m.compute_s[rank] for m in earlier)
         now = statistics.median(m.compute_s[rank] for m in window)
-        if before > 0 and abs(now / before - 1.0) > margin:
+        if step > 0 and abs(now - before) / step > margin:
             return True
     return False

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from planner.runtime.rebalance_model import StepMeasure, max_idle
+from planner.runtime.rebalance_model import StepMeasure, max_idle, split_step_s
 
 __all__ = ["RebalanceReport", "Switch", "build_report", "samples_once"]
 
@@ -45,6 +45,11 @@ class RebalanceReport:
     """largest idle share with the final split (its last run's steps, else any); None: none measured"""
     batches_first: tuple[int, ...]
     batches_last: tuple[int, ...]
+    step_compute_s_first: float | None = None
+    """the plan's split's step compute: the median over its steps of the slowest rank's compute, what a switch is
+    judged by (``planner.runtime.rebalance_model.split_step_s``); None: none measured"""
+    step_compute_s_last: float | None = None
+    """the same for the final split: below ``step_compute_s_first``, the re-balancing paid off"""
     compute_s_last: tuple[float, ...] | None = None
     """each rank's median compute per step with the final split"""
     sync_wait_s_last: tuple[float, ...] | None = None
@@ -64,9 +69,13 @@ class RebalanceReport:
         def seconds(values: tuple[float, ...] | None) -> str:
             return "n/a" if values is None else "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
 
+        def step(value: float | None) -> str:
+            return "n/a" if value is None else f"{value:.4f}"
+
         overhead = "n/a" if self.watch_overhead is None else f"{self.watch_overhead:.2%}"
         return (
             f"rebalance: switches={len(self.switches)} steps_to_balance={self.steps_to_balance} "
+            f"step_compute_s_first={step(self.step_compute_s_first)} step_compute_s_last={step(self.step_compute_s_last)} "
             f"max_idle_first={idle(self.max_idle_first)} max_idle_last={idle(self.max_idle_last)} "
             f"batches_first={list(self.batches_first)} batches_last={list(self.batches_last)} "
             f"samples_once={'true' if samples_once else 'false'} rollbacks={self.rollbacks} "
@@ -112,6 +121,8 @@ def build_report(
         max_idle_first=None if compute_first is None else max_idle(compute_first),
         max_idle_last=None if compute_last is None else max_idle(compute_last),
         batches_first=first, batches_last=last,
+        step_compute_s_first=split_step_s(at_first) if at_first else None,
+        step_compute_s_last=split_step_s(at_last) if at_last else None,
         compute_s_last=compute_last, sync_wait_s_last=_medians(at_last, "sync_wait_s"),
         watch_overhead=watch_overhead)
 

@@ -23,6 +23,11 @@ A switch takes effect at a *position* ``(pass, step)`` — the ``pass``-th itera
 micro-step inside it — that no rank has yielded yet, so a DataLoader that prefetches indices never holds a
 slice of the old split for a step that uses the new one.
 
+The first time it is iterated, every rank checks with the others that they cut the same global batches
+(``planner.runtime.plan_agreement``: through the job's key-value store, where a process group is initialised); a
+rank with another plan (a stale ``plan.json`` on a node) ends every rank with one line naming its node. Set
+``agree_on_first_use = False`` on a sampler that only some ranks iterate.
+
 Known limitations: the permutation comes from ``torch.randperm`` with a CPU generator, so all ranks must run
 the same torch version (as ``DistributedSampler`` also assumes). The sampler does not look at the data, so
 samples of different cost (sequence length) are not balanced.
@@ -39,6 +44,7 @@ import torch
 from torch.utils.data import Sampler
 
 from planner.errors import ConfigError
+from planner.runtime.plan_agreement import SplitTerms, agree_on_split
 from planner.runtime.weights import positive_int
 
 if TYPE_CHECKING:
@@ -48,7 +54,8 @@ __all__ = ["PlannedBatchSampler"]
 
 
 class PlannedBatchSampler(Sampler[list[int]]):
-    """Yields this rank's index list for every global step of an epoch.
+    """Yields this rank's index list for every global step of an epoch; on the first iteration the ranks check
+    that they hold the same plan (``planner.runtime.plan_agreement``).
 
     Args:
         dataset_size: number of samples in the dataset (``len(dataset)``).
@@ -68,6 +75,10 @@ class PlannedBatchSampler(Sampler[list[int]]):
         ConfigError: empty or non-positive batches, a rank out of range, or a dataset smaller than one
             optimizer step (``Σ batches · accumulate`` samples).
     """
+
+    agree_on_first_use: bool = True
+    """check with the other ranks, at the first iteration, that they cut the same global batches (every rank waits
+    for the others: set False on a sampler that only some ranks iterate)"""
 
     def __init__(
         self,
@@ -122,6 +133,7 @@ class PlannedBatchSampler(Sampler[list[int]]):
         self._next_pass = 0
         self._cursor: tuple[int, int] = (0, 0)  # the next position __iter__ will yield
         self._yielded: deque[tuple[int, ...]] = deque()  # splits of lists yielded and not yet taken
+        self._agreed = False  # whether the ranks have checked that they hold the same plan
 
     @classmethod
     def from_plan(
@@ -193,7 +205,15 @@ class PlannedBatchSampler(Sampler[list[int]]):
         # padding is less than one, so one extra copy of the start always suffices
         return order + order[:padding]
 
+    def split_terms(self) -> SplitTerms:
+        """What decides this rank's slices, as the plan gave them (before any re-balancing switch)."""
+        return SplitTerms(batches=self._schedule[0][1], accumulate=self.accumulate, dataset_size=self.dataset_size,
+                          shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last)
+
     def __iter__(self) -> Iterator[list[int]]:
+        if not self._agreed and self.agree_on_first_use:
+            agree_on_split(self.split_terms())
+            self._agreed = True
         this_pass = self._next_pass
         self._next_pass += 1
         self._cursor = (this_pass, 0)

@@ -12,10 +12,21 @@ One per-sample time ``s`` is shared by all ranks, so ``--simulate-speed 1,2,4`` 
 * ``sample_s`` declared: the simulated device needs ``k_i × sample_s`` seconds per sample, so the sleep is
   ``k_i × sample_s × b`` and the (small) real compute is noise on top. Tests and benchmarks use this: the
   sleeps dominate the noise of a loaded machine.
-* ``sample_s`` not given: the real compute plays the part of speed 1 and the sleep is ``(k_i − 1) × s × b``,
-  with ``s`` measured once, after the warm-up, and agreed by all ranks (the median of the ranks' real
-  seconds per sample in the same step: ``agree``). Until then nothing sleeps; the re-balancer leaves those
-  steps out of its fits.
+* ``sample_s`` not given: ``s`` is measured once, after the warm-up, and agreed by all ranks (the median of the
+  ranks' real seconds per sample in the same step: ``agree``); from then on rank i's compute is stretched to
+  ``k_i × s × b``, its real compute part of it (the sleep is what is left, never negative). Until then nothing
+  sleeps; the re-balancer leaves those steps out of its fits. (The real compute used to play speed 1, with
+  ``(k_i − 1) × s × b`` on top: but ``s`` measured as compute per sample carries a step's fixed cost, which the
+  real compute of a speed-1 rank does not grow by, so the speeds were not the declared ones. With the examples'
+  small MLP, almost all fixed cost, rank 2 of ``4,2,1`` cost microseconds per sample against rank 0's 0.2 ms,
+  and the re-balancer rightly moved every sample it could to it.)
+
+With a measured ``s``, what is timed as the simulated device's compute is the time declared, not the host's
+sleep: a sleep on a loaded machine ends late by the scheduler's wake-up latency (2-4 ms at load 10, whatever its
+length), several times these sleeps of a fraction of a millisecond, which made every rank that slept look like a
+device with a fixed cost of that size, deaf to its batch, beside one that did not; the lateness is this rank's
+wait instead (``planner.runtime.rebalance``: the host clock's mark is credited). A declared ``sample_s``'s sleeps
+(tens of ms) keep it, as the noise a real device's step has.
 
 A speed that changes mid-run (``changes``, ``--simulate-speed-change STEP:K0,K1,...``) tests that the job keeps
 watching: from optimizer step STEP on, the factors are K0, K1, ...
@@ -106,14 +117,15 @@ class SimulatedSpeed:
             raise ValueError(f"the agreed per-sample time must be >= 0, got {sample_s!r}")  # our own invariant
         self._agreed_sample_s = float(sample_s)
 
-    def extra_s(self, rank: int, batch: int, step: int) -> float:
-        """Seconds to sleep after rank ``rank``'s real compute on ``batch`` samples in optimizer step ``step``."""
+    def extra_s(self, rank: int, batch: int, step: int, real_s: float = 0.0) -> float:
+        """Seconds to sleep after rank ``rank``'s real compute of ``real_s`` seconds on ``batch`` samples in
+        optimizer step ``step`` (a measured ``s``: the rest of ``k × s × batch``; a declared one: all of it)."""
         factor = self.factors_at(step)[rank]
         if self.sample_s is not None:
             return factor * self.sample_s * batch
         if self._agreed_sample_s is None:
             return 0.0
-        return (factor - 1.0) * self._agreed_sample_s * batch
+        return max(0.0, factor * self._agreed_sample_s * batch - real_s)
 
     def step_time_s(self, batches: Sequence[int], step: int) -> float:
         """The simulated step time of a split, the slowest rank's (declared ``sample_s`` only: the truth a
@@ -126,7 +138,8 @@ class SimulatedSpeed:
         if self.sample_s is not None:
             per_sample = f"{self.sample_s * 1e3:g} ms/sample"
         elif self._agreed_sample_s is not None:
-            per_sample = f"{self._agreed_sample_s * 1e3:.3g} ms/sample (measured after warm-up, agreed by all ranks)"
+            per_sample = (f"{self._agreed_sample_s * 1e3:.3g} ms/sample (measured after warm-up, agreed by all ranks; "
+                          "the real compute is part of it)")
         else:
             per_sample = "a per-sample time measured after warm-up"
         changes = "".join(f", from step {step}: {list(fs)}" for step, fs in self.changes)

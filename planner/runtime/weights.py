@@ -49,17 +49,33 @@ Caveats
   then that of the mean over all ``k · B`` samples, with or without ``DistributedDataParallel.no_sync``
   on the first ``k - 1`` micro-steps. If micro-steps had different batches the weights would need the
   optimizer step's total instead of ``B``; the planner never produces that.
+
+Which rule applies (``LossReduction``, ``LossRule``)
+----------------------------------------------------
+
+The weight is right only for a loss that is a **mean over the rank's own samples** (``LossReduction.MEAN``:
+torch's default ``reduction="mean"``, a Hugging Face model whose loss ignores ``num_items_in_batch``). A
+loss that already weighs every sample of the step the same needs no per-rank weight, and ``w_i`` on top of
+it would weigh each sample by ``b_i`` twice: a **sum** over the rank's samples (``LossReduction.SUM``: DDP's
+average is then ``1/W`` of the sum over all samples, the same factor for every sample), or a sum divided by
+a **count taken over all ranks** (``LossReduction.GLOBAL_MEAN``: ``sum_loss_scale``, or Hugging Face's
+``num_items_in_batch`` with ``average_tokens_across_devices``, the Trainer's default for causal LMs since
+transformers 4.54). A training integration (``planner.integrations``) decides the reduction from what its
+framework does for the model, states it (``LossRule.line``) and applies ``LossRule.factor`` once: the
+weight, or 1.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 
 from planner.errors import ConfigError
 from planner.plan.derived import loss_weight_of
 
-__all__ = ["loss_weight", "loss_weights", "sum_loss_scale"]
+__all__ = ["LossReduction", "LossRule", "loss_weight", "loss_weights", "sum_loss_scale"]
 
 
 def positive_int(value: object, name: str) -> int:
@@ -125,3 +141,74 @@ def sum_loss_scale(world_size: int, global_count: int) -> float:
     world_size = positive_int(world_size, "world_size")
     global_count = positive_int(global_count, "global_count")
     return world_size / global_count
+
+
+class LossReduction(str, Enum):
+    """How a rank's loss reduces over its samples: what decides whether it takes the weight ``b_i·W/B``."""
+
+    MEAN = "mean"
+    """a mean over this rank's own samples (or over its own tokens): DDP's average needs ``w_i = b_i·W/B``"""
+    SUM = "sum"
+    """a sum over this rank's samples: every sample already counts the same; no per-rank weight"""
+    GLOBAL_MEAN = "global-mean"
+    """a sum divided by a count taken over all ranks (``sum_loss_scale``; Hugging Face's ``num_items_in_batch``
+    with ``average_tokens_across_devices``): every sample already counts the same; no per-rank weight"""
+
+    def __str__(self) -> str:  # the value, in f-strings too, on every Python (3.11 changed a mixed-in enum's format)
+        return self.value
+
+    @classmethod
+    def parse(cls, value: LossReduction | str, name: str = "loss_reduction") -> LossReduction:
+        """``value`` as a reduction, or ConfigError naming the choices."""
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(repr(member.value) for member in cls)
+            raise ConfigError(f"{name}={value!r} is not a loss reduction (choose {choices})") from None
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the rank's loss takes the weight ``b_i·W/B``."""
+        return self is LossReduction.MEAN
+
+    @property
+    def meaning(self) -> str:
+        """The reduction in words (for logs and summaries)."""
+        return {
+            LossReduction.MEAN: "a mean over the rank's own samples",
+            LossReduction.SUM: "a sum over the rank's samples",
+            LossReduction.GLOBAL_MEAN: "divided by a count over all ranks",
+        }[self]
+
+    @property
+    def consequence(self) -> str:
+        """What the rank's loss takes, in words."""
+        return "loss × b_i·W/B" if self.weighted else "no per-rank weight"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossRule:
+    """The per-rank loss rule a training integration applies: the reduction, and why it is that one."""
+
+    reduction: LossReduction
+    """how the rank's loss reduces over its samples"""
+    why: str
+    """what the framework does with this model's loss that decided it (or why the user declares it)"""
+    declared: bool = False
+    """the user named the reduction (the framework leaves the loss to the script, or the user overrode the
+    integration's decision)"""
+
+    def factor(self, rank_batch: int, world_size: int, step_batch: int) -> float:
+        """What the rank multiplies its loss by: :func:`loss_weight` under ``MEAN``, else 1 (never both)."""
+        if self.reduction.weighted:
+            return loss_weight(rank_batch, world_size, step_batch)
+        return 1.0
+
+    def short(self) -> str:
+        """The rule and what it applies, for a summary line."""
+        how = "declared" if self.declared else "decided"
+        return f"loss rule {self.reduction.value} ({how}): {self.reduction.consequence}"
+
+    def line(self) -> str:
+        """The rule, what it applies and why, for the log."""
+        return f"{self.short()}; {self.reduction.meaning}: {self.why}"

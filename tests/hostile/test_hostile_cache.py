@@ -13,8 +13,6 @@ import pytest
 
 from tests.planner.cli_helpers import assert_ok, assert_user_error, parse_json_stdout, run_cli
 
-pytestmark = pytest.mark.slow  # each case plans twice (an estimate, then a cache read): 5-15 s
-
 #: the tiny convnet at 64×64: about 4× the activations of 32×32, so even an A100's cap stays under the
 #: 65,536 clamp and a tampered memory curve shows in the caps
 MODEL = ("--model", "tests.planner.tiny_models:convnet", "--input-shape", "3,64,64")
@@ -99,7 +97,21 @@ def _memory_below_the_weights(entry: dict, _) -> dict:
     return entry
 
 
+def _fit_contradicting_its_points(entry: dict, _) -> dict:
+    """Issue #34: ``bytes_per_sample`` 1.0 beside points of megabytes per sample (an A100 cap of 65,536)."""
+    entry["profile"]["memory_fit"]["bytes_per_sample"] = 1.0
+    return entry
+
+
+def _escape_in_a_note(entry: dict, _) -> dict:
+    """Issue #34: a note holding ESC made every later ``plan -o`` fail, naming neither the cache nor the entry."""
+    entry["profile"]["notes"] = [*entry["profile"].get("notes", []), "measured \x1b[2Jon a quiet GPU"]
+    return entry
+
+
 CASES = {
+    "a fit that contradicts its own points": _fit_contradicting_its_points,
+    "ESC in a note": _escape_in_a_note,
     "a step faster than the GPU's bandwidth allows": _faster_than_the_bandwidth,
     "memory below the weights": _memory_below_the_weights,
     "negative bytes_per_sample": _negative_bytes_per_sample,
@@ -122,6 +134,7 @@ def _cache_with_a_tampered_a100(tmp_path: Path, entries: dict, tamper) -> tuple[
     return cache, a100_path
 
 
+@pytest.mark.slow  # estimates several GPU types
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_an_impossible_cache_entry_is_ignored_reported_and_rewritten(clean, tmp_path, case) -> None:
     where, clean_plan, entries = clean
@@ -191,6 +204,7 @@ def _plan_verified(tmp_path: Path, cache: Path) -> dict:
     return parse_json_stdout(result)
 
 
+@pytest.mark.slow  # estimates several GPU types
 def test_a_plausible_forgery_is_trusted_unless_verified_then_refused_with_both_figures(clean, tmp_path) -> None:
     _, clean_plan, entries = clean
     cache, a100_path = _cache_with_a_tampered_a100(tmp_path, entries, _five_times_larger_and_slower)

@@ -40,6 +40,7 @@ def _limited_cli(*args, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120, preexec_fn=cap_memory)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count", [1_000_000_000_000, 5_000_000, 257])
 def test_a_huge_gpu_count_is_refused_before_any_gpu_is_built(tmp_path, count) -> None:
     path = _config(tmp_path, _one_node(f"{{type: T4, count: {count}}}"))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.other_user import reachable_place
 from tests.planner.cli_helpers import (
     TINY_MODEL,
     assert_ok,
@@ -25,8 +26,6 @@ from tests.planner.cli_helpers import (
     describe,
     run_cli,
 )
-
-pytestmark = pytest.mark.slow  # each case runs `batchplan plan` (a warm cache: the model is still built once)
 
 TWO_NODES = "nodes:\n  - {name: a, gpus: [{type: T4}]}\n  - {name: b, gpus: [{type: A10}]}\n"
 #: a file-size limit under the size of a plan of two ranks (about 10 KB), over that of a cache entry (4 KB)
@@ -53,12 +52,14 @@ def _no_temporary_files(directory: Path) -> None:
     assert not [p.name for p in directory.iterdir() if p.name.endswith(".tmp")], sorted(os.listdir(directory))
 
 
+@pytest.mark.slow
 def test_a_world_writable_cache_directory_is_refused(warm, tmp_path) -> None:
     config, cache = warm
-    shared = tmp_path / "shared"
-    shutil.copytree(cache, shared)
-    shared.chmod(0o777)
-    assert_user_error(_plan(tmp_path, config, shared, "--no-write"), 2, str(shared), "writable by every user")
+    with reachable_place() as place:  # where other users can reach it (pytest's tmp_path is private to root)
+        shared = place / "shared"
+        shutil.copytree(cache, shared)
+        shared.chmod(0o777)
+        assert_user_error(_plan(tmp_path, config, shared, "--no-write"), 2, str(shared), "writable by every user")
 
 
 def test_a_dangling_link_as_cache_dir_is_one_line(warm, tmp_path) -> None:
@@ -68,6 +69,7 @@ def test_a_dangling_link_as_cache_dir_is_one_line(warm, tmp_path) -> None:
     assert (tmp_path / "cache").is_symlink() and not (tmp_path / "missing").exists()
 
 
+@pytest.mark.slow
 def test_a_read_only_cache_directory_is_one_line(warm, tmp_path) -> None:
     """Mode 0555 for a user; for root, who writes anywhere, a sysfs directory, where not even root creates a
     file (the error then comes when the fresh profile is stored, still one line)."""
@@ -83,6 +85,7 @@ def test_a_read_only_cache_directory_is_one_line(warm, tmp_path) -> None:
     assert sorted(os.listdir(read_only)) == before
 
 
+@pytest.mark.slow  # a batchplan subprocess
 def test_a_full_disk_leaves_the_old_plan_as_it_was(warm, tmp_path) -> None:
     config, cache = warm
     old = tmp_path / "plan.json"
@@ -101,6 +104,7 @@ def test_a_full_disk_leaves_the_old_plan_as_it_was(warm, tmp_path) -> None:
     _no_temporary_files(tmp_path)
 
 
+@pytest.mark.slow  # a batchplan subprocess
 def test_stdout_on_a_full_device_is_one_line(warm, tmp_path) -> None:
     config, cache = warm
     with open("/dev/full", "w") as full:
@@ -160,6 +164,7 @@ def test_a_device_is_written_through(warm, tmp_path) -> None:
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
+@pytest.mark.slow  # a batchplan subprocess
 def test_dev_stdout_writes_through_a_pipe_and_refuses_a_regular_file(warm, tmp_path) -> None:
     config, cache = warm
     piped = _plan(tmp_path, config, cache, "-o", "/dev/stdout", "--json")

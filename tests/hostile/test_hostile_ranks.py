@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.net import free_port
+from tests.gloo import GlooRanks
 from tests.planner.runtime.rebalance_helpers import SAMPLE_S, SPEEDS, STEP_BATCH, wrong_plan
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -48,7 +48,7 @@ def _fault(kind: str, out_dir: str) -> None:
     time.sleep(30 * TIMEOUT_S)  # hang (and after a SIGCONT): the parent kills this process
 
 
-def _worker(rank: int, port: int, out_dir: str, kind: str, victim: int) -> None:
+def _worker(rank: int, out_dir: str, kind: str, victim: int) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -58,8 +58,6 @@ def _worker(rank: int, port: int, out_dir: str, kind: str, victim: int) -> None:
     from planner.runtime.sampler import PlannedBatchSampler
     from planner.runtime.simulate import SimulatedSpeed
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)  # the default timeout: 30 min
     plan = wrong_plan(2.0)
     sampler = PlannedBatchSampler(20 * STEP_BATCH, [r["batch"] for r in plan["ranks"]], rank, seed=5)
@@ -90,20 +88,11 @@ def _worker(rank: int, port: int, out_dir: str, kind: str, victim: int) -> None:
 
 @pytest.mark.parametrize("kind, victim", [("hang", 0), ("stop", 1), ("die", 2)])
 def test_every_other_rank_ends_within_the_rebalancers_timeout_naming_the_rank(tmp_path, kind, victim) -> None:
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(_worker, args=(free_port(), str(tmp_path), kind, victim), nprocs=WORLD_SIZE,
-                                 start_method="spawn", join=False)
     survivors = [r for r in range(WORLD_SIZE) if r != victim]
-    try:
-        for rank in survivors:
-            context.processes[rank].join(timeout=200)
-    finally:
-        for process in context.processes:  # SIGKILL ends a stopped process too
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=30)
-    assert not [p.pid for p in context.processes if p.is_alive()]
+    with GlooRanks(_worker, str(tmp_path), kind, victim, world_size=WORLD_SIZE, log_dir=tmp_path / "logs") as ranks:
+        ranks.wait(200, ranks=survivors)
+        ranks.kill(victim)  # SIGKILL ends a stopped process too
+    assert all(code is not None for code in ranks.exitcodes), ranks.describe()
     fault_at = float((tmp_path / "fault_at").read_text())
     for rank in survivors:
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile.test_hostile_processes import ORPHAN_TIMEOUT_S, Run
+from tests.hostile.test_hostile_processes import Run
 from tests.planner.cli_helpers import describe
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -31,6 +31,10 @@ WINDOW_S = (0.0, 8.0)
 SEED = 25
 #: seconds a signalled run may take to stop (Ray's shutdown, then the watchdog's sweep)
 STOP_TIMEOUT_S = 90.0
+#: seconds after a run's exit by which none of its processes may be left (issue #34: the line says everything was
+#: stopped, so it must be; the run waits for the watchdog's sweep before it exits, so this is slack for a loaded
+#: machine's process table, not for the sweep)
+LEFT_AFTER_EXIT_S = 10.0
 
 #: modules of the standard library the watchdog imports, shadowed in the working directory: each leaves a mark
 SHADOWED = ("uuid", "signal", "subprocess", "contextlib")
@@ -99,7 +103,7 @@ def test_sigint_and_sigterm_at_random_moments_of_start_up_leave_nothing_running(
             # is seen by Ray's C++ handler first, which prints a stack dump before ours runs (once in 20 runs);
             # the exit code, the one error line and the teardown are still ours. Counted, not failed.
             dumps += "*** SIGTERM received" in result.stderr
-            remaining = run.wait_until_no_ray_processes(ORPHAN_TIMEOUT_S)
+            remaining = run.wait_until_no_ray_processes(LEFT_AFTER_EXIT_S)
             if remaining:
                 left[f"run {i} ({signal.Signals(signum).name} at {delay_s:.1f} s)"] = remaining
             run.cleanup()
@@ -122,7 +126,7 @@ def test_modules_in_the_working_directory_cannot_disarm_the_watchdog(tmp_path) -
             time.sleep(0.2)
         run.proc.kill()  # SIGKILL: only the watchdog can stop what it started
         run.proc.communicate()
-        assert run.wait_until_no_ray_processes(ORPHAN_TIMEOUT_S) == []
+        assert run.wait_until_no_ray_processes(LEFT_AFTER_EXIT_S) == []
         assert sorted(p.name for p in Path(run.marks).glob("SHADOWED-*")) == []
     finally:
         run.cleanup()

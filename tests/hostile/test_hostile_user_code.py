@@ -12,8 +12,6 @@ import pytest
 from planner.job import DEFAULT_USER_CODE_TIMEOUT_S, JobFieldError, JobSpec
 from tests.planner.cli_helpers import assert_ok, assert_user_error, check_profile, parse_json_stdout, run_cli
 
-pytestmark = pytest.mark.slow  # each case builds the model (torch import and a fake pass): 5-20 s
-
 USER_MODULE = '''
 import sys
 from tests.planner.tiny_models import convnet
@@ -72,6 +70,7 @@ def test_what_a_factory_prints_goes_to_stderr_under_plan_json(workdir) -> None:
     assert "hello from the factory" in result.stderr
 
 
+@pytest.mark.slow  # waits out the 2 s user-code time limit
 @pytest.mark.parametrize("command", ["profile", "plan"])
 def test_a_factory_that_hangs_is_stopped_after_the_user_code_timeout(workdir, command) -> None:
     where = ("--gpu", "T4") if command == "profile" else ("--no-ray", "--cluster", workdir / "one.yaml", "--no-write")

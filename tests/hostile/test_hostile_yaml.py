@@ -23,6 +23,7 @@ from torchkit.hardware.yaml_limits import MAX_YAML_ALIASES, DocumentLimits, Tota
 REFUSAL_PEAK_BYTES = 64 * 2**20
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(OVER_THE_LIMIT))
 def test_an_over_the_limit_config_is_refused_on_the_event_stream(tmp_path, case) -> None:
     make, words = OVER_THE_LIMIT[case]
@@ -42,6 +43,7 @@ def test_an_over_the_limit_config_is_refused_on_the_event_stream(tmp_path, case)
     assert peak < REFUSAL_PEAK_BYTES + 2 * path.stat().st_size, f"{case}: {peak / 2**20:.0f} MiB"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["alias bomb as node names", "16,384 aliases of a 1 MiB name"])
 def test_the_cli_refuses_an_alias_bomb_in_one_line(tmp_path, case) -> None:
     path = tmp_path / "cluster.yaml"
@@ -56,6 +58,7 @@ def test_the_stated_limits_are_the_plans_limits() -> None:
     assert MAX_GPUS_PER_NODE == 256
 
 
+@pytest.mark.slow
 def test_a_config_at_every_limit_is_read(tmp_path) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(nodes_of(MAX_NODES, MAX_CLUSTER_GPUS // MAX_NODES))

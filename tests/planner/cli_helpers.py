@@ -1,5 +1,12 @@
-"""Helpers shared by the CLI tests (``test_cli_*.py``): run ``batchplan`` in a subprocess as a user would, and
-check what it printed against the documented interfaces (DESIGN.md, "Interfaces that others depend on").
+"""Helpers shared by the CLI tests (``test_cli_*.py``): run ``batchplan`` and check what it printed against the
+documented interfaces (DESIGN.md, "Interfaces that others depend on").
+
+:func:`run_cli` calls ``planner.cli.main.main(argv)`` in the test's own process (``tests/cli_in_process.py``:
+stdout and stderr captured at the file-descriptor level, the exit code, and the process's global state put
+back afterwards), as ``python -m planner.cli.main ARGS`` would run from ``cwd``: the working directory first
+on ``sys.path``, the environment of :func:`cli_env`. A test about the process itself (a signal, a killed run,
+what a real process leaves on its stdout, the installed console script) uses :func:`run_cli_process`, the
+same call in a subprocess; both return an object with ``args``, ``returncode``, ``stdout`` and ``stderr``.
 
 The subprocess gets the repository root on ``PYTHONPATH`` whatever its working directory, so the tiny test
 workloads (``tests.planner.tiny_models:convnet``) import while ``plan.json`` lands in a test's tmp_path.
@@ -21,6 +28,7 @@ from typing import Any
 
 from planner.plan.io import validate_plan
 from planner.profiles.profile import DeviceProfile
+from tests.cli_in_process import CliRun, run_main_in_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = REPO_ROOT / "cluster_configs"
@@ -60,9 +68,31 @@ def run_cli(
     env: Mapping[str, str] | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
     console_script: bool = False,
+) -> CliRun | subprocess.CompletedProcess[str]:
+    """Run ``batchplan ARGS`` in this process, as ``python -m planner.cli.main ARGS`` would run from ``cwd``,
+    and return its exit code and what it wrote on stdout and stderr.
+
+    Args:
+        cwd: working directory; pass a tmp_path so a default ``./plan.json`` never lands in the repository.
+        env: extra environment variables on top of :func:`cli_env`.
+        timeout: for :func:`run_cli_process`; in this process a hang is caught by pytest-timeout.
+        console_script: run the installed ``batchplan`` entry point in a subprocess instead.
+    """
+    if console_script:
+        return run_cli_process(*args, cwd=cwd, env=env, timeout=timeout, console_script=True)
+    return run_main_in_process([str(a) for a in args], cwd=cwd, env=cli_env(env))
+
+
+def run_cli_process(
+    *args: str | os.PathLike,
+    cwd: str | os.PathLike,
+    env: Mapping[str, str] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    console_script: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``batchplan ARGS`` in a subprocess (``python -m planner.cli.main``, or with ``console_script`` the
-    installed ``batchplan`` entry point) and return it with stdout and stderr as text.
+    installed ``batchplan`` entry point) and return it with stdout and stderr as text. For tests about the
+    process itself; everything else uses :func:`run_cli`.
 
     Args:
         cwd: working directory; pass a tmp_path so a default ``./plan.json`` never lands in the repository.
@@ -84,7 +114,7 @@ def run_cli(
     )
 
 
-def describe(result: subprocess.CompletedProcess[str]) -> str:
+def describe(result: CliRun | subprocess.CompletedProcess[str]) -> str:
     """The command, exit code and output of a run, for assertion messages."""
     return (
         f"$ {shlex.join(str(a) for a in result.args)}\nexit {result.returncode}\n"
@@ -92,13 +122,13 @@ def describe(result: subprocess.CompletedProcess[str]) -> str:
     )
 
 
-def assert_ok(result: subprocess.CompletedProcess[str], code: int = 0) -> None:
+def assert_ok(result: CliRun | subprocess.CompletedProcess[str], code: int = 0) -> None:
     """The run exited with ``code`` and without a traceback."""
     assert result.returncode == code, describe(result)
     assert "Traceback" not in result.stderr, describe(result)
 
 
-def assert_user_error(result: subprocess.CompletedProcess[str], code: int, *words: str) -> str:
+def assert_user_error(result: CliRun | subprocess.CompletedProcess[str], code: int, *words: str) -> str:
     """The run failed the documented way: exit ``code``, no traceback, stdout empty (with ``--json``: exactly
     the ``batchplan/error@1`` document of that line and code), and stderr's last line is ``error: ...``
     containing every one of ``words``. Returns that line."""
@@ -117,7 +147,7 @@ def assert_user_error(result: subprocess.CompletedProcess[str], code: int, *word
     return last
 
 
-def assert_error_document(result: subprocess.CompletedProcess[str], code: int, line: str) -> dict:
+def assert_error_document(result: CliRun | subprocess.CompletedProcess[str], code: int, line: str) -> dict:
     """stdout is exactly the ``--json`` error document (``planner.cli.json_error``) of the stderr ``line``."""
     doc = parse_json_stdout(result)
     assert doc == {"schema": ERROR_SCHEMA, "command": doc.get("command"), "error": line.removeprefix("error: "),
@@ -125,7 +155,7 @@ def assert_error_document(result: subprocess.CompletedProcess[str], code: int, l
     return doc
 
 
-def parse_json_stdout(result: subprocess.CompletedProcess[str]) -> Any:
+def parse_json_stdout(result: CliRun | subprocess.CompletedProcess[str]) -> Any:
     """stdout is exactly one JSON document (logs go to stderr)."""
     try:
         return json.loads(result.stdout)

@@ -72,8 +72,9 @@ class RayStartCluster:
             raise
 
     def env(self) -> dict[str, str]:
-        """What a user's shell on this machine has: the private HOME and TMPDIR, no auth mode set."""
-        return {"HOME": str(self.home), "TMPDIR": str(self.root)}
+        """What a user's shell on this machine has: the private HOME and TMPDIR (and RAY_TMPDIR, which Ray
+        reads first: a user's own would otherwise win), no auth mode set."""
+        return {"HOME": str(self.home), "TMPDIR": str(self.root), "RAY_TMPDIR": str(self.root)}
 
     def _ray_env(self) -> dict[str, str]:
         # not the test session's RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: `ray start --address` refuses a second

@@ -52,7 +52,7 @@ class RunningRay:
         # short: Ray's socket paths under TMPDIR must stay below the 107-character AF_UNIX limit
         self.tmpdir = tempfile.mkdtemp(prefix="bpray", dir="/tmp")
         env = dict(os.environ)
-        env["TMPDIR"] = self.tmpdir
+        env.update(self.env())
         env.pop("RAY_ADDRESS", None)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
@@ -72,8 +72,10 @@ class RunningRay:
         return Path(self.tmpdir) / "ray" / "ray_current_cluster"
 
     def env(self) -> dict[str, str]:
-        """Environment for a batchplan subprocess that should find this cluster as a user's would."""
-        return {"TMPDIR": self.tmpdir}
+        """Environment for a batchplan subprocess that should find this cluster as a user's would: Ray looks
+        for the address file under ``RAY_TMPDIR``, else ``TMPDIR``; both are this cluster's (a user's own
+        ``RAY_TMPDIR`` would otherwise win)."""
+        return {"TMPDIR": self.tmpdir, "RAY_TMPDIR": self.tmpdir}
 
     def stop(self) -> None:
         import shutil

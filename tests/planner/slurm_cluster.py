@@ -38,6 +38,17 @@ class SlurmNode:
     name: str
     gres_type: str
     num_gpus: int
+    more_gpus: tuple[tuple[str, int], ...] = ()
+    """further GRES entries of other types, ``(("a10", 2),)``: a node of several GPU types"""
+
+    @property
+    def gres(self) -> tuple[tuple[str, int], ...]:
+        """every ``(type, count)`` entry of the node, in gres.conf order"""
+        return ((self.gres_type, self.num_gpus), *self.more_gpus)
+
+
+#: the nodes of the suite's SLURM cluster (the ``slurm`` fixture of tests/conftest.py)
+SLURM_TEST_NODES = (SlurmNode("gpu-a", "a100", 2), SlurmNode("gpu-b", "t4", 1))
 
 
 def require_slurm() -> None:
@@ -106,12 +117,16 @@ class SlurmCluster:
         ]
         gres = ["AutoDetect=off"]
         for node in self.nodes:
+            entries = ",".join(f"gpu:{gres_type}:{count}" for gres_type, count in node.gres)
             lines.append(f"NodeName={node.name} NodeAddr=127.0.0.1 NodeHostname={self.host} Port={free_port()} "
-                         f"CPUs=2 RealMemory=4000 Gres=gpu:{node.gres_type}:{node.num_gpus} State=UNKNOWN")
-            for index in range(node.num_gpus):
-                card = self.root / f"dev-{node.name}-gpu{index}"
-                card.touch()
-                gres.append(f"NodeName={node.name} Name=gpu Type={node.gres_type} File={card}")
+                         f"CPUs=2 RealMemory=4000 Gres={entries} State=UNKNOWN")
+            index = 0
+            for gres_type, count in node.gres:
+                for _ in range(count):
+                    card = self.root / f"dev-{node.name}-gpu{index}"
+                    card.touch()
+                    gres.append(f"NodeName={node.name} Name=gpu Type={gres_type} File={card}")
+                    index += 1
         names = ",".join(n.name for n in self.nodes)
         lines.append(f"PartitionName={self.partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")

@@ -232,6 +232,10 @@ BAD_CONFIGS = [
         edit("cpu_count: 64", "cpus: 64"),
         r"nodes\[0\]\.cpus: unknown key 'cpus' \(allowed keys: name, gpus, cpu_count, host_memory_gib, intra, network; did you mean 'cpu_count'\?\)",
     ),
+    (  # two unknown keys in one node: both named at once (one was reported per run)
+        edit("cpu_count: 64", "cpus: 64\n    zone: a"),
+        r"nodes\[0\]: unknown keys 'cpus' \(did you mean 'cpu_count'\?\), 'zone' \(allowed keys: name, gpus, ",
+    ),
     (
         node_b_gpu("{type: T4, cnt: 2}"),
         r"nodes\[1\]\.gpus\[0\]\.cnt: unknown key 'cnt' \(allowed keys: type, count, used_memory_gib, utilization",
@@ -364,3 +368,10 @@ def test_a_config_error_is_a_user_error_with_exit_code_2(tmp_path: Path) -> None
 def test_importing_planner_cluster_stays_cheap() -> None:
     code = "import sys, planner.cluster; bad = {'torch', 'ray', 'pynvml'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("gpu_type", ["T4\u202e", "T4\x1b[31m", "T4\nnodes: []"])
+def test_a_gpu_type_that_is_not_one_line_of_visible_text_is_refused(gpu_type):
+    """Issue #34: U+202E in a GPU type name reached the terminal."""
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.gpus\[0\]\.type: .* holds the character \\"):
+        parse_cluster({"nodes": [{"name": "a", "gpus": [{"type": gpu_type}]}]}, "c.yaml")

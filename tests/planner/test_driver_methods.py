@@ -16,6 +16,7 @@ from planner.job import JobSpec
 from planner.probing.backends import LocalBackend
 from planner.profiles.cache import ProfileCache
 from planner.profiling.method import cuda_usable
+from tests.planner.cli_helpers import SHARED_NODE
 
 without_cuda = pytest.mark.skipif(cuda_usable(0), reason="CUDA is usable here: the nodes could measure")
 
@@ -74,7 +75,7 @@ def test_the_driver_names_settings_by_field_and_the_cli_by_flag():
     from planner.cli.options import flag_of
     from planner.driver import plan_without_ray
 
-    cluster = load_cluster("cluster_configs/shared-node.yaml")
+    cluster = load_cluster(SHARED_NODE)  # by its path in the repository, whatever the working directory
     job = JobSpec(**JOB, method="estimate", min_free_memory_fraction=0.0, max_utilization_fraction=1.0)
 
     def warnings(**options) -> list[str]:

@@ -90,6 +90,13 @@ def test_three_nodes_of_one_type_are_profiled_once_and_cached(ray_cluster, tmp_p
     # the profiling probe imported torch for its fake passes; from the cache no probe needs it
     assert first.plan.extra["probing"]["probes_imported_torch"] >= 1
     assert second.plan.extra["probing"]["probes_imported_torch"] == 0
+    # each fake pass the probe ran reached the driver as it finished, as --no-ray prints them (it said nothing
+    # between "estimating T4" and "profiled T4")
+    progress = [e for e in events if e.status == "progress"]
+    assert [e.detail["message"].split(" (")[0] for e in progress][:3] == [f"fake pass {i} of 3 done" for i in (1, 2, 3)]
+    assert all(e.stage == "profile" and e.item == "T4" and e.detail["node"].startswith("t4-") for e in progress)
+    done = next(i for i, e in enumerate(events) if e.status == "done" and e.stage == "profile")
+    assert all(events.index(e) < done for e in progress)
 
 
 def _mark_first_probe_node_to_hang() -> str:
@@ -134,9 +141,14 @@ def test_probe_killed_mid_profile_excludes_its_node_and_plans_the_rest(hang_mark
     assert outcome.failed_nodes[dead].startswith("probe process died")
 
 
+#: the profile timeout of the hung-probe test: the healthy probes must finish within it on a 2-core machine at
+#: load 10 and more (20 s did not, at load 20: every probe timed out), the hung one sleeps an hour
+HUNG_PROBE_TIMEOUT_S = 60
+
+
 def test_hung_probe_times_out_and_is_excluded(hang_marker, tmp_path):
     cluster = _config(tmp_path, MIXED)
-    outcome = plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=20))
+    outcome = plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=HUNG_PROBE_TIMEOUT_S))
     assert "timed out" in outcome.failed_nodes["n-a100"]
     assert {r["node"] for r in outcome.plan.to_json()["ranks"]} == {"n-v100", "n-t4"}
     assert any("timed out" in e["reason"] for e in outcome.plan.to_json()["excluded"] if e["node"] == "n-a100")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.net import free_port
+from tests.gloo import describe_torchrun, rank_logs, torchrun, torchrun_env
 from tests.plans import make_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,24 +25,12 @@ def write_plan(path: Path, batches: tuple[int, ...], accumulate: int = 1) -> Pat
     return path
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK"}}
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **extra)
-    return env
-
-
 def test_example_trains_three_ranks_with_the_planned_batches_and_weights(tmp_path):
     plan = write_plan(tmp_path / "plan.json", (5, 3, 8), accumulate=2)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
-        str(EXAMPLE), "--plan", str(plan), "--steps", "3",
-    ]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, env=child_env(), cwd=tmp_path)
-    # each rank's stdout in its own file (torchrun --redirects): lines of three processes sharing one pipe
-    # can interleave
-    stdout = "".join(p.read_text() for p in sorted((tmp_path / "logs").rglob("stdout.log")))
-    assert result.returncode == 0, result.stdout + result.stderr + stdout
+    logs = tmp_path / "logs"  # each rank's stdout in its own file: lines of three processes on one pipe interleave
+    result = torchrun(EXAMPLE, "--plan", plan, "--steps", "3", nproc=3, log_dir=logs, cwd=tmp_path)
+    stdout = rank_logs(logs)
+    assert result.returncode == 0, describe_torchrun(result, logs)
 
     headers = {
         int(m["rank"]): (int(m["batch"]), float(m["weight"]), m["device"])
@@ -69,7 +56,7 @@ def test_example_with_a_launch_that_does_not_match_the_plan_fails_fast_with_the_
     plan = write_plan(tmp_path / "plan.json", (5, 3, 8))
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), "--plan", str(plan)], capture_output=True, text=True, timeout=120,
-        env=child_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"),
+        env=torchrun_env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0"),
     )
     assert result.returncode == 2
     assert "error: " in result.stderr
@@ -81,7 +68,7 @@ def test_example_runs_a_one_rank_plan_without_torchrun(tmp_path):
     plan = write_plan(tmp_path / "plan.json", (16,))
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), "--plan", str(plan), "--steps", "2"], capture_output=True, text=True,
-        timeout=120, env=child_env(),
+        timeout=120, env=torchrun_env(),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rank 0/1 " in result.stdout

@@ -19,12 +19,6 @@ from planner.job import (
     JobSpec,
 )
 from torchkit.errors import ConfigError, UserError
-from torchkit.hardware.catalog import load_catalog
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog()
 
 
 def test_defaults_are_valid_and_documented_values():

@@ -8,14 +8,12 @@ synchronisation pricing the next plan's ``comm`` (source "measured in the job") 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.net import free_port
+from tests.gloo import torchrun, torchrun_env
 from tests.planner.cli_helpers import TINY_MODEL, assert_ok, run_cli
-from tests.planner.test_example_train_ddp import EXAMPLE, REPO, child_env
+from tests.planner.test_example_train_ddp import EXAMPLE, REPO
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -35,13 +33,9 @@ def test_a_simulated_run_does_not_poison_the_next_plan(tmp_path):
     assert {p["method"] for p in estimated["profiles"].values()} == {"estimate"}
     cached = sorted(p.name for p in cache.rglob("*.json"))
 
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), str(EXAMPLE), "--plan", "plan.json", "--steps", "14", "--rebalance",
-        "--simulate-speed", ",".join(str(k) for k in SPEEDS), "--simulate-sample-ms", str(SAMPLE_MS),
-        "--cache-dir", str(cache), "--write-plan", "trained.json",
-    ]
-    trained = subprocess.run(command, capture_output=True, text=True, timeout=300, env=child_env(), cwd=tmp_path)
+    trained = torchrun(EXAMPLE, "--plan", "plan.json", "--steps", "14", "--rebalance", "--simulate-speed",
+                       ",".join(str(k) for k in SPEEDS), "--simulate-sample-ms", str(SAMPLE_MS), "--cache-dir", cache,
+                       "--write-plan", "trained.json", nproc=3, cwd=tmp_path)
     # the ranks' own tracebacks first (they are prefixed "[rankN]:"): torchrun's summary after them would push
     # them out of a tail, and once hid that rank 0 failed importing the plan's model for its feedback
     ranks = [line for line in trained.stderr.splitlines() if line.startswith("[rank")]
@@ -82,14 +76,9 @@ def test_a_real_runs_measured_sync_prices_the_next_plans_comm_and_says_so(tmp_pa
     estimated = json.loads((tmp_path / "plan.json").read_text())
     assert estimated["comm"]["exposed_source"] == "the links' model" and estimated["comm"]["num_ranks"] == 3
 
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), str(EXAMPLE), "--plan", "plan.json", "--steps", "14", "--rebalance",
-        "--cache-dir", str(cache), "--write-plan", "trained.json",
-    ]
     # the job rebuilds the plan's model (a tests.* module) to name its feedback: the repository on its path
-    trained = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                             env=child_env(PYTHONPATH=str(REPO)))
+    trained = torchrun(EXAMPLE, "--plan", "plan.json", "--steps", "14", "--rebalance", "--cache-dir", cache,
+                       "--write-plan", "trained.json", nproc=3, cwd=tmp_path, env=torchrun_env(PYTHONPATH=str(REPO)))
     ranks = [line for line in trained.stderr.splitlines() if line.startswith("[rank")]
     assert trained.returncode == 0, "\n".join(ranks[-60:]) + "\n" + trained.stdout[-2000:] + trained.stderr[-2000:]
     trained_plan = json.loads((tmp_path / "trained.json").read_text())

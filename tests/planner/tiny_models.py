@@ -32,6 +32,16 @@ def convnet() -> nn.Module:
     )
 
 
+def stride_probing_convnet() -> nn.Module:
+    """``convnet()`` whose constructor reads a value, as Ultralytics' stride probe does (a forward pass and
+    ``.item()``): it cannot be built on the meta device, only for real on the CPU."""
+    model = convnet()
+    with torch.no_grad():
+        out = model[:3](torch.zeros(1, 3, 32, 32))
+    model.probed_stride = 32 // int(out.shape[-1] + 0 * out.sum().item())
+    return model
+
+
 def hang_where_marked() -> nn.Module:
     """``convnet()``, except inside a Ray probe on a node marked in ``$BATCHPLAN_TEST_FAULT_DIR``: hangs."""
     fault_dir = os.environ.get(FAULT_DIR_ENV)

@@ -238,12 +238,13 @@ class GpuCatalog:
         canonical = self._index.get(_normalize(name))
         return None if canonical is None else self.types[canonical]
 
-    def get(self, name_or_alias: str) -> GpuSpec:
-        """Like ``resolve``, but an unknown name is a ConfigError listing close matches and the fix."""
+    def get(self, name_or_alias: str, *, fix: str = ADD_GPU_TYPE_FIX) -> GpuSpec:
+        """Like ``resolve``, but an unknown name is a ConfigError listing close matches and ``fix`` (where the
+        file can define a type: a cluster config's ``gpu_types:``; elsewhere what else to do)."""
         spec = self.resolve(name_or_alias)
         if spec is None:
             raise ConfigError(
-                f"GPU type {name_or_alias!r} is not in the catalog ({self._suggest(name_or_alias)})"
+                f"GPU type {name_or_alias!r} is not in the catalog ({self._suggest(name_or_alias, fix)})"
             )
         return spec
 
@@ -265,10 +266,10 @@ class GpuCatalog:
                 matches.append(canonical)
         return matches[:limit]
 
-    def _suggest(self, name: str) -> str:
+    def _suggest(self, name: str, fix: str = ADD_GPU_TYPE_FIX) -> str:
         matches = self.close_matches(name)
         listed = f"close matches: {', '.join(matches)}" if matches else f"known: {', '.join(self.names())}"
-        return f"{listed}; or {ADD_GPU_TYPE_FIX}"
+        return f"{listed}; or {fix}"
 
     def with_types(self, extra: Sequence[GpuSpec]) -> GpuCatalog:
         """This catalog plus ``extra`` (types a cluster config defines).

@@ -22,6 +22,7 @@ import yaml
 
 from torchkit.errors import ConfigError
 from torchkit.hardware.yaml_limits import DocumentLimits, YamlLimitError, check_yaml_limits
+from torchkit.terminal_text import needs_escaping, printable
 
 #: largest config file read: the biggest shipped config is a few KiB, a 5,000-node one about 400 KiB
 MAX_CONFIG_BYTES = 16 * 2**20
@@ -163,11 +164,18 @@ def expect_mapping(
     if not isinstance(value, dict):
         raise where.error(f"expected {what}, got {describe_value(value)}")
     allowed = [*required, *optional]
-    for key in value:
-        if not isinstance(key, str) or key not in allowed:
+    unknown = [key for key in value if not isinstance(key, str) or key not in allowed]
+    if len(unknown) == 1:
+        key = unknown[0]
+        close = _closest_key(key, allowed) if isinstance(key, str) else None
+        hint = f"; did you mean {close!r}?" if close else ""
+        raise where.key(key).error(f"unknown key {key!r} (allowed keys: {', '.join(allowed)}{hint})")
+    if unknown:  # every one at once: fixing them one run at a time is a chore
+        named = []
+        for key in unknown:
             close = _closest_key(key, allowed) if isinstance(key, str) else None
-            hint = f"; did you mean {close!r}?" if close else ""
-            raise where.key(key).error(f"unknown key {key!r} (allowed keys: {', '.join(allowed)}{hint})")
+            named.append(f"{key!r}" + (f" (did you mean {close!r}?)" if close else ""))
+        raise where.error(f"unknown keys {', '.join(named)} (allowed keys: {', '.join(allowed)})")
     for key, hint in required.items():
         if key not in value:
             raise where.key(key).error(f"missing required key {key!r} ({hint})")
@@ -185,10 +193,17 @@ def _closest_key(key: str, allowed: Sequence[str]) -> str | None:
 
 
 def expect_str(value: Any, where: ConfigLocation) -> str:
-    """A non-empty string (YAML reads ``yes``/``1``/``1.0`` as other types: quote them)."""
+    """A non-empty string (YAML reads ``yes``/``1``/``1.0`` as other types: quote them) of one line of visible
+    text: no control, format or separator character (a newline in an offer's ``source:`` became live YAML in the
+    cluster file ``advise`` writes; ESC or U+202E in a GPU type name drove the terminal that showed it)."""
     if not isinstance(value, str) or not value.strip():
         raise where.error(f"expected a non-empty string, got {describe_value(value)} (quote it if needed)")
-    return value.strip()
+    text = value.strip()
+    found = next((c for c in text if needs_escaping(c)), None)
+    if found is not None:
+        raise where.error(f"'{printable(text, max_chars=80)}' holds the character {printable(found)} (a name or "
+                          "source is one line of visible text: remove it)")
+    return text
 
 
 def expect_int(

@@ -85,6 +85,19 @@ def test_duplicate_names_and_several_problems_come_together():
         parse_offers(data, "t.yaml")
 
 
+def test_an_unknown_gpu_is_reported_with_the_offers_other_problems_and_a_fix_an_offers_file_can_take():
+    """It came only after the offer's other problems were fixed, with the fix of a cluster config (gpu_types:,
+    which an offers file does not have)."""
+    with pytest.raises(ConfigError) as caught:
+        parse_offers(_with(name="a b", gpu="A100-80", price_per_node_hour=-1), "t.yaml")
+    message = str(caught.value)
+    assert message.startswith("t.yaml: 3 problems: ")
+    assert "[1] offers[0].name:" in message and "[3] offers[0].price_per_node_hour:" in message
+    assert "[2] offers[0].gpu: GPU type 'A100-80' is not in the catalog (close matches: A100-SXM4-80GB" in message
+    assert "`batchplan catalog` lists them" in message
+    assert "or add it under gpu_types:" not in message
+
+
 def test_unknown_top_level_keys_and_bad_networks_are_errors():
     with pytest.raises(ConfigError, match="unknown key 'offer'"):
         parse_offers({**GOOD, "offer": []}, "t.yaml")
@@ -115,3 +128,13 @@ def test_the_readmes_offers_example_is_a_valid_offers_file():
     block = re.search(r"```yaml\n(.*?)```", section, flags=re.DOTALL).group(1)
     offers = parse_offers(yaml.safe_load(block), "README.md")
     assert [o.name for o in offers.offers] == ["lab-a100"] and offers.offers[0].price_per_node_hour_usd == 0
+
+
+@pytest.mark.parametrize("text", ["AWS page\nnodes: [{name: evil, gpus: [{type: T4, count: 256}]}]",
+                                  "AWS \x1b[2Jpage", "AWS \u202eegap"])
+def test_a_source_or_name_that_is_not_one_line_of_visible_text_is_refused(text):
+    """Issue #34: a newline in ``source:`` became live YAML in the cluster file ``advise`` writes."""
+    for field in ("source", "name"):
+        with pytest.raises(ConfigError, match=rf"offers\[0\]\.{field}: .* holds the character \\") as raised:
+            parse_offers(_with(**{field: text}), "t.yaml")
+        assert "\n" not in str(raised.value) and "\x1b" not in str(raised.value)

@@ -74,6 +74,7 @@ def clusters(draw, max_ranks: int = 8, max_cap: int = 40):
 # ------------------------------------------------------------------------------------------- properties
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cluster=clusters(), k=st.sampled_from([1, 2, 4, 8]), min_batch=st.integers(1, 10),
        mode=st.sampled_from(["balanced", "max", "uniform"]),
@@ -138,6 +139,7 @@ def test_allocation_respects_bounds_sums_and_is_deterministic(cluster, k, min_ba
     assert same(result, again)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cluster=clusters(max_ranks=4, max_cap=24), k=st.sampled_from([1, 2, 4]), min_batch=st.integers(1, 6),
        global_batch=st.integers(1, 120))
@@ -154,6 +156,7 @@ def test_balanced_with_global_batch_reaches_the_exhaustive_minimum_step_time(clu
     assert result.step_time_s == pytest.approx(best, rel=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(cluster=clusters(max_ranks=4, max_cap=24), k=st.sampled_from([1, 2, 4]), min_batch=st.integers(1, 6))
 def test_balanced_without_global_batch_reaches_the_exhaustive_best_throughput(cluster, k, min_batch):
@@ -167,6 +170,7 @@ def test_balanced_without_global_batch_reaches_the_exhaustive_best_throughput(cl
     assert result.throughput_samples_per_s == pytest.approx(best, rel=1e-12)  # small cases are exact
 
 
+@pytest.mark.slow
 def test_branch_and_bound_stays_within_its_tolerance_of_the_exact_optimum(monkeypatch):
     """Force the interval search (enumerate at most 8 candidates at once) on clusters of up to 200 ranks
     with jittered caps and compare with one exact enumeration of every candidate."""
@@ -259,6 +263,20 @@ def test_balance_efficiency_below_one_with_no_idle_rank_is_explained():
     note = next(n for n in result.notes if n.startswith("balance efficiency"))
     assert f"balance efficiency {result.balance_efficiency:.2f} with no rank waiting" in note
     assert "below their caps" in note
+
+
+def test_balance_efficiency_lost_to_the_exposed_sync_is_explained():
+    # identical ranks at their caps, nobody waits; the exposed all-reduce (20 ms of a 120 ms step) is what the
+    # bound leaves out: "0.87 with every rank 0-1% idle" came with no word of why
+    result = allocate([100, 100], [0.0, 0.0], [0.001, 0.001], sync=lambda _ranks, _t: 0.02)
+    assert np.all(result.idle_fraction == 0) and result.balance_efficiency == pytest.approx(100 / 120)
+    note = next(n for n in result.notes if n.startswith("balance efficiency"))
+    assert note == ("balance efficiency 0.83 with no rank waiting: the bound (1.00) is every GPU running alone at its "
+                    "cap with no gradient sync; here the exposed gradient sync is 17% of the step")
+    # a rank 1-2% idle (as a table shows it) still gets its note
+    slightly = allocate([100, 100], [0.0, 0.0], [0.001, 0.00099], global_batch=100, sync=lambda _ranks, _t: 0.02)
+    assert 0.005 <= slightly.idle_fraction.max() < 0.05
+    assert any(n.startswith("balance efficiency") and "no rank waiting more than 1%" in n for n in slightly.notes)
 
 
 def test_global_batch_that_fits_in_one_step_needs_no_accumulation():
@@ -360,6 +378,25 @@ def test_advice_says_which_slow_group_to_drop_and_by_how_much():
     ratio = subset / result.throughput_samples_per_s
     assert f"{ratio:.2f}× faster" in sentence and "samples/s" in sentence
     assert result.alternatives["best_single_group"] == pytest.approx(subset)
+
+
+def test_advice_to_drop_many_groups_names_the_few_kept_and_lists_with_commas():
+    # one fast type and three slow ones: "dropping the 2 B and 2 C and 2 D ranks" read twice; the kept type is the
+    # shorter sentence
+    cap = [256, 256, 64, 64, 64, 64, 64, 64]
+    t0 = [0.02, 0.02, 1.0, 1.0, 1.2, 1.2, 1.4, 1.4]
+    t1 = [0.001] * 2 + [0.02] * 6
+    groups = ["A", "A", "B", "B", "C", "C", "D", "D"]
+    sentence = next(a for a in allocate(cap, t0, t1, groups=groups).advice if "faster" in a)
+    assert sentence.startswith("keeping only the 2 A ranks (ranks 0-1) and dropping the other 6 would be "), sentence
+    cap3, t03, t13 = cap[:2] + cap[4:], t0[:2] + [1.0, 1.0, 0.02, 0.02], t1[:2] + [0.02, 0.02, 0.001, 0.001]
+    sentence = next(a for a in allocate(cap3, t03, t13, groups=["A", "A", "C", "C", "E", "E"]).advice
+                    if a.startswith("dropping"))
+    assert sentence.startswith("dropping the 2 C ranks (ranks 2-3) would be "), sentence
+    from planner.allocate.advice import _describe
+
+    listed = _describe(np.arange(6), np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 2]), np.array(["A", "B", "C"]))
+    assert listed == "the 2 A, 2 B and 2 C ranks (ranks 0-5)"
 
 
 def test_advice_with_global_batch_compares_time_per_global_batch():

@@ -80,6 +80,7 @@ def test_pick_writes_a_plan_that_show_reads(workdir, picked):
     assert_ok(run_cli("show", "picked.json", cwd=workdir))
 
 
+@pytest.mark.slow
 def test_a_front_points_plan_line_reproduces_its_plan(workdir, picked):
     point = picked["front"][-1]  # the cheapest
     argv = shlex.split(point["plan_command"])

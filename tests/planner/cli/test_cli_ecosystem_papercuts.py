@@ -12,8 +12,6 @@ from planner.cli.user_code import LIBRARY_BUILDERS, library_model_summary, user_
 from planner.job import JobSpec
 from tests.planner.cli_helpers import TINY_MODEL, assert_ok, describe, is_png, run_cli
 
-pytestmark = [pytest.mark.slow]
-
 
 def _planned(tmp_path: Path, *extra: str):
     return run_cli("plan", "--cluster", "demo-mixed", "--no-ray", *TINY_MODEL, "--cache-dir", tmp_path / "cache",
@@ -43,6 +41,7 @@ def test_emit_env_without_a_node_is_refused_before_probing(tmp_path: Path) -> No
     assert "choose one with --node NAME or --node-rank N" in result.stderr
 
 
+@pytest.mark.slow  # draws a plot
 def test_show_draws_the_plot_and_prints_the_srun_line(tmp_path: Path) -> None:
     assert_ok(_planned(tmp_path, "-o", "plan.json"))
     picture = tmp_path / "shown.png"

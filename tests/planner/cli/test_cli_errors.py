@@ -1,9 +1,7 @@
-"""Bad input to ``batchplan``, driven in subprocesses as a user would: every case exits 2 (1 for an infeasible
-plan), prints nothing on stdout, ends stderr with one ``error: ...`` line naming what was wrong (the file, the
-flag, the value), names only flags that exist, and shows no traceback unless ``--debug`` is given.
-
-Cases that fail before any model is built take a fraction of a second; the ones that build the model (an
-unknown or unimportable model, a shape the model rejects, bf16 on a T4) take a few seconds and are ``slow``.
+"""Bad input to ``batchplan``, driven as a user would (``run_cli``: ``main`` in this process, read as a
+subprocess would be): every case exits 2 (1 for an infeasible plan), prints nothing on stdout, ends stderr with
+one ``error: ...`` line naming what was wrong (the file, the flag, the value), names only flags that exist, and
+shows no traceback unless ``--debug`` is given.
 """
 
 from __future__ import annotations
@@ -60,7 +58,6 @@ def _cuda_available() -> bool:
 
 
 
-slow = pytest.mark.slow
 
 # (argv, exit code, words the error line must contain); "{name}" is replaced by the path of file ``name``
 CASES = [
@@ -107,8 +104,7 @@ CASES = [
     pytest.param(("plan", *NO_RAY, "--model", "tests.planner.tiny_models:convnet", "--input-shape", "0,32,32"),
                  2, ("--input-shape", "0,32,32"), id="input-shape-zero"),
     pytest.param(("plan", *NO_RAY, "--model", "tests.planner.tiny_models:convnet", "--input-shape", "3,x,2"),
-                 2, ("--input-shape", "3,x,2"), id="input-shape-not-numbers",
-                 marks=slow),
+                 2, ("--input-shape", "3,x,2"), id="input-shape-not-numbers"),
     pytest.param(("plan", *NO_RAY, *TINY_MODEL, "--gpus", "a,b"), 2, ("a,b",), id="gpus-malformed"),
     pytest.param(("plan", *NO_RAY, *TINY_MODEL, "--gpus", "5"), 2, ("GPU 5", "0, 1"), id="gpus-index-missing"),
     pytest.param(("plan", *NO_RAY, *TINY_MODEL, "--max-utilization", "2"), 2, ("--max-utilization",),
@@ -143,26 +139,25 @@ CASES = [
     pytest.param(("profile", *TINY_MODEL, "--gpu", "T4", "--plot", "curve.pdf"), 2, ("--plot curve.pdf",),
                  id="profile-plot-not-png"),
     pytest.param(("profile", *TINY_MODEL, "--device", "0"), 2, ("--device 0", "--gpu"), id="profile-device-no-cuda",
-                 marks=[slow, pytest.mark.skipif("_cuda_available()", reason="this machine has a CUDA GPU")]),
+                 marks=[pytest.mark.skipif("_cuda_available()", reason="this machine has a CUDA GPU")]),
     # ---- devices
     pytest.param(("devices", "--select", "a,b"), 2, ("a,b",), id="devices-select-malformed"),
     pytest.param(("devices", "--max-utilization", "2"), 2, ("--max-utilization",), id="devices-max-utilization-2"),
     # ---- models (these build the model: a few seconds each)
-    pytest.param(("plan", *NO_RAY, "--model", "nosuchmodel"), 2, ("nosuchmodel", "resnet50"), id="unknown-model",
-                 marks=slow),
+    pytest.param(("plan", *NO_RAY, "--model", "nosuchmodel"), 2, ("nosuchmodel", "resnet50"), id="unknown-model"),
     pytest.param(("plan", *NO_RAY, "--model", "nosuch_pkg.models:net", "--input-shape", "3,32,32"), 2,
-                 ("nosuch_pkg",), id="factory-module-missing", marks=slow),
+                 ("nosuch_pkg",), id="factory-module-missing"),
     pytest.param(("plan", *NO_RAY, "--model", "tests.planner.tiny_models:nosuch", "--input-shape", "3,32,32"), 2,
-                 ("nosuch",), id="factory-function-missing", marks=slow),
+                 ("nosuch",), id="factory-function-missing"),
     pytest.param(("plan", *NO_RAY, "--model", "tests.planner.tiny_models:convnet"), 2, ("--input-shape",),
-                 id="factory-without-input-shape", marks=slow),
+                 id="factory-without-input-shape"),
     pytest.param(("plan", *NO_RAY, "--model", "tests.planner.tiny_models:convnet", "--input-shape", "5,32,32"), 2,
-                 ("5, 32, 32", "--input-shape"), id="input-shape-does-not-fit-model", marks=slow),
+                 ("5, 32, 32", "--input-shape"), id="input-shape-does-not-fit-model"),
     pytest.param(("plan", "--no-ray", "--cluster", "{t4}", "--no-cache", "--no-write", *TINY_MODEL,
-                  "--amp", "bf16"), 2, ("--amp bf16", "T4"), id="bf16-on-t4", marks=slow),
+                  "--amp", "bf16"), 2, ("--amp bf16", "T4"), id="bf16-on-t4"),
     # ---- infeasible: exit 1
     pytest.param(("plan", *NO_RAY, *TINY_MODEL, "--global-batch", "3"), 1, ("global batch 3", "6"),
-                 id="global-batch-below-one-per-rank", marks=slow),
+                 id="global-batch-below-one-per-rank"),
     # ---- the command line itself
     pytest.param(("frobnicate",), 2, ("frobnicate",), id="unknown-command"),
     pytest.param(("plan", *NO_RAY, *TINY_MODEL, "--colour", "red"), 2, ("--colour",), id="unknown-flag"),

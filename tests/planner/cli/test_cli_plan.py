@@ -93,7 +93,7 @@ def test_readme_main_command_plans_the_demo_cluster_through_ray(tmp_path: Path) 
 # output forms (no Ray)
 
 
-@pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s
+@pytest.mark.slow  # draws a plot
 def test_json_plot_and_output_file_agree(tmp_path: Path, cache_dir: Path) -> None:
     out = tmp_path / "out" / "my-plan.json"
     picture = tmp_path / "pictures" / "plan.png"
@@ -126,7 +126,6 @@ def test_json_plot_and_output_file_agree(tmp_path: Path, cache_dir: Path) -> Non
     assert not any(w.startswith("V100-SXM2-16GB: no measured") for w in plan["warnings"])
 
 
-@pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s
 def test_table_on_stdout_and_plan_json_in_the_working_directory(tmp_path: Path, cache_dir: Path) -> None:
     result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--mode", "uniform", "--multiple-of", "8", cwd=tmp_path)
     assert_ok(result)
@@ -151,7 +150,6 @@ def test_table_on_stdout_and_plan_json_in_the_working_directory(tmp_path: Path, 
     assert "wrote plan.json" in result.stderr
 
 
-@pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s
 def test_emit_env_prints_one_nodes_export_lines(tmp_path: Path, cache_dir: Path) -> None:
     for node_rank, name in enumerate(["node-a100", "node-v100", "node-t4"]):
         result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--emit", "env", "--node", name, "--master-port", "29611",
@@ -176,13 +174,11 @@ def test_emit_env_prints_one_nodes_export_lines(tmp_path: Path, cache_dir: Path)
         }
 
 
-@pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s
 def test_emit_env_without_a_node_on_a_multi_node_plan_names_the_flags(tmp_path: Path, cache_dir: Path) -> None:
     result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--emit", "env", "--no-write", cwd=tmp_path)
     assert_user_error(result, 2, "--node NAME", "--node-rank N", "node-a100", "node-t4")
 
 
-@pytest.mark.slow  # plans: a model build and a fake-tensor estimate, 4-10 s
 def test_gpus_minus_one_twice_picks_the_two_idle_cards(tmp_path: Path, cache_dir: Path) -> None:
     """shared-node.yaml: 4 × RTX A6000, GPU 2 half full and GPU 3 busy; ``--gpus -1,-1`` (argv rewriting lets a
     value start with '-') plans on the two idle ones and says why the others were left out."""

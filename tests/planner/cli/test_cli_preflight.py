@@ -31,7 +31,6 @@ ALL_CHECKS = [
     "plan_feasible", "min_batch_fits", "global_batch_reachable", "imbalance", "slow_gpus_worth_it",
 ]
 
-slow = pytest.mark.slow  # each run plans: a model build and a fake-tensor estimate, 4-10 s
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +46,6 @@ def _failed(doc: dict) -> list[str]:
     return [c["name"] for c in doc["checks"] if not c["ok"]]
 
 
-@slow
 def test_homogeneous_cluster_with_a_reachable_global_batch_is_go(tmp_path: Path, cache_dir: Path) -> None:
     result = run_cli(*_preflight(HOMOGENEOUS, cache_dir, "--global-batch", "256", "-o", "go-plan.json"),
                      cwd=tmp_path)
@@ -62,7 +60,6 @@ def test_homogeneous_cluster_with_a_reachable_global_batch_is_go(tmp_path: Path,
     assert {r["batch"] for r in plan["ranks"]} == {16}, "one GPU type: every rank gets the same share"
 
 
-@slow
 def test_json_go_carries_the_plan(tmp_path: Path, cache_dir: Path) -> None:
     result = run_cli(*_preflight(HOMOGENEOUS, cache_dir, "--global-batch", "256", "--expect-gpus", "16",
                                  "--expect-nodes", "2", "--json"), cwd=tmp_path)
@@ -74,7 +71,6 @@ def test_json_go_carries_the_plan(tmp_path: Path, cache_dir: Path) -> None:
     assert not (tmp_path / "plan.json").exists(), "preflight writes a plan only with -o"
 
 
-@slow
 def test_zero_imbalance_allowed_on_a_mixed_cluster_is_no_go(tmp_path: Path, cache_dir: Path) -> None:
     result = run_cli(*_preflight(DEMO_MIXED, cache_dir, "--global-batch", "512", "--max-imbalance", "0", "--json",
                                  "-o", "never.json"), cwd=tmp_path)
@@ -88,7 +84,6 @@ def test_zero_imbalance_allowed_on_a_mixed_cluster_is_no_go(tmp_path: Path, cach
     assert not (tmp_path / "never.json").exists(), "-o writes the plan only when every check passes"
 
 
-@slow
 def test_more_gpus_expected_than_the_cluster_has_is_no_go(tmp_path: Path, cache_dir: Path) -> None:
     result = run_cli(*_preflight(DEMO_MIXED, cache_dir, "--expect-gpus", "100"), cwd=tmp_path)
     assert_ok(result, 1)
@@ -99,7 +94,6 @@ def test_more_gpus_expected_than_the_cluster_has_is_no_go(tmp_path: Path, cache_
     assert "100 required (fix: " in failing and failing.endswith("or lower --expect-gpus)"), describe(result)
 
 
-@slow
 def test_a_global_batch_no_split_reaches_is_no_go_without_a_plan(tmp_path: Path, cache_dir: Path) -> None:
     """6 ranks of at least 1 sample each cannot make a global batch of 3 (DESIGN: infeasible = exit 1)."""
     result = run_cli(*_preflight(DEMO_MIXED, cache_dir, "--global-batch", "3", "--json"), cwd=tmp_path)
@@ -112,7 +106,6 @@ def test_a_global_batch_no_split_reaches_is_no_go_without_a_plan(tmp_path: Path,
     assert "global batch 3" in detail and "6" in detail
 
 
-@slow
 def test_a_busy_gpu_under_the_utilisation_threshold_is_no_go(tmp_path: Path, cache_dir: Path) -> None:
     """shared-node.yaml: GPU 3 is 97% busy, so --max-utilization 0.5 skips it and idle_thresholds fails."""
     result = run_cli(*_preflight(SHARED_NODE, cache_dir, "--max-utilization", "0.5", "--json"), cwd=tmp_path)

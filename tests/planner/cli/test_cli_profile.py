@@ -8,8 +8,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from tests.planner.cli_helpers import (
     TINY_MODEL,
     assert_ok,
@@ -22,10 +20,7 @@ from tests.planner.cli_helpers import (
 )
 from torchkit.hardware.catalog import load_catalog
 
-slow = pytest.mark.slow
 
-
-@slow
 def test_t4_json_is_a_profile_document_whose_batch_fits_the_budget(tmp_path: Path) -> None:
     result = run_cli("profile", "--cache-dir", tmp_path / "cache", "--gpu", "T4", *TINY_MODEL, "--json", cwd=tmp_path)
     assert_ok(result)
@@ -45,7 +40,6 @@ def test_t4_json_is_a_profile_document_whose_batch_fits_the_budget(tmp_path: Pat
     assert "estimating tests.planner.tiny_models:convnet on T4" in result.stderr
 
 
-@slow
 def test_text_with_plot_reports_a_batch_that_respects_fraction_and_multiple(tmp_path: Path) -> None:
     picture = tmp_path / "curves" / "a100.png"
     result = run_cli("profile", "--cache-dir", tmp_path / "cache", "--gpu", "A100-SXM4-80GB", *TINY_MODEL, "--fraction", "0.3", "--multiple-of", "8",
@@ -63,7 +57,6 @@ def test_text_with_plot_reports_a_batch_that_respects_fraction_and_multiple(tmp_
     assert predicted_gib <= budget_gib == 24.0
 
 
-@slow
 def test_a_gpu_type_added_by_a_cluster_config_can_be_profiled(tmp_path: Path) -> None:
     config = tmp_path / "custom.yaml"
     config.write_text(
@@ -95,14 +88,12 @@ def test_bf16_on_a_t4_is_exit_2(tmp_path: Path) -> None:
     assert_user_error(result, 2, "--amp bf16", "T4")
 
 
-@slow
 def test_when_not_one_sample_fits_the_text_form_exits_1(tmp_path: Path) -> None:
     result = run_cli("profile", "--cache-dir", tmp_path / "cache", "--gpu", "T4", *TINY_MODEL, "--fraction", "0.0001", cwd=tmp_path)
     assert_ok(result, 1)
     assert "not even 1 sample(s) fit the 0.00 GiB budget on T4" in result.stdout
 
 
-@slow
 def test_when_not_one_sample_fits_the_json_form_exits_1_too(tmp_path: Path) -> None:
     result = run_cli("profile", "--cache-dir", tmp_path / "cache", "--gpu", "T4", *TINY_MODEL, "--fraction", "0.0001", "--json", cwd=tmp_path)
     doc = check_profile(parse_json_stdout(result))
@@ -110,7 +101,6 @@ def test_when_not_one_sample_fits_the_json_form_exits_1_too(tmp_path: Path) -> N
     assert result.returncode == 1, describe(result)
 
 
-@slow
 def test_the_estimate_is_priced_by_the_calibration_and_says_so(tmp_path: Path) -> None:
     """`batchplan profile` reads the calibrated time model: another calibration (TORCHKIT_TIME_MODEL) gives
     another step time, and the profile names where its times and their uncertainty come from."""

@@ -8,19 +8,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.library_models import CASES, ModelCase, require_library, write_tiny_gpt2_config
-from tests.planner.cli_helpers import assert_ok, assert_user_error, check_profile, parse_json_stdout, run_cli
+from tests.library_models import CASE_PARAMS, ModelCase, require_library, write_tiny_gpt2_config
+from tests.planner.cli_helpers import (
+    assert_ok,
+    assert_user_error,
+    check_profile,
+    parse_json_stdout,
+    run_cli,
+    run_cli_process,
+)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=ModelCase.id)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_profile_json_of_a_library_model_on_a_t4(case: ModelCase, tmp_path: Path) -> None:
     require_library(case)
     model = case.name_with(write_tiny_gpt2_config(tmp_path))
     # importing a library's torch stack (a CUDA torch and torchvision in CI's timm stage) and estimating takes
     # minutes on a loaded 2-core machine: a wide limit, only against a hang
-    result = run_cli("profile", "--model", model, *case.flags(), "--gpu", "T4", "--json", cwd=tmp_path,
-                     timeout=900)
+    result = run_cli_process("profile", "--model", model, *case.flags(), "--gpu", "T4", "--json", cwd=tmp_path,
+                             timeout=900)
     assert_ok(result)
     doc = check_profile(parse_json_stdout(result))
     assert doc["job"]["model"] == model

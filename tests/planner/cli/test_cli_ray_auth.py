@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.planner.cli_helpers import TINY_MODEL, describe, parse_json_stdout, run_cli
+from tests.planner.cli_helpers import TINY_MODEL, describe, parse_json_stdout, run_cli_process
 from tests.planner.ray_start import RayStartCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -35,8 +35,8 @@ def _last_line(text: str) -> str:
 
 def test_plan_by_host_port_joins_both_raylets_with_the_token_file(auth_cluster: RayStartCluster,
                                                                    tmp_path: Path) -> None:
-    result = run_cli("plan", "--address", auth_cluster.address, *TINY_MODEL, "--cache-dir", tmp_path / "cache",
-                     "--no-write", cwd=tmp_path, env=auth_cluster.env(), timeout=300)
+    result = run_cli_process("plan", "--address", auth_cluster.address, *TINY_MODEL, "--cache-dir", tmp_path / "cache",
+                             "--no-write", cwd=tmp_path, env=auth_cluster.env(), timeout=300)
     # this machine has no GPU: both nodes are probed and the plan is infeasible (exit 1), said in one line
     assert result.returncode == 1, describe(result)
     assert "Traceback" not in result.stderr, describe(result)
@@ -46,7 +46,7 @@ def test_plan_by_host_port_joins_both_raylets_with_the_token_file(auth_cluster: 
 
 
 def test_devices_by_auto_sees_both_nodes(auth_cluster: RayStartCluster, tmp_path: Path) -> None:
-    result = run_cli("devices", "--address", "auto", "--json", cwd=tmp_path, env=auth_cluster.env(), timeout=300)
+    result = run_cli_process("devices", "--address", "auto", "--json", cwd=tmp_path, env=auth_cluster.env(), timeout=300)
     assert result.returncode == 0, describe(result)
     assert "InvalidAuthToken" not in result.stderr, describe(result)
     report = parse_json_stdout(result)
@@ -56,8 +56,8 @@ def test_devices_by_auto_sees_both_nodes(auth_cluster: RayStartCluster, tmp_path
 
 def test_plan_without_address_joins_the_running_cluster_with_its_token(auth_cluster: RayStartCluster,
                                                                        tmp_path: Path) -> None:
-    result = run_cli("plan", *TINY_MODEL, "--cache-dir", tmp_path / "cache", "--no-write", cwd=tmp_path,
-                     env=auth_cluster.env(), timeout=300)
+    result = run_cli_process("plan", *TINY_MODEL, "--cache-dir", tmp_path / "cache", "--no-write", cwd=tmp_path,
+                             env=auth_cluster.env(), timeout=300)
     assert result.returncode == 1, describe(result)
     assert f"found a running Ray cluster at {auth_cluster.address}" in result.stderr, describe(result)
     assert "InvalidAuthToken" not in result.stderr, describe(result)
@@ -68,8 +68,8 @@ def test_a_missing_token_is_one_line_that_says_where_to_put_it(auth_cluster: Ray
                                                                tmp_path: Path) -> None:
     elsewhere = tmp_path / "home-without-token"
     elsewhere.mkdir()
-    result = run_cli("plan", "--address", auth_cluster.address, *TINY_MODEL, "--no-write", cwd=tmp_path,
-                     env={**auth_cluster.env(), "HOME": str(elsewhere)}, timeout=120)
+    result = run_cli_process("plan", "--address", auth_cluster.address, *TINY_MODEL, "--no-write", cwd=tmp_path,
+                             env={**auth_cluster.env(), "HOME": str(elsewhere)}, timeout=120)
     assert result.returncode == 2, describe(result)
     assert "InvalidAuthToken" not in result.stderr and "gcs_client" not in result.stderr, describe(result)
     lines = result.stderr.strip().splitlines()
@@ -80,8 +80,8 @@ def test_a_missing_token_is_one_line_that_says_where_to_put_it(auth_cluster: Ray
 
 
 def test_a_wrong_token_is_named_as_rejected(auth_cluster: RayStartCluster, tmp_path: Path) -> None:
-    result = run_cli("devices", "--address", auth_cluster.address, cwd=tmp_path,
-                     env={**auth_cluster.env(), "RAY_AUTH_TOKEN": "0" * 64}, timeout=120)
+    result = run_cli_process("devices", "--address", auth_cluster.address, cwd=tmp_path,
+                             env={**auth_cluster.env(), "RAY_AUTH_TOKEN": "0" * 64}, timeout=120)
     assert result.returncode == 2, describe(result)
     assert _last_line(result.stderr).startswith(
         f"error: the Ray cluster at '{auth_cluster.address}' rejected the authentication token from "
@@ -91,8 +91,8 @@ def test_a_wrong_token_is_named_as_rejected(auth_cluster: RayStartCluster, tmp_p
 def test_a_cluster_without_auth_is_joined_by_host_port_as_before(tmp_path: Path) -> None:
     cluster = RayStartCluster(auth=False, num_workers=0)
     try:
-        result = run_cli("devices", "--address", cluster.address, "--json", cwd=tmp_path, env=cluster.env(),
-                         timeout=300)
+        result = run_cli_process("devices", "--address", cluster.address, "--json", cwd=tmp_path, env=cluster.env(),
+                                 timeout=300)
     finally:
         cluster.stop()
     assert result.returncode == 0, describe(result)

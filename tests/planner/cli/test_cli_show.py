@@ -32,7 +32,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Co
     return where / "plans" / "demo.json", result
 
 
-slow = pytest.mark.slow  # the fixture plans once for the module (a model build and an estimate: 4-10 s)
+slow = pytest.mark.slow  # the module's fixture plans once, in the first test that asks for it
 
 
 @slow
@@ -46,7 +46,6 @@ def test_show_prints_the_same_table_plan_printed(saved) -> None:
     assert "train_ddp.py --plan plans/demo.json" in result.stdout  # the path -o named
 
 
-@slow
 def test_show_json_is_the_saved_plan(saved) -> None:
     path, _ = saved
     result = run_cli("show", "--json", "demo.json", cwd=path.parent)  # a relative path
@@ -58,7 +57,6 @@ def test_show_json_is_the_saved_plan(saved) -> None:
     assert plan["launch"]["script"] == "train_ddp.py"
 
 
-@slow
 def test_show_emit_env_gives_each_node_its_launch_environment(saved) -> None:
     path, _ = saved
     plan = json.loads(path.read_text())
@@ -92,7 +90,6 @@ def _damage(plan: dict, how: str) -> tuple[dict, str]:
     raise AssertionError(how)
 
 
-@slow
 @pytest.mark.parametrize("how", ["world-size", "rank-field", "batch-type", "profile-key"])
 def test_show_rejects_a_damaged_plan_naming_the_field(saved, tmp_path: Path, how: str) -> None:
     path, _ = saved

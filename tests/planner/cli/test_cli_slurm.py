@@ -13,7 +13,6 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,21 +26,11 @@ from tests.planner.cli_helpers import (
     parse_json_stdout,
     run_cli,
 )
-from tests.planner.slurm_cluster import SlurmCluster, SlurmNode
+from tests.planner.slurm_cluster import SlurmCluster
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-NODES = (SlurmNode("gpu-a", "a100", 2), SlurmNode("gpu-b", "t4", 1))
 FAKE_TORCHRUN = '#!/bin/sh\necho "node=$SLURM_NODEID host=$SLURMD_NODENAME cvd=$CUDA_VISIBLE_DEVICES args=$*"\n'
-
-
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[SlurmCluster]:
-    cluster = SlurmCluster(NODES)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def test_preflight_of_a_partition_plans_its_nodes_by_name_with_their_gres(slurm: SlurmCluster,

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.net import free_port
+from tests.gloo import describe_torchrun, torchrun
 from tests.planner.cli_helpers import cli_env
 from tests.planner.integrations.ultralytics_helpers import (
     WORKER,
@@ -45,14 +45,11 @@ def in_job(tmp_path_factory) -> dict:
     require_ultralytics()
     root = tmp_path_factory.mktemp("ultralytics-autobatch")
     data = write_dataset(root / "dataset", TRAIN_IMAGES)
-    ranks = subprocess.run([
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "--log-dir", str(root / "logs"), "--redirects", "3",
-        str(WORKER), "ddp", "--data", str(data), "--out", str(root), "--batch", "-1", "--imgsz", str(IMGSZ),
-        "--simulate-gpus", ",".join(SIMULATED), "--setup-only",
-    ], env=child_env(root / "config"), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=root)
+    ranks = torchrun(WORKER, "ddp", "--data", data, "--out", root, "--batch", "-1", "--imgsz", str(IMGSZ),
+                     "--simulate-gpus", ",".join(SIMULATED), "--setup-only", nproc=3, log_dir=root / "logs", cwd=root,
+                     env=child_env(root / "config"), deadline_s=TIMEOUT_S)
     logs = "".join(p.read_text() for p in sorted((root / "logs").rglob("*.log")))
-    assert ranks.returncode == 0, ranks.stdout + ranks.stderr + logs
+    assert ranks.returncode == 0, describe_torchrun(ranks, root / "logs")
     records = [json.loads((root / f"planned-rank{rank}.json").read_text()) for rank in range(3)]
 
     # the same job through the CLI, on a cluster of the same GPUs in rank order, with the profile cache the

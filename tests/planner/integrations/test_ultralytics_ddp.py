@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.net import free_port
+from tests.gloo import describe_torchrun, torchrun
 from tests.planner.integrations.ultralytics_helpers import (
     WORKER,
     child_env,
@@ -51,22 +51,14 @@ def runs(tmp_path_factory) -> Path:
         reference = subprocess.Popen([sys.executable, str(WORKER), "reference", "--data", str(data), "--out",
                                       str(root)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
         try:
-            ddp = subprocess.run([
-                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-                "--master-port", str(free_port()), "--log-dir", str(root / "logs"), "--redirects", "3",
-                str(WORKER), "ddp", "--data", str(data), "--out", str(root), "--plan", str(plan),
-                "--variants", "planned,weighted",
-            ], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=root)
+            ddp = torchrun(WORKER, "ddp", "--data", data, "--out", root, "--plan", plan, "--variants", "planned,weighted",
+                           nproc=3, log_dir=root / "logs", cwd=root, env=env, deadline_s=TIMEOUT_S)
             reference.wait(timeout=TIMEOUT_S)
         finally:
             reference.kill()
-    assert ddp.returncode == 0, ddp.stdout + ddp.stderr + _rank_logs(root)
+    assert ddp.returncode == 0, describe_torchrun(ddp, root / "logs")
     assert reference.returncode == 0, (root / "reference.log").read_text()
     return root
-
-
-def _rank_logs(root: Path) -> str:
-    return "".join(p.read_text() for p in sorted((root / "logs").rglob("*.log")))
 
 
 def _rank_stderr(root: Path, rank: int) -> str:

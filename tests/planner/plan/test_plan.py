@@ -193,6 +193,19 @@ def test_a_device_below_min_batch_is_excluded_with_the_minimum_in_the_reason():
     # node-b holds no rank: node ranks close up
     assert [(n["name"], n["node_rank"]) for n in plan["nodes"]] == [("node-a", 0), ("node-c", 1)]
     assert [r["node_rank"] for r in plan["ranks"]] == [0, 0, 1]
+    # a GPU type left out whole warns of nothing (its calibration warning printed with every T4 excluded)
+    assert "T4: estimated" not in plan["warnings"] and "shared note" in plan["warnings"]
+
+
+def test_no_gpu_at_all_is_its_own_error():
+    """Nothing found (not "nothing usable"): the CLI adds where to look (planner.cli.planning)."""
+    from planner.errors import NoGpuError
+
+    with pytest.raises(NoGpuError, match=r"no usable GPU to plan on \(no GPUs found\)"):
+        build_plan(JobSpec(model="m"), [], PROFILES)
+    with pytest.raises(InfeasiblePlanError, match="busy") as caught:
+        build_plan(JobSpec(model="m"), [], PROFILES, excluded=UPSTREAM)
+    assert not isinstance(caught.value, NoGpuError)
 
 
 def test_when_the_first_node_has_no_rank_the_next_node_is_master():

@@ -111,7 +111,6 @@ def test_a_plan_re_balanced_in_the_job_keeps_its_measured_rank_times():
 
 
 
-@pytest.mark.slow
 def test_the_shared_node_plan_prints_its_point_inside_its_own_range(tmp_path):
     """``cluster_configs/shared-node.yaml`` end to end: a card at 90% speed (10% busy) planned beside two idle
     ones of its type. Before the fix the range was the split's efficiency at full speed on every card: 0.9994

@@ -219,6 +219,7 @@ def test_to_json_of_a_real_node_keeps_driver_unknown_types_and_all_warnings():
     assert data["warnings"] == ["GPU 0 'NVIDIA Mystery GPU' is not in the GPU catalog", "selection warning"]
 
 
+@pytest.mark.slow
 def test_the_cuda_build_of_torch_is_read_without_importing_it():
     import subprocess
     import sys

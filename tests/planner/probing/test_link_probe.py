@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from planner.errors import FieldError
 from planner.probing import link_probe
+from tests.other_user import reachable_place
 from torchkit.estimate.ddp_sync import LinkCost
 from torchkit.units import MIB
 
@@ -48,3 +50,18 @@ def test_a_measured_network_is_cached_per_set_of_nodes(tmp_path):
         link_probe.store_network(tmp_path, ["x", "y"], link)  # unwritable: no error, just no cache
     finally:
         (tmp_path / "links").chmod(0o700)
+
+
+def test_a_link_entry_others_could_write_is_measured_again_and_their_directory_refused(caplog):
+    link = LinkCost(name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)")
+    with reachable_place() as cache:  # where other users can reach it (pytest's tmp_path is private)
+        link_probe.store_network(cache, ["a", "b"], link)
+        entry = next((cache / "links").glob("*.json"))
+        entry.chmod(0o666)  # issue #34: anyone could have put a faster network there
+        assert link_probe.cached_network(cache, ["a", "b"]) is None
+        assert f"{entry} is writable by every user" in caplog.text and "it is measured again" in caplog.text
+        link_probe.store_network(cache, ["a", "b"], link)  # the measurement replaces it, private again
+        assert entry.stat().st_mode & 0o777 == 0o644 and link_probe.cached_network(cache, ["a", "b"]) is not None
+        (cache / "links").chmod(0o777)
+        with pytest.raises(FieldError, match=r"links above it is writable by every user"):
+            link_probe.cached_network(cache, ["a", "b"])

@@ -11,15 +11,8 @@ import pytest
 from planner.errors import ConfigError
 from planner.plan.io import validate_plan
 from planner.plan.slurm_launch import node_script, srun_argv
-from planner.probing.slurm import (
-    GresGpus,
-    allocation_cluster,
-    gres_gpu_spec,
-    gres_table,
-    parse_gres_gpus,
-    parse_job_node_gres,
-    parse_sinfo_nodes,
-)
+from planner.probing.slurm import allocation_cluster, parse_job_node_gres, parse_sinfo_nodes
+from planner.probing.slurm_gres import GresGpus, gres_gpu_spec, gres_table, parse_gres_gpus
 from tests.plans import make_plan
 from torchkit.hardware.catalog import load_catalog
 
@@ -30,7 +23,13 @@ CATALOG = load_catalog()
     ("gpu:a100:4", [GresGpus(gres_type="a100", count=4)]),
     ("gpu:a100:2(S:0-1),mps:100", [GresGpus(gres_type="a100", count=2)]),
     ("gpu:4", [GresGpus(gres_type=None, count=4)]),
-    ("gpu:t4:1(IDX:0),gpu:v100:2(IDX:1-2)", [GresGpus(gres_type="t4", count=1), GresGpus(gres_type="v100", count=2)]),
+    ("gpu:t4:1(IDX:0),gpu:v100:2(IDX:1-2)", [GresGpus(gres_type="t4", count=1, indices=(0,)),
+                                             GresGpus(gres_type="v100", count=2, indices=(1, 2))]),
+    ("gpu:4(IDX:0-3)", [GresGpus(gres_type=None, count=4, indices=(0, 1, 2, 3))]),
+    ("gpu(IDX:0,2-3)", [GresGpus(gres_type=None, count=3, indices=(0, 2, 3))]),  # older scontrol: no count
+    ("gpu:a100(IDX:1)", [GresGpus(gres_type="a100", count=1, indices=(1,))]),
+    ("gpu:t4:2(IDX:N/A)", [GresGpus(gres_type="t4", count=2)]),
+    ("gpu:0", []),
     ("(null)", []),
     ("", []),
 ])
@@ -96,3 +95,63 @@ def test_a_mixed_plan_gets_one_case_branch_per_node_rank() -> None:
     argv = srun_argv(plan)
     assert argv[:7] == ["srun", "--nodes", "2", "--ntasks-per-node", "1", "--nodelist", "big,small"]
     assert shlex.split(shlex.join(argv)) == argv  # one word for bash -c however it is quoted
+
+
+def _indices_and_types(node) -> list[tuple[int, str]]:
+    return [(gpu.index, gpu.spec.name) for gpu in node.gpus]
+
+
+@pytest.mark.parametrize(("gres", "expected"), [
+    # issue #34: the generator read len(gpus) while extend grew it, so gpu:t4:4 gave indices 0, 2, 4, 6
+    ("gpu:t4:4", [(0, "T4"), (1, "T4"), (2, "T4"), (3, "T4")]),
+    ("gpu:t4:2,gpu:a10:2", [(0, "T4"), (1, "T4"), (2, "A10"), (3, "A10")]),
+    ("gpu:a100:4(S:0-1)", [(i, "A100-SXM4-40GB") for i in range(4)]),
+    ("gpu:8", [(i, "T4") for i in range(8)]),  # untyped, through --gres-type gpu=T4
+])
+def test_sinfo_nodes_number_their_gpus_0_to_n_minus_1_for_any_gres_layout(gres: str, expected) -> None:
+    found = parse_sinfo_nodes(f"gpu01|{gres}|idle|1000|8", partition="p", table=gres_table(["gpu=T4"]),
+                              catalog=CATALOG)
+    assert _indices_and_types(found.cluster.nodes[0]) == expected
+
+
+@pytest.mark.parametrize(("gres", "expected"), [
+    ("gpu:t4:4(IDX:0-3)", [(0, "T4"), (1, "T4"), (2, "T4"), (3, "T4")]),
+    ("gpu:t4:4(IDX:4-7)", [(0, "T4"), (1, "T4"), (2, "T4"), (3, "T4")]),  # the job sees its cards as 0..n-1
+    ("gpu:t4:2(IDX:0-1),gpu:a10:2(IDX:2-3)", [(0, "T4"), (1, "T4"), (2, "A10"), (3, "A10")]),
+    # printed out of order: the job's card k is the one with the k-th smallest index on the node
+    ("gpu:a10:1(IDX:3),gpu:t4:2(IDX:0,2)", [(0, "T4"), (1, "T4"), (2, "A10")]),
+    ("gpu(IDX:1-2)", [(0, "T4"), (1, "T4")]),
+])
+def test_a_job_s_gres_with_card_indices_numbers_the_job_s_cards(gres: str, expected) -> None:
+    found = allocation_cluster(["n1"], [(["n1"], gres)], job_id="7", table=gres_table(["gpu=T4"]), catalog=CATALOG)
+    assert _indices_and_types(found.cluster.nodes[0]) == expected
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("gpu01|gpu:t4:1000000000000|idle|1000|8", r"holds 1000000000000 GPUs, over the limit of 256 per node"),
+    ("gpu01|gpu:t4:" + "9" * 5000 + "|idle|1000|8", r"\(5000 digits\) GPUs, over the limit of 256"),
+    ("gpu01|gpu:t4:200,gpu:a10:100|idle|1000|8", r"node gpu01: SLURM lists 300 GPUs, over the limit of 256"),
+    ("gpu01|gpu:t4:2|idle|1000|100000", r"node gpu01: SLURM lists 100000 CPUs, over the limit of 65536"),
+    ("gpu01|gpu:t4:2|idle|" + "9" * 40 + "|8", r"node gpu01: SLURM lists 999999999999\.\.\. MB of memory"),
+    ("gpu\ufffd1|gpu:t4:2|idle|1000|8", r"SLURM lists a node name 'gpu\ufffd1' may hold only letters"),
+    ("gpu\x1b[2J|gpu:t4:2|idle|1000|8", r"node name 'gpu\\x1b\[2J'"),
+    ("gpu01|gpu:t4:2(IDX:0-99999999999)|idle|1000|8", r"index range '0-99999999999'"),
+    ("gpu01|gpu:t4:2(IDX:0-3)|idle|1000|8", r"counts 2 card\(s\) but lists 4 index"),
+    ("gpu01|gpu:t4:300(IDX:0-299)|idle|1000|8", r"lists over 256 card indices, the limit per node"),
+    ("gpu01|gpu:t4:1(IDX:0),gpu:a10:1(IDX:0)|idle|1000|8", r"a GPU index in two GRES entries"),
+    ("gpu01|gpu:\x1b]0;pwned\x07:2|idle|1000|8", r"GRES gpu:\\x1b\]0;pwned\\x07 names no GPU type"),
+])
+def test_slurm_answers_are_held_to_the_cluster_config_limits_with_their_text_escaped(line: str, message: str
+                                                                                     ) -> None:
+    with pytest.raises(ConfigError, match=message) as raised:
+        parse_sinfo_nodes(line, partition="p", table=gres_table(), catalog=CATALOG)
+    assert "\x1b" not in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_partition_of_more_nodes_than_a_config_may_hold_is_refused_before_its_gpus_are_built() -> None:
+    text = "\n".join(f"gpu{i:05d}|gpu:t4:1|idle|1000|8" for i in range(20_000))
+    with pytest.raises(ConfigError, match="lists over 16384 nodes, the limit of a cluster config"):
+        parse_sinfo_nodes(text, partition="p", table=gres_table(), catalog=CATALOG)
+    many_gpus = "\n".join(f"gpu{i:05d}|gpu:t4:256|idle|1000|8" for i in range(257))
+    with pytest.raises(ConfigError, match="holds over 65536 GPUs"):
+        parse_sinfo_nodes(many_gpus, partition="p", table=gres_table(), catalog=CATALOG)

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
+from planner.errors import FieldError
 from planner.profiles import measured
 from planner.profiles.measured_sync import JobSync, find_job_sync, store_job_sync, sync_key_inputs
+from tests.other_user import reachable_place
 
 JOB = {"model": "resnet50", "optimizer": "sgd", "imgsz": 224, "input_shape": None, "seq_len": None}
 
@@ -59,3 +61,17 @@ def test_job_sync_refuses_impossible_figures():
     with pytest.raises(ValueError, match="steps"):
         JobSync(slowdown=1.0, measured_exposed_s=0.0, predicted_exposed_s=0.0, compute_s=0.1, steps=0, link="",
                 created="")
+
+
+def test_an_entry_others_could_write_is_ignored_with_a_problem_line_and_their_directory_refused():
+    with reachable_place() as cache:  # where other users can reach it (pytest's tmp_path is private)
+        path = store_job_sync(cache, _inputs(), "s", _sync(2.0))
+        path.chmod(0o646)
+        found, problems = find_job_sync(cache, _inputs())
+        assert found == {} and len(problems) == 1 and f"{path} is writable by every user" in problems[0]
+        path.chmod(0o644)
+        (cache / "sync").chmod(0o777)
+        with pytest.raises(FieldError, match=r"sync above it is writable by every user"):
+            find_job_sync(cache, _inputs())
+        with pytest.raises(FieldError, match=r"sync above it is writable by every user"):
+            store_job_sync(cache, _inputs(), "s", _sync(2.0))

@@ -11,14 +11,8 @@ from planner.errors import ConfigError
 from planner.job import JobSpec
 from planner.profiling.make import make_profile
 from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, TIME_MODEL_ENV, load_time_model
-from torchkit.hardware.catalog import load_catalog
 
 TINY = {"model": "tests.planner.tiny_models:convnet", "input_shape": (3, 32, 32), "amp": "fp16"}
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog()
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,14 @@ def optimum(caps: Sequence[int], speeds: Sequence[float] = SPEEDS, sample_s: flo
     return tuple(int(b) for b in allocation.batches)
 
 
-def wrong_plan(wrong_by: float, caps: Sequence[int] = (64, 64, 64)) -> dict:
-    """A valid plan.json for 3 ranks whose time model is ``wrong_by`` off, batches solved under it."""
+def wrong_plan(wrong_by: float, caps: Sequence[int] = (64, 64, 64),
+               nodes: tuple[tuple[str, int], ...] = (("node-a", 3),)) -> dict:
+    """A valid plan.json for 3 ranks (on ``nodes``) whose time model is ``wrong_by`` off, batches solved under it."""
     slopes = planned_slopes(wrong_by)
     allocation = allocate(list(caps), [0.0] * 3, slopes, global_batch=STEP_BATCH, multiple_of=MULTIPLE_OF,
                           min_batch=MULTIPLE_OF)
     batches = tuple(int(b) for b in allocation.batches)
-    plan = make_plan(batches, nodes=(("node-a", 3),), gpus=["T4", "V100-SXM2-16GB", "A10"])
+    plan = make_plan(batches, nodes=nodes, gpus=["T4", "V100-SXM2-16GB", "A10"])
     plan["job"] = {"model": "mlp", "multiple_of": MULTIPLE_OF, "min_batch": MULTIPLE_OF}
     plan["profiles"] = {}
     for rank, entry in enumerate(plan["ranks"]):

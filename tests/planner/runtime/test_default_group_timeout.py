@@ -1,9 +1,9 @@
 """planner.runtime.default_group_timeout: the default group's timeout lowered inside the block and put back
-after it; which errors are a collective's. One gloo process (world size 1) on 127.0.0.1."""
+after it; which errors are a collective's. One gloo process group (world size 1) in this process, its store in
+memory (no port to pick)."""
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import pytest
@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 
 from planner.runtime.default_group_timeout import is_collective_failure, lowered_default_timeout
-from tests.net import free_port
 
 pytestmark = pytest.mark.dist
 
@@ -24,8 +23,7 @@ def _timeout() -> timedelta:
 
 @pytest.fixture
 def one_rank_group():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1, timeout=timedelta(seconds=1234))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=1234))
     try:
         yield
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.net import free_port
+from tests.gloo import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -17,14 +17,11 @@ WORLD_SIZE = 4
 NODE_GPU = {0: "A100-SXM4-80GB", 1: "T4"}  # GROUP_RANK -> simulated GPU type of that node
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     node = rank // 2
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", RANK=str(rank),
-        WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank % 2), GROUP_RANK=str(node),
-    )
+    os.environ.update(LOCAL_RANK=str(rank % 2), GROUP_RANK=str(node))  # 2 nodes × 2 ranks
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
         from planner.job import JobSpec
@@ -48,10 +45,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
     out_dir = tmp_path_factory.mktemp("autobatch_ddp")
-    mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE, start_method="spawn")
+    run_ranks(_worker, str(out_dir), world_size=WORLD_SIZE, log_dir=out_dir / "logs")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
 
 

@@ -8,7 +8,6 @@ then checks one claim against a single-process reference computed here.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 
 from planner.runtime.sampler import PlannedBatchSampler
 from planner.runtime.weights import loss_weight, sum_loss_scale
-from tests.net import free_port
+from tests.gloo import run_ranks
 
 BATCHES = (5, 3, 8)
 WORLD_SIZE = len(BATCHES)
@@ -53,13 +52,11 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     """One rank: every scenario on the same process group; results saved for the parent to compare."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=60))
     try:
         x, y = make_data()
@@ -115,10 +112,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """Run the three ranks once; every rank's saved results, in rank order."""
-    import torch.multiprocessing as mp
-
     out_dir = tmp_path_factory.mktemp("ddp")
-    mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE, start_method="spawn")
+    run_ranks(_worker, str(out_dir), world_size=WORLD_SIZE, log_dir=out_dir / "logs")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.net import free_port
+from tests.gloo import run_ranks
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -21,14 +21,12 @@ SAMPLE_S = 0.003
 GLOBAL_BATCH, MULTIPLE_OF = 56, 8
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", RANK=str(rank),
-                      WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK="0", GROUP_RANK=str(rank))
+    os.environ.update(LOCAL_RANK="0", GROUP_RANK=str(rank))  # each rank a node of its own
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
         from planner.job import JobSpec
@@ -63,10 +61,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> tuple[list[dict], Path]:
-    import torch.multiprocessing as mp
-
     out_dir = tmp_path_factory.mktemp("rebalance_autobatch")
-    mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE, start_method="spawn")
+    run_ranks(_worker, str(out_dir), world_size=WORLD_SIZE, log_dir=out_dir / "logs")
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)], out_dir
 
 

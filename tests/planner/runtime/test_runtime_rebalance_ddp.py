@@ -22,7 +22,7 @@ import torch
 
 from planner.runtime.rebalance_model import RebalancePolicy
 from planner.runtime.sampler import PlannedBatchSampler
-from tests.net import free_port
+from tests.gloo import GlooRanks, run_ranks
 from tests.planner.runtime.rebalance_helpers import (
     MULTIPLE_OF,
     SAMPLE_S,
@@ -62,11 +62,9 @@ def flat_grad(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.grad.detach().reshape(-1).clone() for p in model.parameters()])
 
 
-def _init(rank: int, port: int, timeout_s: float | None) -> None:
+def _init(rank: int, timeout_s: float | None) -> None:
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     timeout = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, **timeout)
 
@@ -170,10 +168,10 @@ def _bad_decision(fits):
 _bad_first_decide.done = False
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, out_dir: str) -> None:
     import torch.distributed as dist
 
-    _init(rank, port, 60)
+    _init(rank, 60)
     try:
         results = {
             "wrong2x": _train(rank, wrong_plan(2.0)),
@@ -189,8 +187,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _fault_worker(rank: int, port: int, out_dir: str, kind: str, at_step: int = 3) -> None:
-    _init(rank, port, None)  # the process group's default timeout (30 min): the re-balancer's own must act
+def _fault_worker(rank: int, out_dir: str, kind: str, at_step: int = 3) -> None:
+    _init(rank, None)  # the process group's default timeout (30 min): the re-balancer's own must act
 
     def die() -> None:
         Path(out_dir, "hung_at").write_text(str(time.time()))
@@ -211,10 +209,8 @@ def _fault_worker(rank: int, port: int, out_dir: str, kind: str, at_step: int = 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    import torch.multiprocessing as mp
-
     out_dir = tmp_path_factory.mktemp("rebalance")
-    mp.start_processes(_worker, args=(free_port(), str(out_dir)), nprocs=WORLD_SIZE, start_method="spawn")
+    run_ranks(_worker, str(out_dir), world_size=WORLD_SIZE, log_dir=out_dir / "logs")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
 
@@ -326,17 +322,10 @@ def test_a_rank_that_decides_otherwise_is_an_error_on_every_rank_not_a_hang(rank
 def run_with_a_fault(tmp_path, kind: str, at_step: int) -> list[tuple[str, float]]:
     """Rank 2 dies or hangs after optimizer step ``at_step``: ranks 0 and 1's errors and how long after the
     fault each came."""
-    import torch.multiprocessing as mp
-
-    context = mp.start_processes(_fault_worker, args=(free_port(), str(tmp_path), kind, at_step),
-                                 nprocs=WORLD_SIZE, start_method="spawn", join=False)
-    try:
-        for process in context.processes[:2]:
-            process.join(timeout=240)
-    finally:
-        context.processes[2].kill()
-        for process in context.processes:
-            process.join(timeout=30)
+    with GlooRanks(_fault_worker, str(tmp_path), kind, at_step, world_size=WORLD_SIZE,
+                   log_dir=tmp_path / "logs") as ranks:
+        ranks.wait(240, ranks=(0, 1))
+        ranks.kill(2)
     fault_at = float((tmp_path / "hung_at").read_text())
     out = []
     for rank in (0, 1):

@@ -89,3 +89,33 @@ def test_the_collective_timeout_must_be_a_positive_number():
     sampler = PlannedBatchSampler(64, [8], 0, seed=0)
     with pytest.raises(Exception, match="collective_timeout_s"):
         Rebalancer.from_plan(plan, sampler, torch.nn.Linear(4, 1), collective_timeout_s=0)
+
+
+def test_a_rebalanced_plans_figures_are_its_new_batches_and_the_planned_advice_moves_aside():
+    """It kept the old predicted memory, balance efficiency and advice ("dropping the 1 T4 rank would be 1.37×
+    faster (0.007 s vs 0.010 s ...)") for batches that no longer ran."""
+    from planner.plan.types import Plan
+    from planner.runtime.rebalance_feedback import updated_plan
+
+    document = make_plan((5, 3, 8))
+    document.update(alternatives={"balanced": 100.0, "uniform": 50.0}, notes=["'balanced' is 2.00× faster than ..."],
+                    warnings=["dropping the 1 T4 rank (rank 1) would be 1.37× faster (...)"],
+                    balance_efficiency_range=[0.9, 1.0])
+    plan = Plan.from_json(document)
+    fits = [{"kind": "affine", "intercept_s": 0.0, "s_per_sample": s} for s in (0.001, 0.002, 0.004)]
+    section = {"batches_first": [5, 3, 8], "batches_last": [9, 5, 2], "switches": [{"batches": [9, 5, 2]}],
+               "max_idle_last": 0.1, "sync": None, "simulated": None,
+               "ranks": [{"rank": r, "time_fit": fit} for r, fit in enumerate(fits)]}
+    updated = updated_plan(plan, section)
+    profile = plan.profiles["p0"]
+    assert [r.predicted_memory_bytes for r in updated.ranks] == [profile.memory_bytes(b) for b in (9, 5, 2)]
+    assert updated.predicted_step_time_s == pytest.approx(0.010)  # rank 1: 5 × 2 ms
+    bound = sum(64 / (64 * s) for s in (0.001, 0.002, 0.004))  # every rank alone at its cap 64
+    assert updated.balance_efficiency == pytest.approx(16 / 0.010 / bound)
+    assert updated.balance_efficiency_range is None and updated.alternatives is None
+    assert updated.warnings == (next(w for w in updated.warnings if w.startswith("re-balanced in the running job")),)
+    assert len(updated.notes) == 1 and "measured.planned" in updated.notes[0] and "[5, 3, 8]" in updated.notes[0]
+    planned = updated.extra["measured"]["planned"]
+    assert planned["warnings"] == list(plan.warnings) and planned["notes"] == list(plan.notes)
+    assert planned["alternatives"] == plan.alternatives and planned["balance_efficiency"] == plan.balance_efficiency
+    assert Plan.from_json(json.loads(json.dumps(updated.to_json()))).balance_efficiency == updated.balance_efficiency

@@ -111,3 +111,55 @@ def test_planner_runtime_exports_resolve_and_unknown_names_raise():
         assert getattr(runtime, name) is not None
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         runtime.nope  # noqa: B018
+
+
+# ------------------------------------------------------------------ the loss rule (LossReduction, LossRule)
+
+def test_only_a_mean_over_the_rank_s_samples_takes_the_weight():
+    from planner.runtime.weights import LossReduction, LossRule
+
+    mean = LossRule(reduction=LossReduction.MEAN, why="torch's default")
+    assert mean.factor(5, 3, 16) == loss_weight(5, 3, 16)
+    for reduction in (LossReduction.SUM, LossReduction.GLOBAL_MEAN):
+        assert LossRule(reduction=reduction, why="normalised already").factor(5, 3, 16) == 1.0
+
+
+@given(st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=8))
+def test_each_rule_applied_to_its_own_reduction_gives_every_sample_the_same_weight(batches):
+    # the gradient weight of one sample on rank i after DDP's 1/W average: factor_i × (1/b_i for a mean, 1 for a
+    # sum, 1/T·W for a global mean) / W; the same for every rank exactly when the rule fits the reduction
+    from planner.runtime.weights import LossReduction, LossRule
+
+    world_size, step_batch = len(batches), sum(batches)
+    per_sample = {
+        LossReduction.MEAN: lambda b: Fraction(1, b),
+        LossReduction.SUM: lambda b: Fraction(1),
+        LossReduction.GLOBAL_MEAN: lambda b: Fraction(world_size, step_batch),
+    }
+    for reduction, own in per_sample.items():
+        rule = LossRule(reduction=reduction, why="test")
+        weights = {Fraction(rule.factor(b, world_size, step_batch)).limit_denominator(10**9) * own(b) / world_size
+                   for b in batches}
+        assert len(weights) == 1
+    if len(set(batches)) > 1:  # the other rule on a mean: samples of small ranks count more
+        wrong = LossRule(reduction=LossReduction.SUM, why="test")
+        assert len({Fraction(wrong.factor(b, world_size, step_batch)) * Fraction(1, b) for b in batches}) > 1
+
+
+def test_reduction_names_parse_and_a_wrong_one_lists_the_choices():
+    from planner.runtime.weights import LossReduction
+
+    assert LossReduction.parse("global-mean") is LossReduction.GLOBAL_MEAN
+    assert f"{LossReduction.GLOBAL_MEAN}" == str(LossReduction.GLOBAL_MEAN) == "global-mean"
+    assert LossReduction.parse(LossReduction.SUM) is LossReduction.SUM
+    with pytest.raises(ConfigError, match=r"loss_reduction='avg' is not a loss reduction \(choose 'mean', 'sum', "):
+        LossReduction.parse("avg")
+
+
+def test_the_rule_line_says_what_was_applied_and_why():
+    from planner.runtime.weights import LossReduction, LossRule
+
+    line = LossRule(reduction=LossReduction.GLOBAL_MEAN, why="the Trainer sums the count over all ranks").line()
+    assert line == ("loss rule global-mean (decided): no per-rank weight; divided by a count over all ranks: "
+                    "the Trainer sums the count over all ranks")
+    assert "(declared)" in LossRule(reduction=LossReduction.MEAN, why="x", declared=True).line()

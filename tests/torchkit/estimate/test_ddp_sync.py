@@ -4,7 +4,6 @@ formula, the overlap rules of the spec, and the alpha-beta fit against synthetic
 from __future__ import annotations
 
 import json
-import os
 import random
 from datetime import timedelta
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.net import free_port
+from tests.gloo import run_ranks
 from torchkit.estimate.ddp_sync import (
     Bucket,
     LinkCost,
@@ -49,12 +48,10 @@ def _inputs(name: str) -> torch.Tensor:
 CAPS = (None, 1, 0.5, 4)
 
 
-def _ddp_worker(rank: int, port: int, out: str) -> None:
+def _ddp_worker(rank: int, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
         result = {}
@@ -77,10 +74,8 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_buckets_seen(tmp_path_factory) -> dict:
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("buckets") / "buckets.json"
-    mp.start_processes(_ddp_worker, args=(free_port(), str(out)), nprocs=2, start_method="spawn")
+    run_ranks(_ddp_worker, str(out), world_size=2, log_dir=out.parent / "logs")
     return json.loads(out.read_text())
 
 
@@ -90,6 +85,8 @@ def _listed(buckets) -> tuple[str, str]:
             ", ".join(" ".join(str(i) for i in b.param_indices) for b in buckets))
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 @pytest.mark.parametrize("cap", CAPS)
 @pytest.mark.parametrize("name", ["mlp", "wide", "frozen", "conv"])
 def test_bucket_model_matches_ddp_rebuilt_buckets_given_its_ready_order(ddp_buckets_seen, name, cap):
@@ -100,6 +97,8 @@ def test_bucket_model_matches_ddp_rebuilt_buckets_given_its_ready_order(ddp_buck
     assert _listed(buckets) == (seen["sizes"], seen["indices"])
 
 
+@pytest.mark.dist
+@pytest.mark.slow
 @pytest.mark.parametrize("cap", CAPS)
 @pytest.mark.parametrize("name", ["mlp", "wide", "frozen", "conv"])
 def test_reverse_registration_order_gives_ddp_buckets_up_to_a_bias_at_a_boundary(ddp_buckets_seen, name, cap):

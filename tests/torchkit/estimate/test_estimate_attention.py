@@ -174,6 +174,7 @@ def _hf_workload(kind: str, attention_dropout: float) -> Workload:
     )
 
 
+@pytest.mark.transformers
 @pytest.mark.parametrize("kind", ["gpt2", "bert"])
 def test_hf_attention_dropout_costs_only_the_rng_state_on_a_cuda_target(kind: str) -> None:
     with_dropout = estimate_step(_hf_workload(kind, 0.1), 4, amp="fp16")

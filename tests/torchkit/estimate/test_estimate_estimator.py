@@ -56,11 +56,6 @@ def _conv_workload(hw: int = 16) -> Workload:
     )
 
 
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog()
-
-
 def test_sgd_parameters_gradients_and_momentum_are_exact_bytes() -> None:
     est = estimate_step(_mlp_workload(), 4, optimizer="sgd")
     # tiny batch: the peak is in the optimizer step, where foreach SGD builds grad + wd·param as a new list
@@ -121,6 +116,7 @@ def test_memory_is_affine_in_batch_where_activations_dominate() -> None:
     assert slope > 0
 
 
+@pytest.mark.slow
 def test_default_probes_are_colinear_for_a_resnet() -> None:
     curves = estimate_curves(get_workload("resnet18"), load_catalog().get("T4"))
     (b0, m0), (b1, m1), (b2, m2) = curves.allocated_points
@@ -147,6 +143,7 @@ def test_cuda_device_bytes_add_the_documented_overhead(catalog) -> None:
     assert cuda_device_bytes(est, t4) > est.peak_allocated_bytes + overhead.context_bytes
 
 
+@pytest.mark.slow
 def test_step_time_grows_with_batch_and_is_shorter_on_h100_than_t4(catalog) -> None:
     estimates, _ = estimate_steps(get_workload("resnet50"), (16, 64, 256))
     for gpu_name in ("T4", "H100-SXM5-80GB"):
@@ -205,6 +202,7 @@ def test_step_time_uses_the_calibrated_constants_of_the_gpus_architecture(catalo
     assert step_time_s(est, v100, constants=slower) > step_time_s(est, v100)
 
 
+@pytest.mark.slow
 def test_estimates_are_reused_from_the_cache_for_every_gpu(catalog) -> None:
     cache: dict = {}
     workload = get_workload("resnet18", imgsz=64)

@@ -7,7 +7,6 @@ import pytest
 from torchkit.errors import ConfigError
 from torchkit.estimate.op_costs import KernelCost
 from torchkit.estimate.roofline import KernelTable, TimeConstants, kernel_table, kernels_time_s
-from torchkit.hardware.catalog import load_catalog
 
 C = TimeConstants(
     tensor_core_efficiency=0.5,
@@ -19,11 +18,6 @@ C = TimeConstants(
     kernel_launch_s=2e-6,
     eager_dispatch_s=10e-6,
 )
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog()
 
 
 def _kernel(flops: int = 0, moved: int = 0, compute: str = "fp32", kind: str = "matmul", groups: int = 1) -> KernelCost:

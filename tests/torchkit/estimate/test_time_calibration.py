@@ -31,14 +31,8 @@ from torchkit.estimate.time_model import (
     architecture,
     load_time_model,
 )
-from torchkit.hardware.catalog import load_catalog
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    return load_catalog()
 
 
 # --- the data file ------------------------------------------------------------------------------------
@@ -298,6 +292,7 @@ def test_no_fit_prices_a_matmul_above_its_architectures_achievable_share(catalog
 
 
 # --- the generated constants --------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_shipped_constants_are_the_fit_of_the_shipped_data(catalog) -> None:
     """time_model.json must be regenerated (python bench/calibrate_time.py) whenever the data changes."""
     sys.path.insert(0, str(REPO / "bench"))
@@ -374,7 +369,7 @@ def test_the_environment_variable_points_the_estimator_at_another_calibration(tm
         constants_for(catalog.get("V100-SXM2-16GB"))
 
 
-
+@pytest.mark.slow
 def test_the_cached_kernel_tables_are_what_the_estimator_records_today(catalog) -> None:
     """kernel_tables.json must be rebuilt (calibrate_time.py --refresh-tables) when the workloads or the cost
     model change: one configuration is recomputed here and compared, and every fingerprint is checked."""

@@ -95,11 +95,6 @@ DRIVER_MEMORY_MIB = {
 }
 
 
-@pytest.fixture(scope="module")
-def catalog() -> GpuCatalog:
-    return load_catalog()
-
-
 def write(tmp_path: Path, text: str, name: str = "gpus.yaml") -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))

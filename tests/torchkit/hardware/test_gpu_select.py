@@ -175,6 +175,7 @@ _gpu_lists = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     gpus=_gpu_lists,

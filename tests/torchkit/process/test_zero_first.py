@@ -1,21 +1,17 @@
 """torchkit.process.zero_first.torch_distributed_zero_first: a no-op without a process group; with real gloo
-processes on 127.0.0.1, the first rank runs first, and its failure releases the others at once.
-
-This file is also the worker script: ``python test_distributed.py worker RANK WORLD PORT OUT_DIR``.
+processes on 127.0.0.1 (tests/gloo.py), the first rank runs first, and its failure releases the others at once.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from tests.gloo import run_ranks
 from torchkit.process.zero_first import torch_distributed_zero_first
 
 WORLD_SIZE = 3
@@ -43,12 +39,11 @@ def _run_and_record(local_rank: int, fail_rank: int | None, rank: int, record: d
         record["error_at"] = time.monotonic()
 
 
-def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+def worker(rank: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=PG_TIMEOUT_S))
     result: dict = {"rank": rank}
     rounds = {
         # one node: local rank = rank, nobody fails
@@ -75,33 +70,9 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory) -> dict[int, dict]:
-    # imported here: this file also runs as a worker script, without tests/ on sys.path
-    from tests.net import free_port
-
     out_dir = tmp_path_factory.mktemp("zero_first")
-    port = free_port()
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "worker", str(rank), str(WORLD_SIZE), str(port), str(out_dir)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(WORLD_SIZE)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            # generous: 3 processes import torch on a shared 2-core machine; far below 3 x PG timeout
-            outputs.append(proc.communicate(timeout=PG_TIMEOUT_S)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for rank, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
-        assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{output}"
+    # generous: 3 processes import torch on a shared 2-core machine; every rank must exit 0
+    run_ranks(worker, str(out_dir), world_size=WORLD_SIZE, deadline_s=2 * PG_TIMEOUT_S, log_dir=out_dir / "logs")
     return {rank: json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)}
 
 
@@ -177,6 +148,3 @@ def test_a_failing_first_rank_on_another_node_stops_every_rank(gloo_results):
 def test_the_group_keeps_working_after_a_failure(gloo_results):
     assert [gloo_results[rank]["all_reduce"] for rank in range(WORLD_SIZE)] == [0 + 1 + 2] * WORLD_SIZE
 
-
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "worker":
-    worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

@@ -30,6 +30,7 @@ def _ddp_like(module: nn.Module) -> DistributedDataParallel:
     return wrapper
 
 
+@pytest.mark.slow
 def test_is_parallel_for_data_parallel_and_ddp_only():
     model = nn.Linear(2, 2)
     assert is_parallel(nn.DataParallel(model))

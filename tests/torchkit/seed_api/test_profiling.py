@@ -67,6 +67,7 @@ def test_cuda_memory_usage_reports_peak_reserved_even_when_the_block_raises(fake
 
 
 
+@pytest.mark.slow
 def test_profile_ops_rows_on_cpu():
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
@@ -88,6 +89,7 @@ def test_profile_ops_rows_on_cpu():
     assert rows[1][:2] == [0, 0.0] and rows[2][:2] == [0, 0.0]  # element-wise: no params, no matmul FLOPs
 
 
+@pytest.mark.slow
 def test_profile_ops_single_tensor_and_op_and_device_string(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # select_device may set it; restored afterwards
     rows = profile_ops(torch.randn(4, 5), nn.Linear(5, 3), n=1, device="cpu")
@@ -96,6 +98,7 @@ def test_profile_ops_single_tensor_and_op_and_device_string(monkeypatch):
     assert rows[0][5:] == [(4, 5), (4, 3)]
 
 
+@pytest.mark.slow
 def test_profile_ops_tuple_output_and_integer_input():
     emb = nn.Embedding(10, 4)
     rows = profile_ops(torch.tensor([[1, 2, 3]]), [emb, lambda x: (emb(x), emb(x) * 2)], n=1, device=CPU)
@@ -103,6 +106,7 @@ def test_profile_ops_tuple_output_and_integer_input():
     assert rows[1][6] == "list" and math.isfinite(rows[1][4])
 
 
+@pytest.mark.slow
 def test_profile_ops_non_oom_failure_is_none_with_warning(caplog):
     def broken(x):
         raise ValueError("shape mismatch in broken op")

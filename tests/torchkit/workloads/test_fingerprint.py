@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -137,6 +138,7 @@ def test_workload_keys_tell_the_pair_apart_and_repeat_for_the_same_workload():
     assert identity_parts(plain)["revision"] == FINGERPRINT_REVISION
 
 
+@pytest.mark.slow
 def test_a_built_in_key_is_the_same_in_another_process_with_another_hash_seed():
     code = ("from torchkit.workloads import get_workload, workload_fingerprint; "
             "print(workload_fingerprint(get_workload('gpt2-small', seq_len=16)))")

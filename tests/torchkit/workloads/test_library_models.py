@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.library_models import CASES, ModelCase, require_library, write_tiny_gpt2_config
+from tests.library_models import CASE_PARAMS, CASES, ModelCase, require_library, write_tiny_gpt2_config
 from torchkit.errors import WorkloadError
 from torchkit.estimate import cpu_peak_bytes, cuda_device_bytes, estimate_step
 from torchkit.estimate.cpu_truth import measure_cpu_peak
@@ -20,7 +20,7 @@ from torchkit.workloads.construct import build_outside_fake_mode
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CASES, ids=ModelCase.id)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_cpu_estimate_is_within_5_percent_of_the_real_step_at_two_batches(case: ModelCase, tmp_path: Path) -> None:
     require_library(case)
     workload = get_workload(case.name_with(write_tiny_gpt2_config(tmp_path)), **case.options)
@@ -177,6 +177,7 @@ def test_the_extra_named_by_the_hint_is_declared_with_the_libraries() -> None:
     assert declared == {"timm", "transformers", "ultralytics"}
 
 
+@pytest.mark.transformers
 def test_hf_model_takes_dict_inputs_and_its_own_loss(tmp_path: Path) -> None:
     case = next(c for c in CASES if c.model.startswith("hf:"))
     require_library(case)
@@ -189,6 +190,7 @@ def test_hf_model_takes_dict_inputs_and_its_own_loss(tmp_path: Path) -> None:
         get_workload(case.name_with(tmp_path / "tiny-gpt2.json"), seq_len=129)
 
 
+@pytest.mark.transformers
 def test_hf_config_that_is_not_there_is_a_workload_error(tmp_path: Path) -> None:
     case = next(c for c in CASES if c.model.startswith("hf:"))
     require_library(case)
@@ -199,6 +201,7 @@ def test_hf_config_that_is_not_there_is_a_workload_error(tmp_path: Path) -> None
         get_workload(f"hf:{tmp_path / 'bad.json'}")
 
 
+@pytest.mark.ultralytics
 def test_yolo_loss_stand_in_and_its_margin_are_stated() -> None:
     case = next(c for c in CASES if c.model.startswith("ultralytics:"))
     require_library(case)
@@ -220,6 +223,7 @@ def test_yolo_loss_stand_in_and_its_margin_are_stated() -> None:
         get_workload("ultralytics:yolov99z.yaml")
 
 
+@pytest.mark.transformers
 def test_hf_class_name_as_config_json_lists_it_builds_that_class() -> None:
     case = next(c for c in CASES if c.model.startswith("hf:"))
     require_library(case)

@@ -25,6 +25,7 @@ SMALL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WORKLOAD_NAMES)
 def test_builtin_workload_runs_a_real_training_step_on_cpu(name: str) -> None:
     torch.manual_seed(0)
