@@ -1,6 +1,6 @@
 """How well the calibrated step-time model predicts measured training throughput it was not fitted on.
 
-    python bench/bench_time_model.py
+    python bench/bench_time_model.py [--before OLD_time_model.json]
 
 Prints ``name=value`` lines (no GPU, no fake pass: the kernel tables are cached; about a minute). Four ways
 of holding data out, and the model as it was before calibration for comparison ("prior_*": the priors, no
@@ -36,6 +36,7 @@ should exceed the card (``memory_oom_predicted_over_card`` of ``memory_oom_rows`
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -154,18 +155,44 @@ def memory_figures(rows, catalog) -> dict[str, float]:
     }
 
 
-def shipped_stack_terms(model) -> dict[str, StackTerms]:
-    """The stack terms of the shipped calibration (time_model.json ``stacks``; the estimator itself predicts
-    eager PyTorch and never reads them)."""
+def shipped_stack_terms(model, path: Path | None = None) -> dict[str, StackTerms]:
+    """The stack terms of the shipped calibration (time_model.json ``stacks``, or the file at ``path``; the
+    estimator itself predicts eager PyTorch and never reads them)."""
     from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH
 
-    doc = json.loads(DEFAULT_TIME_MODEL_PATH.read_text())
+    doc = json.loads((path or DEFAULT_TIME_MODEL_PATH).read_text())
     return {name: StackTerms(throughput_factor=e["throughput_factor"], memory_traffic=e["memory_traffic"],
                              cuda_graphs=STACKS[name].cuda_graphs)
             for name, e in doc.get("stacks", {}).items()}
 
 
+VOLTA_AMPERE = ("volta", "ampere-ga100", "ampere-ga10x")
+
+
+def compare_with(path: Path, observations, shipped: dict[str, float]) -> dict[str, float]:
+    """Every Volta/Ampere row of a stack the calibration at ``path`` knows: its |error| there and now, in its
+    own stack; prints each row, returns how many got worse by more than 2 points (issue #32's bound)."""
+    old = load_time_model(path)
+    old_terms = shipped_stack_terms(old, path)
+    worse = 0
+    print(f"  {'row':34s} {'stack':21s} {'before':>7s} {'now':>7s} {'change':>8s}", file=sys.stderr)
+    for o in observations:
+        if o.arch not in VOLTA_AMPERE or (o.stack != REFERENCE_STACK and o.stack not in old_terms):
+            continue
+        before = predict(o, old.global_constants, old.arch_constants, old_terms) / o.samples_per_s - 1
+        now = shipped[o.id] / o.samples_per_s - 1
+        change = abs(now) - abs(before)
+        worse += change > 0.02
+        print(f"  {o.id:34s} {o.stack:21s} {before:+7.1%} {now:+7.1%} {100 * change:+6.1f}pt"
+              + ("  worse by more than 2 points" if change > 0.02 else ""), file=sys.stderr)
+    return {"volta_ampere_rows_worse_by_2pt": float(worse)}
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, help="another time_model.json (e.g. `git show REV:torchkit/estimate/"
+                        "calibration/time_model.json`): print every Volta/Ampere row's error under both")
+    args = parser.parse_args()
     catalog = load_catalog()
     rows = list(read_measured(catalog=catalog))
     observations = observations_from_rows(rows, load_tables(rows), catalog)
@@ -192,6 +219,8 @@ def main() -> int:
     _print("transfer", transfer_figures(observations, model))
     _print("prior_all", metrics(eager_rows, prior, set(prior)))
     _print("memory", memory_figures(rows, catalog))
+    if args.before:
+        _print("compare", compare_with(args.before, observations, shipped))
     return 0
 
 

@@ -47,6 +47,8 @@ from torchkit.estimate.calibration.data import DATA_PATH, held_out_ids, read_mea
 from torchkit.estimate.calibration.fit import (  # noqa: E402
     ARCH_PARAMS,
     GLOBAL_PARAMS,
+    SM_STREAM_PARAM,
+    SM_STREAM_PRIORS,
     TENSOR_CORE_CEILINGS,
     CalibrationFit,
     Observation,
@@ -170,6 +172,13 @@ def _arch_documents(result: CalibrationFit, fit_obs: list[Observation], sigmas: 
                 f"({sigmas.raw['transfer']:.4f}) times {sigmas.coverage_factor:.3f}"
             ),
         }
+        if f"{arch}.{SM_STREAM_PARAM}" in result.params:
+            prior, prior_sigma, why = SM_STREAM_PRIORS[arch]
+            entry["constants"][SM_STREAM_PARAM] = {
+                "value": getattr(constants, SM_STREAM_PARAM),
+                "source": f"{fitted_on}: {', '.join(o.id for o in arch_rows)}; prior {prior:g} B/FLOP, log sigma "
+                          f"{prior_sigma:g} ({why})",
+            }
         if arch in TENSOR_CORE_CEILINGS:
             value, source = TENSOR_CORE_CEILINGS[arch]
             entry["tensor_core_ceiling"] = {

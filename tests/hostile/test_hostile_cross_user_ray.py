@@ -5,7 +5,8 @@ says why and how to join a cluster deliberately, and the plan is made on an embe
 ``--address auto`` it is one error line. Under ``sudo`` the file is never used, even root's own.
 
 Run as root with ``nobody`` acting through ``setpriv`` (``tests/other_user.py``); skipped with the reason
-elsewhere, never in CI. On 173e00e the first case joined the "cluster" and hung in ``ray.init``.
+elsewhere, never in CI. Each plan is a real process (``run_cli_process``): it starts or refuses a Ray of its
+own, and Ray's state would outlive an in-process run (the suite's own cluster could no longer start actors). On 173e00e the first case joined the "cluster" and hung in ``ray.init``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.other_user import other_user_listener, shared_place, write_as_other_user
-from tests.planner.cli_helpers import TINY_MODEL, assert_user_error, describe, run_cli
+from tests.planner.cli_helpers import TINY_MODEL, assert_user_error, describe, run_cli_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -41,7 +42,8 @@ def _env(tmpdir: Path, **extra: str) -> dict[str, str]:
 
 def test_plan_does_not_join_a_cluster_another_user_planted_and_says_so(planted, tmp_path: Path) -> None:
     place, address = planted
-    result = run_cli("plan", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path, env=_env(place), timeout=300)
+    result = run_cli_process("plan", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path, env=_env(place),
+                             timeout=300)
     assert "Traceback" not in result.stderr, describe(result)
     assert "found a running Ray cluster" not in result.stderr, describe(result)
     [said] = [line for line in result.stderr.splitlines() if line.startswith("not joining the Ray cluster")]
@@ -55,7 +57,7 @@ def test_plan_does_not_join_a_cluster_another_user_planted_and_says_so(planted, 
 
 def test_address_auto_refuses_the_planted_file_in_one_line(planted, tmp_path: Path) -> None:
     place, address = planted
-    result = run_cli("plan", "--address", "auto", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path,
+    result = run_cli_process("plan", "--address", "auto", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path,
                      env=_env(place), timeout=120)
     assert_user_error(result, 2, "--address auto does not use the Ray address file", "writable by every user",
                       f"--address {address}")
@@ -68,7 +70,7 @@ def test_under_sudo_even_root_s_own_address_file_is_not_used(tmp_path: Path) -> 
     try:
         (private / "ray").mkdir()
         (private / "ray" / "ray_current_cluster").write_text("127.0.0.1:6379")
-        result = run_cli("plan", "--address", "auto", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path,
+        result = run_cli_process("plan", "--address", "auto", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path,
                          env=_env(private, SUDO_UID="65534", SUDO_USER="nobody"), timeout=120)
         assert_user_error(result, 2, "batchplan runs under sudo")
     finally:

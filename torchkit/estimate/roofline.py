@@ -25,6 +25,10 @@ Native layouts: tensor-core convolutions (16-bit, TF32) are NHWC kernels, so NCH
 around them (NVIDIA's "Tensor Core performance guide": NHWC avoids the transposes); fp32 CUDA-core
 convolutions are NCHW kernels, so channels_last costs the conversion there instead.
 
+A kernel's bytes stream at the soft minimum of the DRAM's rate (``bandwidth_efficiency`` of the datasheet
+bandwidth) and the SMs' (``sm_stream_bytes_per_flop`` times the FP32 peak): a card with much DRAM bandwidth
+for its SMs (an H200) cannot use all of it.
+
 Known limitations: no overlap between kernels, no caching effects (L2 makes small elementwise kernels
 faster than DRAM bandwidth says), cuDNN algorithm choice and channel counts not a multiple of 8 are not
 modelled, nor is communication (DDP all-reduce) or the data loader. Pure numpy, no torch.
@@ -33,6 +37,7 @@ modelled, nor is communication (DDP all-reduce) or the data loader. Pure numpy, 
 from __future__ import annotations
 
 import enum
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -77,6 +82,31 @@ class TimeConstants:
     """GPU-side gap per kernel between back-to-back launches"""
     eager_dispatch_s: float
     """CPU time PyTorch eager spends per operator (bounds the step from below)"""
+    sm_stream_bytes_per_flop: float = math.inf
+    """the SM side of streaming: bytes a second the SMs can move, per FP32 FLOP a second of the GPU (its FP32
+    peak is SMs x clock x FP32 lanes, so within an architecture this is bytes per SM per clock). A kernel's
+    DRAM traffic cannot stream faster than this however fast the DRAM is: each SM keeps a bounded number of
+    loads in flight, so by Little's law its share of the bandwidth is at most (bytes in flight) / (DRAM
+    latency), and the loads and the kernel's own instructions take issue slots on the SM. It binds on a card
+    whose DRAM is fast for its SMs (the H200: the H100 SXM's SMs with 1.43x its bandwidth, measured 1.13x an
+    H100 SXM in MLPerf Training's ResNet-50); the streaming bandwidth is the soft minimum of
+    ``bandwidth_efficiency x DRAM`` and this (``STREAMING_SOFTMIN_POWER``). ``inf``: no limit (the calibration
+    fits it where its data can see it: ``calibration/fit.py`` ``SM_STREAM_PRIORS``)"""
+
+
+STREAMING_SOFTMIN_POWER = 4.0
+"""p of the soft minimum ``(a^-p + b^-p)^(-1/p)`` of the DRAM and SM streaming rates: the smaller decides far
+from the crossover, both cost near it (a kernel at the crossover stalls on both), and the fit sees a smooth
+function of both constants"""
+
+
+def streaming_bytes_per_s(dram_bytes_per_s: float, sm_bytes_per_s: float) -> float:
+    """The rate a streaming kernel moves DRAM traffic at: the soft minimum of what the DRAM delivers and what
+    the SMs can take (``TimeConstants.sm_stream_bytes_per_flop``)."""
+    if math.isinf(sm_bytes_per_s):
+        return dram_bytes_per_s
+    p = STREAMING_SOFTMIN_POWER
+    return (dram_bytes_per_s ** -p + sm_bytes_per_s ** -p) ** (-1.0 / p)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,6 +209,8 @@ class PlacedTable:
     count: np.ndarray
     num_kernels: int
     bandwidth_bytes_per_s: float
+    fp32_flops_per_s: float
+    """the GPU's FP32 peak: SMs x clock x FP32 lanes (what the SM side of streaming scales with)"""
     tf32: bool
 
     @classmethod
@@ -207,6 +239,7 @@ class PlacedTable:
             count=table.count,
             num_kernels=table.num_kernels,
             bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s,
+            fp32_flops_per_s=gpu.fp32_tflops * 1e12,
             tf32=tf32,
         )
 
@@ -224,7 +257,8 @@ class PlacedTable:
         # a kernel never beats its peak, however the grouped factor came out
         eff = np.minimum(1.0, effs[self.kernel_class] * np.where(self.grouped, c.grouped_conv_efficiency, 1.0))
         compute_s = self.flops_at_peak_s / eff
-        bandwidth = c.bandwidth_efficiency * self.bandwidth_bytes_per_s
+        bandwidth = streaming_bytes_per_s(c.bandwidth_efficiency * self.bandwidth_bytes_per_s,
+                                          c.sm_stream_bytes_per_flop * self.fp32_flops_per_s)
         moved = self.bytes_moved * np.where(self.is_memory, memory_traffic, 1.0) if memory_traffic != 1.0 \
             else self.bytes_moved
         memory_s = moved / bandwidth

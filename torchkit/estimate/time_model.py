@@ -20,6 +20,7 @@ with ``bench/calibrate_time.py --out``).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -154,8 +155,10 @@ class TimeModel:
 
 def _constants(data: dict, where: str) -> TimeConstants:
     values = {}
-    for name in TimeConstants.__dataclass_fields__:
+    for name, spec in TimeConstants.__dataclass_fields__.items():
         entry = data.get(name)
+        if entry is None and spec.default is not dataclasses.MISSING:
+            continue  # a constant added later (files written before it still read): its default
         value = entry.get("value") if isinstance(entry, dict) else entry
         if not isinstance(value, int | float) or not value > 0 or isinstance(value, bool):
             raise ConfigError(f"{where}: {name} must be a positive number (regenerate with python bench/calibrate_time.py)")

@@ -113,3 +113,27 @@ def test_time_grows_with_work_and_is_shorter_on_faster_gpus(catalog) -> None:
 def test_bf16_on_a_gpu_without_it_is_a_config_error(catalog) -> None:
     with pytest.raises(ConfigError, match=r"V100-SXM2-16GB has no bf16 support \(use --amp fp16 or off\)"):
         _time([_kernel(flops=1, compute="bf16")], catalog.get("V100-SXM2-16GB"), amp="bf16")
+
+
+def test_a_streaming_kernel_runs_at_the_soft_minimum_of_dram_and_sm_rates(catalog) -> None:
+    """``sm_stream_bytes_per_flop`` bounds what the SMs can stream (bytes per FP32 FLOP of the card): no limit
+    by default; well below the DRAM's rate it decides; the H200 (the H100's SMs, 1.43x its DRAM) then gains
+    little on a memory-bound step."""
+    from dataclasses import replace
+
+    from torchkit.estimate.roofline import STREAMING_SOFTMIN_POWER, streaming_bytes_per_s
+
+    kernel = _kernel(moved=10**10)
+    h100, h200 = catalog.get("H100-SXM5-80GB"), catalog.get("H200-SXM-141GB")
+    dram = 0.6 * h100.memory_bandwidth_bytes_per_s
+    assert _time([kernel], h100) == pytest.approx(10**10 / dram + 2e-6)  # C has no limit (inf)
+    limited = replace(C, sm_stream_bytes_per_flop=0.02)
+    sm = 0.02 * h100.fp32_tflops * 1e12
+    rate = (dram ** -STREAMING_SOFTMIN_POWER + sm ** -STREAMING_SOFTMIN_POWER) ** (-1 / STREAMING_SOFTMIN_POWER)
+    assert rate == pytest.approx(streaming_bytes_per_s(dram, sm)) and rate < min(dram, sm)
+    assert kernels_time_s([kernel], h100, constants=limited) == pytest.approx(10**10 / rate + 2e-6)
+    gain_free = _time([kernel], h100) / _time([kernel], h200)
+    gain_limited = (kernels_time_s([kernel], h100, constants=limited)
+                    / kernels_time_s([kernel], h200, constants=limited))
+    assert gain_free == pytest.approx(4800 / 3350, rel=1e-3) and gain_limited < 1.05
+    assert streaming_bytes_per_s(dram, float("inf")) == dram

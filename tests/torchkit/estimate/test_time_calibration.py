@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -218,13 +219,15 @@ def test_a_stack_runs_fused_kernels_and_cuda_graphs_as_the_roofline_says(catalog
     assert tiny.time_s(PRIOR_CONSTANTS, cuda_graphs=True) < 1000 * PRIOR_CONSTANTS.eager_dispatch_s / 2
 
 
-def _stack_world(catalog, stack_terms: dict[str, StackTerms]):
-    """Synthetic truth: Volta and Ampere seen eagerly and in one fused stack, Hopper only in that stack."""
+def _stack_world(catalog, stack_terms: dict[str, StackTerms], hopper_sm_stream: float = math.inf):
+    """Synthetic truth: Volta and Ampere seen eagerly and in one fused stack, Hopper only in that stack (its SMs
+    streaming at most ``hopper_sm_stream`` bytes per FP32 FLOP)."""
     truth_global = replace(PRIOR_CONSTANTS, tf32_efficiency=0.5, fp32_efficiency=0.8)
     truth_arch = {
         "volta": replace(truth_global, tensor_core_efficiency=0.55, bandwidth_efficiency=0.7),
         "ampere-ga100": replace(truth_global, tensor_core_efficiency=0.65, bandwidth_efficiency=0.6),
-        "hopper": replace(truth_global, tensor_core_efficiency=0.40, bandwidth_efficiency=0.55),
+        "hopper": replace(truth_global, tensor_core_efficiency=0.40, bandwidth_efficiency=0.55,
+                          sm_stream_bytes_per_flop=hopper_sm_stream),
     }
     observations = []
     for gpu_name, stacks in (("V100-SXM2-16GB", (REFERENCE_STACK, "mlperf-mxnet")),
@@ -255,6 +258,24 @@ def test_the_two_stage_fit_places_an_architecture_seen_only_in_another_stack(cat
                      global_prior_log_sigma=10.0, arch_prior_log_sigma=10.0)
     for arch in ("volta", "ampere-ga100"):
         assert result.arch_constants[arch] == eager_only.arch_constants[arch]
+
+
+def test_the_sm_side_of_streaming_is_fitted_where_the_cards_share_their_sms(catalog, monkeypatch) -> None:
+    """The H200 is the H100 SXM's SMs with 1.43x its DRAM. In a world whose Hopper SMs stream at most 0.03 bytes
+    per FP32 FLOP, the fit (Hopper is in ``SM_STREAM_PRIORS``) finds the limit and prices both cards; a fit
+    with the DRAM side alone cannot, and no other architecture gets a limit."""
+    from torchkit.estimate.calibration import fit as fit_module
+
+    terms = {"mlperf-mxnet": StackTerms(throughput_factor=1.3, memory_traffic=0.4, cuda_graphs=True)}
+    observations, _ = _stack_world(catalog, terms, hopper_sm_stream=0.03)
+    wide = {"global_prior_log_sigma": 10.0, "arch_prior_log_sigma": 10.0}
+    result = fit_calibration(observations, PRIOR_CONSTANTS, **wide)
+    assert result.arch_constants["hopper"].sm_stream_bytes_per_flop == pytest.approx(0.03, rel=0.05)
+    assert result.arch_constants["volta"].sm_stream_bytes_per_flop == math.inf
+    assert max(abs(e) for e in result.log_residuals.values()) < 0.01
+    monkeypatch.setattr(fit_module, "SM_STREAM_PRIORS", {})
+    dram_only = fit_calibration(observations, PRIOR_CONSTANTS, **wide)
+    assert max(abs(e) for i, e in dram_only.log_residuals.items() if "H200" in i or "H100" in i) > 0.03
 
 
 def test_no_fit_prices_a_matmul_above_its_architectures_achievable_share(catalog) -> None:

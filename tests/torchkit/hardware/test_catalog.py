@@ -44,6 +44,9 @@ CANONICAL_TYPES = (
     "A30",
     "A40",
     "V100-PCIe-32GB",
+    # Lambda's PyTorch benchmark rows (issue #32 follow-up)
+    "Quadro-RTX-8000",
+    "RTX-6000-Ada",
 )
 
 # names NVML reports (nvmlDeviceGetName) -> the catalog type they must map to
@@ -70,6 +73,8 @@ NVML_NAMES = {
     "NVIDIA L40": "L40",
     "NVIDIA GeForce RTX 4080": "RTX-4080",
     "Quadro RTX 6000": "Quadro-RTX-6000",
+    "Quadro RTX 8000": "Quadro-RTX-8000",
+    "NVIDIA RTX 6000 Ada Generation": "RTX-6000-Ada",
     "NVIDIA A30": "A30",
     "NVIDIA A40": "A40",
     "Tesla V100-PCIE-32GB": "V100-PCIe-32GB",
@@ -85,6 +90,8 @@ DRIVER_MEMORY_MIB = {
     "H200-SXM-141GB": 143771,
     "RTX-3090": 24576,
     "L4": 23034,
+    "Quadro-RTX-8000": 49152,  # Lambda's sys_pytorch.txt of its Quadro RTX 8000 and RTX 6000 Ada runs
+    "RTX-6000-Ada": 49140,
 }
 
 
@@ -149,7 +156,7 @@ def test_catalog_entry_is_sane(catalog: GpuCatalog, name: str) -> None:
 def test_bf16_is_missing_exactly_on_the_pre_ampere_types(catalog: GpuCatalog) -> None:
     without_bf16 = {spec.name for spec in catalog if spec.bf16_tflops is None}
     assert without_bf16 == {"T4", "V100-SXM2-16GB", "V100-SXM2-32GB", "V100-PCIe-16GB", "V100-PCIe-32GB", "RTX-2080Ti",
-                            "Quadro-RTX-6000"}
+                            "Quadro-RTX-6000", "Quadro-RTX-8000"}
 
 
 @pytest.mark.parametrize(("name", "mib"), DRIVER_MEMORY_MIB.items())

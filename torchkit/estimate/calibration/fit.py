@@ -5,7 +5,8 @@ The parameters are coordinates (logit for efficiencies, log otherwise) of
 ones (tensor-core, TF32, FP32 and bandwidth efficiency, layout-conversion factor, grouped-convolution
 efficiency) and, for every
 architecture with rows, a deviation of its tensor-core, bandwidth and grouped-convolution efficiency from the
-global value (the architecture-level term: Hopper and Ada reach another share of their peaks than Ampere).
+global value (the architecture-level term: Hopper and Ada reach another share of their peaks than Ampere),
+and for an architecture in ``SM_STREAM_PRIORS`` (Hopper) the SM side of its streaming bandwidth.
 An architecture's tensor-core efficiency is a share of its *achievable* matmul rate where one is measured
 (``TENSOR_CORE_CEILINGS``): the logistic coordinate maps to (0, ceiling), so no fit can price a kernel above
 the best matmul the card runs.
@@ -80,6 +81,22 @@ TENSOR_CORE_CEILINGS: dict[str, tuple[float, str]] = {
 its tensor-core efficiency. Measured by stas00/ml-engineering compute/accelerator/README.md (table of
 "maximum achievable matmul FLOPS"); architectures without a measurement are bounded by the datasheet peak."""
 
+SM_STREAM_PRIORS: dict[str, tuple[float, float, str]] = {
+    "hopper": (
+        0.050, 1.0,
+        "H100 SXM and H200 have the same SMs (132 at 1.98 GHz, 66.9 TFLOP/s FP32) and 3.35 vs 4.8 TB/s of DRAM, "
+        "the H100 PCIe 114 SMs and 2.0 TB/s: MLPerf Training ResNet-50 (one stack, one submitter) measures the "
+        "H200 1.13x the H100 SXM where a DRAM-only roofline that fits the H100 SXM/PCIe ratio (1.55) gives 1.25-1.30. "
+        "Prior: the SMs can stream what the architecture's first card's DRAM delivers (H100 SXM: 3350 GB/s per "
+        "66.9 TFLOP/s = 0.050 B/FLOP, 12.8 B per SM-clock), a factor e either way",
+    ),
+}
+"""architecture -> (prior bytes per FP32 FLOP, prior log sigma, why) of its SM-side streaming limit
+(``TimeConstants.sm_stream_bytes_per_flop``), fitted only for the architectures listed: those whose GPU types
+in the data share their SMs but not their DRAM bandwidth, so the rows can tell the SM side from the DRAM side
+(Hopper: the H200 is the H100 SXM's SMs with 1.43x its DRAM). Every other architecture streams at its DRAM
+rate alone (no limit): its rows cannot separate the two, and a limit they cannot see would be the prior's."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class Observation:
@@ -130,8 +147,12 @@ class CalibrationFit:
 STACK_PARAMS: tuple[str, ...] = ("throughput_factor", "memory_traffic")
 
 
+SM_STREAM_PARAM = "sm_stream_bytes_per_flop"
+
+
 def param_names(arches: Sequence[str], stacks: Sequence[str] = ()) -> list[str]:
     names = [f"global.{p}" for p in GLOBAL_PARAMS] + [f"{a}.{p}" for a in arches for p in ARCH_PARAMS]
+    names += [f"{a}.{SM_STREAM_PARAM}" for a in arches if a in SM_STREAM_PRIORS]
     for stack in stacks:
         names.append(f"stack:{stack}.throughput_factor")
         if STACKS[stack].fused:
@@ -171,6 +192,8 @@ def constants_from(
         a: replace(
             glob,
             **{p: _to_value(p, values[f"global.{p}"] + values[f"{a}.{p}"], ceiling_of(a, p)) for p in ARCH_PARAMS},
+            **({SM_STREAM_PARAM: math.exp(values[f"{a}.{SM_STREAM_PARAM}"])} if f"{a}.{SM_STREAM_PARAM}" in values
+               else {}),
         )
         for a in arches
     }
@@ -246,7 +269,8 @@ def fit(
     mu = np.array([_prior_coordinate(n, prior) for n in names])
     sigma = np.array([
         global_prior_log_sigma if n.startswith("global.") else
-        STACK_PRIOR_LOG_SIGMA if n.startswith("stack:") else arch_prior_log_sigma
+        STACK_PRIOR_LOG_SIGMA if n.startswith("stack:") else
+        SM_STREAM_PRIORS[n.split(".")[0]][1] if n.endswith(f".{SM_STREAM_PARAM}") else arch_prior_log_sigma
         for n in names
     ])
     moved = [_rows_moved_by(n, observations) for n in names]
@@ -314,9 +338,11 @@ def fit_calibration(
 def _prior_coordinate(name: str, prior: TimeConstants) -> float:
     """The prior mean of parameter ``name`` in its coordinate: the prior constants for the globals, no
     deviation for an architecture, eager speed and half the elementwise bytes for a stack."""
-    field = name.split(".")[1]
+    scope, field = name.split(".")[:2]
     if name.startswith("global."):
         return _to_coordinate(field, getattr(prior, field))
     if name.startswith("stack:"):
         return _to_coordinate(field, STACK_PRIOR_MEMORY_TRAFFIC if field == "memory_traffic" else 1.0)
+    if field == SM_STREAM_PARAM:
+        return math.log(SM_STREAM_PRIORS[scope][0])
     return 0.0
