@@ -148,6 +148,7 @@ def test_ctrl_c_during_a_fake_pass_ends_at_the_error_line(tmp_path):
     assert "interpreter teardown ran" not in rest and "FakeTensor cache stats" not in rest
 
 
+@pytest.mark.slow  # a Python that imports torch (and Ray): about 2 s on an idle machine, over the unmarked budget
 @pytest.mark.parametrize("script", ["train_ddp.py", "ray_train.py"])
 def test_the_examples_help_says_what_they_do_in_whole_sentences(script):
     done = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / script), "--help"], capture_output=True,
