@@ -18,7 +18,7 @@ emulated, so a test reads the same ``stdout``/``stderr``/``returncode`` either w
   the captured stderr as in a fresh process; pytest's handlers and the level come back after;
 - **signals**: the SIGINT/SIGTERM/SIGALRM handlers, the signal mask and the real-time timer (pytest-timeout's,
   which the user-code time limit re-arms) come back after;
-- **warnings** filters, ``sys.argv`` and ``sys.excepthook`` likewise;
+- **warnings** filters, ``sys.argv``, ``sys.excepthook`` and ``sys.unraisablehook`` likewise;
 - **Ray**: ``main`` never sees a Ray connection of the test's (the suite's cluster fixture is disconnected
   first and reconnects when a test next asks for it, ``tests/conftest.py``), and a Ray it started must be
   stopped when it returns, or the call fails. A run that starts or joins Ray belongs in a subprocess
@@ -165,6 +165,7 @@ def _process_state(cwd: Path, env: Mapping[str, str], argv: list[str]) -> Iterat
     saved_modules = set(sys.modules)
     saved_argv = list(sys.argv)
     saved_excepthook = sys.excepthook
+    saved_unraisablehook = sys.unraisablehook
     root = logging.getLogger()
     saved_handlers, saved_level = list(root.handlers), root.level
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -202,6 +203,7 @@ def _process_state(cwd: Path, env: Mapping[str, str], argv: list[str]) -> Iterat
 
         cli_signals._received.clear()
         sys.excepthook = saved_excepthook
+        sys.unraisablehook = saved_unraisablehook
         sys.argv = saved_argv
         sys.path[:] = saved_path
         _forget_modules_from_outside(set(sys.modules) - saved_modules)

@@ -4,13 +4,18 @@ stopped), and ``main`` prints one line and exits with 128 + the signal number, a
 ended by that signal (130 for Ctrl-C, 143 for SIGTERM).
 
 A scheduler that cancels a job with SIGTERM (Slurm, Kubernetes, systemd) thus gets the same clean teardown
-as a user pressing Ctrl-C. Ray's ``ray.init`` replaces the SIGTERM handler with one that calls
+as a user pressing Ctrl-C. A signal that arrives while Python runs a callback whose exceptions it cannot
+propagate (an at-fork hook such as logging's ``_releaseLock`` while Ray starts its processes, a finalizer) would
+be lost there: Python prints "Exception ignored in ..." with a traceback and the run went on to finish with 0.
+It is delivered again instead (:func:`_deliver_again`), to the main thread's ordinary code. Ray's ``ray.init`` replaces the SIGTERM handler with one that calls
 ``sys.exit(15)``; ``planner`` puts this one back after connecting (``restore_sigterm_handler``).
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -43,11 +48,41 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 def handle_signals() -> None:
     """Install the SIGTERM handler, and a SIGINT handler that records the Ctrl-C before raising it as Python's
     does (main thread only, as Python requires): a KeyboardInterrupt that no signal preceded was raised by code
-    (:func:`raised_by_code`)."""
+    (:func:`raised_by_code`). A signal whose exception Python swallowed is delivered again (:func:`_deliver_again`)."""
     if threading.current_thread() is threading.main_thread():
         _received.clear()
         signal.signal(signal.SIGTERM, _raise_terminated)
         signal.signal(signal.SIGINT, _raise_interrupted)
+        if getattr(sys.unraisablehook, "__name__", "") != _deliver_again.__name__:
+            _deliver_again.previous = sys.unraisablehook  # type: ignore[attr-defined]
+            sys.unraisablehook = _deliver_again
+
+
+def _deliver_again(unraisable: object) -> None:
+    """``sys.unraisablehook``: a :class:`Terminated` that one of our handlers raised inside a callback Python does
+    not let raise (at-fork hooks, ``__del__``, weakref callbacks) is not reported as "Exception ignored" but sent
+    again to this process from another thread, after this hook has returned: the handler runs once more in the
+    main thread's own code, where the exception unwinds the run as it should (sent from here, the handler would
+    run inside this hook and be swallowed again; should the thread still be early, the same happens once more).
+    Anything else goes to the hook that was there before."""
+    exc = getattr(unraisable, "exc_value", None)
+    if isinstance(exc, Terminated) and threading.current_thread() is threading.main_thread():
+        if exc.signum == signal.SIGTERM:
+            signal.signal(signal.SIGTERM, _raise_terminated)  # its handler had set SIG_IGN before raising
+        hook_done = threading.Event()
+        threading.Thread(target=_send_when_set, args=(hook_done, exc.signum), name="batchplan-signal-again",
+                         daemon=True).start()
+        hook_done.set()  # the thread (which needs the GIL this thread holds) sends it from here on
+        return
+    _deliver_again.previous(unraisable)  # type: ignore[attr-defined]
+
+
+_deliver_again.previous = sys.unraisablehook  # type: ignore[attr-defined]
+
+
+def _send_when_set(hook_done: threading.Event, signum: int) -> None:
+    hook_done.wait()
+    os.kill(os.getpid(), signum)
 
 
 def raised_by_code(exc: KeyboardInterrupt) -> bool:
