@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from planner.errors import RebalanceError, UserError
-from planner.runtime import PlannedBatchSampler, RankPlan, load_rank_plan
+from planner.runtime import PlannedBatchSampler, RankPlan, is_collective_failure, load_rank_plan
 
 
 def make_dataset(num_samples: int, seed: int) -> TensorDataset:
@@ -222,8 +222,9 @@ def train(args: argparse.Namespace, plan: RankPlan, device: torch.device) -> Non
             global_loss = rank_loss * weight / plan.world_size
             try:
                 dist.all_reduce(global_loss)
-            except dist.DistError as exc:  # a rank died or hung: name it (the re-balancer asks the others)
-                if rebalancer is None:
+            except RuntimeError as exc:  # a rank died or hung: name it (the re-balancer asks the others)
+                # gloo's "Connection closed by peer" is a plain RuntimeError, not a DistError
+                if rebalancer is None or not is_collective_failure(exc):
                     raise
                 raise rebalancer.collective_failure("the loss all-reduce", exc) from exc
             print(

@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "samples_once": "planner.runtime.rebalance",
     "RebalancePolicy": "planner.runtime.rebalance_model",
     "SimulatedSpeed": "planner.runtime.simulate",
+    "is_collective_failure": "planner.runtime.default_group_timeout",
 }
 
 __all__ = sorted(_EXPORTS)
