@@ -92,7 +92,7 @@ def _option(rows: Rows, k: int, mode: str, global_batch: int | None, sync: SyncM
 
 
 def _rank_list(idx: np.ndarray) -> str:
-    """"rank 5", "ranks 4-5", "ranks 0-3, 8-11, … (40 ranks in all)"."""
+    """The ranks ``idx`` in words: "rank 5", "ranks 4-5", "ranks 0-3, 8-11, … (40 ranks in all)"."""
     breaks = np.nonzero(np.diff(idx) != 1)[0]
     starts = np.concatenate(([idx[0]], idx[breaks + 1]))
     ends = np.concatenate((idx[breaks], [idx[-1]]))
