@@ -27,6 +27,9 @@ between its GPUs as its MLPerf ``systems/*.json`` says) is a one-node cluster co
 
 Nothing here is fitted to the three H100 PCIe systems (``bench_mlperf`` keeps them out of the calibration:
 ``tests/torchkit/estimate/test_time_calibration.py``); their measured spread is what the links must explain.
+Two more 8-GPU H100 PCIe systems (ASUSTeK ESC8000A-E12, Supermicro AS-4125GS-TNRT, MLPerf v3.0) sit on two AMD
+EPYC sockets like the Lenovo, at x16: the line ``bert H100 PCIe on AMD EPYC hosts`` shows whether NCCL's P2P
+through an AMD CPU (``AMD_HOST_SYSTEMS``) explains the Lenovo's sync; they are test rows, never fitted.
 The last line is one ``mlperf:`` summary; ``ratio_rows``/``ratio_rms`` (RMS of log predicted / measured)
 cover every row but the two BERT anchors.
 """
@@ -63,6 +66,12 @@ GRAD_BYTES_PER_PARAM = 2
 reduce-scatters fp16 gradients and all-gathers fp16 parameters"""
 SPREAD_SYSTEMS = ("Quanta D54U-3U", "ASUSTeK ESC8000-E11", "Lenovo SR675 V3")
 """the three H100 PCIe systems, in the measured order (4 on NVLink bridges, 8 on PCIe 5.0 x16, 8 on x8)"""
+AMD_HOST_SYSTEMS = ("ASUSTeK ESC8000A-E12", "Supermicro AS-4125GS", "Lenovo SR675 V3")
+"""the 8 H100 PCIe systems on two AMD EPYC sockets with a BERT-large result (x16, x16, x8). NCCL before 2.23 (every
+container here) runs P2P through an AMD CPU for any GPU count (``p2pLevel = PATH_SYS``; on Intel only under a
+common PCIe switch, else through host memory); 2.23 stopped that for 3+ GPUs, "P2P would cause a significant
+performance degradation when using many GPUs" (NVIDIA/nccl v2.23.4-1 release note). The two x16 systems test
+whether that path explains the Lenovo's slow sync: the same mechanism, not the three systems of the spread"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,9 +108,14 @@ SYSTEMS: tuple[System, ...] = (
     System(benchmark="resnet", name="Quanta D54U-3U", gpu="H100-PCIe-80GB", gpus=4, intra="nvlink-bridge", batch=816,
            measured=4704.6, source=f"{V40} Quanta_Cloud_Technology/results/D54U-3U (NVLINK 600 GB/s + PCIe Gen5)"),
     System(benchmark="resnet", name="ASUSTeK ESC8000-E11", gpu="H100-PCIe-80GB", gpus=8, intra="pcie", batch=400,
-           measured=4504.9, source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (PCIe 5.0, no NVLink)"),
+           measured=4504.9, source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (2x Intel Xeon "
+           "8460Y+, PCIe 5.0, no NVLink)"),
     System(benchmark="resnet", name="Lenovo SR675 V3", gpu="H100-PCIe-80GB", gpus=8, intra="pcie-x8", batch=400,
-           measured=4147.8, source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (host PCIe 5.0x8)"),
+           measured=4147.8, source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (2x AMD EPYC 9554, "
+           "host PCIe 5.0x8)"),
+    System(benchmark="resnet", name="Supermicro AS-4125GS", gpu="H100-PCIe-80GB", gpus=8, intra="pcie", batch=400,
+           measured=4462.4, source=f"{V30} Supermicro/results/AS-4125GS-TNRT_8_H100-PCIe-80GB (2x AMD EPYC 9554, "
+           "PCIe Gen5)"),
     System(benchmark="resnet", name="NVIDIA (HGX H200)", gpu="H200-SXM-141GB", gpus=8, intra="nvlink", batch=400,
            measured=7950.1, source=f"{V40} NVIDIA/results/h200_ngc24.04_mxnet", calibrated=True),
     System(benchmark="resnet", name="xFusion G5500 V7", gpu="L40S", gpus=8, intra="pcie", batch=300,
@@ -120,9 +134,19 @@ SYSTEMS: tuple[System, ...] = (
     System(benchmark="bert", kernels="te-fp8", name="Quanta D54U-3U", gpu="H100-PCIe-80GB", gpus=4, intra="nvlink-bridge", batch=256,
            measured=653.8, source=f"{V40} Quanta_Cloud_Technology/results/D54U-3U (NVLINK 600 GB/s + PCIe Gen5)"),
     System(benchmark="bert", kernels="te-fp8", name="ASUSTeK ESC8000-E11", gpu="H100-PCIe-80GB", gpus=8, intra="pcie", batch=96,
-           measured=512.8, source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (PCIe 5.0, no NVLink)"),
+           measured=512.8, source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (2x Intel Xeon "
+           "8460Y+, PCIe 5.0, no NVLink)"),
     System(benchmark="bert", kernels="te-fp8", name="Lenovo SR675 V3", gpu="H100-PCIe-80GB", gpus=8, intra="pcie-x8", batch=96,
-           measured=288.5, source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (host PCIe 5.0x8)"),
+           measured=288.5, source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (2x AMD EPYC 9554, "
+           "host PCIe 5.0x8)"),
+    # the same card on 8-GPU AMD EPYC hosts at x16: NCCL before 2.23 runs P2P through the CPU there, as on
+    # the Lenovo (NVIDIA/nccl v2.18.5-1 src/graph/paths.cc; 2.23 stopped it for 3+ GPUs); not in SPREAD_SYSTEMS
+    System(benchmark="bert", kernels="te-fp8", name="ASUSTeK ESC8000A-E12", gpu="H100-PCIe-80GB", gpus=8, intra="pcie",
+           batch=96, measured=505.2, source=f"{V30} ASUSTeK/results/ESC8000A-E12-8xH100-PCIE-80GB (2x AMD EPYC 9654, "
+           "NCCL 2.17.1, PCIe 5.0)"),
+    System(benchmark="bert", kernels="te-fp8", name="Supermicro AS-4125GS", gpu="H100-PCIe-80GB", gpus=8, intra="pcie",
+           batch=96, measured=490.4, source=f"{V30} Supermicro/results/AS-4125GS-TNRT_8_H100-PCIe-80GB (2x AMD EPYC "
+           "9554, PCIe Gen5)"),
     System(benchmark="bert", kernels="te-fp8", name="NVIDIA (HGX H200)", gpu="H200-SXM-141GB", gpus=8, intra="nvlink", batch=96,
            measured=998.3, source=f"{V40} NVIDIA/results/h200_ngc23.09_pytorch"),
     System(benchmark="bert", kernels="fp16", name="xFusion G5500 V7", gpu="L40S", gpus=8, intra="pcie", batch=44, measured=141.9,
@@ -134,7 +158,9 @@ SYSTEMS: tuple[System, ...] = (
     System(benchmark="bert", kernels="fp16", name="xFusion 2288H V7", gpu="L4", gpus=6, intra="pcie", batch=40, measured=53.5,
            source=f"{V31} xFusion/results/2288H_V7x6xL4"),
 )
-BERT_ANCHORS = {"te-fp8": SYSTEMS[12], "fp16": SYSTEMS[17]}
+BERT_ANCHORS = {kernels: next(s for s in SYSTEMS if s.benchmark == "bert" and (s.name, s.gpu) == (name, gpu))
+                for kernels, name, gpu in (("te-fp8", "NVIDIA eos (DGX H100)", "H100-SXM5-80GB"),
+                                           ("fp16", "xFusion G5500 V7", "L40S"))}
 """kernel set -> the BERT system that anchors it"""
 
 
@@ -287,6 +313,9 @@ def main() -> int:
         print(f"{bench} H100 PCIe: " + ", ".join(f"{p.system.name} ({p.system.intra}) {p.predicted:.0f} vs "
                                                   f"{p.system.measured:.0f}" for p in three)
               + f"; spread predicted {spreads[bench][1]:.2f}x, measured {spreads[bench][2]:.2f}x")
+    amd = [next(p for p in priced if p.system.benchmark == "bert" and p.system.name == n) for n in AMD_HOST_SYSTEMS]
+    print("bert H100 PCIe on AMD EPYC hosts: " + ", ".join(
+        f"{p.system.name} ({p.system.intra}) {p.predicted:.0f} vs {p.system.measured:.0f}" for p in amd))
     rms = math.sqrt(sum(e * e for e in errors) / len(errors))
     print(f"mlperf: bert_order={str(spreads['bert'][0]).lower()} bert_spread_pred={spreads['bert'][1]:.2f} "
           f"bert_spread_meas={spreads['bert'][2]:.2f} resnet_spread_pred={spreads['resnet'][1]:.2f} "

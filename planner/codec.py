@@ -257,11 +257,11 @@ def _decode(cls: Any, raw: bytes | str, read: Callable[[bytes], Any], *, where: 
         if not _plainly_clean(data):  # a control character, a surrogate, ...: the strict parser names it
             _strict_load(data, where, fix, max_depth)  # raises where something is wrong; else the text was clean
         return read(data)
+    except (msgspec.ValidationError, _Invalid) as exc:  # first: a ValidationError is a DecodeError too
+        raise _explained(cls, exc, _strict_load(data, where, fix, max_depth), where, fix) from None
     except (RecursionError, msgspec.DecodeError):  # too deep, not JSON or not strict: the strict parser says which
         _strict_load(data, where, fix, max_depth)
         raise ConfigError(f"{where} is not valid JSON ({fix})") from None
-    except (msgspec.ValidationError, _Invalid) as exc:
-        raise _explained(cls, exc, _strict_load(data, where, fix, max_depth), where, fix) from None
 
 
 def _strict_load(data: bytes, where: str, fix: str, max_depth: int = MAX_JSON_DEPTH) -> Any:

@@ -1,9 +1,9 @@
 """``batchplan devices``: the GPUs of this machine (or of a cluster's nodes) with memory, utilisation,
 temperature, power and the processes holding them, and which GPUs a ``--select`` spec would use.
 
-Computed first (``local_node_inventory`` → a JSON-able node dict), rendered second (``render_nodes``), so
-the Ray path (``planner.probing.cluster_devices.cluster_inventory``) returns the same node dicts and shares the
-renderer. On a machine without an NVIDIA driver it lists the host only, says why on stderr, and exits 0.
+Computed first (``local_node_inventory`` → a ``planner.probing.node_entry.NodeEntry``), rendered second
+(``render_nodes``, or ``--json``: the entries through ``planner.codec``), so the Ray path
+(``planner.probing.cluster_devices.cluster_inventory``) returns the same entries and shares the renderer. On a machine without an NVIDIA driver it lists the host only, says why on stderr, and exits 0.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from planner.cli.output import echo, format_gib, note, print_json, print_table
+from planner.codec import encode
 from planner.errors import ConfigError
 from planner.job import DEFAULT_MAX_UTILIZATION_FRACTION, DEFAULT_MIN_FREE_MEMORY_FRACTION
-
-SCHEMA = "batchplan/devices@1"
+from planner.probing.node_entry import SCHEMA, DeviceEntry, DevicesDocument, NodeEntry, node_entry
 
 # the selection shown when --select is not given: "which GPU would -1 pick"
 DEFAULT_SELECT = "-1"
@@ -88,8 +88,8 @@ def validate_selection_options(
 
 def local_node_inventory(
     select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
-) -> dict[str, Any]:
-    """This machine as a node dict (``NodeInventory.to_json``), read through NVML.
+) -> NodeEntry:
+    """This machine's node entry, read through NVML.
 
     Without NVML (no driver, no pynvml) the node has no devices and one warning saying why.
 
@@ -106,7 +106,7 @@ def local_node_inventory(
         min_free_memory_fraction=min_free_memory_fraction,
         max_utilization_fraction=max_utilization_fraction,
     )
-    return inventory.with_probe(ray_node_id=None, probe_pid=os.getpid()).to_json()
+    return node_entry(inventory.with_probe(ray_node_id=None, probe_pid=os.getpid()))
 
 
 # ------------------------------------------------------------------------------------------------ render
@@ -116,60 +116,66 @@ def _percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction * 100:.0f}%"
 
 
-def _power(device: dict[str, Any]) -> str:
-    draw, limit = device["power_w"], device["power_limit_w"]
+def _power(device: DeviceEntry) -> str:
+    draw, limit = device.power_w, device.power_limit_w
     if draw is None:
         return "-"
     return f"{draw:.0f}" if limit is None else f"{draw:.0f}/{limit:.0f}"
 
 
-def _processes(device: dict[str, Any]) -> str:
+def _processes(device: DeviceEntry) -> str:
     parts = []
-    for p in device["processes"]:
-        memory = "" if p["used_memory_bytes"] is None else f" {format_gib(p['used_memory_bytes'])} GiB"
-        parts.append(f"{p['pid']} {p['name'] or '?'}{memory}")
+    for p in device.processes:
+        memory = "" if p.used_memory_bytes is None else f" {format_gib(p.used_memory_bytes)} GiB"
+        parts.append(f"{p.pid} {p.name or '?'}{memory}")
     return ", ".join(parts) or "-"
 
 
-def _selection_line(node: dict[str, Any], select: str, explicit: bool) -> str:
-    names = {d["index"]: d["name"] for d in node["devices"]}
-    picked = ", ".join(f"GPU {i} ({names.get(i, '?')})" for i in node["selected"]) or "nothing"
+def _selection_line(node: NodeEntry, select: str, explicit: bool) -> str:
+    names = {d.index: d.name for d in node.devices}
+    picked = ", ".join(f"GPU {i} ({names.get(i, '?')})" for i in node.selected) or "nothing"
     head = f"--select {select} picks" if explicit else f"{select} would pick"
     return f"{head}: {picked}"
 
 
-def render_nodes(nodes: Sequence[dict[str, Any]], *, select: str, explicit: bool) -> None:
+def _host_line(node: NodeEntry) -> str:
+    host = node.host
+    if host is None:  # its probe failed: the reason is its warning
+        return f"{node.name}: host unknown"
+    cpus = "CPU count unknown" if host.cpu_count is None else f"{host.cpu_count} CPUs"
+    memory = "memory unknown" if host.memory_total_bytes is None else f"{format_gib(host.memory_total_bytes)} GiB memory"
+    line = f"{node.name}: {host.cpu}, {cpus}, {memory}"
+    driver = node.driver
+    if driver:
+        line += (f"; NVIDIA driver {driver.get('driver_version') or '?'}, "
+                 f"CUDA {driver.get('cuda_driver_version') or '?'}")
+    return line
+
+
+def render_nodes(nodes: Sequence[NodeEntry], *, select: str, explicit: bool) -> None:
     """Tables on stdout, one per node: a host line, one row per GPU (with "picked" or why not), and a line
     naming the GPUs the selection picks."""
     for number, node in enumerate(nodes):
         if number:
             echo()
-        host = node["host"]
-        cpus = "CPU count unknown" if host["cpu_count"] is None else f"{host['cpu_count']} CPUs"
-        memory = ("memory unknown" if host["memory_total_bytes"] is None
-                  else f"{format_gib(host['memory_total_bytes'])} GiB memory")
-        line = f"{node['name']}: {host['cpu']}, {cpus}, {memory}"
-        driver = node["driver"]
-        if driver:
-            line += f"; NVIDIA driver {driver['driver_version'] or '?'}, CUDA {driver['cuda_driver_version'] or '?'}"
-        echo(line)
-        if not node["devices"]:
+        echo(_host_line(node))
+        if not node.devices:
             echo("no GPUs")
             continue
-        status = {s["device_index"]: s["reason"] for s in node["skipped"]}
-        status.update({i: "picked" for i in node["selected"]})
+        status = {s.device_index: s.reason for s in node.skipped}
+        status.update({i: "picked" for i in node.selected})
         rows = [
             [
-                d["index"],
-                d["name"],
-                f"{format_gib(d['memory_used_bytes'])}/{format_gib(d['memory_total_bytes'])}",
-                _percent(d["utilization"]),
-                "-" if d["temperature_c"] is None else f"{d['temperature_c']}C",
+                d.index,
+                d.name,
+                f"{format_gib(d.memory_used_bytes)}/{format_gib(d.memory_total_bytes)}",
+                _percent(d.utilization),
+                "-" if d.temperature_c is None else f"{d.temperature_c}C",
                 _power(d),
                 _processes(d),
-                status.get(d["index"], "-"),
+                status.get(d.index, "-"),
             ]
-            for d in node["devices"]
+            for d in node.devices
         ]
         columns = ["idx", "name", "memory GiB", "util", "temp", "power W", "processes", "selection"]
         print_table(None, columns, rows)
@@ -193,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
         inventories, _ = LocalBackend(load_cluster(args.cluster)).inventories(
             args.select, args.min_memory_fraction, args.max_utilization)
-        nodes = [inventory.to_json() for inventory in inventories]
+        nodes = [node_entry(inventory) for inventory in inventories]
     elif args.cluster or args.address:
         from planner.cli.stdout_guard import stdout_to_stderr
         from planner.cluster import load_cluster
@@ -210,11 +216,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         nodes = [local_node_inventory(args.select, args.min_memory_fraction, args.max_utilization)]
     for node in nodes:
-        prefix = f"{node['name']}: " if len(nodes) > 1 else ""
-        for warning in node["warnings"]:
+        prefix = f"{node.name}: " if len(nodes) > 1 else ""
+        for warning in node.warnings:
             note(f"warning: {prefix}{warning}")
     if args.json:
-        print_json({"schema": SCHEMA, "nodes": list(nodes)})
+        print_json(encode(DevicesDocument(nodes=tuple(nodes))))
     else:
         render_nodes(nodes, select=args.select, explicit=explicit)
     return 0

@@ -1,6 +1,7 @@
 """What a node reports about itself: its host (``HostInfo``) and GPUs with the selection applied
 (``NodeInventory``), read from a cluster config entry (``simulated_inventory``) or from NVML on this host
-(``real_inventory``, no torch). ``planner.probing.probe.NodeProbe`` runs these on each node over Ray;
+(``real_inventory``, no torch); ``planner.probing.node_entry`` writes them as ``batchplan devices --json``'s
+node entries. ``planner.probing.probe.NodeProbe`` runs these on each node over Ray;
 ``planner.probing.backends.LocalBackend`` runs them in-process.
 """
 
@@ -28,14 +29,6 @@ class HostInfo:
     cpu_count: int | None
     """logical cores; None when unknown (a simulated node that does not say)"""
     memory_total_bytes: int | None
-
-    def to_json(self) -> dict:
-        return {
-            "hostname": self.hostname,
-            "cpu": self.cpu,
-            "cpu_count": self.cpu_count,
-            "memory_total_bytes": self.memory_total_bytes,
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,23 +72,6 @@ class NodeInventory:
             if stats.index == index:
                 return gpu_type
         raise KeyError(index)
-
-    def to_json(self) -> dict:
-        """The node entry of ``batchplan devices --json`` (``batchplan/devices@1``)."""
-        return {
-            "name": self.name,
-            "simulated": self.simulated,
-            "ray_node_id": self.ray_node_id,
-            "probe_pid": self.probe_pid,
-            "driver": self.driver,
-            "host": self.host.to_json(),
-            "devices": [
-                {**s.to_dict(), "gpu_type": t} for s, t in zip(self.devices, self.gpu_types, strict=True)
-            ],
-            "selected": list(self.selection.selected),
-            "skipped": [{"device_index": i, "reason": r} for i, r in self.selection.skipped],
-            "warnings": [*self.warnings, *self.selection.warnings],
-        }
 
 
 def simulated_inventory(

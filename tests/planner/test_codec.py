@@ -200,3 +200,16 @@ def test_a_flattened_record_is_written_into_its_owner_and_read_back_from_its_key
         decode(Filed, b'{"shape": "a", "slowdown": 0, "steps": 1}', where="x", fix="")
     with pytest.raises(ConfigError, match=r"x lacks the field 'steps'"):
         decode(Filed, b'{"shape": "a", "slowdown": 1}', where="x", fix="")
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (b'{"name": "a", "count": 11}', "item.json: count must be <= 10, got 11 (write it again)"),
+    (b'{"name": "a", "count": "2"}', "item.json: count must be int, got '2' (write it again)"),
+    (b'{"name": "a"}', "item.json lacks the field 'count' (write it again)"),
+])
+def test_a_record_msgspec_reads_alone_names_its_wrong_field_not_bad_json(text: bytes, words: str) -> None:
+    # Item keeps, forbids and skips no key, so msgspec reads it whole; its ValidationError is a DecodeError too,
+    # which once made every wrong value "not valid JSON"
+    with pytest.raises(ConfigError) as raised:
+        decode(Item, text, where="item.json", fix="write it again")
+    assert str(raised.value) == words

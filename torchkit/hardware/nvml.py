@@ -95,23 +95,6 @@ class GpuStats:
         """free / total; 0 when the total is unknown (0)."""
         return self.memory_free_bytes / self.memory_total_bytes if self.memory_total_bytes > 0 else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form used by ``batchplan devices --json`` (``utilization`` is the 0..1 fraction)."""
-        return {
-            "index": self.index,
-            "name": self.name,
-            "uuid": self.uuid,
-            "pci_bus_id": self.pci_bus_id,
-            "memory_total_bytes": self.memory_total_bytes,
-            "memory_used_bytes": self.memory_used_bytes,
-            "memory_free_bytes": self.memory_free_bytes,
-            "utilization": self.utilization_fraction,
-            "temperature_c": self.temperature_c,
-            "power_w": self.power_w,
-            "power_limit_w": self.power_limit_w,
-            "processes": [p.to_dict() for p in self.processes],
-        }
-
 
 @dataclass(frozen=True, kw_only=True)
 class NvmlInventory:

@@ -15,6 +15,7 @@ import pytest
 
 from planner.cli.devices import SCHEMA, local_node_inventory
 from planner.cli.main import main
+from planner.codec import encode
 from planner.probing.inventory import torch_cuda_build
 from torchkit.hardware.nvml import NvmlUnavailableError, read_local_inventory
 
@@ -190,9 +191,9 @@ def install_unreadable(monkeypatch):
 
 def test_local_node_inventory_defaults_to_all(four_gpus):
     node = local_node_inventory()
-    assert node["selected"] == [0, 1, 2, 3]
-    assert node["probe_pid"] == os.getpid()
-    json.dumps(node)  # JSON-able as it is
+    assert node.selected == (0, 1, 2, 3)
+    assert node.probe_pid == os.getpid()
+    assert json.loads(json.dumps(encode(node)))["devices"][3]["index"] == 3
 
 
 # ------------------------------------------------------------------------------------------------ bad flags

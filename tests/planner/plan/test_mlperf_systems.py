@@ -51,3 +51,21 @@ def test_every_system_names_its_result_log_and_a_catalog_gpu(mlperf) -> None:
         assert s.gpu in catalog and "training_results" in s.source and s.measured > 0, s.name
         assert (s.kernels in ("te-fp8", "fp16")) == (s.benchmark == "bert"), s.name
     assert all(a.benchmark == "bert" for a in mlperf.BERT_ANCHORS.values())
+
+
+def test_the_amd_host_systems_ring_over_their_slots_lanes_like_the_intel_ones(mlperf) -> None:
+    """The x16 AMD EPYC systems price as the Intel x16 one (the model has no host term), the Lenovo at x8; none
+    of them is a calibration row, and only the Lenovo is one of the spread's three."""
+    x16_intel = mlperf.ring_for(_system(mlperf, "bert", "ASUSTeK ESC8000-E11"))[1]
+    links = [mlperf.ring_for(_system(mlperf, "bert", n))[1] for n in mlperf.AMD_HOST_SYSTEMS]
+    assert [link.name for link in links] == ["pcie5", "pcie5", "pcie5x8"]
+    assert links[0].bus_bytes_per_s == links[1].bus_bytes_per_s == x16_intel.bus_bytes_per_s
+    assert set(mlperf.AMD_HOST_SYSTEMS) & set(mlperf.SPREAD_SYSTEMS) == {"Lenovo SR675 V3"}
+    for name in mlperf.AMD_HOST_SYSTEMS:
+        system = _system(mlperf, "bert", name)
+        assert "AMD EPYC" in system.source and not system.calibrated and system.gpus == 8, name
+
+
+def test_the_bert_anchors_are_the_nvswitch_h100s_and_xfusions_l40s(mlperf) -> None:
+    anchors = {k: (a.name, a.gpu, a.gpus) for k, a in mlperf.BERT_ANCHORS.items()}
+    assert anchors == {"te-fp8": ("NVIDIA eos (DGX H100)", "H100-SXM5-80GB", 8), "fp16": ("xFusion G5500 V7", "L40S", 8)}

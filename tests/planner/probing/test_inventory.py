@@ -1,19 +1,16 @@
-"""planner.probing.inventory: simulated_inventory (selection with thresholds) and NodeInventory.to_json, the
-node entry of ``batchplan devices --json``."""
+"""planner.probing.inventory: simulated_inventory (selection with thresholds), lookups, the torch build of a
+real node. Its node entry for ``batchplan devices --json``: test_node_entry.py."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from planner.cli.devices import local_node_inventory
 from planner.cluster import NodeSpec, SimulatedGpu, load_cluster
-from planner.probing.inventory import HostInfo, NodeInventory, simulated_inventory
+from planner.probing.inventory import HostInfo, simulated_inventory
+from planner.probing.node_entry import node_entry
 from torchkit.errors import ConfigError
 from torchkit.hardware.catalog import load_catalog
 from torchkit.hardware.gpu_select import GpuSelection
-from torchkit.hardware.nvml import GpuStats
 
 GIB = 2**30
 CATALOG = load_catalog()
@@ -102,7 +99,7 @@ def test_a_selection_that_cannot_be_met_is_an_empty_selection_with_a_warning():
     (warning,) = inv.selection.warnings
     assert warning.startswith("GPU selection '-1,-1,-1,-1' asks for 4 idle GPUs, but only 3 of the node's 4 GPUs")
     assert "ask for fewer GPUs or relax the thresholds" in warning
-    assert inv.to_json()["warnings"] == [warning]
+    assert node_entry(inv).warnings == (warning,)
 
 
 def test_explicit_indices_are_used_as_given_and_the_rest_not_requested():
@@ -160,63 +157,6 @@ def test_with_probe_records_the_probe_and_changes_nothing_else():
     assert (probed.ray_node_id, probed.probe_pid) == ("abc123", 4242)
     assert probed.devices == inv.devices and probed.selection == inv.selection
     assert (inv.ray_node_id, inv.probe_pid) == (None, None)
-
-
-# ---------------------------------------------------------------------------------------------- to_json
-
-
-NODE_KEYS = {"name", "simulated", "ray_node_id", "probe_pid", "driver", "host", "devices", "selected", "skipped",
-             "warnings"}
-
-
-def test_to_json_has_the_devices_json_node_shape():
-    data = simulated_inventory(LAB, select="-1,-1").with_probe(ray_node_id="r1", probe_pid=7).to_json()
-    assert set(data) == NODE_KEYS
-    assert (data["name"], data["simulated"], data["ray_node_id"], data["probe_pid"], data["driver"]) == (
-        "lab", True, "r1", 7, None)
-    assert data["host"] == {"hostname": "lab", "cpu": "simulated", "cpu_count": 32, "memory_total_bytes": 256 * GIB}
-    assert data["selected"] == [1, 3]
-    assert data["skipped"] == [{"device_index": 0, "reason": "less idle than the GPUs picked"},
-                               {"device_index": 2, "reason": "less idle than the GPUs picked"}]
-    assert data["warnings"] == []
-    assert json.loads(json.dumps(data)) == data
-
-
-def test_to_json_devices_are_the_gpu_stats_plus_their_catalog_type():
-    inv = simulated_inventory(LAB)
-    devices = inv.to_json()["devices"]
-    assert [d["index"] for d in devices] == [0, 1, 2, 3]
-    for entry, stats in zip(devices, inv.devices, strict=True):
-        assert entry == {**stats.to_dict(), "gpu_type": "RTX-A6000"}
-    assert set(devices[0]) == {"index", "name", "uuid", "pci_bus_id", "memory_total_bytes", "memory_used_bytes",
-                               "memory_free_bytes", "utilization", "temperature_c", "power_w", "power_limit_w",
-                               "processes", "gpu_type"}
-    assert devices[0]["utilization"] == 0.97
-
-
-def test_to_json_keys_match_the_local_devices_json_node():
-    # `batchplan devices --json` on this machine (with or without a driver) has the same node keys
-    assert set(local_node_inventory()) == set(simulated_inventory(LAB).to_json()) == NODE_KEYS
-
-
-def test_to_json_of_a_real_node_keeps_driver_unknown_types_and_all_warnings():
-    stats = GpuStats(index=0, name="NVIDIA Mystery GPU", uuid="GPU-1234", pci_bus_id="00000000:3B:00.0",
-                     memory_total_bytes=24 * GIB, memory_used_bytes=GIB, memory_free_bytes=23 * GIB,
-                     utilization_fraction=None)
-    inv = NodeInventory(
-        name="host1", simulated=False, devices=(stats,), gpu_types=(None,),
-        selection=GpuSelection(selected=(0,), skipped=(), warnings=("selection warning",)),
-        host=HostInfo(hostname="host1.example", cpu="Xeon", cpu_count=None, memory_total_bytes=None),
-        driver={"driver_version": "550.54.15"}, warnings=("GPU 0 'NVIDIA Mystery GPU' is not in the GPU catalog",),
-    )
-    data = inv.to_json()
-    assert data["simulated"] is False
-    assert data["driver"] == {"driver_version": "550.54.15"}
-    assert data["devices"][0]["gpu_type"] is None
-    assert data["devices"][0]["utilization"] is None
-    assert data["host"]["cpu_count"] is None
-    # the inventory's own warnings first, then the selection's
-    assert data["warnings"] == ["GPU 0 'NVIDIA Mystery GPU' is not in the GPU catalog", "selection warning"]
 
 
 @pytest.mark.slow

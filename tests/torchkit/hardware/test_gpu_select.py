@@ -163,7 +163,7 @@ def test_threshold_fractions_outside_0_1_are_rejected(name, value):
 def test_gpu_stats_validate_their_figures():
     with pytest.raises(ValueError, match="utilization_fraction 1.5 is not in \\[0, 1\\]"):
         gpu(0, free_gib=1, util=1.5)
-    assert gpu(0, free_gib=4, util=0.5).to_dict()["utilization"] == 0.5
+    assert gpu(0, free_gib=4, util=0.5).utilization_fraction == 0.5
 
 
 _gpu_lists = st.lists(
