@@ -179,7 +179,7 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
     return written + ([synced] if synced is not None else [])
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--plan", required=True, help="plan.json written by batchplan plan")
     parser.add_argument("--steps", type=int, default=5)
@@ -197,6 +197,42 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.simulate_speed and not args.rebalance:
         parser.error("--simulate-speed needs --rebalance")
+    return args
+
+
+def _start_ray(address: str | None, num_cpus: int) -> None:
+    """Join the Ray cluster at ``address``, or start a Ray of this job's own on 127.0.0.1 with ``num_cpus``."""
+    import os
+
+    import ray
+
+    if address:
+        ray.init(address=address)
+        return
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep a local Ray on 127.0.0.1
+    # a Ray of this job's own, on loopback: left to itself a new local ray.init (Ray 2.59+) turns token auth on
+    # and writes ~/.ray/auth_token into the user's home, after which every Ray started on this machine finds
+    # it, turns token mode on and says so; a RAY_AUTH_MODE of the user's is kept
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # address="local": a fresh Ray of our own, even when another one runs on this machine
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus)
+
+
+def _report_rebalance(result, args: argparse.Namespace) -> int:
+    """Print world rank 0's re-balancing line and write its feedback (unless --no-feedback); the exit code."""
+    results = read_results(result)
+    if not results:
+        print("error: world rank 0 reported no re-balancing results", file=sys.stderr)
+        return 1
+    if not args.no_feedback:
+        for path in write_feedback(results["rebalance_feedback"], args.write_plan or args.plan, args.cache_dir):
+            print(f"wrote {path}", file=sys.stderr)
+    print(results["rebalance_line"])
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
     try:
         plan = load_plan(args.plan)
         if args.simulate_speed:
@@ -207,24 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
 
-    import os
-
     import ray
     import torch
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    if args.address:
-        ray.init(address=args.address)
-    else:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep a local Ray on 127.0.0.1
-        # a Ray of this job's own, on loopback: left to itself a new local ray.init (Ray 2.59+) turns token auth on
-        # and writes ~/.ray/auth_token into the user's home, after which every Ray started on this machine finds
-        # it, turns token mode on and says so; a RAY_AUTH_MODE of the user's is kept
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        # address="local": a fresh Ray of our own, even when another one runs on this machine
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 num_cpus=max(plan.world_size, 2))
+    _start_ray(args.address, num_cpus=max(plan.world_size, 2))
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"plan": plan, "match": args.match, "steps": args.steps,
@@ -241,14 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"done: {args.steps} steps on {plan.world_size} workers with batches {[r.batch for r in plan.ranks]}")
     if args.rebalance:
-        results = read_results(result)
-        if not results:
-            print("error: world rank 0 reported no re-balancing results", file=sys.stderr)
-            return 1
-        if not args.no_feedback:
-            for path in write_feedback(results["rebalance_feedback"], args.write_plan or args.plan, args.cache_dir):
-                print(f"wrote {path}", file=sys.stderr)
-        print(results["rebalance_line"])
+        return _report_rebalance(result, args)
     return 0
 
 

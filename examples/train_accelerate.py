@@ -11,7 +11,8 @@ accelerator = Accelerator(cpu=not torch.cuda.is_available())   # its gradient ac
 generator = torch.Generator().manual_seed(0)
 x = torch.randn(4096, 16, generator=generator)
 dataset = torch.utils.data.TensorDataset(x, x[:, :4].sum(dim=1, keepdim=True).sin())   # your dataset
-planned = prepare_planned(accelerator, sys.argv[1], dataset)   # this rank's batches, on its device, not re-sharded
+# this rank's batches, on its device, not re-sharded
+planned = prepare_planned(accelerator, sys.argv[1], dataset)
 model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))   # your model
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 model, optimizer = accelerator.prepare(model, optimizer)   # the model and optimizer only: never the loader
@@ -25,8 +26,10 @@ for step, (inputs, targets) in enumerate(planned.loader):
     if step + 1 == 10 * planned.rank_plan.accumulate:   # 10 optimizer steps
         break
 print(planned.summary_line(), flush=True)
-accelerator.wait_for_everyone()   # every rank done before any tears the group down, then out without
-accelerator.end_training()        # the interpreter's teardown (README: "Using the plan in a training script")
+# every rank done before any tears the group down, then out without the interpreter's teardown (README: "Using
+# the plan in a training script")
+accelerator.wait_for_everyone()
+accelerator.end_training()
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(0)

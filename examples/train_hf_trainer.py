@@ -19,15 +19,19 @@ class Tokens(torch.utils.data.Dataset):  # your dataset: synthetic token ids, la
         return {"input_ids": self.ids[index], "labels": self.ids[index]}
 
 
+# your model (random weights)
 model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=4))  # your model (random weights)
+                                     num_attention_heads=4, num_key_value_heads=4))
 args = TrainingArguments(output_dir="hf-run", max_steps=10, learning_rate=1e-3, logging_steps=5, report_to="none",
                          save_strategy="no", use_cpu=not torch.cuda.is_available())
-trainer = BatchPlanTrainer(model=model, args=args, train_dataset=Tokens(), batchplan=sys.argv[1])  # rebalance=True
+# rebalance=True switches on the in-job re-balancer
+trainer = BatchPlanTrainer(model=model, args=args, train_dataset=Tokens(), batchplan=sys.argv[1])
 metrics = trainer.train().metrics   # each rank its planned batch; gradient_accumulation_steps from the plan
 print(trainer.batchplan.summary_line(), f"samples/s {metrics['train_samples_per_second']}", flush=True)
-if torch.distributed.is_initialized():   # every rank done before any tears the group down, then out without
-    torch.distributed.barrier()          # the interpreter's teardown (README: "Using the plan in a training script")
+# every rank done before any tears the group down, then out without the interpreter's teardown (README: "Using
+# the plan in a training script")
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 sys.stdout.flush()
 sys.stderr.flush()

@@ -32,8 +32,10 @@ trainer = L.Trainer(**trainer_devices(sys.argv[1]), strategy="ddp", max_steps=10
                     logger=False, enable_checkpointing=False, enable_progress_bar=False)
 trainer.fit(Regression())   # accumulate_grad_batches from the plan, use_distributed_sampler handled
 print(batchplan.summary_line(), flush=True)
-if torch.distributed.is_initialized():   # every rank done before any tears the group down, then out without
-    torch.distributed.barrier()          # the interpreter's teardown (README: "Using the plan in a training script")
+# every rank done before any tears the group down, then out without the interpreter's teardown (README: "Using
+# the plan in a training script")
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 sys.stdout.flush()
 sys.stderr.flush()

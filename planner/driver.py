@@ -461,11 +461,7 @@ def run_plan(
         share, share_source = backward_share_of([profiles[s.profile] for s in slots])
         sync = replace(sync, backward_share=share, backward_share_source=share_source)
     try:
-        plan = build_plan(
-            job, slots, profiles, excluded=excluded, warnings=warnings,
-            node_addresses={inv.name: inv.host.hostname for inv in inventories if not inv.simulated},
-            master_port=options.master_port, script=options.script, plan_path=options.plan_path, sync=sync,
-        )
+        plan = _build_plan(job, slots, profiles, inventories, options, sync, excluded=excluded, warnings=warnings)
     except InfeasiblePlanError as exc:
         if not allow_infeasible:
             raise
@@ -474,10 +470,28 @@ def run_plan(
         return outcome
     timings["allocate_s"] = time.monotonic() - start
     on_event(Event(stage="allocate", status="done"))
-    # cluster: what the plan was made for (the config's name, or the Ray address), e.g. in a plot's title
-    outcome.plan = plan.replace(cluster=cluster_label, probing=ProbingInfo(
-        **backend.probing_metadata(), profile_calls=profiling.calls, timings_s={k: round(v, 3) for k, v in timings.items()}))
+    outcome.plan = _with_run_facts(plan, cluster_label, backend, profiling.calls, timings)
     return outcome
+
+
+def _build_plan(job: JobSpec, slots: Sequence[RankSlot], profiles: dict[str, DeviceProfile],
+                inventories: Sequence[NodeInventory], options: DriverOptions, sync: SyncInputs | None, *,
+                excluded: Sequence[ExcludedDevice], warnings: Sequence[str]) -> Plan:
+    """``build_plan`` with the launch settings of ``options`` and the host names of the nodes that are not
+    simulated (the launch lines' ``--master-addr``; a simulated node goes by its name)."""
+    return build_plan(
+        job, slots, profiles, excluded=excluded, warnings=warnings,
+        node_addresses={inv.name: inv.host.hostname for inv in inventories if not inv.simulated},
+        master_port=options.master_port, script=options.script, plan_path=options.plan_path, sync=sync,
+    )
+
+
+def _with_run_facts(plan: Plan, cluster_label: str, backend: Backend, profile_calls: int,
+                    timings_s: dict[str, float]) -> Plan:
+    """The plan with what it was made for (``cluster``: the config's name, or the Ray address, e.g. in a plot's
+    title) and how it was probed (``probing``: the backend's metadata, profile calls, stage times)."""
+    return plan.replace(cluster=cluster_label, probing=ProbingInfo(
+        **backend.probing_metadata(), profile_calls=profile_calls, timings_s={k: round(v, 3) for k, v in timings_s.items()}))
 
 
 def plan_without_ray(

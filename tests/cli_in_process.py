@@ -121,9 +121,9 @@ def _captured_output() -> Iterator[_Captured]:
         reader = threading.Thread(target=_drain, args=(read_end, sink), daemon=True)
         reader.start()
         readers.append(reader)
-    out = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8", errors="backslashreplace")  # noqa: SIM115
-    err = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
-                           line_buffering=True)
+    out_file, err_file = open(1, "wb", closefd=False), open(2, "wb", closefd=False)  # noqa: SIM115
+    out = io.TextIOWrapper(out_file, encoding="utf-8", errors="backslashreplace")
+    err = io.TextIOWrapper(err_file, encoding="utf-8", errors="backslashreplace", line_buffering=True)
     sys.stdout, sys.stderr = out, err
     try:
         yield captured

@@ -217,6 +217,31 @@ OFFER_GPU_FIX = ("offers name catalog types: `batchplan catalog` lists them; a t
                  "gpu_types: of a cluster config, planned with batchplan plan")
 
 
+def _parse_offer_gpu(raw: Any, where: ConfigLocation, catalog: GpuCatalog) -> GpuSpec:
+    """An offer's ``gpu:``: a catalog type (an offers file has no gpu_types: of its own)."""
+    name = expect_str(raw, where)
+    try:
+        return catalog.get(name, fix=OFFER_GPU_FIX)
+    except ConfigError as exc:
+        raise where.error(str(exc)) from None
+
+
+def _parse_network_name(raw: Any, where: ConfigLocation, networks: dict[str, Network]) -> str:
+    """An offer's ``network:``: the name of one of the file's networks."""
+    network = expect_str(raw, where)
+    if network not in networks:
+        raise where.error(f"network {network!r} is not one of networks: ({', '.join(networks)}; add it there)")
+    return network
+
+
+def _parse_source(raw: Any, where: ConfigLocation) -> str:
+    """An offer's ``source:`` (where its price comes from), at most ``MAX_SOURCE_CHARS`` characters."""
+    source = expect_str(raw, where)
+    if len(source) > MAX_SOURCE_CHARS:
+        raise where.error(f"{len(source)} characters, over the limit of {MAX_SOURCE_CHARS} (shorten it)")
+    return source
+
+
 def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks: dict[str, Network],
                  problems: ConfigProblems) -> Offer | None:
     """One offer; every problem of it collected in ``problems`` (an unknown GPU type is said with a bad price,
@@ -229,29 +254,8 @@ def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks:
         with problems.collect():
             fields[key] = parse()
 
-    def parse_gpu():
-        name = expect_str(entry["gpu"], where.key("gpu"))
-        try:
-            return catalog.get(name, fix=OFFER_GPU_FIX)
-        except ConfigError as exc:
-            raise where.key("gpu").error(str(exc)) from None
-
-    def parse_network_name():
-        network = expect_str(entry["network"], where.key("network"))
-        if network not in networks:
-            raise where.key("network").error(f"network {network!r} is not one of networks: ({', '.join(networks)}; "
-                                             "add it there)")
-        return network
-
-    def parse_source():
-        source = expect_str(entry["source"], where.key("source"))
-        if len(source) > MAX_SOURCE_CHARS:
-            raise where.key("source").error(f"{len(source)} characters, over the limit of {MAX_SOURCE_CHARS} "
-                                            "(shorten it)")
-        return source
-
     field("name", lambda: _check_name(entry["name"], where.key("name"), "offer name"))
-    field("gpu", parse_gpu)
+    field("gpu", lambda: _parse_offer_gpu(entry["gpu"], where.key("gpu"), catalog))
     field("gpus_per_node", lambda: expect_int(entry["gpus_per_node"], where.key("gpus_per_node"), minimum=1,
                                               maximum=MAX_GPUS_PER_NODE, hint="GPUs in one node of this offer"))
     field("max_nodes", lambda: expect_int(entry["max_nodes"], where.key("max_nodes"), minimum=1,
@@ -259,8 +263,8 @@ def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks:
                                           hint="the most nodes of this offer a candidate may take"))
     field("price", lambda: expect_number(entry["price_per_node_hour"], where.key("price_per_node_hour"), minimum=0,
                                          maximum=MAX_PRICE_PER_NODE_HOUR, hint="USD per node-hour, 0 for owned machines"))
-    field("network", parse_network_name)
-    field("source", parse_source)
+    field("network", lambda: _parse_network_name(entry["network"], where.key("network"), networks))
+    field("source", lambda: _parse_source(entry["source"], where.key("source")))
     field("date", lambda: _parse_date(entry["date"], where.key("date")))
     if entry.get("intra") is not None and "gpu" in fields:
         field("intra", lambda: parse_intra(entry["intra"], where.key("intra"), (fields["gpu"].name,)))

@@ -92,7 +92,7 @@ def _option(rows: Rows, k: int, mode: str, global_batch: int | None, sync: SyncM
 
 
 def _rank_list(idx: np.ndarray) -> str:
-    """"rank 5", "ranks 4-5", "ranks 0-3, 8-11, … (40 ranks in all)"."""
+    """The ranks ``idx`` in words: "rank 5", "ranks 4-5", "ranks 0-3, 8-11, … (40 ranks in all)"."""
     breaks = np.nonzero(np.diff(idx) != 1)[0]
     starts = np.concatenate(([idx[0]], idx[breaks + 1]))
     ends = np.concatenate((idx[breaks], [idx[-1]]))
@@ -164,19 +164,39 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
     return alternatives, advice
 
 
+def _rank_groups(rows: Rows, t0: np.ndarray, t1: np.ndarray,
+                 labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Each rank's group id (0, 1, ...) and the groups' names: by ``labels`` where given (names sorted), else
+    one group per row, or per time profile where there are more rows than ``_MAX_ADVICE_GROUPS`` (no names)."""
+    ranks = rows.ranks
+    if labels is not None:
+        names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
+        return gid, names
+    gid = rows.row
+    if len(rows.t0) > _MAX_ADVICE_GROUPS:
+        # Caps differ with each GPU's free memory; the time profile is what a GPU type shares.
+        profile = np.stack((t0[ranks], t1[ranks]), axis=1)
+        gid = np.unique(profile, axis=0, return_inverse=True)[1].reshape(-1)
+    return gid, None
+
+
+def _groups_fastest_first(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, gid: np.ndarray) -> np.ndarray:
+    """The group ids, fastest first by the mean of each rank's best rate alone (cap / t(cap)); ties by first
+    rank index."""
+    ranks = rows.ranks
+    cap_b = rows.cap[rows.row] * k
+    rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
+    speed = np.bincount(gid, weights=rate) / np.bincount(gid)
+    first = np.unique(gid, return_index=True)[1]
+    return np.lexsort((first, -speed))
+
+
 def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
                   labels: np.ndarray | None, current: Option, alternatives: dict[str, float],
                   advice: list[Advice], sync: SyncModel | None = None) -> None:
     """Add the group options (the fastest groups, each group alone) to ``alternatives`` and ``advice``."""
     ranks = rows.ranks
-    if labels is None:
-        gid, names = rows.row, None
-        if len(rows.t0) > _MAX_ADVICE_GROUPS:
-            # Caps differ with each GPU's free memory; the time profile is what a GPU type shares.
-            profile = np.stack((t0[ranks], t1[ranks]), axis=1)
-            gid = np.unique(profile, axis=0, return_inverse=True)[1].reshape(-1)
-    else:
-        names, gid = np.unique(np.asarray(labels)[ranks].astype(str), return_inverse=True)
+    gid, names = _rank_groups(rows, t0, t1, labels)
     num_groups = int(gid.max()) + 1
     if num_groups > _MAX_ADVICE_GROUPS:
         advice.append(Advice(AdviceKind.NO_GROUP_ADVICE,
@@ -185,12 +205,7 @@ def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str,
         return
     if num_groups < 2:
         return
-    # Groups fastest first by each rank's best rate alone (cap / t(cap)); ties by first rank index.
-    cap_b = rows.cap[rows.row] * k
-    rate = cap_b / (t0[ranks] + t1[ranks] * cap_b)
-    speed = np.bincount(gid, weights=rate) / np.bincount(gid)
-    first = np.unique(gid, return_index=True)[1]
-    order = np.lexsort((first, -speed))
+    order = _groups_fastest_first(rows, t0, t1, k, gid)
 
     def subset_option(groups_kept: np.ndarray) -> Option | None:
         return _option(rows.subset(np.isin(gid, groups_kept)), k, mode, global_batch, sync)

@@ -161,17 +161,9 @@ def allocate(
     k, min_batch, global_batch = _checked_options(mode, multiple_of, min_batch, global_batch)
     labels = None if groups is None else _as_1d("groups", groups, n)
 
-    lo = -(-min_batch // k)  # minimum units per rank
     cap_u = cap // k
-    included = cap_u >= lo
-    reasons = {int(i): _exclusion_reason(int(cap[i]), k, lo * k, min_batch) for i in np.nonzero(~included)[0]}
-    if not included.any():
-        best = int(np.argmax(cap))
-        raise InfeasiblePlanError(
-            f"no rank can run the minimum batch {lo * k}: the largest cap is {int(cap[best])} samples "
-            f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
-            "use a smaller model or input")
-    rows = make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, lo)
+    min_units, included, reasons = _included_ranks(cap, k, min_batch)
+    rows = make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, min_units)
     accumulate = None if accumulate is None else _check_int("accumulate", accumulate, 1)
     split = split_with_sync(rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate, sync=sync)
     accumulate = split.accumulate
@@ -183,13 +175,12 @@ def allocate(
     step_batch = int(batches.sum())
     throughput = step_batch / step_time
     cap_r = cap_u[included] * k
-    bound = float(np.sum(cap_r / (t0[included] + t1[included] * cap_r)))
     idle = np.where(included, 1.0 - rank_time / compute_time, 0.0)
-    alternatives, said = advise(rows, t0, t1, k, mode, global_batch, labels,
-                                Option(throughput, split.global_time_s, batches[rows.ranks], accumulate), sync)
-    efficiency = min(1.0, throughput / bound) if bound > 0 else 0.0
-    said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r,
-                                 sync_share=1.0 - compute_time / step_time if step_time > 0 else 0.0))
+    current = Option(throughput, split.global_time_s, batches[rows.ranks], accumulate)
+    alternatives, said = advise(rows, t0, t1, k, mode, global_batch, labels, current, sync)
+    efficiency = _balance_efficiency(throughput, cap_r, t0[included], t1[included])
+    sync_share = 1.0 - compute_time / step_time if step_time > 0 else 0.0
+    said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r, sync_share=sync_share))
     return Allocation(
         batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
         step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
@@ -197,6 +188,32 @@ def allocate(
         balance_efficiency=efficiency, idle_fraction=idle, mode=mode,
         advice=tuple(a for a in said if a.kind not in NOTE_KINDS),
         notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)
+
+
+def _included_ranks(cap: np.ndarray, k: int, min_batch: int) -> tuple[int, np.ndarray, dict[int, str]]:
+    """The fewest units of ``k`` samples a rank may take (``min_batch`` rounded up), which ranks' caps hold
+    that many (a mask), and why each other rank is excluded.
+
+    Raises:
+        InfeasiblePlanError: no rank can run the minimum batch.
+    """
+    lo = -(-min_batch // k)  # minimum units per rank
+    included = cap // k >= lo
+    reasons = {int(i): _exclusion_reason(int(cap[i]), k, lo * k, min_batch) for i in np.nonzero(~included)[0]}
+    if not included.any():
+        best = int(np.argmax(cap))
+        raise InfeasiblePlanError(
+            f"no rank can run the minimum batch {lo * k}: the largest cap is {int(cap[best])} samples "
+            f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
+            "use a smaller model or input")
+    return lo, included, reasons
+
+
+def _balance_efficiency(throughput_samples_per_s: float, cap: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> float:
+    """The throughput over its bound, every rank running alone at its cap ``cap`` with no gradient
+    synchronisation (t0, t1: those ranks' time coefficients); at most 1."""
+    bound_samples_per_s = float(np.sum(cap / (t0 + t1 * cap)))
+    return min(1.0, throughput_samples_per_s / bound_samples_per_s) if bound_samples_per_s > 0 else 0.0
 
 
 def _checked_options(mode: str, multiple_of: int, min_batch: int,

@@ -134,9 +134,49 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _main(argv: list[str] | None) -> int:
+def _parse_args(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Namespace:
+    """``words`` parsed; a bad command line, already reported on stderr, puts a ``batchplan/error@1`` document
+    on stdout too under --json (``planner.cli.json_error``) before it raises ``_UsageError``."""
     from planner.cli.json_error import print_error_document, wants_json
-    from planner.cli.signals import exit_code_and_line, handle_signals, raised_by_code
+
+    try:
+        return parser.parse_args(_join_spec_values(words))
+    except _UsageError as exc:
+        if wants_json(words):
+            named = {command.__name__.rsplit(".", 1)[-1] for command in COMMANDS}  # one module per command
+            print_error_document(next((w for w in words if w in named), None), exc.message, 2)
+        raise
+
+
+def _interrupted(exc: KeyboardInterrupt, args: argparse.Namespace, as_json: bool, own_process: bool) -> int:
+    """Ctrl-C, SIGTERM (``planner.cli.signals``) or a KeyboardInterrupt the model's code raised, said in one
+    line (and a document under --json) once everything the run started is stopped: the exit code. In
+    batchplan's own process (``own_process``) a signal ends it here, without the interpreter's teardown."""
+    from planner.cli.json_error import print_error_document
+    from planner.cli.signals import exit_code_and_line, raised_by_code
+
+    if args.debug:
+        traceback.print_exc()
+    if raised_by_code(exc):  # no signal came: the model's code raised it (a factory), not the user
+        message = printable(f"the code run for the model raised {type(exc).__name__}({str(exc)[:200]!r}) with "
+                            f"no Ctrl-C or signal (model {getattr(args, 'model', None)!r}: its factory must "
+                            "return the model); everything this run started was stopped")
+        sys.stderr.write(f"error: {message}\n")
+        if as_json:
+            print_error_document(args.command, message, 2)
+        return 2
+    code, line = exit_code_and_line(exc)
+    sys.stderr.write(line + "\n")
+    if as_json:
+        print_error_document(args.command, line.removeprefix("error: "), code)
+    if own_process:
+        _exit_now(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
+    from planner.cli.json_error import print_error_document
+    from planner.cli.signals import handle_signals
     from planner.cli.stdout_guard import (
         forget_writes,
         guarded_result_stream,
@@ -153,13 +193,7 @@ def _main(argv: list[str] | None) -> int:
     handle_signals()
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = parser.parse_args(_join_spec_values(words))
-    except _UsageError as exc:  # under --json the reader gets a document too (planner.cli.json_error)
-        if wants_json(words):
-            named = {command.__name__.rsplit(".", 1)[-1] for command in COMMANDS}  # one module per command
-            print_error_document(next((w for w in words if w in named), None), exc.message, 2)
-        raise
+    args = _parse_args(parser, words)
     _configure_logging(args.debug)
     if args.command is None:
         parser.print_help(sys.stderr)
@@ -180,23 +214,7 @@ def _main(argv: list[str] | None) -> int:
             print_error_document(args.command, message, exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (planner.cli.signals): everything started is stopped
-        if args.debug:
-            traceback.print_exc()
-        if raised_by_code(exc):  # no signal came: the model's code raised it (a factory), not the user
-            message = printable(f"the code run for the model raised {type(exc).__name__}({str(exc)[:200]!r}) with "
-                                f"no Ctrl-C or signal (model {getattr(args, 'model', None)!r}: its factory must "
-                                "return the model); everything this run started was stopped")
-            sys.stderr.write(f"error: {message}\n")
-            if as_json:
-                print_error_document(args.command, message, 2)
-            return 2
-        code, line = exit_code_and_line(exc)
-        sys.stderr.write(line + "\n")
-        if as_json:
-            print_error_document(args.command, line.removeprefix("error: "), code)
-        if argv is None:  # this process is batchplan's own: end it here, without the interpreter's teardown
-            _exit_now(code)
-        return code
+        return _interrupted(exc, args, as_json, own_process=argv is None)  # argv None: the console script
     except BrokenPipeError:
         if not stdout_closed_by_reader():  # not the result's reader: a pipe of ours broke, the run did not finish
             raise

@@ -60,7 +60,7 @@ def _bars(plan: Plan) -> tuple[list[str], list[RankEntry]]:
 
 
 def _speed(rank: RankEntry) -> str:
-    """" (90% speed)" for a rank on a GPU other work keeps busy (planner.probing.busy)."""
+    """A rank's label suffix " (90% speed)" when other work keeps its GPU busy (planner.probing.busy)."""
     return f" ({rank.speed_factor:.0%} speed)" if rank.speed_factor < 1.0 else ""
 
 

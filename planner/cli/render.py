@@ -15,11 +15,33 @@ EMIT_FORMS: tuple[str, ...] = get_args(EmitForm)
 
 
 def render_plan(plan: Plan) -> None:
+    """A plan as a person reads it: the job, one table row per rank, the step's figures, the launch lines, and
+    what was excluded, noted or warned about."""
     job = plan.job
     echo(
         f"plan for {job.model} ({plan.mode}, optimizer {job.optimizer}, amp {job.amp}, "
         f"fraction {job.fraction}): {plan.world_size} ranks on {len(plan.nodes)} node(s)"
     )
+    _print_rank_table(plan)
+    echo(
+        f"global batch {plan.global_batch} = {plan.step_batch} per step × accumulate {plan.accumulate}; "
+        f"step {format_ms(plan.predicted_step_time_s)} ms; {plan.throughput_samples_per_s:.0f} samples/s; "
+        f"balance efficiency {plan.balance_efficiency:.2f}" + _expected_range(plan)
+    )
+    sync_line = comm_summary(plan)
+    if sync_line:
+        echo(sync_line)
+    if plan.alternatives:
+        echo("throughput by mode (samples/s): " + ", ".join(f"{k} {v:.0f}" for k, v in plan.alternatives.items()))
+    echo()
+    echo("launch (one line per node):")
+    for node in plan.nodes:
+        echo(f"  [{node.name}] {node.torchrun}")
+    _print_excluded_and_notes(plan)
+
+
+def _print_rank_table(plan: Plan) -> None:
+    """One row per rank: where it runs, its GPU type, batch and cap, memory, step time, idle share, loss weight."""
     # the columns after the device's repeat across the ranks of a GPU type at one batch: each shared tail is
     # formatted once (a 65,536-rank plan has a handful)
     tails: dict[tuple, list[str]] = {}
@@ -40,20 +62,10 @@ def render_plan(plan: Plan) -> None:
          "loss w"],
         rows,
     )
-    echo(
-        f"global batch {plan.global_batch} = {plan.step_batch} per step × accumulate {plan.accumulate}; "
-        f"step {format_ms(plan.predicted_step_time_s)} ms; {plan.throughput_samples_per_s:.0f} samples/s; "
-        f"balance efficiency {plan.balance_efficiency:.2f}" + _expected_range(plan)
-    )
-    sync_line = comm_summary(plan)
-    if sync_line:
-        echo(sync_line)
-    if plan.alternatives:
-        echo("throughput by mode (samples/s): " + ", ".join(f"{k} {v:.0f}" for k, v in plan.alternatives.items()))
-    echo()
-    echo("launch (one line per node):")
-    for node in plan.nodes:
-        echo(f"  [{node.name}] {node.torchrun}")
+
+
+def _print_excluded_and_notes(plan: Plan) -> None:
+    """The GPUs the plan left out and why, then its notes and warnings, each list under its title."""
     if plan.excluded:
         echo()
         echo("excluded:")

@@ -144,50 +144,63 @@ def make_profile(
     # what both ways record: the GPU type, the method that made the profile, its amp and memory curve model
     made = {"gpu": gpu.name, "method": resolved.method.value, "amp": amp, "fit": job.fit}
     if resolved.method is Method.ESTIMATE:
-        from torchkit.estimate.time_model import uncertainty_for
-
-        curves, range_probe = _estimated_curves(job, gpu, workload, amp, estimates_cache)
         notes = [resolved.note] if resolved.note else []
-        if range_probe is not None:
-            log.info("%s: the small-batch probes are launch-bound (eager dispatch); one more fake pass at batch %d "
-                     "prices the batches near the memory cap", gpu.name, range_probe)
-        notes += workload.notes  # what the model source stands in for or leaves out (e.g. YOLO's loss)
-        uncertainty = uncertainty_for(gpu)
-        if not uncertainty.calibrated_gpu:
-            notes.append(_uncalibrated_note(gpu.name, uncertainty))
-        return DeviceProfile.from_points(
-            **made,
-            memory_points=curves.memory_points,
-            time_points=curves.time_points,
-            notes=notes,
-            breakdown_bytes=curves.breakdown_bytes,
-            min_memory_bytes=curves.floor_device_bytes,
-            time_log_sigma=uncertainty.log_sigma,
-            time_model=uncertainty.basis,
-            # the overlap of DDP's all-reduces with the backward pass (planner.plan.comm): the probes' median
-            backward_share=statistics.median(s for _, s in curves.backward_shares) if curves.backward_shares else None,
-        )
+        return _estimated_profile(job, gpu, workload, amp, estimates_cache, made, notes)
     if resolved.method is Method.MEASURE:
-        import torch
-
-        from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
-        from torchkit.step.measure import measure_curve
-
-        curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer,
-                              context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
-        notes = (
-            [f"{gpu.name}: measured in the default (NCHW) memory format; channels_last changes estimates only"]
-            if job.channels_last
-            else []
-        )
-        return DeviceProfile.from_points(
-            **made,
-            memory_points=curve.memory_points,
-            time_points=curve.time_points,
-            oom_batch=curve.oom_batch,
-            notes=notes,
-            time_model="measured",
-            # the overlap of DDP's all-reduces with the backward pass, timed: the probes' median
-            backward_share=statistics.median(s for _, s in curve.backward_shares) if curve.backward_shares else None,
-        )
+        return _measured_profile(job, gpu, workload, amp, device_index, made)
     raise AssertionError(f"resolve_method gave {resolved.method!r}")  # our own invariant: estimate or measure
+
+
+def _estimated_profile(job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, estimates_cache: dict[Any, Any] | None,
+                       made: dict[str, Any], notes: list[str]) -> DeviceProfile:
+    """The profile the fake-tensor estimator gives for ``gpu`` (``made``: the fields both ways record; ``notes``:
+    said before), with the time model's uncertainty for that GPU type."""
+    from torchkit.estimate.time_model import uncertainty_for
+
+    curves, range_probe = _estimated_curves(job, gpu, workload, amp, estimates_cache)
+    if range_probe is not None:
+        log.info("%s: the small-batch probes are launch-bound (eager dispatch); one more fake pass at batch %d "
+                 "prices the batches near the memory cap", gpu.name, range_probe)
+    notes = [*notes, *workload.notes]  # what the model source stands in for or leaves out (e.g. YOLO's loss)
+    uncertainty = uncertainty_for(gpu)
+    if not uncertainty.calibrated_gpu:
+        notes.append(_uncalibrated_note(gpu.name, uncertainty))
+    return DeviceProfile.from_points(
+        **made,
+        memory_points=curves.memory_points,
+        time_points=curves.time_points,
+        notes=notes,
+        breakdown_bytes=curves.breakdown_bytes,
+        min_memory_bytes=curves.floor_device_bytes,
+        time_log_sigma=uncertainty.log_sigma,
+        time_model=uncertainty.basis,
+        # the overlap of DDP's all-reduces with the backward pass (planner.plan.comm): the probes' median
+        backward_share=statistics.median(s for _, s in curves.backward_shares) if curves.backward_shares else None,
+    )
+
+
+def _measured_profile(job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, device_index: int | None,
+                      made: dict[str, Any]) -> DeviceProfile:
+    """The profile measured on CUDA device ``device_index`` (``made``: the fields both ways record)."""
+    import torch
+
+    from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
+    from torchkit.step.measure import measure_curve
+
+    curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer,
+                          context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
+    notes = (
+        [f"{gpu.name}: measured in the default (NCHW) memory format; channels_last changes estimates only"]
+        if job.channels_last
+        else []
+    )
+    return DeviceProfile.from_points(
+        **made,
+        memory_points=curve.memory_points,
+        time_points=curve.time_points,
+        oom_batch=curve.oom_batch,
+        notes=notes,
+        time_model="measured",
+        # the overlap of DDP's all-reduces with the backward pass, timed: the probes' median
+        backward_share=statistics.median(s for _, s in curve.backward_shares) if curve.backward_shares else None,
+    )

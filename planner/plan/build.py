@@ -63,24 +63,19 @@ def build_plan(
     """
     slots = _node_ordered(slots, excluded)
     caps = [profiles[s.profile].max_batch(s.memory_budget_bytes, job.multiple_of) for s in slots]
-    fits = [rank_time_fit(profiles[s.profile].time_fit, s.speed_factor) for s in slots]  # each rank's own curve
+    # each rank's own curve
+    fits = [rank_time_fit(profiles[s.profile].time_fit, s.speed_factor) for s in slots]
     allocation = _allocate(job, slots, fits, caps, sync)
     efficiency_range = _expected_balance_range(slots, profiles, fits, caps, allocation, job.multiple_of)
-    all_excluded = list(excluded) + [
-        ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
-                       kind=ExclusionKind.BELOW_MIN_BATCH)
-        for i, reason in sorted(allocation.excluded_reasons.items())
-    ]
+    all_excluded = list(excluded) + _below_min_batch(slots, allocation)
     included = [slots[i] for i in range(len(slots)) if allocation.included[i]]
-    ranks = _rank_entries(included, [caps[i] for i in range(len(slots)) if allocation.included[i]],
-                          [fits[i] for i in range(len(slots)) if allocation.included[i]],
-                          [int(b) for b, inc in zip(allocation.batches, allocation.included, strict=True) if inc],
-                          [float(f) for f, inc in zip(allocation.idle_fraction, allocation.included, strict=True) if inc],
-                          profiles, allocation.step_batch)
+    ranks = _included_rank_entries(slots, caps, fits, allocation, profiles)
     addresses = dict(node_addresses or {})
     master_addr = addresses.get(ranks[0].node, ranks[0].node)
     used_profiles = sorted({s.profile for s in slots})
     comm, comm_warnings, comm_notes = plan_comm_fields(included, allocation, sync)
+    # the notes of the profiles the ranks use: a GPU type left out whole (below --min-batch) warns of nothing
+    rank_profiles = [profiles[k] for k in sorted({s.profile for s in included})]
     return Plan(
         schema=SCHEMA,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -100,9 +95,7 @@ def build_plan(
         launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script, plan_path=plan_path),
         excluded=tuple(all_excluded),
         profiles={key: profiles[key] for key in used_profiles},
-        # the notes of the profiles the ranks use: a GPU type left out whole (below --min-batch) warns of nothing
-        warnings=tuple(_plan_warnings([*warnings, *comm_warnings],
-                                      [profiles[k] for k in sorted({s.profile for s in included})], allocation, caps)),
+        warnings=tuple(_plan_warnings([*warnings, *comm_warnings], rank_profiles, allocation, caps)),
         notes=(*notes, *allocation.notes, *comm_notes),
         advice=allocation.advice,
         predicted_comm_time_s=allocation.sync_time_s if comm is not None else None,
@@ -161,6 +154,27 @@ def _expected_balance_range(
         sync_s=allocation.sync_time_s,
         accumulate=allocation.accumulate,
     )
+
+
+def _below_min_batch(slots: Sequence[RankSlot], allocation: Allocation) -> list[ExcludedDevice]:
+    """The devices the allocation left out (a cap below the minimum batch), each with its reason."""
+    return [
+        ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
+                       kind=ExclusionKind.BELOW_MIN_BATCH)
+        for i, reason in sorted(allocation.excluded_reasons.items())
+    ]
+
+
+def _included_rank_entries(slots: Sequence[RankSlot], caps: Sequence[int], fits: Sequence[AffineTimeFit],
+                           allocation: Allocation, profiles: Mapping[str, DeviceProfile]) -> list[RankEntry]:
+    """The rank entries of the slots the allocation included (``_rank_entries``), from the per-slot ``caps``
+    and ``fits`` and the allocation's per-slot batches and idle fractions."""
+    included = [slots[i] for i in range(len(slots)) if allocation.included[i]]
+    return _rank_entries(included, [caps[i] for i in range(len(slots)) if allocation.included[i]],
+                         [fits[i] for i in range(len(slots)) if allocation.included[i]],
+                         [int(b) for b, inc in zip(allocation.batches, allocation.included, strict=True) if inc],
+                         [float(f) for f, inc in zip(allocation.idle_fraction, allocation.included, strict=True) if inc],
+                         profiles, allocation.step_batch)
 
 
 def _rank_entries(

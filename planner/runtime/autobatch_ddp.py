@@ -121,7 +121,6 @@ def autobatch_ddp(
     import torch.distributed as dist
 
     from planner.cluster import catalog_for
-    from planner.obtain import job_fingerprint
     from planner.runtime.rank_plan import load_rank_plan
 
     if not dist.is_available() or not dist.is_initialized():
@@ -138,18 +137,8 @@ def autobatch_ddp(
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
 
-    if profiler is None:
-        profiled, profiled_here = _node_profiles(job, me, everyone, catalog, identity=job_fingerprint(job),
+    gathered, profiled_here = _gathered_profiles(job, me, everyone, catalog, profiler=profiler,
                                                  simulated=gpu is not None, cache_dir=cache_dir)
-        mine = {"keys": {name: p.key for name, p in profiled.items()},
-                "profiles": {p.key: p.profile for p in profiled.values()}}
-    else:
-        mine, profiled_here = _own_profile(me, everyone, catalog, profiler)
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, mine)
-    failed = [f"rank {r}: {entry['error']}" for r, entry in enumerate(gathered) if entry.get("error")]
-    if failed:  # every rank stops with the same message, none waits for a profile that will not come
-        raise InfeasiblePlanError("autobatch_ddp: profiling failed on " + "; ".join(failed))
     all_profiles = {k: v for entry in gathered for k, v in entry["profiles"].items()}
 
     def key_of_rank(p: dict) -> str:
@@ -158,13 +147,47 @@ def autobatch_ddp(
         first = min(q["rank"] for q in everyone if q["node"] == p["node"] and q["gpu"] == p["gpu"])
         return gathered[first]["keys"][p["gpu"]]
 
-    plan = _every_rank_plan(job, everyone, key_of_rank, all_profiles)
-    # one timestamp for all ranks: the plans are then identical byte for byte
-    stamp: list[Any] = [plan.created]
-    dist.broadcast_object_list(stamp, src=0)
-    plan = plan.replace(created=stamp[0], probing=ProbingInfo(backend="autobatch_ddp", simulated=gpu is not None))
+    plan = _stamped_as_rank_0(_every_rank_plan(job, everyone, key_of_rank, all_profiles), simulated=gpu is not None)
     rank_plan = load_rank_plan(plan, rank=rank, env={"WORLD_SIZE": str(world_size)})
     return DdpAutobatch(rank_plan=rank_plan, plan=plan, profiled_here=tuple(profiled_here))
+
+
+def _gathered_profiles(job: JobSpec, me: dict, everyone: list[dict], catalog, *, profiler: Profiler | None,
+                       simulated: bool, cache_dir) -> tuple[list[dict], list[str]]:
+    """Steps 2 and 3: the profiles this rank obtained (its node's, through the node's cache; or its own, with
+    ``profiler``), gathered from every rank. Returns, per rank, ``{"keys": GPU type -> profile key, "profiles":
+    key -> profile}``, and the GPU types this rank profiled itself.
+
+    Raises:
+        InfeasiblePlanError: profiling failed on a rank (every rank raises the same message).
+    """
+    import torch.distributed as dist
+
+    from planner.obtain import job_fingerprint
+
+    if profiler is None:
+        profiled, profiled_here = _node_profiles(job, me, everyone, catalog, identity=job_fingerprint(job),
+                                                 simulated=simulated, cache_dir=cache_dir)
+        mine = {"keys": {name: p.key for name, p in profiled.items()},
+                "profiles": {p.key: p.profile for p in profiled.values()}}
+    else:
+        mine, profiled_here = _own_profile(me, everyone, catalog, profiler)
+    gathered: list[Any] = [None] * len(everyone)
+    dist.all_gather_object(gathered, mine)
+    failed = [f"rank {r}: {entry['error']}" for r, entry in enumerate(gathered) if entry.get("error")]
+    if failed:  # every rank stops with the same message, none waits for a profile that will not come
+        raise InfeasiblePlanError("autobatch_ddp: profiling failed on " + "; ".join(failed))
+    return gathered, profiled_here
+
+
+def _stamped_as_rank_0(plan: Plan, *, simulated: bool) -> Plan:
+    """The plan with rank 0's timestamp, so that the plans of all ranks are identical byte for byte, and with
+    how it was made (``probing``: this backend, simulated GPU types or not)."""
+    import torch.distributed as dist
+
+    stamp: list[Any] = [plan.created]
+    dist.broadcast_object_list(stamp, src=0)
+    return plan.replace(created=stamp[0], probing=ProbingInfo(backend="autobatch_ddp", simulated=simulated))
 
 
 def _node_profiles(

@@ -142,20 +142,13 @@ def estimate_step(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from torchkit.estimate.attention import attention_as
-    from torchkit.estimate.memory_tracker import MemoryCategory, MemoryTracker
-    from torchkit.estimate.overhead import cpu_kernel_workspace_bytes, cuda_kernel_workspace_bytes
-    from torchkit.estimate.rnn_workspace import RnnWorkspaceMode
-    from torchkit.step.train_step import make_optimizer, run_training_iterations
+    from torchkit.estimate.memory_tracker import MemoryCategory
+    from torchkit.step.train_step import make_optimizer
     from torchkit.workloads.construct import fake_copy
 
     start = time.perf_counter()
     recorder = OpCostRecorder()
-    tracker = MemoryTracker(
-        {"cpu": cpu_kernel_workspace_bytes, "cuda": cuda_kernel_workspace_bytes},
-        workspace_block_bytes={"cpu": 1, "cuda": 512},
-        op_observer=recorder,
-    )
+    tracker = _memory_tracker(recorder)
     template = _template(workload)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_copy(template, mode)
@@ -166,20 +159,8 @@ def estimate_step(
         tracker.register(model.parameters(), MemoryCategory.PARAMETERS)
         tracker.register(model.buffers(), MemoryCategory.BUFFERS)
         tracker.register(torch.utils._pytree.tree_flatten((inputs, targets))[0], MemoryCategory.INPUTS)
-        hooks = _TrackerHooks(tracker, recorder)
-        try:
-            with RnnWorkspaceMode(), tracker, attention_as(target) as attention:
-                run_training_iterations(
-                    model, opt, inputs, targets, workload.loss_fn, amp=amp, hooks=hooks, warm_start=True
-                )
-        except WorkloadError:
-            raise
-        except Exception as e:
-            raise WorkloadError(
-                f"training step of {workload.name!r} at batch {batch} failed on fake tensors: {type(e).__name__}: "
-                f"{_first_line(e)} (data-dependent ops such as nonzero/.item()/boolean indexing cannot be "
-                "estimated; use --method measure, or make the model shape-static)"
-            ) from e
+        attention = _run_fake_training(workload, batch, model, opt, inputs, targets, amp=amp, target=target,
+                                       tracker=tracker, recorder=recorder)
         num_params = sum(p.numel() for p in params)
         del model, opt, inputs, targets, params
     result = tracker.result(from_iteration=1)
@@ -208,6 +189,48 @@ def estimate_step(
         target=target,
         cuda_attention_calls=attention.total,
     )
+
+
+def _memory_tracker(recorder: OpCostRecorder) -> Any:
+    """A ``MemoryTracker`` that also keeps each device's peak with its kernel workspaces (CUDA's with the live
+    bytes rounded to its caching allocator's 512-byte blocks) and tells ``recorder`` every op."""
+    from torchkit.estimate.memory_tracker import MemoryTracker
+    from torchkit.estimate.overhead import cpu_kernel_workspace_bytes, cuda_kernel_workspace_bytes
+
+    return MemoryTracker(
+        {"cpu": cpu_kernel_workspace_bytes, "cuda": cuda_kernel_workspace_bytes},
+        workspace_block_bytes={"cpu": 1, "cuda": 512},
+        op_observer=recorder,
+    )
+
+
+def _run_fake_training(workload: Any, batch: int, model: Any, opt: Any, inputs: Any, targets: Any, *,
+                       amp: AmpMode, target: AttentionTarget, tracker: Any, recorder: OpCostRecorder) -> Any:
+    """The training iterations on fake tensors, watched by ``tracker`` and ``recorder``, with attention priced
+    as on ``target``; returns the attention ledger (its CUDA attention calls).
+
+    Raises:
+        WorkloadError: the step failed on fake tensors (with the cause and what to do).
+    """
+    from torchkit.estimate.attention import attention_as
+    from torchkit.estimate.rnn_workspace import RnnWorkspaceMode
+    from torchkit.step.train_step import run_training_iterations
+
+    hooks = _TrackerHooks(tracker, recorder)
+    try:
+        with RnnWorkspaceMode(), tracker, attention_as(target) as attention:
+            run_training_iterations(
+                model, opt, inputs, targets, workload.loss_fn, amp=amp, hooks=hooks, warm_start=True
+            )
+    except WorkloadError:
+        raise
+    except Exception as e:
+        raise WorkloadError(
+            f"training step of {workload.name!r} at batch {batch} failed on fake tensors: {type(e).__name__}: "
+            f"{_first_line(e)} (data-dependent ops such as nonzero/.item()/boolean indexing cannot be "
+            "estimated; use --method measure, or make the model shape-static)"
+        ) from e
+    return attention
 
 
 def _check_request(batch: Any, amp: str, optimizer: str, target: str) -> None:

@@ -108,16 +108,39 @@ def check_yaml_limits(text: str, *, max_depth: int, limits: DocumentLimits | Non
 
     A syntax error is left to the parser, which raises ``yaml.YAMLError`` as it would when loading.
     """
-    limits = limits or DocumentLimits()
-    max_entries, default_max_entries, total = dict(limits.max_entries), limits.default_max_entries, limits.total
-    anchors: dict[str, int] = {}
-    stack: list[_Collection] = []
-    aliases = 0
-    total_units = 0
-    summed = 0
+    counter = _LimitCounter(max_depth, limits or DocumentLimits())
+    for event in _events(text, max_depth):
+        if isinstance(event, yaml.ScalarEvent):
+            counter.scalar(event)
+        elif isinstance(event, yaml.AliasEvent):
+            counter.alias(event)
+        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            counter.start(event)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            counter.end()
 
-    def add(units: int) -> None:
-        nonlocal total_units
+
+class _LimitCounter:
+    """One document's counts as its events stream by (``check_yaml_limits``), each event checked against the
+    limits as it comes."""
+
+    def __init__(self, max_depth: int, limits: DocumentLimits) -> None:
+        self.max_depth = max_depth
+        self.max_entries, self.default_max_entries = dict(limits.max_entries), limits.default_max_entries
+        self.total = limits.total
+        self.anchors: dict[str, int] = {}
+        """anchor -> the units of what it names, aliases expanded"""
+        self.stack: list[_Collection] = []
+        """the collections open, outermost first"""
+        self.aliases = 0
+        self.total_units = 0
+        """the document's size so far, aliases expanded"""
+        self.summed = 0
+        """the total's sum so far (``limits.total``)"""
+
+    def add(self, units: int) -> None:
+        """A node of ``units`` units completed: counted in its collection and in the document."""
+        stack = self.stack
         if stack:
             parent = stack[-1]
             parent.expanded_units += units
@@ -132,54 +155,61 @@ def check_yaml_limits(text: str, *, max_depth: int, limits: DocumentLimits | Non
                     f"{parent.path or 'the top level'} holds more than {parent.limit} entries, over the limit of "
                     f"{parent.limit}"
                 )
-        total_units += units
-        if total_units > MAX_YAML_EXPANDED_UNITS:
+        self.total_units += units
+        if self.total_units > MAX_YAML_EXPANDED_UNITS:
             raise YamlLimitError(
                 f"expands to more than {MAX_YAML_EXPANDED_UNITS} units with its aliases replaced, over the limit "
                 f"of {MAX_YAML_EXPANDED_UNITS} (an alias bomb? write the values out)"
             )
 
-    for event in _events(text, max_depth):
-        if isinstance(event, yaml.ScalarEvent):
-            units = 1 + len(event.value)
-            if stack and stack[-1].is_mapping and stack[-1].expecting_key:
-                stack[-1].key = event.value
-            elif stack and stack[-1].counted is not None and stack[-1].key == total.key:
-                stack[-1].counted = _plain_int(event.value, total.max_each)
-            if event.anchor is not None:
-                anchors[event.anchor] = units
-            add(units)
-        elif isinstance(event, yaml.AliasEvent):
-            aliases += 1
-            if aliases > MAX_YAML_ALIASES:
-                raise YamlLimitError(f"uses more than {MAX_YAML_ALIASES} aliases, over the limit of {MAX_YAML_ALIASES}")
-            if stack and stack[-1].is_mapping and stack[-1].expecting_key:
-                stack[-1].key = "?"
-            add(anchors.get(event.anchor, 1))
-        elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            if len(stack) >= max_depth:
-                raise _too_deep(max_depth)
-            parent = stack[-1] if stack else None
-            if parent is not None and parent.is_mapping and parent.expecting_key:
-                parent.key = "?"
-            path = _child_path(parent)
-            is_mapping = isinstance(event, yaml.MappingStartEvent)
-            stack.append(_Collection(path=path, is_mapping=is_mapping, anchor=event.anchor,
-                                     limit=max_entries.get(path, default_max_entries),
-                                     counted=total.default if total and is_mapping and path == total.entries else None))
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            done = stack.pop()
-            if done.counted is not None:
-                summed += done.counted
-                if summed > total.limit:
-                    raise YamlLimitError(
-                        f"declares more than {total.limit} {total.what} in all ({total.entries}.{total.key} summed), "
-                        f"over the limit of {total.limit}"
-                    )
-            if done.anchor is not None:
-                anchors[done.anchor] = done.expanded_units
-            total_units -= done.expanded_units - 1  # its parts were counted as they came; count it once, whole
-            add(done.expanded_units)
+    def scalar(self, event: yaml.ScalarEvent) -> None:
+        stack = self.stack
+        units = 1 + len(event.value)
+        if stack and stack[-1].is_mapping and stack[-1].expecting_key:
+            stack[-1].key = event.value
+        elif stack and stack[-1].counted is not None and stack[-1].key == self.total.key:
+            stack[-1].counted = _plain_int(event.value, self.total.max_each)
+        if event.anchor is not None:
+            self.anchors[event.anchor] = units
+        self.add(units)
+
+    def alias(self, event: yaml.AliasEvent) -> None:
+        self.aliases += 1
+        if self.aliases > MAX_YAML_ALIASES:
+            raise YamlLimitError(f"uses more than {MAX_YAML_ALIASES} aliases, over the limit of {MAX_YAML_ALIASES}")
+        if self.stack and self.stack[-1].is_mapping and self.stack[-1].expecting_key:
+            self.stack[-1].key = "?"
+        self.add(self.anchors.get(event.anchor, 1))
+
+    def start(self, event: yaml.MappingStartEvent | yaml.SequenceStartEvent) -> None:
+        """A collection opens: one level deeper, with the entry limit of its place."""
+        if len(self.stack) >= self.max_depth:
+            raise _too_deep(self.max_depth)
+        parent = self.stack[-1] if self.stack else None
+        if parent is not None and parent.is_mapping and parent.expecting_key:
+            parent.key = "?"
+        path = _child_path(parent)
+        is_mapping = isinstance(event, yaml.MappingStartEvent)
+        total = self.total
+        self.stack.append(_Collection(path=path, is_mapping=is_mapping, anchor=event.anchor,
+                                      limit=self.max_entries.get(path, self.default_max_entries),
+                                      counted=total.default if total and is_mapping and path == total.entries else None))
+
+    def end(self) -> None:
+        """The innermost collection closes: its total's share summed, then counted once, whole, in its parent."""
+        done = self.stack.pop()
+        if done.counted is not None:
+            total = self.total
+            self.summed += done.counted
+            if self.summed > total.limit:
+                raise YamlLimitError(
+                    f"declares more than {total.limit} {total.what} in all ({total.entries}.{total.key} summed), "
+                    f"over the limit of {total.limit}"
+                )
+        if done.anchor is not None:
+            self.anchors[done.anchor] = done.expanded_units
+        self.total_units -= done.expanded_units - 1  # its parts were counted as they came; count it once, whole
+        self.add(done.expanded_units)
 
 
 def _events(text: str, max_depth: int) -> Iterator[yaml.Event]:

@@ -361,32 +361,48 @@ def autobatch(
     accelerator, index, total, available, label = _device_memory(device)
     batches = probe_list(total, dataset_size)
     try:
-        try:
-            probe_model = copy.deepcopy(model).train()
-            make = make_batch or image_batch_factory(probe_model, imgsz, device)
-            measure, cleanup = _gpu_measure(
-                probe_model,
-                device,
-                accelerator,
-                make,
-                optimizer,
-                _envelope_for(probe_model, imgsz, max_num_obj),
-            )
-        except Exception as exc:  # seed §1.2 step 9: the probes cannot be set up
-            if is_out_of_memory_error(exc):  # not even the model's copy fits: 16 would not either
-                raise RuntimeError(
-                    f"{PREFIX}copying the model for probing ran out of memory on {label}: free GPU memory "
-                    "or set batch explicitly"
-                ) from exc
-            log.warning(f"{PREFIX}error detected: {exc},  using default batch-size {batch_size}.")
+        probes = _set_up_probes(model, device, accelerator, imgsz=imgsz, make_batch=make_batch,
+                                optimizer=optimizer, max_num_obj=max_num_obj, label=label, batch_size=batch_size)
+        if probes is None:
             return batch_size
+        measure, cleanup = probes
         outcomes = run_probes(batches, measure, cleanup=cleanup)
-        del measure, cleanup, probe_model
+        del measure, cleanup, probes
         return _choose_and_log(outcomes, total=total, available=available, fraction=fraction, fit=fit,
                                dataset_size=dataset_size, multiple_of=multiple_of, batch_size=batch_size, label=label)
     finally:
         gc.collect()
         accelerator.empty_cache()
+
+
+def _set_up_probes(model: torch.nn.Module, device, accelerator, *, imgsz: int,
+                   make_batch: Callable[[int], Any] | None, optimizer: OptimizerName | None, max_num_obj: int,
+                   label: str, batch_size: int) -> tuple[Callable[[int], int], Callable[[], None]] | None:
+    """``measure`` and ``cleanup`` of the probes (``_gpu_measure``) on a deepcopy of ``model`` in train mode;
+    None, with the seed's warning that ``batch_size`` is used, when they cannot be set up (seed §1.2 step 9).
+
+    Raises:
+        RuntimeError: not even the model's copy fits on the device (``label``): batch 16 would not either.
+    """
+    try:
+        probe_model = copy.deepcopy(model).train()
+        make = make_batch or image_batch_factory(probe_model, imgsz, device)
+        return _gpu_measure(
+            probe_model,
+            device,
+            accelerator,
+            make,
+            optimizer,
+            _envelope_for(probe_model, imgsz, max_num_obj),
+        )
+    except Exception as exc:  # seed §1.2 step 9: the probes cannot be set up
+        if is_out_of_memory_error(exc):  # not even the model's copy fits: 16 would not either
+            raise RuntimeError(
+                f"{PREFIX}copying the model for probing ran out of memory on {label}: free GPU memory "
+                "or set batch explicitly"
+            ) from exc
+        log.warning(f"{PREFIX}error detected: {exc},  using default batch-size {batch_size}.")
+        return None
 
 
 def check_train_batch_size(
