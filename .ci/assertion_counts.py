@@ -27,8 +27,16 @@ def count(source: str) -> int:
             n += 1
         elif isinstance(node, ast.Call):
             func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else ""
+            )
+            owner = (
+                func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            )
             if (owner == "pytest" and name in RAISING) or name.startswith(("assert_", "check_")):
                 n += 1
     return n
@@ -38,13 +46,19 @@ def counts_at(rev: str | None) -> dict[str, int]:
     if rev is None:
         files = [str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("*.py")]
         return {f: count((REPO / f).read_text()) for f in files}
-    listing = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, "tests/"], cwd=REPO, check=True,
-                             capture_output=True, text=True).stdout.split()
+    listing = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", rev, "tests/"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     out = {}
     for f in listing:
         if f.endswith(".py"):
-            text = subprocess.run(["git", "show", f"{rev}:{f}"], cwd=REPO, check=True, capture_output=True,
-                                  text=True).stdout
+            text = subprocess.run(
+                ["git", "show", f"{rev}:{f}"], cwd=REPO, check=True, capture_output=True, text=True
+            ).stdout
             out[f] = count(text)
     return out
 

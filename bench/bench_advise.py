@@ -31,9 +31,11 @@ sys.path.insert(0, str(REPO))
 def _same_front(a, b) -> bool:
     if [p.candidate.label for p in a] != [p.candidate.label for p in b]:
         return False
-    return all(abs(x.time_per_epoch_s - y.time_per_epoch_s) <= 1e-12 * y.time_per_epoch_s
-               and abs(x.cost_per_epoch_usd - y.cost_per_epoch_usd) <= 1e-12 * max(y.cost_per_epoch_usd, 1e-300)
-               for x, y in zip(a, b, strict=True))
+    return all(
+        abs(x.time_per_epoch_s - y.time_per_epoch_s) <= 1e-12 * y.time_per_epoch_s
+        and abs(x.cost_per_epoch_usd - y.cost_per_epoch_usd) <= 1e-12 * max(y.cost_per_epoch_usd, 1e-300)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def main() -> int:
@@ -56,8 +58,13 @@ def main() -> int:
     offers = load_offers(args.offers)
     job = JobSpec(model=args.model, global_batch=args.global_batch)
     start = time.monotonic()
-    context = AdviseContext(job, offers, epoch_samples=1_281_167, cache=ProfileCache(args.cache_dir),
-                            on_progress=lambda line: print(line, file=sys.stderr))
+    context = AdviseContext(
+        job,
+        offers,
+        epoch_samples=1_281_167,
+        cache=ProfileCache(args.cache_dir),
+        on_progress=lambda line: print(line, file=sys.stderr),
+    )
     profiles_s = time.monotonic() - start
     usable = [o for o in offers.offers if context.holds_job(o) is None]
     candidates = enumerate_candidates(offers, usable, max_gpus=args.max_gpus)
@@ -70,18 +77,37 @@ def main() -> int:
     for name, result in (("advise", pruned), ("brute force", brute)):
         print(f"{name}: planned {result.planned} of {result.candidates} in {result.seconds:.2f} s")
         for p in result.front:
-            print(f"  {p.candidate.label:32s} {p.time_per_epoch_s:10.1f} s/epoch  ${p.cost_per_epoch_usd:.4f}/epoch")
+            print(
+                f"  {p.candidate.label:32s} {p.time_per_epoch_s:10.1f} s/epoch  ${p.cost_per_epoch_usd:.4f}/epoch"
+            )
     print(f"bound above every planned throughput: {str(bound_ok).lower()}; profiles {profiles_s:.1f} s")
     results = REPO / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    (results / "advise.json").write_text(json.dumps({
-        "offers": args.offers, "model": args.model, "global_batch": args.global_batch, "max_gpus": args.max_gpus,
-        "candidates": len(candidates), "evaluated": pruned.planned, "brute_force_evaluated": brute.planned,
-        "front": [p.candidate.label for p in pruned.front], "same_as_brute_force": same, "bound_ok": bound_ok,
-        "advise_seconds": [r.seconds for r in runs], "brute_force_seconds": brute.seconds, "profiles_seconds": profiles_s,
-    }, indent=2) + "\n")
-    print(f"advise: offers={len(offers.offers)} candidates={len(candidates)} evaluated={pruned.planned} "
-          f"front={len(pruned.front)} same_as_brute_force={str(same).lower()} seconds={seconds:.2f}")
+    (results / "advise.json").write_text(
+        json.dumps(
+            {
+                "offers": args.offers,
+                "model": args.model,
+                "global_batch": args.global_batch,
+                "max_gpus": args.max_gpus,
+                "candidates": len(candidates),
+                "evaluated": pruned.planned,
+                "brute_force_evaluated": brute.planned,
+                "front": [p.candidate.label for p in pruned.front],
+                "same_as_brute_force": same,
+                "bound_ok": bound_ok,
+                "advise_seconds": [r.seconds for r in runs],
+                "brute_force_seconds": brute.seconds,
+                "profiles_seconds": profiles_s,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(
+        f"advise: offers={len(offers.offers)} candidates={len(candidates)} evaluated={pruned.planned} "
+        f"front={len(pruned.front)} same_as_brute_force={str(same).lower()} seconds={seconds:.2f}"
+    )
     return 0 if same and bound_ok and pruned.planned * 10 <= len(candidates) else 1
 
 

@@ -72,16 +72,25 @@ def bench_one(num_ranks: int, cluster: str, repeat: int) -> dict:
     global_batch = 1024 * num_ranks
     batch_ms, with_b = time_ms(repeat, global_batch=global_batch, **common)
     distinct = len({(int(c), float(a), float(b)) for c, a, b in zip(cap // 8, t0, t1, strict=True)})
-    print(f"ranks={num_ranks} allocate_ms={plain_ms:.1f} allocate_global_batch_ms={batch_ms:.1f} "
-          f"cluster={cluster} distinct_profiles={distinct} accumulate={with_b.accumulate} "
-          f"balance_efficiency={plain.balance_efficiency:.3f}", flush=True)
+    print(
+        f"ranks={num_ranks} allocate_ms={plain_ms:.1f} allocate_global_batch_ms={batch_ms:.1f} "
+        f"cluster={cluster} distinct_profiles={distinct} accumulate={with_b.accumulate} "
+        f"balance_efficiency={plain.balance_efficiency:.3f}",
+        flush=True,
+    )
     return {
-        "ranks": num_ranks, "cluster": cluster, "allocate_ms": round(plain_ms, 2),
-        "allocate_global_batch_ms": round(batch_ms, 2), "distinct_profiles": distinct,
+        "ranks": num_ranks,
+        "cluster": cluster,
+        "allocate_ms": round(plain_ms, 2),
+        "allocate_global_batch_ms": round(batch_ms, 2),
+        "distinct_profiles": distinct,
         "throughput_samples_per_s": round(plain.throughput_samples_per_s, 1),
-        "balance_efficiency": round(plain.balance_efficiency, 4), "global_batch": global_batch,
-        "accumulate": with_b.accumulate, "global_batch_balance_efficiency": round(with_b.balance_efficiency, 4),
-        "repeat": repeat, "advice": list(plain.advice),
+        "balance_efficiency": round(plain.balance_efficiency, 4),
+        "global_batch": global_batch,
+        "accumulate": with_b.accumulate,
+        "global_batch_balance_efficiency": round(with_b.balance_efficiency, 4),
+        "repeat": repeat,
+        "advice": list(plain.advice),
     }
 
 
@@ -98,7 +107,9 @@ def main() -> None:
             rows.append(bench_one(num_ranks, cluster, args.repeat))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"bench": "allocate", "gpu_types": GPU_TYPES, "results": rows}, indent=2) + "\n")
+    out.write_text(
+        json.dumps({"bench": "allocate", "gpu_types": GPU_TYPES, "results": rows}, indent=2) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -46,9 +46,13 @@ def _encoder(dropout: float):
         layer.self_attn.dropout = dropout
         return nn.TransformerEncoder(layer, 6, enable_nested_tensor=False)
 
-    return Workload(name=f"encoder-{dropout}", sample_shape=(512, 512), build_model=build,
-                    make_batch=lambda b: (torch.randn(b, 512, 512), None),
-                    loss_fn=lambda out, _: out.float().pow(2).mean())
+    return Workload(
+        name=f"encoder-{dropout}",
+        sample_shape=(512, 512),
+        build_model=build,
+        make_batch=lambda b: (torch.randn(b, 512, 512), None),
+        loss_fn=lambda out, _: out.float().pow(2).mean(),
+    )
 
 
 def _hf(kind: str, dropout: float):
@@ -60,13 +64,20 @@ def _hf(kind: str, dropout: float):
     if kind == "gpt2":
         config, cls, seq = transformers.GPT2Config(attn_pdrop=dropout), transformers.GPT2LMHeadModel, 1024
     else:
-        config, cls, seq = (transformers.BertConfig(attention_probs_dropout_prob=dropout),
-                            transformers.BertForMaskedLM, 512)
+        config, cls, seq = (
+            transformers.BertConfig(attention_probs_dropout_prob=dropout),
+            transformers.BertForMaskedLM,
+            512,
+        )
     config._attn_implementation = "sdpa"
     vocab = config.vocab_size
-    return Workload(name=f"{kind}-{dropout}", sample_shape=(seq,), build_model=lambda: cls(config),
-                    make_batch=lambda b: (torch.randint(0, vocab, (b, seq)), None),
-                    loss_fn=lambda out, _: out.logits.float().mean())
+    return Workload(
+        name=f"{kind}-{dropout}",
+        sample_shape=(seq,),
+        build_model=lambda: cls(config),
+        make_batch=lambda b: (torch.randint(0, vocab, (b, seq)), None),
+        loss_fn=lambda out, _: out.logits.float().mean(),
+    )
 
 
 def _t4_batch(estimates, gpu) -> int:
@@ -92,11 +103,15 @@ def figures(name: str, make) -> None:
         worst = max(worst, abs(d.peak_allocated_bytes / expected - 1), key=abs)
     print(f"{name}_attention_calls={with_dropout[-1].cuda_attention_calls}")
     print(f"{name}_cuda_vs_dropout0_plus_rng={worst:+.6f}")
-    print(f"{name}_cpu_path_over_cuda={cpu_path[-1].peak_allocated_bytes / with_dropout[-1].peak_allocated_bytes:.3f}")
+    print(
+        f"{name}_cpu_path_over_cuda={cpu_path[-1].peak_allocated_bytes / with_dropout[-1].peak_allocated_bytes:.3f}"
+    )
     print(f"{name}_t4_batch_cuda={_t4_batch(with_dropout, gpu)}")
     print(f"{name}_t4_batch_dropout0={_t4_batch(without, gpu)}")
     print(f"{name}_t4_batch_cpu_path={_t4_batch(cpu_path, gpu)}")
-    print(f"{name}_t4_step_ratio_cpu_path={step_time_s(cpu_path[-1], gpu) / step_time_s(with_dropout[-1], gpu):.3f}")
+    print(
+        f"{name}_t4_step_ratio_cpu_path={step_time_s(cpu_path[-1], gpu) / step_time_s(with_dropout[-1], gpu):.3f}"
+    )
     sys.stdout.flush()
 
 
@@ -110,7 +125,10 @@ def main() -> int:
     try:
         import transformers  # noqa: F401
     except ImportError:
-        print("hf models skipped: transformers is not installed (pip install 'transformers>=4.45')", file=sys.stderr)
+        print(
+            "hf models skipped: transformers is not installed (pip install 'transformers>=4.45')",
+            file=sys.stderr,
+        )
         return 0
     figures("hf_gpt2_small", lambda d: _hf("gpt2", d))
     figures("hf_bert_base", lambda d: _hf("bert", d))

@@ -55,8 +55,13 @@ from typing import Annotated, Any
 REPO = Path(__file__).resolve().parents[1]
 READERS = ("plan_from_bytes", "codec_decode", "pydantic_plan", "pydantic_decode", "json_loads")
 #: what each reader's process imports before its baseline (imports are not the read)
-IMPORTS = {"plan_from_bytes": "planner.plan.validate", "codec_decode": "planner.plan.types",
-           "pydantic_plan": "pydantic", "pydantic_decode": "pydantic", "json_loads": "json"}
+IMPORTS = {
+    "plan_from_bytes": "planner.plan.validate",
+    "codec_decode": "planner.plan.types",
+    "pydantic_plan": "pydantic",
+    "pydantic_decode": "pydantic",
+    "json_loads": "json",
+}
 
 CHILD = """
 import importlib, json, os, resource, sys, time
@@ -107,13 +112,16 @@ def reader(name: str) -> tuple[Any, float]:
 
     if name == "plan_from_bytes":
         from planner.plan.validate import plan_from_bytes
+
         return lambda raw: plan_from_bytes(raw, where="bench"), 0.0
     if name == "codec_decode":
         from planner.codec import decode_fields
         from planner.plan.types import Plan
+
         return lambda raw: decode_fields(Plan, raw, where="bench", fix="", without=()), 0.0
     if name in ("pydantic_plan", "pydantic_decode"):
         import pydantic
+
         start = time.perf_counter()
         checked, unchecked = pydantic_types()
         adapter = pydantic.TypeAdapter(checked if name == "pydantic_plan" else unchecked)
@@ -155,15 +163,25 @@ def measure_readers(path: Path, repeat: int) -> list[dict[str, Any]]:
     for round_ in range(repeat):
         for name in READERS:
             runs[name].append(read_once(name, path))
-            print(f"round {round_ + 1}/{repeat} {name}: {runs[name][-1]['wall_s']:.3f} s "
-                  f"(load {runs[name][-1]['load']:.1f})", file=sys.stderr, flush=True)
-    return [{"reader": name, **{key: _summary([run[key] for run in rows]) for key in rows[0]}}
-            for name, rows in runs.items()]
+            print(
+                f"round {round_ + 1}/{repeat} {name}: {runs[name][-1]['wall_s']:.3f} s "
+                f"(load {runs[name][-1]['load']:.1f})",
+                file=sys.stderr,
+                flush=True,
+            )
+    return [
+        {"reader": name, **{key: _summary([run[key] for run in rows]) for key in rows[0]}}
+        for name, rows in runs.items()
+    ]
 
 
 #: ``import planner.runtime`` loads its names lazily (PEP 562); a rank reading its plan imports ``load_rank_plan``
-IMPORTS_TIMED = ("import planner.runtime", "from planner.runtime import load_rank_plan", "import msgspec",
-                 "from pydantic import TypeAdapter")
+IMPORTS_TIMED = (
+    "import planner.runtime",
+    "from planner.runtime import load_rank_plan",
+    "import msgspec",
+    "from pydantic import TypeAdapter",
+)
 IMPORT_CHILD = """
 import sys, time
 sys.path.insert(0, {repo!r})
@@ -178,12 +196,22 @@ def measure_import(statement: str, repeat: int) -> dict[str, Any]:
     times, loads, pulled = [], [], set()
     for _ in range(repeat):
         loads.append(os.getloadavg()[0])
-        done = subprocess.run([sys.executable, "-c", IMPORT_CHILD.format(repo=str(REPO), statement=statement)],
-                              capture_output=True, text=True, check=True, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, "-c", IMPORT_CHILD.format(repo=str(REPO), statement=statement)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        )
         seconds, msgspec, pydantic = done.stdout.split()
         times.append(float(seconds))
         pulled |= {lib for lib, flag in (("msgspec", msgspec), ("pydantic", pydantic)) if flag == "1"}
-    return {"statement": statement, "import_s": _summary(times), "load": _summary(loads), "imports": sorted(pulled)}
+    return {
+        "statement": statement,
+        "import_s": _summary(times),
+        "load": _summary(loads),
+        "imports": sorted(pulled),
+    }
 
 
 def _range(summary: dict[str, float], digits: int) -> str:
@@ -204,25 +232,44 @@ def main() -> None:
         path = Path(tmp) / "plan.json"
         # in its own process: a child's ru_maxrss starts at its parent's peak (Linux keeps it across fork and
         # exec), so this process stays as small as the readers' baselines
-        subprocess.run([sys.executable, __file__, "--write-plan", str(path), "--ranks", str(args.ranks)], check=True)
+        subprocess.run(
+            [sys.executable, __file__, "--write-plan", str(path), "--ranks", str(args.ranks)], check=True
+        )
         size_mb = path.stat().st_size / 1e6
         rows = measure_readers(path, args.repeat)
     print("timing imports", file=sys.stderr, flush=True)
     imports = [measure_import(statement, args.repeat) for statement in IMPORTS_TIMED]
 
     print(f"{args.ranks}-rank plan, {size_mb:.1f} MB; median (min-max) of {args.repeat} fresh processes")
-    print(f"{'reader':<16} {'read s':>19} {'CPU s':>19} {'of which setup s':>19} {'peak MiB':>16} {'load 1 min':>16}")
+    print(
+        f"{'reader':<16} {'read s':>19} {'CPU s':>19} {'of which setup s':>19} {'peak MiB':>16} {'load 1 min':>16}"
+    )
     for row in rows:
-        print(f"{row['reader']:<16} {_range(row['wall_s'], 3):>19} {_range(row['cpu_s'], 3):>19} "
-              f"{_range(row['setup_s'], 3):>19} {_range(row['peak_mib'], 0):>16} {_range(row['load'], 1):>16}")
+        print(
+            f"{row['reader']:<16} {_range(row['wall_s'], 3):>19} {_range(row['cpu_s'], 3):>19} "
+            f"{_range(row['setup_s'], 3):>19} {_range(row['peak_mib'], 0):>16} {_range(row['load'], 1):>16}"
+        )
     print(f"\n{'fresh interpreter':<44} {'s':>19} {'load 1 min':>16}  imported")
     for row in imports:
-        print(f"{row['statement']:<44} {_range(row['import_s'], 3):>19} {_range(row['load'], 1):>16}  "
-              f"{', '.join(row['imports']) or '-'}")
+        print(
+            f"{row['statement']:<44} {_range(row['import_s'], 3):>19} {_range(row['load'], 1):>16}  "
+            f"{', '.join(row['imports']) or '-'}"
+        )
     out = REPO / "bench" / "results" / "codec.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"ranks": args.ranks, "plan_mb": round(size_mb, 1), "repeat": args.repeat,
-                               "readers": rows, "imports": imports}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "ranks": args.ranks,
+                "plan_mb": round(size_mb, 1),
+                "repeat": args.repeat,
+                "readers": rows,
+                "imports": imports,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

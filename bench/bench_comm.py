@@ -131,7 +131,9 @@ def _model(case: Case):
             self.bias = torch.nn.Parameter(torch.zeros(case.width))
 
         def forward(self, x):
-            return device_time.apply(x + self.weight[0] + self.bias, case.forward_ms / 1e3, case.backward_ms / 1e3)
+            return device_time.apply(
+                x + self.weight[0] + self.bias, case.forward_ms / 1e3, case.backward_ms / 1e3
+            )
 
     torch.manual_seed(0)
     return torch.nn.Sequential(*[Layer() for _ in range(case.layers)])
@@ -233,11 +235,17 @@ def _run_case(case: Case, repeats: int, world: int) -> dict:
             silent_steps.append(silent_s)
     med = statistics.median
     cpu = cpu[3:]
-    return {"forward_s": med(fwd), "backward_s": med(bwd), "compute_s": med(compute), "step_s": med(step),
-            "backward_cpu_s": med(cpu), "buckets_alone_s": med(alone),
-            "silent_step_s": med(silent_steps),
-            "exposed_noise_s": _median_noise_s([s - c for s, c in zip(step, compute, strict=True)]),
-            "probe_s": [med(p[j] for p in probes) for j in range(len(PROBE_SIZES))]}
+    return {
+        "forward_s": med(fwd),
+        "backward_s": med(bwd),
+        "compute_s": med(compute),
+        "step_s": med(step),
+        "backward_cpu_s": med(cpu),
+        "buckets_alone_s": med(alone),
+        "silent_step_s": med(silent_steps),
+        "exposed_noise_s": _median_noise_s([s - c for s, c in zip(step, compute, strict=True)]),
+        "probe_s": [med(p[j] for p in probes) for j in range(len(PROBE_SIZES))],
+    }
 
 
 def _worker(rank: int, world: int, port: int, cases: list[Case], repeats: int, out: str) -> None:
@@ -261,10 +269,11 @@ def _measure(world: int, cases: list[Case], repeats: int) -> dict:
 
     import torch.multiprocessing as mp
 
-
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
-        mp.start_processes(_worker, args=(world, free_port(), cases, repeats, out), nprocs=world, start_method="spawn")
+        mp.start_processes(
+            _worker, args=(world, free_port(), cases, repeats, out), nprocs=world, start_method="spawn"
+        )
         return json.loads(Path(out).read_text())
 
 
@@ -287,8 +296,13 @@ def _predict(case: Case, link: LinkCost, measured: dict) -> float:
     share = measured["backward_s"] / measured["compute_s"]
     # gloo reduces on the host's cores: it gets what the backward pass leaves idle
     idle = max(0.0, 1.0 - measured["backward_cpu_s"] / measured["backward_s"])
-    return exposed_sync_s(ddp_buckets(grads), ring, compute_s=measured["compute_s"], backward_share=share,
-                          overlap_efficiency=idle)
+    return exposed_sync_s(
+        ddp_buckets(grads),
+        ring,
+        compute_s=measured["compute_s"],
+        backward_share=share,
+        overlap_efficiency=idle,
+    )
 
 
 def _pytorch_ddp_benchmark() -> dict:
@@ -304,16 +318,24 @@ def _pytorch_ddp_benchmark() -> dict:
     with torch.device("meta"):
         grads = gradient_bytes_of(get_workload("resnet50").build_model())
     intra = Interconnect().intra_link("dgx1", "V100-SXM2-16GB")
-    net = LinkCost(name="network", bus_bytes_per_s=4 * 100e9 / 8, step_latency_s=NCCL_NET_STEP_S, source="4x100 Gb IB")
+    net = LinkCost(
+        name="network", bus_bytes_per_s=4 * 100e9 / 8, step_latency_s=NCCL_NET_STEP_S, source="4x100 Gb IB"
+    )
     ring = RingCost(num_ranks=16, num_nodes=2, intra=intra, network=net)
     compute_s = 0.097
     exposed = exposed_sync_s(ddp_buckets(grads), ring, compute_s=compute_s, backward_share=2 / 3)
-    no_overlap = exposed_sync_s(ddp_buckets(grads), ring, compute_s=compute_s, backward_share=2 / 3,
-                                overlap_efficiency=0.0)
-    return {"gradient_bytes": sum(grads), "compute_s": compute_s, "predicted_exposed_s": exposed,
-            "predicted_exposed_no_overlap_s": no_overlap,
-            "allreduce_s": sum(ring.allreduce_s(b.size_bytes) for b in ddp_buckets(grads)),
-            "measured_overhead_s": 0.104 - 0.097, "measured_overhead_at_1gpu_s": 0.100 - 0.097}
+    no_overlap = exposed_sync_s(
+        ddp_buckets(grads), ring, compute_s=compute_s, backward_share=2 / 3, overlap_efficiency=0.0
+    )
+    return {
+        "gradient_bytes": sum(grads),
+        "compute_s": compute_s,
+        "predicted_exposed_s": exposed,
+        "predicted_exposed_no_overlap_s": no_overlap,
+        "allreduce_s": sum(ring.allreduce_s(b.size_bytes) for b in ddp_buckets(grads)),
+        "measured_overhead_s": 0.104 - 0.097,
+        "measured_overhead_at_1gpu_s": 0.100 - 0.097,
+    }
 
 
 def _median_of_rounds(measured: list[dict]) -> dict:
@@ -335,12 +357,18 @@ def _median_of_rounds(measured: list[dict]) -> dict:
 def _link(name: str, world: int, probe_s: list[float]) -> LinkCost:
     """The loopback link fitted to probe medians at ``PROBE_SIZES`` (logged to stderr)."""
     fit = fit_link(PROBE_SIZES, probe_s, world)
-    print(f"  {name}: probe fit alpha {fit.alpha_s * 1e6:.0f} us, busbw {fit.bus_bytes_per_s / 1e9:.2f} "
-          f"GB/s, rms error {fit.rms_relative_error:.1%}; medians " + ", ".join(
-              f"{s / 2**20:g} MiB {t * 1e3:.2f} ms" for s, t in zip(PROBE_SIZES, probe_s, strict=True)),
-          file=sys.stderr)
-    return LinkCost(name="loopback", bus_bytes_per_s=fit.bus_bytes_per_s,
-                    step_latency_s=fit.alpha_s / (2 * (world - 1)), source="measured (gloo probe)")
+    print(
+        f"  {name}: probe fit alpha {fit.alpha_s * 1e6:.0f} us, busbw {fit.bus_bytes_per_s / 1e9:.2f} "
+        f"GB/s, rms error {fit.rms_relative_error:.1%}; medians "
+        + ", ".join(f"{s / 2**20:g} MiB {t * 1e3:.2f} ms" for s, t in zip(PROBE_SIZES, probe_s, strict=True)),
+        file=sys.stderr,
+    )
+    return LinkCost(
+        name="loopback",
+        bus_bytes_per_s=fit.bus_bytes_per_s,
+        step_latency_s=fit.alpha_s / (2 * (world - 1)),
+        source="measured (gloo probe)",
+    )
 
 
 def _pooled_probe_s(measured: list[dict]) -> list[float]:
@@ -360,35 +388,57 @@ def _row(case: Case, world: int, m: dict, link: LinkCost) -> dict:
     step_pred = m["compute_s"] + exposed_pred
     # an exposed time within twice the standard error of its median is noise: its relative error says nothing
     above_noise = exposed_meas > 2 * m["exposed_noise_s"]
-    return {"case": case.name, "world": world, "grad_mb": case.grad_bytes / 1e6, **m,
-            "alpha_s": link.step_latency_s * 2 * (world - 1), "busbw_gb_s": link.bus_bytes_per_s / 1e9,
-            "buckets_alone_predicted_s": alone_pred, "buckets_alone_error": alone_pred / m["buckets_alone_s"] - 1,
-            "exposed_measured_s": exposed_meas, "exposed_predicted_s": exposed_pred,
-            "step_predicted_s": step_pred, "step_error": step_pred / m["step_s"] - 1,
-            "sync_error": (exposed_pred - exposed_meas) / exposed_meas if exposed_meas > 0 else None,
-            "exposed_predicted_own_probe_s": own_pred,
-            "sync_error_own_probe": (own_pred - exposed_meas) / exposed_meas if exposed_meas > 0 else None,
-            "sync_above_noise": above_noise, "sync_share": exposed_meas / m["step_s"]}
+    return {
+        "case": case.name,
+        "world": world,
+        "grad_mb": case.grad_bytes / 1e6,
+        **m,
+        "alpha_s": link.step_latency_s * 2 * (world - 1),
+        "busbw_gb_s": link.bus_bytes_per_s / 1e9,
+        "buckets_alone_predicted_s": alone_pred,
+        "buckets_alone_error": alone_pred / m["buckets_alone_s"] - 1,
+        "exposed_measured_s": exposed_meas,
+        "exposed_predicted_s": exposed_pred,
+        "step_predicted_s": step_pred,
+        "step_error": step_pred / m["step_s"] - 1,
+        "sync_error": (exposed_pred - exposed_meas) / exposed_meas if exposed_meas > 0 else None,
+        "exposed_predicted_own_probe_s": own_pred,
+        "sync_error_own_probe": (own_pred - exposed_meas) / exposed_meas if exposed_meas > 0 else None,
+        "sync_above_noise": above_noise,
+        "sync_share": exposed_meas / m["step_s"],
+    }
 
 
 def _print_rows(rows: list[dict]) -> None:
-    print(f"{'case':<20} {'n':>2} {'grad MB':>8} {'compute ms':>10} {'step ms':>8} {'pred ms':>8} {'err':>6} "
-          f"{'sync ms':>8} {'±':>5} {'pred':>7} {'err':>7} {'share':>6} {'alone ms':>9} {'pred':>7} {'err':>6} "
-          f"{'ddp ms':>7}")
+    print(
+        f"{'case':<20} {'n':>2} {'grad MB':>8} {'compute ms':>10} {'step ms':>8} {'pred ms':>8} {'err':>6} "
+        f"{'sync ms':>8} {'±':>5} {'pred':>7} {'err':>7} {'share':>6} {'alone ms':>9} {'pred':>7} {'err':>6} "
+        f"{'ddp ms':>7}"
+    )
     for r in rows:
-        err = "n/a" if r["sync_error"] is None else format(r["sync_error"], "+.1%") + ("" if r["sync_above_noise"] else "*")
-        print(f"{r['case']:<20} {r['world']:>2} {r['grad_mb']:>8.1f} {r['compute_s'] * 1e3:>10.1f} "
-              f"{r['step_s'] * 1e3:>8.1f} {r['step_predicted_s'] * 1e3:>8.1f} {r['step_error']:>+6.1%} "
-              f"{r['exposed_measured_s'] * 1e3:>8.1f} {r['exposed_noise_s'] * 1e3:>5.1f} "
-              f"{r['exposed_predicted_s'] * 1e3:>7.1f} {err:>7} {r['sync_share']:>6.0%} "
-              f"{r['buckets_alone_s'] * 1e3:>9.1f} {r['buckets_alone_predicted_s'] * 1e3:>7.1f} "
-              f"{r['buckets_alone_error']:>+6.1%} {(r['silent_step_s'] - r['compute_s']) * 1e3:>7.1f}")
-    print("(± the standard error of the measured exposed median; * within twice it: noise, left out of "
-          "max_sync_error; alone: DDP's buckets all-reduced back to back with nothing else running, against "
-          "the probe fit's Σ T(s_k); ddp: the synchronised step with a comm hook that sends nothing, less the compute)")
+        err = (
+            "n/a"
+            if r["sync_error"] is None
+            else format(r["sync_error"], "+.1%") + ("" if r["sync_above_noise"] else "*")
+        )
+        print(
+            f"{r['case']:<20} {r['world']:>2} {r['grad_mb']:>8.1f} {r['compute_s'] * 1e3:>10.1f} "
+            f"{r['step_s'] * 1e3:>8.1f} {r['step_predicted_s'] * 1e3:>8.1f} {r['step_error']:>+6.1%} "
+            f"{r['exposed_measured_s'] * 1e3:>8.1f} {r['exposed_noise_s'] * 1e3:>5.1f} "
+            f"{r['exposed_predicted_s'] * 1e3:>7.1f} {err:>7} {r['sync_share']:>6.0%} "
+            f"{r['buckets_alone_s'] * 1e3:>9.1f} {r['buckets_alone_predicted_s'] * 1e3:>7.1f} "
+            f"{r['buckets_alone_error']:>+6.1%} {(r['silent_step_s'] - r['compute_s']) * 1e3:>7.1f}"
+        )
+    print(
+        "(± the standard error of the measured exposed median; * within twice it: noise, left out of "
+        "max_sync_error; alone: DDP's buckets all-reduced back to back with nothing else running, against "
+        "the probe fit's Σ T(s_k); ddp: the synchronised step with a comm hook that sends nothing, less the compute)"
+    )
 
 
-def _measure_rounds(cases: list[Case], num_rounds: int, repeats: int) -> tuple[list[float], dict[str, list[dict]]]:
+def _measure_rounds(
+    cases: list[Case], num_rounds: int, repeats: int
+) -> tuple[list[float], dict[str, list[dict]]]:
     """Every world size's cases measured ``num_rounds`` times, one world size after another; the 1-minute load
     average before and after each world size."""
     loads = [os.getloadavg()[0]]
@@ -396,8 +446,11 @@ def _measure_rounds(cases: list[Case], num_rounds: int, repeats: int) -> tuple[l
     for index in range(num_rounds):
         for world in sorted({c.world for c in cases}):
             mine = [c for c in cases if c.world == world]
-            print(f"round {index + 1}/{num_rounds}, world {world}: probing and running {len(mine)} case(s) ...",
-                  file=sys.stderr, flush=True)
+            print(
+                f"round {index + 1}/{num_rounds}, world {world}: probing and running {len(mine)} case(s) ...",
+                file=sys.stderr,
+                flush=True,
+            )
             measured = _measure(world, mine, repeats)
             loads.append(os.getloadavg()[0])
             for case in mine:
@@ -409,12 +462,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run every world size this many times, one after another; each figure is the "
-                             "median of the rounds' medians (the load moves between rounds)")
-    parser.add_argument("--replay", type=Path, metavar="RAW_JSON",
-                        help="measure nothing: analyse the per-round figures an earlier run wrote to "
-                             "bench/results/comm_raw.json")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every world size this many times, one after another; each figure is the "
+        "median of the rounds' medians (the load moves between rounds)",
+    )
+    parser.add_argument(
+        "--replay",
+        type=Path,
+        metavar="RAW_JSON",
+        help="measure nothing: analyse the per-round figures an earlier run wrote to "
+        "bench/results/comm_raw.json",
+    )
     args = parser.parse_args()
     cases = [c for c in CASES if not args.cases or c.name in args.cases.split(",")]
     raw_path = REPO / "bench" / "results" / "comm_raw.json"
@@ -425,32 +486,45 @@ def main() -> int:
         loads, rounds = _measure_rounds(cases, args.rounds, args.repeats)
         raw_path.write_text(json.dumps({"load_average_1min": loads, "rounds": rounds}))
     medians = {case.name: _median_of_rounds(rounds[case.name]) for case in cases}
-    links = {world: _link(f"world {world} (pooled over its cases)", world,
-                          _pooled_probe_s([medians[c.name] for c in cases if c.world == world]))
-             for world in sorted({c.world for c in cases})}
+    links = {
+        world: _link(
+            f"world {world} (pooled over its cases)",
+            world,
+            _pooled_probe_s([medians[c.name] for c in cases if c.world == world]),
+        )
+        for world in sorted({c.world for c in cases})
+    }
     rows = [_row(case, case.world, medians[case.name], links[case.world]) for case in cases]
     _print_rows(rows)
     published = _pytorch_ddp_benchmark()
-    print(f"pytorch DDP benchmark (ResNet-50 bs 32, 16x V100, 4x100 Gb IB): {published['gradient_bytes'] / 1e6:.1f} MB "
-          f"of gradients; all-reduce {published['allreduce_s'] * 1e3:.1f} ms, predicted exposed sync "
-          f"{published['predicted_exposed_s'] * 1e3:.1f} ms (without overlap "
-          f"{published['predicted_exposed_no_overlap_s'] * 1e3:.1f} ms) vs measured DDP overhead ~"
-          f"{published['measured_overhead_s'] * 1e3:.0f} ms ({published['measured_overhead_at_1gpu_s'] * 1e3:.0f} ms of "
-          "it already at 1 GPU: hooks, not communication)")
+    print(
+        f"pytorch DDP benchmark (ResNet-50 bs 32, 16x V100, 4x100 Gb IB): {published['gradient_bytes'] / 1e6:.1f} MB "
+        f"of gradients; all-reduce {published['allreduce_s'] * 1e3:.1f} ms, predicted exposed sync "
+        f"{published['predicted_exposed_s'] * 1e3:.1f} ms (without overlap "
+        f"{published['predicted_exposed_no_overlap_s'] * 1e3:.1f} ms) vs measured DDP overhead ~"
+        f"{published['measured_overhead_s'] * 1e3:.0f} ms ({published['measured_overhead_at_1gpu_s'] * 1e3:.0f} ms of "
+        "it already at 1 GPU: hooks, not communication)"
+    )
     shares = [r["sync_share"] for r in rows]
     counted = [abs(r["sync_error"]) for r in rows if r["sync_error"] is not None and r["sync_above_noise"]]
     every = [abs(r["sync_error"]) for r in rows if r["sync_error"] is not None]
-    own = [abs(r["sync_error_own_probe"]) for r in rows if r["sync_error_own_probe"] is not None
-           and r["sync_above_noise"]]
-    print(f"comm: cases={len(rows)} max_step_error={max(abs(r['step_error']) for r in rows):.1%} "
-          f"max_sync_error={max(counted, default=0.0):.1%} sync_share={min(shares):.0%}-{max(shares):.0%} "
-          f"sync_cases={len(counted)} max_sync_error_with_noise={max(every, default=0.0):.1%} "
-          f"max_alone_error={max(abs(r['buckets_alone_error']) for r in rows):.1%} "
-          f"max_sync_error_own_probe={max(own, default=0.0):.1%} "
-          f"load={min(loads):.1f}-{max(loads):.1f}")
+    own = [
+        abs(r["sync_error_own_probe"])
+        for r in rows
+        if r["sync_error_own_probe"] is not None and r["sync_above_noise"]
+    ]
+    print(
+        f"comm: cases={len(rows)} max_step_error={max(abs(r['step_error']) for r in rows):.1%} "
+        f"max_sync_error={max(counted, default=0.0):.1%} sync_share={min(shares):.0%}-{max(shares):.0%} "
+        f"sync_cases={len(counted)} max_sync_error_with_noise={max(every, default=0.0):.1%} "
+        f"max_alone_error={max(abs(r['buckets_alone_error']) for r in rows):.1%} "
+        f"max_sync_error_own_probe={max(own, default=0.0):.1%} "
+        f"load={min(loads):.1f}-{max(loads):.1f}"
+    )
     out = REPO / "bench" / "results" / "comm.json"
-    out.write_text(json.dumps({"cases": rows, "pytorch_ddp_benchmark": published, "load_average_1min": loads},
-                              indent=1))
+    out.write_text(
+        json.dumps({"cases": rows, "pytorch_ddp_benchmark": published, "load_average_1min": loads}, indent=1)
+    )
     return 0
 
 

@@ -35,7 +35,10 @@ TINY_MODEL = ("--model", "tests.planner.tiny_models:convnet", "--input-shape", "
 def _run(args: list[str], cwd: Path) -> tuple[int, float, float, float]:
     """exit code, wall seconds, CPU seconds (user + system) and peak RSS (MiB) of ``python ARGS`` in a
     subprocess."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     start = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the child: its own rusage is what RUSAGE_CHILDREN reports once it is reaped
@@ -52,13 +55,17 @@ def _run(args: list[str], cwd: Path) -> tuple[int, float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--plan-at-limit", action="store_true", help="also plan 16,384 nodes × 4 GPUs (minutes)")
+    parser.add_argument(
+        "--plan-at-limit", action="store_true", help="also plan 16,384 nodes × 4 GPUs (minutes)"
+    )
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-limits-") as tmp:
         where = Path(tmp)
         cli = ["-m", "planner.cli.main"]
-        cases = {name: (make, [*cli, "plan", "--no-ray", "--model", "resnet18", "--no-write", "--cluster"])
-                 for name, (make, _) in OVER_THE_LIMIT.items()}
+        cases = {
+            name: (make, [*cli, "plan", "--no-ray", "--model", "resnet18", "--no-write", "--cluster"])
+            for name, (make, _) in OVER_THE_LIMIT.items()
+        }
         read = ["-c", "import sys; from planner.cluster import load_cluster; load_cluster(sys.argv[1])"]
         cases["16,384 nodes of 4 GPUs (at every limit), read"] = (lambda: nodes_of(16_384, 4), read)
         for name, (make, command) in cases.items():
@@ -66,15 +73,33 @@ def main() -> None:
             path.write_text(make())
             code, wall_s, cpu_s, rss_mib = _run([*command, str(path)], where)
             size_kib = path.stat().st_size / 1024
-            print(f"case={name!r} file_kib={size_kib:.0f} exit={code} wall_s={wall_s:.2f} cpu_s={cpu_s:.2f} "
-                  f"max_rss_mib={rss_mib:.0f}", flush=True)
+            print(
+                f"case={name!r} file_kib={size_kib:.0f} exit={code} wall_s={wall_s:.2f} cpu_s={cpu_s:.2f} "
+                f"max_rss_mib={rss_mib:.0f}",
+                flush=True,
+            )
         if options.plan_at_limit:
             path = where / "cluster.yaml"
             path.write_text(nodes_of(16_384, 4))
-            code, wall_s, cpu_s, rss_mib = _run([*cli, "plan", "--no-ray", "--cluster", str(path), *TINY_MODEL,
-                                          "--no-cache", "--json", "-o", str(where / "plan.json")], where)
-            print(f"case='plan 16,384 nodes × 4 GPUs' exit={code} wall_s={wall_s:.1f} cpu_s={cpu_s:.1f} "
-                  f"max_rss_mib={rss_mib:.0f}")
+            code, wall_s, cpu_s, rss_mib = _run(
+                [
+                    *cli,
+                    "plan",
+                    "--no-ray",
+                    "--cluster",
+                    str(path),
+                    *TINY_MODEL,
+                    "--no-cache",
+                    "--json",
+                    "-o",
+                    str(where / "plan.json"),
+                ],
+                where,
+            )
+            print(
+                f"case='plan 16,384 nodes × 4 GPUs' exit={code} wall_s={wall_s:.1f} cpu_s={cpu_s:.1f} "
+                f"max_rss_mib={rss_mib:.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ GPU_CYCLE = ("A100-SXM4-80GB", "V100-SXM2-16GB", "T4", "A10")
 
 def simulated_config(num_nodes: int, directory: Path) -> Path:
     nodes = [
-        {"name": f"node-{i}", "gpus": [{"type": GPU_CYCLE[i % len(GPU_CYCLE)], "count": 2}]} for i in range(num_nodes)
+        {"name": f"node-{i}", "gpus": [{"type": GPU_CYCLE[i % len(GPU_CYCLE)], "count": 2}]}
+        for i in range(num_nodes)
     ]
     path = directory / f"sim-{num_nodes}.yaml"
     path.write_text(yaml.safe_dump({"name": f"sim-{num_nodes}", "nodes": nodes}))
@@ -72,18 +73,29 @@ TARGETS_S = {"warm_ray": 8.0, "warm_no_ray": 3.0, "cold_ray": 25.0, "cold_no_ray
 def _timed_cli(argv: list[str], env: dict[str, str]) -> float:
     script = shutil.which("batchplan", path=str(Path(sys.executable).parent)) or "batchplan"
     start = time.monotonic()
-    subprocess.run([script, *argv], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   cwd=REPO)
+    subprocess.run(
+        [script, *argv], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO
+    )
     return time.monotonic() - start
 
 
 def warm_and_cold(model: str, global_batch: int) -> dict[str, float]:
     """The demo-mixed plan cold then warm, with Ray and without, each in a fresh ``batchplan`` process."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    )
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:
-        base = ["plan", "--cluster", "cluster_configs/demo-mixed.yaml", "--model", model, "--global-batch",
-                str(global_batch), "--no-write"]
+        base = [
+            "plan",
+            "--cluster",
+            "cluster_configs/demo-mixed.yaml",
+            "--model",
+            model,
+            "--global-batch",
+            str(global_batch),
+            "--no-write",
+        ]
         for no_ray in (False, True):
             cache = ["--cache-dir", str(Path(tmp) / ("no-ray" if no_ray else "ray"))]
             flags = ["--no-ray"] if no_ray else []
@@ -91,8 +103,11 @@ def warm_and_cold(model: str, global_batch: int) -> dict[str, float]:
                 name = f"{state}_{'no_ray' if no_ray else 'ray'}"
                 figures[name] = round(_timed_cli([*base, *flags, *cache], env), 2)
                 target = TARGETS_S[name]
-                print(f"demo_mixed_{name}_s={figures[name]} target_s={target} "
-                      f"met={'yes' if figures[name] <= target else 'no'}", flush=True)
+                print(
+                    f"demo_mixed_{name}_s={figures[name]} target_s={target} "
+                    f"met={'yes' if figures[name] <= target else 'no'}",
+                    flush=True,
+                )
     return figures
 
 
@@ -124,8 +139,18 @@ def main() -> None:
             )
     out = REPO / "bench" / "results" / "e2e.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "global_batch": args.global_batch, "runs": rows,
-                               "demo_mixed_warm_cold_s": warm_cold, "load_average_1min": load}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "global_batch": args.global_batch,
+                "runs": rows,
+                "demo_mixed_warm_cold_s": warm_cold,
+                "load_average_1min": load,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
 
 

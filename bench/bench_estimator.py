@@ -67,8 +67,20 @@ LIBRARY_FULL_CASES = [
     ("hf:bert", {"seq_len": 128}, (2, 4), "adamw", "off"),
     ("ultralytics:yolov8n.yaml", {"imgsz": 640}, (1, 2), "sgd", "off"),
     ("ultralytics:yolo11s.yaml", {"imgsz": 640}, (1, 2), "adamw", "off"),
-    ("tests.planner.tiny_models:lstm_classifier", {"seq_len": 256, "vocab_size": 1000}, (16, 64), "adamw", "off"),
-    ("tests.planner.tiny_models:transformer_encoder", {"seq_len": 256, "vocab_size": 1000}, (16, 64), "sgd", "off"),
+    (
+        "tests.planner.tiny_models:lstm_classifier",
+        {"seq_len": 256, "vocab_size": 1000},
+        (16, 64),
+        "adamw",
+        "off",
+    ),
+    (
+        "tests.planner.tiny_models:transformer_encoder",
+        {"seq_len": 256, "vocab_size": 1000},
+        (16, 64),
+        "sgd",
+        "off",
+    ),
 ]
 LIBRARY_QUICK_CASES = [
     ("timm:resnet18", {"imgsz": 64}, (2, 4), "sgd", "off"),
@@ -78,8 +90,20 @@ LIBRARY_QUICK_CASES = [
     ("hf:bert", {"seq_len": 32}, (2, 4), "adamw", "off"),
     ("ultralytics:yolov8n.yaml", {"imgsz": 320}, (1, 2), "sgd", "off"),
     ("ultralytics:yolo11n.yaml", {"imgsz": 320}, (1, 2), "adamw", "off"),
-    ("tests.planner.tiny_models:lstm_classifier", {"seq_len": 64, "vocab_size": 1000}, (8, 32), "adamw", "off"),
-    ("tests.planner.tiny_models:transformer_encoder", {"seq_len": 64, "vocab_size": 1000}, (8, 32), "sgd", "off"),
+    (
+        "tests.planner.tiny_models:lstm_classifier",
+        {"seq_len": 64, "vocab_size": 1000},
+        (8, 32),
+        "adamw",
+        "off",
+    ),
+    (
+        "tests.planner.tiny_models:transformer_encoder",
+        {"seq_len": 64, "vocab_size": 1000},
+        (8, 32),
+        "sgd",
+        "off",
+    ),
 ]
 
 SPEED_SNIPPET = r"""
@@ -170,8 +194,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--quick", action="store_true", help="small inputs (minutes instead of ~15)")
     parser.add_argument("--only", help="comma-separated workload names")
-    parser.add_argument("--models", choices=("reference", "library", "all"), default="all",
-                        help="reference workloads, held-out library models, or both (default)")
+    parser.add_argument(
+        "--models",
+        choices=("reference", "library", "all"),
+        default="all",
+        help="reference workloads, held-out library models, or both (default)",
+    )
     parser.add_argument("--skip-truth", action="store_true", help="estimates only, no real CPU steps")
     parser.add_argument("--skip-speed", action="store_true")
     args = parser.parse_args()

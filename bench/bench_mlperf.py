@@ -54,8 +54,11 @@ from torchkit.estimate.roofline import KernelTable, PlacedTable  # noqa: E402
 from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH, load_time_model  # noqa: E402
 from torchkit.hardware.catalog import load_catalog  # noqa: E402
 
-V30, V31, V40 = ("mlcommons/training_results_v3.0@63e326c4", "mlcommons/training_results_v3.1@d06288b2",
-                 "mlcommons/training_results_v4.0@6fe95437")
+V30, V31, V40 = (
+    "mlcommons/training_results_v3.0@63e326c4",
+    "mlcommons/training_results_v3.1@d06288b2",
+    "mlcommons/training_results_v4.0@6fe95437",
+)
 BERT_SEQ_LEN = 512
 BERT_PACKING = 2
 """sequences per 512-token row (the logs' ``average_packing_rate=2``): a per-GPU batch of 96 is 48 rows"""
@@ -99,68 +102,277 @@ class System:
 
 SYSTEMS: tuple[System, ...] = (
     # ResNet-50, NVIDIA's MXNet container
-    System(benchmark="resnet", name="NVIDIA eos (DGX H100)", gpu="H100-SXM5-80GB", gpus=8, intra="nvlink", batch=400,
-           measured=7053.9, source=f"{V31} NVIDIA/results/eos_ngc23.09_mxnet", calibrated=True),
-    System(benchmark="resnet", name="Dell XE8640", gpu="H100-SXM5-80GB", gpus=4, intra="nvlink", batch=816,
-           measured=7279.8, source=f"{V31} Dell/results/XE8640x4H100-SXM-80GB", calibrated=True),
-    System(benchmark="resnet", name="Quanta D54Q-2U", gpu="H100-PCIe-80GB", gpus=2, intra="pcie", batch=408,
-           measured=4548.9, source=f"{V30} Quanta_Cloud_Technology/results/D54Q-2U"),
-    System(benchmark="resnet", name="Quanta D54U-3U", gpu="H100-PCIe-80GB", gpus=4, intra="nvlink-bridge", batch=816,
-           measured=4704.6, source=f"{V40} Quanta_Cloud_Technology/results/D54U-3U (NVLINK 600 GB/s + PCIe Gen5)"),
-    System(benchmark="resnet", name="ASUSTeK ESC8000-E11", gpu="H100-PCIe-80GB", gpus=8, intra="pcie", batch=400,
-           measured=4504.9, source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (2x Intel Xeon "
-           "8460Y+, PCIe 5.0, no NVLink)"),
-    System(benchmark="resnet", name="Lenovo SR675 V3", gpu="H100-PCIe-80GB", gpus=8, intra="pcie-x8", batch=400,
-           measured=4147.8, source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (2x AMD EPYC 9554, "
-           "host PCIe 5.0x8)"),
-    System(benchmark="resnet", name="Supermicro AS-4125GS", gpu="H100-PCIe-80GB", gpus=8, intra="pcie", batch=400,
-           measured=4462.4, source=f"{V30} Supermicro/results/AS-4125GS-TNRT_8_H100-PCIe-80GB (2x AMD EPYC 9554, "
-           "PCIe Gen5)"),
-    System(benchmark="resnet", name="NVIDIA (HGX H200)", gpu="H200-SXM-141GB", gpus=8, intra="nvlink", batch=400,
-           measured=7950.1, source=f"{V40} NVIDIA/results/h200_ngc24.04_mxnet", calibrated=True),
-    System(benchmark="resnet", name="xFusion G5500 V7", gpu="L40S", gpus=8, intra="pcie", batch=300,
-           measured=2204.2, source=f"{V31} xFusion/results/G5500V7x8xL40S", calibrated=True),
-    System(benchmark="resnet", name="Dell R760xa", gpu="L40S", gpus=4, intra="pcie", batch=400, measured=2185.4,
-           source=f"{V40} Dell/results/R760xax4L40S", calibrated=True),
-    System(benchmark="resnet", name="Fujitsu PRIMERGY CDI", gpu="L40S", gpus=8, intra="pcie", batch=300,
-           measured=1858.5, source=f"{V40} Fujitsu/results/PRIMERGY-CDI-L40Sx8 (NGC 24.04)", calibrated=True),
-    System(benchmark="resnet", name="xFusion G5500 V7", gpu="L40", gpus=8, intra="pcie", batch=300, measured=2009.8,
-           source=f"{V31} xFusion/results/G5500V7x8L40"),
-    System(benchmark="resnet", name="xFusion 2288H V7", gpu="L4", gpus=6, intra="pcie", batch=110, measured=733.3,
-           source=f"{V30} xFusion/results/2288H_V7x6xL4"),
+    System(
+        benchmark="resnet",
+        name="NVIDIA eos (DGX H100)",
+        gpu="H100-SXM5-80GB",
+        gpus=8,
+        intra="nvlink",
+        batch=400,
+        measured=7053.9,
+        source=f"{V31} NVIDIA/results/eos_ngc23.09_mxnet",
+        calibrated=True,
+    ),
+    System(
+        benchmark="resnet",
+        name="Dell XE8640",
+        gpu="H100-SXM5-80GB",
+        gpus=4,
+        intra="nvlink",
+        batch=816,
+        measured=7279.8,
+        source=f"{V31} Dell/results/XE8640x4H100-SXM-80GB",
+        calibrated=True,
+    ),
+    System(
+        benchmark="resnet",
+        name="Quanta D54Q-2U",
+        gpu="H100-PCIe-80GB",
+        gpus=2,
+        intra="pcie",
+        batch=408,
+        measured=4548.9,
+        source=f"{V30} Quanta_Cloud_Technology/results/D54Q-2U",
+    ),
+    System(
+        benchmark="resnet",
+        name="Quanta D54U-3U",
+        gpu="H100-PCIe-80GB",
+        gpus=4,
+        intra="nvlink-bridge",
+        batch=816,
+        measured=4704.6,
+        source=f"{V40} Quanta_Cloud_Technology/results/D54U-3U (NVLINK 600 GB/s + PCIe Gen5)",
+    ),
+    System(
+        benchmark="resnet",
+        name="ASUSTeK ESC8000-E11",
+        gpu="H100-PCIe-80GB",
+        gpus=8,
+        intra="pcie",
+        batch=400,
+        measured=4504.9,
+        source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (2x Intel Xeon "
+        "8460Y+, PCIe 5.0, no NVLink)",
+    ),
+    System(
+        benchmark="resnet",
+        name="Lenovo SR675 V3",
+        gpu="H100-PCIe-80GB",
+        gpus=8,
+        intra="pcie-x8",
+        batch=400,
+        measured=4147.8,
+        source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (2x AMD EPYC 9554, host PCIe 5.0x8)",
+    ),
+    System(
+        benchmark="resnet",
+        name="Supermicro AS-4125GS",
+        gpu="H100-PCIe-80GB",
+        gpus=8,
+        intra="pcie",
+        batch=400,
+        measured=4462.4,
+        source=f"{V30} Supermicro/results/AS-4125GS-TNRT_8_H100-PCIe-80GB (2x AMD EPYC 9554, PCIe Gen5)",
+    ),
+    System(
+        benchmark="resnet",
+        name="NVIDIA (HGX H200)",
+        gpu="H200-SXM-141GB",
+        gpus=8,
+        intra="nvlink",
+        batch=400,
+        measured=7950.1,
+        source=f"{V40} NVIDIA/results/h200_ngc24.04_mxnet",
+        calibrated=True,
+    ),
+    System(
+        benchmark="resnet",
+        name="xFusion G5500 V7",
+        gpu="L40S",
+        gpus=8,
+        intra="pcie",
+        batch=300,
+        measured=2204.2,
+        source=f"{V31} xFusion/results/G5500V7x8xL40S",
+        calibrated=True,
+    ),
+    System(
+        benchmark="resnet",
+        name="Dell R760xa",
+        gpu="L40S",
+        gpus=4,
+        intra="pcie",
+        batch=400,
+        measured=2185.4,
+        source=f"{V40} Dell/results/R760xax4L40S",
+        calibrated=True,
+    ),
+    System(
+        benchmark="resnet",
+        name="Fujitsu PRIMERGY CDI",
+        gpu="L40S",
+        gpus=8,
+        intra="pcie",
+        batch=300,
+        measured=1858.5,
+        source=f"{V40} Fujitsu/results/PRIMERGY-CDI-L40Sx8 (NGC 24.04)",
+        calibrated=True,
+    ),
+    System(
+        benchmark="resnet",
+        name="xFusion G5500 V7",
+        gpu="L40",
+        gpus=8,
+        intra="pcie",
+        batch=300,
+        measured=2009.8,
+        source=f"{V31} xFusion/results/G5500V7x8L40",
+    ),
+    System(
+        benchmark="resnet",
+        name="xFusion 2288H V7",
+        gpu="L4",
+        gpus=6,
+        intra="pcie",
+        batch=110,
+        measured=733.3,
+        source=f"{V30} xFusion/results/2288H_V7x6xL4",
+    ),
     # BERT-large, NVIDIA's PyTorch container (packed sequences; per-GPU batch in sequences)
-    System(benchmark="bert", kernels="te-fp8", name="NVIDIA eos (DGX H100)", gpu="H100-SXM5-80GB", gpus=8, intra="nvlink", batch=96,
-           measured=970.0, source=f"{V31} NVIDIA/results/eos_ngc23.04_pytorch (the anchor)"),
-    System(benchmark="bert", kernels="te-fp8", name="Quanta D54U-3U", gpu="H100-PCIe-80GB", gpus=4, intra="nvlink-bridge", batch=256,
-           measured=653.8, source=f"{V40} Quanta_Cloud_Technology/results/D54U-3U (NVLINK 600 GB/s + PCIe Gen5)"),
-    System(benchmark="bert", kernels="te-fp8", name="ASUSTeK ESC8000-E11", gpu="H100-PCIe-80GB", gpus=8, intra="pcie", batch=96,
-           measured=512.8, source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (2x Intel Xeon "
-           "8460Y+, PCIe 5.0, no NVLink)"),
-    System(benchmark="bert", kernels="te-fp8", name="Lenovo SR675 V3", gpu="H100-PCIe-80GB", gpus=8, intra="pcie-x8", batch=96,
-           measured=288.5, source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (2x AMD EPYC 9554, "
-           "host PCIe 5.0x8)"),
+    System(
+        benchmark="bert",
+        kernels="te-fp8",
+        name="NVIDIA eos (DGX H100)",
+        gpu="H100-SXM5-80GB",
+        gpus=8,
+        intra="nvlink",
+        batch=96,
+        measured=970.0,
+        source=f"{V31} NVIDIA/results/eos_ngc23.04_pytorch (the anchor)",
+    ),
+    System(
+        benchmark="bert",
+        kernels="te-fp8",
+        name="Quanta D54U-3U",
+        gpu="H100-PCIe-80GB",
+        gpus=4,
+        intra="nvlink-bridge",
+        batch=256,
+        measured=653.8,
+        source=f"{V40} Quanta_Cloud_Technology/results/D54U-3U (NVLINK 600 GB/s + PCIe Gen5)",
+    ),
+    System(
+        benchmark="bert",
+        kernels="te-fp8",
+        name="ASUSTeK ESC8000-E11",
+        gpu="H100-PCIe-80GB",
+        gpus=8,
+        intra="pcie",
+        batch=96,
+        measured=512.8,
+        source=f"{V31} ASUSTeK/results/ESC8000-E11-8xH100-PCIE-80GB (2x Intel Xeon "
+        "8460Y+, PCIe 5.0, no NVLink)",
+    ),
+    System(
+        benchmark="bert",
+        kernels="te-fp8",
+        name="Lenovo SR675 V3",
+        gpu="H100-PCIe-80GB",
+        gpus=8,
+        intra="pcie-x8",
+        batch=96,
+        measured=288.5,
+        source=f"{V31} Lenovo/results/SR675v3-8xH100_PCIe_80GB_350W (2x AMD EPYC 9554, host PCIe 5.0x8)",
+    ),
     # the same card on 8-GPU AMD EPYC hosts at x16: NCCL before 2.23 runs P2P through the CPU there, as on
     # the Lenovo (NVIDIA/nccl v2.18.5-1 src/graph/paths.cc; 2.23 stopped it for 3+ GPUs); not in SPREAD_SYSTEMS
-    System(benchmark="bert", kernels="te-fp8", name="ASUSTeK ESC8000A-E12", gpu="H100-PCIe-80GB", gpus=8, intra="pcie",
-           batch=96, measured=505.2, source=f"{V30} ASUSTeK/results/ESC8000A-E12-8xH100-PCIE-80GB (2x AMD EPYC 9654, "
-           "NCCL 2.17.1, PCIe 5.0)"),
-    System(benchmark="bert", kernels="te-fp8", name="Supermicro AS-4125GS", gpu="H100-PCIe-80GB", gpus=8, intra="pcie",
-           batch=96, measured=490.4, source=f"{V30} Supermicro/results/AS-4125GS-TNRT_8_H100-PCIe-80GB (2x AMD EPYC "
-           "9554, PCIe Gen5)"),
-    System(benchmark="bert", kernels="te-fp8", name="NVIDIA (HGX H200)", gpu="H200-SXM-141GB", gpus=8, intra="nvlink", batch=96,
-           measured=998.3, source=f"{V40} NVIDIA/results/h200_ngc23.09_pytorch"),
-    System(benchmark="bert", kernels="fp16", name="xFusion G5500 V7", gpu="L40S", gpus=8, intra="pcie", batch=44, measured=141.9,
-           source=f"{V31} xFusion/results/G5500V7x8xL40S"),
-    System(benchmark="bert", kernels="fp16", name="Dell R760xa", gpu="L40S", gpus=4, intra="pcie", batch=44, measured=121.0,
-           source=f"{V40} Dell/results/R760xax4L40S"),
-    System(benchmark="bert", kernels="fp16", name="xFusion G5500 V7", gpu="L40", gpus=8, intra="pcie", batch=56, measured=128.7,
-           source=f"{V31} xFusion/results/G5500V7x8L40"),
-    System(benchmark="bert", kernels="fp16", name="xFusion 2288H V7", gpu="L4", gpus=6, intra="pcie", batch=40, measured=53.5,
-           source=f"{V31} xFusion/results/2288H_V7x6xL4"),
+    System(
+        benchmark="bert",
+        kernels="te-fp8",
+        name="ASUSTeK ESC8000A-E12",
+        gpu="H100-PCIe-80GB",
+        gpus=8,
+        intra="pcie",
+        batch=96,
+        measured=505.2,
+        source=f"{V30} ASUSTeK/results/ESC8000A-E12-8xH100-PCIE-80GB (2x AMD EPYC 9654, "
+        "NCCL 2.17.1, PCIe 5.0)",
+    ),
+    System(
+        benchmark="bert",
+        kernels="te-fp8",
+        name="Supermicro AS-4125GS",
+        gpu="H100-PCIe-80GB",
+        gpus=8,
+        intra="pcie",
+        batch=96,
+        measured=490.4,
+        source=f"{V30} Supermicro/results/AS-4125GS-TNRT_8_H100-PCIe-80GB (2x AMD EPYC 9554, PCIe Gen5)",
+    ),
+    System(
+        benchmark="bert",
+        kernels="te-fp8",
+        name="NVIDIA (HGX H200)",
+        gpu="H200-SXM-141GB",
+        gpus=8,
+        intra="nvlink",
+        batch=96,
+        measured=998.3,
+        source=f"{V40} NVIDIA/results/h200_ngc23.09_pytorch",
+    ),
+    System(
+        benchmark="bert",
+        kernels="fp16",
+        name="xFusion G5500 V7",
+        gpu="L40S",
+        gpus=8,
+        intra="pcie",
+        batch=44,
+        measured=141.9,
+        source=f"{V31} xFusion/results/G5500V7x8xL40S",
+    ),
+    System(
+        benchmark="bert",
+        kernels="fp16",
+        name="Dell R760xa",
+        gpu="L40S",
+        gpus=4,
+        intra="pcie",
+        batch=44,
+        measured=121.0,
+        source=f"{V40} Dell/results/R760xax4L40S",
+    ),
+    System(
+        benchmark="bert",
+        kernels="fp16",
+        name="xFusion G5500 V7",
+        gpu="L40",
+        gpus=8,
+        intra="pcie",
+        batch=56,
+        measured=128.7,
+        source=f"{V31} xFusion/results/G5500V7x8L40",
+    ),
+    System(
+        benchmark="bert",
+        kernels="fp16",
+        name="xFusion 2288H V7",
+        gpu="L4",
+        gpus=6,
+        intra="pcie",
+        batch=40,
+        measured=53.5,
+        source=f"{V31} xFusion/results/2288H_V7x6xL4",
+    ),
 )
-BERT_ANCHORS = {kernels: next(s for s in SYSTEMS if s.benchmark == "bert" and (s.name, s.gpu) == (name, gpu))
-                for kernels, name, gpu in (("te-fp8", "NVIDIA eos (DGX H100)", "H100-SXM5-80GB"),
-                                           ("fp16", "xFusion G5500 V7", "L40S"))}
+BERT_ANCHORS = {
+    kernels: next(s for s in SYSTEMS if s.benchmark == "bert" and (s.name, s.gpu) == (name, gpu))
+    for kernels, name, gpu in (
+        ("te-fp8", "NVIDIA eos (DGX H100)", "H100-SXM5-80GB"),
+        ("fp16", "xFusion G5500 V7", "L40S"),
+    )
+}
 """kernel set -> the BERT system that anchors it"""
 
 
@@ -176,14 +388,16 @@ def bert_large():
             super().__init__()
             self.tokens = nn.Embedding(30522, 1024)
             self.positions = nn.Embedding(BERT_SEQ_LEN, 1024)
-            layer = nn.TransformerEncoderLayer(1024, 16, 4096, dropout=0.1, activation="gelu", batch_first=True)
+            layer = nn.TransformerEncoderLayer(
+                1024, 16, 4096, dropout=0.1, activation="gelu", batch_first=True
+            )
             self.encoder = nn.TransformerEncoder(layer, 24, enable_nested_tensor=False)
             self.head = nn.Sequential(nn.Linear(1024, 1024), nn.GELU(), nn.LayerNorm(1024))
             self.bias = nn.Parameter(torch.zeros(30522))
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
             h = self.tokens(ids) + self.positions(torch.arange(ids.shape[1], device=ids.device))
-            h = self.encoder(h)[:, :76 * BERT_PACKING]  # the masked positions of the row's sequences
+            h = self.encoder(h)[:, : 76 * BERT_PACKING]  # the masked positions of the row's sequences
             return self.head(h) @ self.tokens.weight.T + self.bias
 
     return BertLarge()
@@ -195,13 +409,21 @@ def _bert_workload():
     from torchkit.workloads.workload import Workload
 
     def make_batch(rows: int):
-        return torch.randint(0, 30522, (rows, BERT_SEQ_LEN)), torch.randint(0, 30522, (rows, 76 * BERT_PACKING))
+        return torch.randint(0, 30522, (rows, BERT_SEQ_LEN)), torch.randint(
+            0, 30522, (rows, 76 * BERT_PACKING)
+        )
 
     def loss(logits, targets):
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    return Workload(name="bench.bench_mlperf:bert_large", sample_shape=(BERT_SEQ_LEN,), build_model=bert_large,
-                    make_batch=make_batch, loss_fn=loss, description="BERT-large, MLPerf phase 2")
+    return Workload(
+        name="bench.bench_mlperf:bert_large",
+        sample_shape=(BERT_SEQ_LEN,),
+        build_model=bert_large,
+        make_batch=make_batch,
+        loss_fn=loss,
+        description="BERT-large, MLPerf phase 2",
+    )
 
 
 def bert_tables(batches: set[int]) -> tuple[dict[int, KernelTable], int]:
@@ -213,7 +435,11 @@ def bert_tables(batches: set[int]) -> tuple[dict[int, KernelTable], int]:
     tables, params = {}, 0
     for batch in sorted(batches):
         rows = batch // BERT_PACKING
-        print(f"fake pass: BERT-large, {rows} rows of {BERT_SEQ_LEN} tokens ({batch} sequences)", file=sys.stderr, flush=True)
+        print(
+            f"fake pass: BERT-large, {rows} rows of {BERT_SEQ_LEN} tokens ({batch} sequences)",
+            file=sys.stderr,
+            flush=True,
+        )
         estimate = estimate_step(workload, rows, amp="fp16", optimizer="adamw")
         tables[batch] = kernel_table(estimate.kernels)
         params = estimate.num_params
@@ -228,11 +454,26 @@ def resnet_tables(batches: set[int]) -> dict[int, KernelTable]:
 
 def ring_for(system: System):
     """The ring of a plan over the system's GPUs: its one node's ``intra`` link, through the plan machinery."""
-    cluster = parse_cluster({"name": system.name, "nodes": [
-        {"name": "node", "intra": system.intra, "gpus": [{"type": system.gpu, "count": system.gpus}]}]},
-        f"bench_mlperf ({system.name})")
-    slots = [RankSlot(node="node", device_index=i, gpu=system.gpu, profile="p", memory_budget_bytes=1,
-                      total_memory_bytes=1) for i in range(system.gpus)]
+    cluster = parse_cluster(
+        {
+            "name": system.name,
+            "nodes": [
+                {"name": "node", "intra": system.intra, "gpus": [{"type": system.gpu, "count": system.gpus}]}
+            ],
+        },
+        f"bench_mlperf ({system.name})",
+    )
+    slots = [
+        RankSlot(
+            node="node",
+            device_index=i,
+            gpu=system.gpu,
+            profile="p",
+            memory_budget_bytes=1,
+            total_memory_bytes=1,
+        )
+        for i in range(system.gpus)
+    ]
     inputs = SyncInputs(grad_bytes=(1,), gradients_source="bench", interconnect=cluster.interconnect)
     ring, hops = ring_hops(slots, inputs)
     return ring, hops[0].link if hops else None
@@ -263,24 +504,32 @@ def price_all() -> list[Priced]:
         table = resnet[s.batch] if s.benchmark == "resnet" else bert[s.batch]
         placed = PlacedTable.of(table, gpu, channels_last=s.benchmark == "resnet")
         if s.benchmark == "resnet":
-            return placed.time_s(model.constants_for(gpu), memory_traffic=stack["memory_traffic"],
-                                 cuda_graphs=graphs) / stack["throughput_factor"]
+            return (
+                placed.time_s(
+                    model.constants_for(gpu), memory_traffic=stack["memory_traffic"], cuda_graphs=graphs
+                )
+                / stack["throughput_factor"]
+            )
         return placed.time_s(model.constants_for(gpu), cuda_graphs=True)
 
     def sync_s(s: System) -> tuple[float, str]:
         ring, link = ring_for(s)
         params = RESNET50_PARAMS if s.benchmark == "resnet" else bert_params
-        return ring.allreduce_s(params * GRAD_BYTES_PER_PARAM), (f"{link.name} {link.bus_bytes_per_s / 1e9:g} GB/s"
-                                                                 if link else "-")
+        return ring.allreduce_s(params * GRAD_BYTES_PER_PARAM), (
+            f"{link.name} {link.bus_bytes_per_s / 1e9:g} GB/s" if link else "-"
+        )
 
     bert_scale = {}
     for kernels, anchor in BERT_ANCHORS.items():
         anchor_sync, _ = sync_s(anchor)
         anchor_compute_s = anchor.batch / anchor.measured - anchor_sync
         bert_scale[kernels] = anchor_compute_s / eager_s(anchor)
-        print(f"BERT-large {kernels} anchor: {anchor.name} ({anchor.gpu}) {anchor.measured:g} seq/s per GPU, compute "
-              f"{anchor_compute_s * 1e3:.1f} ms + sync {anchor_sync * 1e3:.1f} ms a step; the container runs "
-              f"{1 / bert_scale[kernels]:.2f}x the eager roofline's speed there", file=sys.stderr)
+        print(
+            f"BERT-large {kernels} anchor: {anchor.name} ({anchor.gpu}) {anchor.measured:g} seq/s per GPU, compute "
+            f"{anchor_compute_s * 1e3:.1f} ms + sync {anchor_sync * 1e3:.1f} ms a step; the container runs "
+            f"{1 / bert_scale[kernels]:.2f}x the eager roofline's speed there",
+            file=sys.stderr,
+        )
     out = []
     for s in SYSTEMS:
         compute = eager_s(s) * (bert_scale[s.kernels] if s.benchmark == "bert" else 1.0)
@@ -291,8 +540,10 @@ def price_all() -> list[Priced]:
 
 def main() -> int:
     priced = price_all()
-    print(f"{'bench':6s} {'system':22s} {'gpu':15s} {'n':>2s} {'link':28s} {'batch':>5s} {'compute ms':>10s} "
-          f"{'sync ms':>8s} {'pred/GPU':>8s} {'meas/GPU':>8s} {'pred/meas':>9s}")
+    print(
+        f"{'bench':6s} {'system':22s} {'gpu':15s} {'n':>2s} {'link':28s} {'batch':>5s} {'compute ms':>10s} "
+        f"{'sync ms':>8s} {'pred/GPU':>8s} {'meas/GPU':>8s} {'pred/meas':>9s}"
+    )
     errors = []
     for p in priced:
         s = p.system
@@ -301,25 +552,44 @@ def main() -> int:
         mark = " (anchor)" if anchor else " (fit row)" if s.calibrated else ""
         if not anchor:
             errors.append(math.log(ratio))
-        print(f"{s.benchmark:6s} {s.name[:22]:22s} {s.gpu:15s} {s.gpus:2d} {p.link[:28]:28s} {s.batch:5d} "
-              f"{p.compute_s * 1e3:10.1f} {p.sync_s * 1e3:8.1f} {p.predicted:8.1f} {s.measured:8.1f} {ratio:9.3f}{mark}")
+        print(
+            f"{s.benchmark:6s} {s.name[:22]:22s} {s.gpu:15s} {s.gpus:2d} {p.link[:28]:28s} {s.batch:5d} "
+            f"{p.compute_s * 1e3:10.1f} {p.sync_s * 1e3:8.1f} {p.predicted:8.1f} {s.measured:8.1f} {ratio:9.3f}{mark}"
+        )
     spreads = {}
     for bench in ("bert", "resnet"):
-        three = [next(p for p in priced if p.system.benchmark == bench and p.system.name == n) for n in SPREAD_SYSTEMS]
+        three = [
+            next(p for p in priced if p.system.benchmark == bench and p.system.name == n)
+            for n in SPREAD_SYSTEMS
+        ]
         pred = [p.predicted for p in three]
         meas = [p.system.measured for p in three]
         order = pred == sorted(pred, reverse=True) and meas == sorted(meas, reverse=True)
         spreads[bench] = (order, max(pred) / min(pred), max(meas) / min(meas))
-        print(f"{bench} H100 PCIe: " + ", ".join(f"{p.system.name} ({p.system.intra}) {p.predicted:.0f} vs "
-                                                  f"{p.system.measured:.0f}" for p in three)
-              + f"; spread predicted {spreads[bench][1]:.2f}x, measured {spreads[bench][2]:.2f}x")
-    amd = [next(p for p in priced if p.system.benchmark == "bert" and p.system.name == n) for n in AMD_HOST_SYSTEMS]
-    print("bert H100 PCIe on AMD EPYC hosts: " + ", ".join(
-        f"{p.system.name} ({p.system.intra}) {p.predicted:.0f} vs {p.system.measured:.0f}" for p in amd))
+        print(
+            f"{bench} H100 PCIe: "
+            + ", ".join(
+                f"{p.system.name} ({p.system.intra}) {p.predicted:.0f} vs {p.system.measured:.0f}"
+                for p in three
+            )
+            + f"; spread predicted {spreads[bench][1]:.2f}x, measured {spreads[bench][2]:.2f}x"
+        )
+    amd = [
+        next(p for p in priced if p.system.benchmark == "bert" and p.system.name == n)
+        for n in AMD_HOST_SYSTEMS
+    ]
+    print(
+        "bert H100 PCIe on AMD EPYC hosts: "
+        + ", ".join(
+            f"{p.system.name} ({p.system.intra}) {p.predicted:.0f} vs {p.system.measured:.0f}" for p in amd
+        )
+    )
     rms = math.sqrt(sum(e * e for e in errors) / len(errors))
-    print(f"mlperf: bert_order={str(spreads['bert'][0]).lower()} bert_spread_pred={spreads['bert'][1]:.2f} "
-          f"bert_spread_meas={spreads['bert'][2]:.2f} resnet_spread_pred={spreads['resnet'][1]:.2f} "
-          f"resnet_spread_meas={spreads['resnet'][2]:.2f} ratio_rows={len(errors)} ratio_rms={rms:.3f}")
+    print(
+        f"mlperf: bert_order={str(spreads['bert'][0]).lower()} bert_spread_pred={spreads['bert'][1]:.2f} "
+        f"bert_spread_meas={spreads['bert'][2]:.2f} resnet_spread_pred={spreads['resnet'][1]:.2f} "
+        f"resnet_spread_meas={spreads['resnet'][2]:.2f} ratio_rows={len(errors)} ratio_rms={rms:.3f}"
+    )
     return 0
 
 

@@ -31,7 +31,9 @@ from planner.job import JobSpec
 REPO = Path(__file__).resolve().parents[1]
 
 
-def exact_optimum(caps: np.ndarray, t0: np.ndarray, t1: np.ndarray, k: int, global_batch: int | None) -> float:
+def exact_optimum(
+    caps: np.ndarray, t0: np.ndarray, t1: np.ndarray, k: int, global_batch: int | None
+) -> float:
     """Best throughput (no global batch) or best samples/s at exactly ``global_batch`` per step."""
     groups: dict[tuple, int] = {}
     for cap, a, b in zip(caps, t0, t1, strict=True):
@@ -71,20 +73,26 @@ def evaluate(config: Path, model: str, per_rank_global: int | None) -> list[dict
     for mode in ("uniform", "max", "balanced"):
         job = replace(base, mode=mode, global_batch=global_batch)
         try:
-            a = allocate(caps, t0, t1, mode=job.mode, global_batch=job.global_batch, multiple_of=8, min_batch=1)
+            a = allocate(
+                caps, t0, t1, mode=job.mode, global_batch=job.global_batch, multiple_of=8, min_batch=1
+            )
         except InfeasiblePlanError as exc:
-            rows.append({"config": config.stem, "mode": mode, "global_batch": global_batch, "error": str(exc)})
+            rows.append(
+                {"config": config.stem, "mode": mode, "global_batch": global_batch, "error": str(exc)}
+            )
             continue
-        rows.append({
-            "config": config.stem,
-            "ranks": len(ranks),
-            "mode": mode,
-            "global_batch": a.global_batch,
-            "accumulate": a.accumulate,
-            "throughput_samples_per_s": a.throughput_samples_per_s,
-            "step_time_ms": a.step_time_s * 1000,
-            "balance_efficiency": a.balance_efficiency,
-        })
+        rows.append(
+            {
+                "config": config.stem,
+                "ranks": len(ranks),
+                "mode": mode,
+                "global_batch": a.global_batch,
+                "accumulate": a.accumulate,
+                "throughput_samples_per_s": a.throughput_samples_per_s,
+                "step_time_ms": a.step_time_s * 1000,
+                "balance_efficiency": a.balance_efficiency,
+            }
+        )
     optimum = exact_optimum(caps, t0, t1, 8, None if global_batch is None else _step_batch(rows))
     for row in rows:
         if row.get("mode") == "balanced" and "error" not in row:
@@ -103,13 +111,17 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     args = parser.parse_args()
     results = []
-    print(f"{'config':18} {'ranks':>5} {'global':>7} {'mode':9} {'samples/s':>10} {'step ms':>8} {'eff':>5} {'gap %':>6}")
+    print(
+        f"{'config':18} {'ranks':>5} {'global':>7} {'mode':9} {'samples/s':>10} {'step ms':>8} {'eff':>5} {'gap %':>6}"
+    )
     for config in shipped_cluster_configs().values():
         for per_rank in (None, 256):
             for row in evaluate(config, args.model, per_rank):
                 results.append(row)
                 if "error" in row:
-                    print(f"{row['config']:18} {'':>5} {row['global_batch'] or '-':>7} {row['mode']:9} {row['error'][:60]}")
+                    print(
+                        f"{row['config']:18} {'':>5} {row['global_batch'] or '-':>7} {row['mode']:9} {row['error'][:60]}"
+                    )
                     continue
                 gap = f"{row['gap_to_optimum_percent']:.2f}" if "gap_to_optimum_percent" in row else ""
                 print(

@@ -43,16 +43,25 @@ GIB = 2**30
 MIB = 2**20
 GPUS_PER_NODE = 8
 # name: (GPU type, t0 s, t1 s/sample, total GiB); rough figures, see the module docstring
-TYPES = {"a100": ("A100-SXM4-80GB", 0.010, 0.0005, 80), "t4": ("T4", 0.010, 0.002, 15),
-         "v100": ("V100-SXM2-16GB", 0.010, 0.001, 16)}
+TYPES = {
+    "a100": ("A100-SXM4-80GB", 0.010, 0.0005, 80),
+    "t4": ("T4", 0.010, 0.002, 15),
+    "v100": ("V100-SXM2-16GB", 0.010, 0.001, 16),
+}
 
 
 def profiles() -> dict[str, DeviceProfile]:
     batches = (1, 16, 64, 256)
-    return {key: DeviceProfile.from_points(gpu=gpu, method="estimate", amp="fp16",
-                                           memory_points=[(b, 2 * GIB + 16 * MIB * b) for b in batches],
-                                           time_points=[(b, t0 + t1 * b) for b in batches])
-            for key, (gpu, t0, t1, _) in TYPES.items()}
+    return {
+        key: DeviceProfile.from_points(
+            gpu=gpu,
+            method="estimate",
+            amp="fp16",
+            memory_points=[(b, 2 * GIB + 16 * MIB * b) for b in batches],
+            time_points=[(b, t0 + t1 * b) for b in batches],
+        )
+        for key, (gpu, t0, t1, _) in TYPES.items()
+    }
 
 
 def slots(num_ranks: int) -> list[RankSlot]:
@@ -61,8 +70,16 @@ def slots(num_ranks: int) -> list[RankSlot]:
     for i in range(num_ranks):
         key = keys[(i // GPUS_PER_NODE) % len(keys)]
         gpu, _, _, total_gib = TYPES[key]
-        out.append(RankSlot(node=f"node-{i // GPUS_PER_NODE:05d}", device_index=i % GPUS_PER_NODE, gpu=gpu, profile=key,
-                            memory_budget_bytes=int(0.6 * total_gib * GIB), total_memory_bytes=total_gib * GIB))
+        out.append(
+            RankSlot(
+                node=f"node-{i // GPUS_PER_NODE:05d}",
+                device_index=i % GPUS_PER_NODE,
+                gpu=gpu,
+                profile=key,
+                memory_budget_bytes=int(0.6 * total_gib * GIB),
+                total_memory_bytes=total_gib * GIB,
+            )
+        )
     return out
 
 
@@ -75,14 +92,20 @@ def timed(action) -> float:
 def cli_s(*args: str) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "planner.cli.main", *args], check=True, stdout=subprocess.DEVNULL, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *args], check=True, stdout=subprocess.DEVNULL, env=env
+    )
     return time.perf_counter() - start
 
 
 def rank_env(plan, rank: int) -> dict[str, str]:
     entry = plan.ranks[rank]
-    return {"RANK": str(rank), "WORLD_SIZE": str(plan.world_size), "LOCAL_RANK": str(entry.local_rank),
-            "GROUP_RANK": str(entry.node_rank)}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(plan.world_size),
+        "LOCAL_RANK": str(entry.local_rank),
+        "GROUP_RANK": str(entry.node_rank),
+    }
 
 
 def measure(num_ranks: int, repeat: int, where: Path) -> dict:
@@ -96,10 +119,16 @@ def measure(num_ranks: int, repeat: int, where: Path) -> dict:
     unindexed = where / f"plan-{num_ranks}-unindexed.json"
     unindexed.write_text(json.dumps(encode(plan), indent=2))
     whole_s = timed(lambda: load_rank_plan(unindexed, env=rank_env(plan, ranks[-1])))
-    return {"ranks": num_ranks, "file_mb": round(path.stat().st_size / 1e6, 1), "build_s": round(build_s, 2),
-            "write_s": round(write_s, 2), "load_rank_plan_s": round(part_s, 3),
-            "load_rank_plan_whole_s": round(whole_s, 2), "show_s": round(cli_s("show", str(path)), 2),
-            "show_env_s": round(cli_s("show", str(path), "--emit", "env", "--node-rank", "1"), 2)}
+    return {
+        "ranks": num_ranks,
+        "file_mb": round(path.stat().st_size / 1e6, 1),
+        "build_s": round(build_s, 2),
+        "write_s": round(write_s, 2),
+        "load_rank_plan_s": round(part_s, 3),
+        "load_rank_plan_whole_s": round(whole_s, 2),
+        "show_s": round(cli_s("show", str(path)), 2),
+        "show_env_s": round(cli_s("show", str(path), "--emit", "env", "--node-rank", "1"), 2),
+    }
 
 
 def oversized_refusal_s(where: Path) -> float:
@@ -130,7 +159,9 @@ def main() -> None:
     print(f"oversized_refusal_s={refusal:.4f} load_average_1min={load:.1f}")
     out = REPO / "bench" / "results" / "plan_sizes.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "oversized_refusal_s": refusal, "load_average_1min": load}, indent=2))
+    out.write_text(
+        json.dumps({"rows": rows, "oversized_refusal_s": refusal, "load_average_1min": load}, indent=2)
+    )
 
 
 if __name__ == "__main__":

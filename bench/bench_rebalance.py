@@ -81,16 +81,32 @@ def plan_for(speeds: tuple[float, ...], wrong_by: float | None, sample_s: float)
         planned = [sample_s] * len(speeds)
     else:
         planned = [sample_s * (k if i == 0 else k / wrong_by) for i, k in enumerate(speeds)]
-    job = JobSpec(model="mlp", global_batch=STEP_BATCH, multiple_of=MULTIPLE_OF, min_batch=MULTIPLE_OF, amp="off")
+    job = JobSpec(
+        model="mlp", global_batch=STEP_BATCH, multiple_of=MULTIPLE_OF, min_batch=MULTIPLE_OF, amp="off"
+    )
     profiles, slots = {}, []
     for rank, slope in enumerate(planned):
         key = f"sim{rank}"
         profiles[key] = DeviceProfile.from_points(
-            gpu=GPUS[rank], method="estimate", amp="off",
-            memory_points=[(8, FIXED_BYTES + 8 * BYTES_PER_SAMPLE), (64, FIXED_BYTES + 64 * BYTES_PER_SAMPLE)],
-            time_points=[(8, 8 * slope), (64, 64 * slope)])
-        slots.append(RankSlot(node="bench", device_index=rank, gpu=GPUS[rank], profile=key,
-                              memory_budget_bytes=FIXED_BYTES + CAP * BYTES_PER_SAMPLE, total_memory_bytes=10**9))
+            gpu=GPUS[rank],
+            method="estimate",
+            amp="off",
+            memory_points=[
+                (8, FIXED_BYTES + 8 * BYTES_PER_SAMPLE),
+                (64, FIXED_BYTES + 64 * BYTES_PER_SAMPLE),
+            ],
+            time_points=[(8, 8 * slope), (64, 64 * slope)],
+        )
+        slots.append(
+            RankSlot(
+                node="bench",
+                device_index=rank,
+                gpu=GPUS[rank],
+                profile=key,
+                memory_budget_bytes=FIXED_BYTES + CAP * BYTES_PER_SAMPLE,
+                total_memory_bytes=10**9,
+            )
+        )
     return encode(build_plan(job, slots, profiles))
 
 
@@ -100,8 +116,14 @@ def _model(real: bool):
     torch.manual_seed(0)
     if real:  # a small CNN on 3×16×16 images: the real compute is the whole step
         return torch.nn.Sequential(
-            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1),
-            torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(256, 1))
+            torch.nn.Conv2d(3, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(4),
+            torch.nn.Flatten(),
+            torch.nn.Linear(256, 1),
+        )
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
 
 
@@ -126,8 +148,9 @@ def run_once(rank: int, name: str, sample_s: float) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     simulate = None
     if simulated:
-        simulate = SimulatedSpeed(factors=speeds, sample_s=sample_s,
-                                  changes=[(CHANGE_STEP, changed)] if changed else [])
+        simulate = SimulatedSpeed(
+            factors=speeds, sample_s=sample_s, changes=[(CHANGE_STEP, changed)] if changed else []
+        )
     rebalancer = Rebalancer.from_plan(plan, sampler, model, simulate=simulate)
     step, epoch = 0, 0
     while step < steps:
@@ -144,13 +167,21 @@ def run_once(rank: int, name: str, sample_s: float) -> dict:
                 break
         epoch += 1
     report = rebalancer.report()
-    return {"case": name, "splits": [list(s) for s in rebalancer.splits],
-            "switches": [{"step": s.decided_at_step, "batches": list(s.batches), "kind": s.kind}
-                         for s in rebalancer.switches],
-            "measures": [{"step": m.step, "batches": list(m.batches), "compute_s": list(m.compute_s)}
-                         for m in rebalancer.measures],
-            "steps_to_balance": report.steps_to_balance, "watch_overhead": report.watch_overhead,
-            "line": report.line(samples_once=True)}
+    return {
+        "case": name,
+        "splits": [list(s) for s in rebalancer.splits],
+        "switches": [
+            {"step": s.decided_at_step, "batches": list(s.batches), "kind": s.kind}
+            for s in rebalancer.switches
+        ],
+        "measures": [
+            {"step": m.step, "batches": list(m.batches), "compute_s": list(m.compute_s)}
+            for m in rebalancer.measures
+        ],
+        "steps_to_balance": report.steps_to_balance,
+        "watch_overhead": report.watch_overhead,
+        "line": report.line(samples_once=True),
+    }
 
 
 def _worker(rank: int, port: int, out_dir: str, cases: list[str], runs: int, sample_s: float) -> None:
@@ -167,8 +198,12 @@ def _worker(rank: int, port: int, out_dir: str, cases: list[str], runs: int, sam
                 began = time.monotonic()
                 records.append(run_once(rank, name, sample_s))
                 if rank == 0:
-                    print(f"bench_rebalance: {name} run {run + 1}/{runs}: {time.monotonic() - began:.1f} s, "
-                          f"{records[-1]['line']}", file=sys.stderr, flush=True)
+                    print(
+                        f"bench_rebalance: {name} run {run + 1}/{runs}: {time.monotonic() - began:.1f} s, "
+                        f"{records[-1]['line']}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             if rank == 0:
                 Path(out_dir, f"{name}.json").write_text(json.dumps(records))
         dist.barrier()
@@ -196,12 +231,20 @@ def simulated_metrics(name: str, record: dict, sample_s: float) -> dict:
     end_speeds = speeds_at(len(splits))
     best_s = min(_true_s(s, end_speeds, sample_s) for s in _splits())
     # against the split in force when the current speeds began (the start, or the split at the change)
-    regime_start = [start if not changed or i + 1 < CHANGE_STEP else splits[CHANGE_STEP - 1] for i in range(len(splits))]
-    transient = max(_true_s(s, speeds_at(i + 1), sample_s) / _true_s(regime_start[i], speeds_at(i + 1), sample_s)
-                    for i, s in enumerate(splits))
+    regime_start = [
+        start if not changed or i + 1 < CHANGE_STEP else splits[CHANGE_STEP - 1] for i in range(len(splits))
+    ]
+    transient = max(
+        _true_s(s, speeds_at(i + 1), sample_s) / _true_s(regime_start[i], speeds_at(i + 1), sample_s)
+        for i, s in enumerate(splits)
+    )
     balance = record["steps_to_balance"] - (CHANGE_STEP - 1 if changed else 0)
-    return {"final_vs_best": _true_s(final, end_speeds, sample_s) / best_s, "transient_vs_start": transient,
-            "switches": len(record["switches"]), "steps_to_balance": max(balance, 0)}
+    return {
+        "final_vs_best": _true_s(final, end_speeds, sample_s) / best_s,
+        "transient_vs_start": transient,
+        "switches": len(record["switches"]),
+        "steps_to_balance": max(balance, 0),
+    }
 
 
 def real_metrics(record: dict) -> dict:
@@ -212,10 +255,13 @@ def real_metrics(record: dict) -> dict:
     step_s = {s: statistics.median(ts) for s, ts in by_split.items()}
     splits = [tuple(s) for s in record["splits"]]
     start, final = splits[0], splits[-1]
-    return {"final_vs_best": step_s[final] / min(step_s.values()),
-            "transient_vs_start": max(step_s[s] for s in set(splits) if s in step_s) / step_s[start],
-            "final_vs_start": step_s[final] / step_s[start], "switches": len(record["switches"]),
-            "steps_to_balance": record["steps_to_balance"]}
+    return {
+        "final_vs_best": step_s[final] / min(step_s.values()),
+        "transient_vs_start": max(step_s[s] for s in set(splits) if s in step_s) / step_s[start],
+        "final_vs_start": step_s[final] / step_s[start],
+        "switches": len(record["switches"]),
+        "steps_to_balance": record["steps_to_balance"],
+    }
 
 
 def main() -> int:
@@ -237,19 +283,27 @@ def main() -> int:
     sample_s = args.sample_ms / 1e3
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-rebalance-") as tmp:
-        mp.start_processes(_worker, args=(free_port(), tmp, cases, args.runs, sample_s), nprocs=WORLD_SIZE,
-                           start_method="spawn")
+        mp.start_processes(
+            _worker,
+            args=(free_port(), tmp, cases, args.runs, sample_s),
+            nprocs=WORLD_SIZE,
+            start_method="spawn",
+        )
         for name in cases:
             records = json.loads(Path(tmp, f"{name}.json").read_text())
-            metrics = [real_metrics(r) if not CASES[name][3] else simulated_metrics(name, r, sample_s)
-                       for r in records]
+            metrics = [
+                real_metrics(r) if not CASES[name][3] else simulated_metrics(name, r, sample_s)
+                for r in records
+            ]
             # every run's splits, switches and gathered steps too: a slow run can be read back afterwards
             results[name] = {"runs": metrics, "lines": [r["line"] for r in records], "records": records}
-            line = (f"rebalance: case={name} runs={len(metrics)} "
-                    f"worst_final_vs_best={max(m['final_vs_best'] for m in metrics):.3f} "
-                    f"worst_transient_vs_start={max(m['transient_vs_start'] for m in metrics):.3f} "
-                    f"switches_max={max(m['switches'] for m in metrics)} "
-                    f"steps_to_balance_max={max(m['steps_to_balance'] for m in metrics)}")
+            line = (
+                f"rebalance: case={name} runs={len(metrics)} "
+                f"worst_final_vs_best={max(m['final_vs_best'] for m in metrics):.3f} "
+                f"worst_transient_vs_start={max(m['transient_vs_start'] for m in metrics):.3f} "
+                f"switches_max={max(m['switches'] for m in metrics)} "
+                f"steps_to_balance_max={max(m['steps_to_balance'] for m in metrics)}"
+            )
             if not CASES[name][3]:
                 line += f" worst_final_vs_start={max(m['final_vs_start'] for m in metrics):.3f}"
             watched = [r["watch_overhead"] for r in records if r["watch_overhead"] is not None]
@@ -257,8 +311,13 @@ def main() -> int:
             print(line, flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"bench": "rebalance", "sample_ms": args.sample_ms, "runs": args.runs,
-                               "results": results}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {"bench": "rebalance", "sample_ms": args.sample_ms, "runs": args.runs, "results": results},
+            indent=2,
+        )
+        + "\n"
+    )
     return 0
 
 

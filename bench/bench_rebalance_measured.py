@@ -51,8 +51,11 @@ def simulated_step(speeds, batches) -> float:
 
 
 def ordered(speeds, batches) -> bool:
-    return all(batches[i] > batches[j] for i, j in itertools.permutations(range(len(speeds)), 2)
-               if speeds[j] >= 2 * speeds[i])
+    return all(
+        batches[i] > batches[j]
+        for i, j in itertools.permutations(range(len(speeds)), 2)
+        if speeds[j] >= 2 * speeds[i]
+    )
 
 
 def run_once(workdir: Path, speeds, first, steps) -> dict:
@@ -62,20 +65,55 @@ def run_once(workdir: Path, speeds, first, steps) -> dict:
     env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     load = os.getloadavg()[0]
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr", "127.0.0.1",
-         "--master-port", str(free_port()), str(EXAMPLE), "--plan", str(plan), "--steps", str(steps), "--rebalance",
-         "--simulate-speed", ",".join(f"{k:g}" for k in speeds), "--write-plan", str(workdir / "trained.json")],
-        capture_output=True, text=True, timeout=600, env=env, cwd=workdir)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "3",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(EXAMPLE),
+            "--plan",
+            str(plan),
+            "--steps",
+            str(steps),
+            "--rebalance",
+            "--simulate-speed",
+            ",".join(f"{k:g}" for k in speeds),
+            "--write-plan",
+            str(workdir / "trained.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=workdir,
+    )
     line = next((x for x in result.stdout.splitlines() if x.startswith("rebalance: switches=")), None)
     if result.returncode != 0 or line is None:
-        raise RuntimeError(f"the run failed (exit {result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        raise RuntimeError(
+            f"the run failed (exit {result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
     fields = dict(_FIELDS.findall(line))
     last = tuple(json.loads(fields["batches_last"]))
-    return {"load": load, "first": first, "last": last, "line": line,
-            "step_first": simulated_step(speeds, first), "step_last": simulated_step(speeds, last),
-            "judged_first": fields["step_compute_s_first"], "judged_last": fields["step_compute_s_last"],
-            "idle_first": fields["max_idle_first"], "idle_last": fields["max_idle_last"],
-            "ordered": ordered(speeds, last), "switches": int(fields["switches"]), "rollbacks": int(fields["rollbacks"])}
+    return {
+        "load": load,
+        "first": first,
+        "last": last,
+        "line": line,
+        "step_first": simulated_step(speeds, first),
+        "step_last": simulated_step(speeds, last),
+        "judged_first": fields["step_compute_s_first"],
+        "judged_last": fields["step_compute_s_last"],
+        "idle_first": fields["max_idle_first"],
+        "idle_last": fields["max_idle_last"],
+        "ordered": ordered(speeds, last),
+        "switches": int(fields["switches"]),
+        "rollbacks": int(fields["rollbacks"]),
+    }
 
 
 def main() -> int:
@@ -95,16 +133,22 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 r = run_once(Path(tmp), speeds, first, steps)
             records.append(r)
-            print(f"rebalance_measured: case={name} load={r['load']:.1f} batches={list(r['first'])}->{list(r['last'])} "
-                  f"simulated_step={r['step_first']:g}->{r['step_last']:g} step_compute_s={r['judged_first']}->"
-                  f"{r['judged_last']} max_idle={r['idle_first']}->{r['idle_last']} ordered={r['ordered']} "
-                  f"switches={r['switches']} rollbacks={r['rollbacks']}", flush=True)
+            print(
+                f"rebalance_measured: case={name} load={r['load']:.1f} batches={list(r['first'])}->{list(r['last'])} "
+                f"simulated_step={r['step_first']:g}->{r['step_last']:g} step_compute_s={r['judged_first']}->"
+                f"{r['judged_last']} max_idle={r['idle_first']}->{r['idle_last']} ordered={r['ordered']} "
+                f"switches={r['switches']} rollbacks={r['rollbacks']}",
+                flush=True,
+            )
         as_good = sum(r["step_last"] <= r["step_first"] for r in records)
         in_order = sum(r["ordered"] for r in records)
         loads = [r["load"] for r in records]
         failed |= as_good < len(records) or in_order < len(records)
-        print(f"rebalance_measured: case={name} runs={len(records)} load={min(loads):.1f}-{max(loads):.1f} "
-              f"as_good_as_start={as_good}/{len(records)} ordered_by_speed={in_order}/{len(records)}", flush=True)
+        print(
+            f"rebalance_measured: case={name} runs={len(records)} load={min(loads):.1f}-{max(loads):.1f} "
+            f"as_good_as_start={as_good}/{len(records)} ordered_by_speed={in_order}/{len(records)}",
+            flush=True,
+        )
     return 1 if failed else 0
 
 

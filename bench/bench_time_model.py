@@ -98,9 +98,15 @@ def metrics(rows, predicted: dict[str, float], judged: set[str]) -> dict[str, fl
         if i in predicted:
             per_gpu[by_id[i].gpu] = max(per_gpu[by_id[i].gpu], abs(predicted[i] / by_id[i].samples_per_s - 1))
     worst_gpu = max(per_gpu, key=per_gpu.__getitem__, default="none")
-    print(f"  worst GPU type: {worst_gpu} ({per_gpu.get(worst_gpu, 0.0):.1%}); per type: "
-          + ", ".join(f"{g} {e:.1%}" for g, e in sorted(per_gpu.items())), file=sys.stderr)
-    print("  mix efficiency by stack: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(stack_mix.items())), file=sys.stderr)
+    print(
+        f"  worst GPU type: {worst_gpu} ({per_gpu.get(worst_gpu, 0.0):.1%}); per type: "
+        + ", ".join(f"{g} {e:.1%}" for g, e in sorted(per_gpu.items())),
+        file=sys.stderr,
+    )
+    print(
+        "  mix efficiency by stack: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(stack_mix.items())),
+        file=sys.stderr,
+    )
     return {
         "gpu_abs_error_max": max(per_gpu.values(), default=0.0),
         "gpu_types": float(len(per_gpu)),
@@ -150,8 +156,12 @@ def memory_figures(rows, catalog) -> dict[str, float]:
     print(f"memory_over_0.95={','.join(misses) or 'none'}")
     print(f"memory_oom_predicted_fraction={','.join(oom_lines) or 'none'}")
     return {
-        "fits_at_0.95": float(fits), "rows": float(len(rows)), "worst_fraction": worst, "fragmentation_bound": bound,
-        "oom_predicted_over_card": float(oom_over), "oom_rows": float(len(oom_lines)),
+        "fits_at_0.95": float(fits),
+        "rows": float(len(rows)),
+        "worst_fraction": worst,
+        "fragmentation_bound": bound,
+        "oom_predicted_over_card": float(oom_over),
+        "oom_rows": float(len(oom_lines)),
     }
 
 
@@ -161,9 +171,14 @@ def shipped_stack_terms(model, path: Path | None = None) -> dict[str, StackTerms
     from torchkit.estimate.time_model import DEFAULT_TIME_MODEL_PATH
 
     doc = json.loads((path or DEFAULT_TIME_MODEL_PATH).read_text())
-    return {name: StackTerms(throughput_factor=e["throughput_factor"], memory_traffic=e["memory_traffic"],
-                             cuda_graphs=STACKS[name].cuda_graphs)
-            for name, e in doc.get("stacks", {}).items()}
+    return {
+        name: StackTerms(
+            throughput_factor=e["throughput_factor"],
+            memory_traffic=e["memory_traffic"],
+            cuda_graphs=STACKS[name].cuda_graphs,
+        )
+        for name, e in doc.get("stacks", {}).items()
+    }
 
 
 VOLTA_AMPERE = ("volta", "ampere-ga100", "ampere-ga10x")
@@ -183,15 +198,22 @@ def compare_with(path: Path, observations, shipped: dict[str, float]) -> dict[st
         now = shipped[o.id] / o.samples_per_s - 1
         change = abs(now) - abs(before)
         worse += change > 0.02
-        print(f"  {o.id:34s} {o.stack:21s} {before:+7.1%} {now:+7.1%} {100 * change:+6.1f}pt"
-              + ("  worse by more than 2 points" if change > 0.02 else ""), file=sys.stderr)
+        print(
+            f"  {o.id:34s} {o.stack:21s} {before:+7.1%} {now:+7.1%} {100 * change:+6.1f}pt"
+            + ("  worse by more than 2 points" if change > 0.02 else ""),
+            file=sys.stderr,
+        )
     return {"volta_ampere_rows_worse_by_2pt": float(worse)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, help="another time_model.json (e.g. `git show REV:torchkit/estimate/"
-                        "calibration/time_model.json`): print every Volta/Ampere row's error under both")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="another time_model.json (e.g. `git show REV:torchkit/estimate/"
+        "calibration/time_model.json`): print every Volta/Ampere row's error under both",
+    )
     args = parser.parse_args()
     catalog = load_catalog()
     rows = list(read_measured(catalog=catalog))
@@ -199,7 +221,9 @@ def main() -> int:
     model = load_time_model()
     terms = shipped_stack_terms(model)
     shipped = {o.id: predict(o, model.global_constants, model.arch_constants, terms) for o in observations}
-    before = replace(PRIOR_CONSTANTS, layout_conversion_factor=0.0)  # the uncalibrated roofline had no layout term
+    before = replace(
+        PRIOR_CONSTANTS, layout_conversion_factor=0.0
+    )  # the uncalibrated roofline had no layout term
     eager_rows = [r for r in rows if r.stack == REFERENCE_STACK]
     prior = {o.id: predict(o, before, {}) for o in observations if o.stack == REFERENCE_STACK}
     held = set(held_out_ids(rows, catalog))
@@ -210,12 +234,23 @@ def main() -> int:
     _print("prior_heldout", metrics(eager_rows, prior, held & set(prior)))
     logo = held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: o.gpu.name)
     _print("logo", metrics(rows, logo, everything & set(logo)))
-    _print("logo", {"within_2sigma_stated": within(
-        list(log_errors(observations, logo).values()),
-        [_unseen_type_sigma(model, catalog, o) for o in observations if o.id in logo],
-    )})
-    _print("lomo", metrics(rows, held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: _model_of(o, rows)),
-                           everything))
+    _print(
+        "logo",
+        {
+            "within_2sigma_stated": within(
+                list(log_errors(observations, logo).values()),
+                [_unseen_type_sigma(model, catalog, o) for o in observations if o.id in logo],
+            )
+        },
+    )
+    _print(
+        "lomo",
+        metrics(
+            rows,
+            held_out_predictions(observations, PRIOR_CONSTANTS, lambda o: _model_of(o, rows)),
+            everything,
+        ),
+    )
     _print("transfer", transfer_figures(observations, model))
     _print("prior_all", metrics(eager_rows, prior, set(prior)))
     _print("memory", memory_figures(rows, catalog))
@@ -227,8 +262,11 @@ def main() -> int:
 def _unseen_type_sigma(model, catalog, observation) -> float:
     """The σ a type without rows of its own gets in its architecture (what a left-out type would state)."""
     arch_sigma = model.arch_log_sigma.get(observation.arch, model.unseen_log_sigma)
-    return math.hypot(arch_sigma, model.type_log_sigma) if observation.arch in model.arch_log_sigma \
+    return (
+        math.hypot(arch_sigma, model.type_log_sigma)
+        if observation.arch in model.arch_log_sigma
         else model.unseen_log_sigma
+    )
 
 
 def transfer_figures(observations, model) -> dict[str, float]:
@@ -244,11 +282,18 @@ def transfer_figures(observations, model) -> dict[str, float]:
             continue
         result = fit_calibration([o for o in observations if o not in eager], PRIOR_CONSTANTS)
         for o in eager:
-            errors[o.id] = math.log(predict(o, result.global_constants, result.arch_constants) / o.samples_per_s)
+            errors[o.id] = math.log(
+                predict(o, result.global_constants, result.arch_constants) / o.samples_per_s
+            )
         worst = max(errors[o.id] for o in eager), min(errors[o.id] for o in eager)
-        print(f"  transfer {arch}: eager rows {len(eager)}, log error {worst[1]:+.3f}..{worst[0]:+.3f}", file=sys.stderr)
-    sigma = max((model.arch_log_sigma[a] for a in model.arch_log_sigma if not model.arch_eager_rows.get(a)),
-                default=model.unseen_log_sigma)
+        print(
+            f"  transfer {arch}: eager rows {len(eager)}, log error {worst[1]:+.3f}..{worst[0]:+.3f}",
+            file=sys.stderr,
+        )
+    sigma = max(
+        (model.arch_log_sigma[a] for a in model.arch_log_sigma if not model.arch_eager_rows.get(a)),
+        default=model.unseen_log_sigma,
+    )
     values = list(errors.values())
     return {
         "abs_error_max": max((abs(math.exp(e) - 1) for e in values), default=0.0),

@@ -73,8 +73,9 @@ def fit_constants(observations: list[Observation], held_ids: frozenset[str]) -> 
     return fit_calibration([o for o in observations if o.id not in held_ids], PRIOR_CONSTANTS)
 
 
-def calibrate(rows: list, observations: list[Observation], held_ids: frozenset[str],
-              progress: bool = False) -> tuple[dict, CalibrationFit, dict[str, float]]:
+def calibrate(
+    rows: list, observations: list[Observation], held_ids: frozenset[str], progress: bool = False
+) -> tuple[dict, CalibrationFit, dict[str, float]]:
     """Fit, cross-validate, and build the time-model document. Returns (document, fit result, held-out
     predictions of the shipped fit, each in its row's own stack)."""
     fit_obs = [o for o in observations if o.id not in held_ids]
@@ -93,7 +94,9 @@ def calibrate(rows: list, observations: list[Observation], held_ids: frozenset[s
         source = f"{fitted_on} (all architectures)" if f.name in GLOBAL_PARAMS else PRIOR_SOURCES[f.name]
         glob[f.name] = {"value": value, "source": source}
     held = [o for o in observations if o.id in held_ids]
-    held_pred = {o.id: predict(o, result.global_constants, result.arch_constants, result.stack_terms) for o in held}
+    held_pred = {
+        o.id: predict(o, result.global_constants, result.arch_constants, result.stack_terms) for o in held
+    }
     held_errors = log_errors(held, held_pred)
     gpu_doc = _gpu_documents(rows, fit_obs, sigmas)
     type_source = (
@@ -128,11 +131,13 @@ def calibrate(rows: list, observations: list[Observation], held_ids: frozenset[s
             "leave_one_architecture_out_rms_log_error": rms(list(cv.unseen.values())),
             "coverage_factor": sigmas.coverage_factor,
             "held_out_rms_log_error": rms(list(held_errors.values())),
-            "held_out_within_2_sigma": within([held_errors[o.id] for o in held],
-                                              [_row_sigma(o, gpu_doc, sigmas) for o in held]),
+            "held_out_within_2_sigma": within(
+                [held_errors[o.id] for o in held], [_row_sigma(o, gpu_doc, sigmas) for o in held]
+            ),
             "leave_one_out_within_2_sigma": within(
                 [cv.loo[o.id] for o in fit_obs if o.id in cv.loo],
-                [_row_sigma(o, gpu_doc, sigmas) for o in fit_obs if o.id in cv.loo]),
+                [_row_sigma(o, gpu_doc, sigmas) for o in fit_obs if o.id in cv.loo],
+            ),
             "params_log": result.params,
         },
     }
@@ -142,10 +147,16 @@ def calibrate(rows: list, observations: list[Observation], held_ids: frozenset[s
 def _row_sigma(o: Observation, gpu_doc: dict, sigmas: Sigmas) -> float:
     """The σ the calibration states for the row's GPU type (what its profile would carry)."""
     entry = gpu_doc.get(o.gpu.name)
-    return entry["log_sigma"] if entry else sigmas.for_gpu(o.arch, gpu_eager_rows=False, gpu_rows=False, arch_rows=True)
+    return (
+        entry["log_sigma"]
+        if entry
+        else sigmas.for_gpu(o.arch, gpu_eager_rows=False, gpu_rows=False, arch_rows=True)
+    )
 
 
-def _arch_documents(result: CalibrationFit, fit_obs: list[Observation], sigmas: Sigmas, fitted_on: str) -> dict:
+def _arch_documents(
+    result: CalibrationFit, fit_obs: list[Observation], sigmas: Sigmas, fitted_on: str
+) -> dict:
     """Per architecture: its constants with their rows, its achievable-matmul ceiling where measured, and the σ
     of a type with the rows that define it."""
     out = {}
@@ -154,7 +165,10 @@ def _arch_documents(result: CalibrationFit, fit_obs: list[Observation], sigmas: 
         eager = [o for o in arch_rows if o.stack == REFERENCE_STACK]
         entry = {
             "constants": {
-                p: {"value": getattr(constants, p), "source": f"{fitted_on}: {', '.join(o.id for o in arch_rows)}"}
+                p: {
+                    "value": getattr(constants, p),
+                    "source": f"{fitted_on}: {', '.join(o.id for o in arch_rows)}",
+                }
                 for p in ARCH_PARAMS
             },
             "rows": len(arch_rows),
@@ -166,8 +180,8 @@ def _arch_documents(result: CalibrationFit, fit_obs: list[Observation], sigmas: 
                 f"RMS of leave-one-row-out log errors of its eager rows ({sigmas.raw[f'arch:{arch}']:.4f}, floor: "
                 f"the data noise) times {sigmas.coverage_factor:.3f}, the factor that puts {COVERAGE_TARGET:.0%} "
                 "of all cross-validated errors within 2 sigma"
-                if eager else
-                "seen only in other stacks than eager PyTorch: the RMS of the log errors of an architecture's "
+                if eager
+                else "seen only in other stacks than eager PyTorch: the RMS of the log errors of an architecture's "
                 "eager rows predicted by a fit that saw it only in other stacks, worst architecture "
                 f"({sigmas.raw['transfer']:.4f}) times {sigmas.coverage_factor:.3f}"
             ),
@@ -177,7 +191,7 @@ def _arch_documents(result: CalibrationFit, fit_obs: list[Observation], sigmas: 
             entry["constants"][SM_STREAM_PARAM] = {
                 "value": getattr(constants, SM_STREAM_PARAM),
                 "source": f"{fitted_on}: {', '.join(o.id for o in arch_rows)}; prior {prior:g} B/FLOP, log sigma "
-                          f"{prior_sigma:g} ({why})",
+                f"{prior_sigma:g} ({why})",
             }
         if arch in TENSOR_CORE_CEILINGS:
             value, source = TENSOR_CORE_CEILINGS[arch]
@@ -200,7 +214,9 @@ def _stack_documents(result: CalibrationFit, fit_obs: list[Observation]) -> dict
             "memory_traffic": terms.memory_traffic,
             "rows": len(stack_rows),
             "gpus": sorted({o.gpu.name for o in stack_rows}),
-            "anchors": sorted({o.arch for o in stack_rows} & {o.arch for o in fit_obs if o.stack == REFERENCE_STACK}),
+            "anchors": sorted(
+                {o.arch for o in stack_rows} & {o.arch for o in fit_obs if o.stack == REFERENCE_STACK}
+            ),
         }
     return out
 
@@ -221,13 +237,21 @@ def _gpu_documents(rows: list, fit_obs: list[Observation], sigmas: Sigmas) -> di
         if gpu in eager_gpus:
             source = f"its {arch} eager rows' cross-validated error"
         elif arch in sigmas.arch_eager:
-            source = (f"no eager rows of its own ({', '.join(sorted(set(gpu_kinds)))}): its {arch} eager rows' "
-                      "cross-validated error and the unseen-type term in quadrature")
+            source = (
+                f"no eager rows of its own ({', '.join(sorted(set(gpu_kinds)))}): its {arch} eager rows' "
+                "cross-validated error and the unseen-type term in quadrature"
+            )
         else:
-            source = (f"rows only {', '.join(sorted(set(gpu_kinds)))}: the other-stack transfer error of an "
-                      "architecture seen only in another stack")
-        out[gpu] = {"rows": len(gpu_kinds), "kinds": sorted(set(gpu_kinds)), "log_sigma": sigma,
-                    "log_sigma_source": source}
+            source = (
+                f"rows only {', '.join(sorted(set(gpu_kinds)))}: the other-stack transfer error of an "
+                "architecture seen only in another stack"
+            )
+        out[gpu] = {
+            "rows": len(gpu_kinds),
+            "kinds": sorted(set(gpu_kinds)),
+            "log_sigma": sigma,
+            "log_sigma_source": source,
+        }
     return out
 
 
@@ -239,8 +263,12 @@ def write_document(doc: dict, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    parser.add_argument("--refresh-tables", action="store_true", help="recompute the kernel tables (fake passes)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_TIME_MODEL_PATH, help="where to write the constants")
+    parser.add_argument(
+        "--refresh-tables", action="store_true", help="recompute the kernel tables (fake passes)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_TIME_MODEL_PATH, help="where to write the constants"
+    )
     args = parser.parse_args()
     catalog = load_catalog()
     rows = list(read_measured(catalog=catalog))
@@ -253,19 +281,33 @@ def main() -> int:
     write_document(doc, args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     kind_of = {r.id: r.kind for r in rows}
-    print(f"{'row':34s} {'gpu':16s} {'kind':32s} {'split':8s} {'measured':>9s} {'predicted':>9s} {'error':>7s}")
+    print(
+        f"{'row':34s} {'gpu':16s} {'kind':32s} {'split':8s} {'measured':>9s} {'predicted':>9s} {'error':>7s}"
+    )
     for o in observations:
         held = o.id in held_ids
-        pred = held_pred[o.id] if held else predict(o, result.global_constants, result.arch_constants,
-                                                    result.stack_terms)
+        pred = (
+            held_pred[o.id]
+            if held
+            else predict(o, result.global_constants, result.arch_constants, result.stack_terms)
+        )
         split = "held-out" if held else "fit"
-        print(f"{o.id:34s} {o.gpu.name:16s} {kind_of[o.id]:32s} {split:8s} {o.samples_per_s:9.1f} {pred:9.1f} "
-              f"{pred / o.samples_per_s - 1:+7.1%}")
+        print(
+            f"{o.id:34s} {o.gpu.name:16s} {kind_of[o.id]:32s} {split:8s} {o.samples_per_s:9.1f} {pred:9.1f} "
+            f"{pred / o.samples_per_s - 1:+7.1%}"
+        )
     f = doc["fit"]
-    for name in ("in_sample_rms_log_error", "leave_one_out_rms_log_error", "leave_one_type_out_rms_log_error",
-                 "other_stack_transfer_rms_log_error", "leave_one_architecture_out_rms_log_error",
-                 "held_out_rms_log_error", "held_out_within_2_sigma", "leave_one_out_within_2_sigma",
-                 "coverage_factor"):
+    for name in (
+        "in_sample_rms_log_error",
+        "leave_one_out_rms_log_error",
+        "leave_one_type_out_rms_log_error",
+        "other_stack_transfer_rms_log_error",
+        "leave_one_architecture_out_rms_log_error",
+        "held_out_rms_log_error",
+        "held_out_within_2_sigma",
+        "leave_one_out_within_2_sigma",
+        "coverage_factor",
+    ):
         print(f"{name}={f[name]:.4f}")
     for name, entry in doc["global"].items():
         print(f"global.{name}={entry['value']:.4g}")

@@ -111,7 +111,9 @@ def price(rows: list[Row], tables: dict[tuple[int, str], KernelTable], model: Ti
     out = []
     for r in rows:
         gpu = catalog.get(r.gpu)
-        step_s = PlacedTable.of(tables[(r.batch, r.amp)], gpu, channels_last=False).time_s(model.constants_for(gpu))
+        step_s = PlacedTable.of(tables[(r.batch, r.amp)], gpu, channels_last=False).time_s(
+            model.constants_for(gpu)
+        )
         out.append(Priced(row=r, predicted=r.batch / step_s, log_sigma=model.uncertainty_for(gpu).log_sigma))
     return out
 
@@ -145,15 +147,22 @@ def summary(priced: list[Priced]) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("repo", type=Path, help="a clone (or bare git directory) of lambdal/deeplearning-benchmark")
+    parser.add_argument(
+        "repo", type=Path, help="a clone (or bare git directory) of lambdal/deeplearning-benchmark"
+    )
     parser.add_argument("--commit", default="HEAD", help="the revision to read (default HEAD)")
     parser.add_argument("--before", type=Path, help="another time_model.json to compare with (e.g. main's)")
     args = parser.parse_args()
-    found = subprocess.run(["git", "-C", str(args.repo), "rev-parse", "--verify", f"{args.commit}^{{commit}}"],
-                           capture_output=True, text=True)
+    found = subprocess.run(
+        ["git", "-C", str(args.repo), "rev-parse", "--verify", f"{args.commit}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
     if found.returncode != 0:
-        raise SystemExit(f"eval_lambda: {args.repo} has no revision {args.commit!r} ({found.stderr.strip()}); "
-                         "give a clone of lambdal/deeplearning-benchmark")
+        raise SystemExit(
+            f"eval_lambda: {args.repo} has no revision {args.commit!r} ({found.stderr.strip()}); "
+            "give a clone of lambdal/deeplearning-benchmark"
+        )
     rev = found.stdout.strip()
     rows = read_rows(args.repo, rev)
     tables = kernel_tables(rows)
@@ -161,8 +170,10 @@ def main() -> int:
     if args.before:
         models = {"before": load_time_model(args.before), **models}
     priced = {name: price(rows, tables, m) for name, m in models.items()}
-    print(f"lambdal/deeplearning-benchmark@{rev[:8]}: {len(rows)} rows (bench/lambda_rows.py); "
-          + "; ".join(f"{name}: {m.source}" for name, m in models.items()))
+    print(
+        f"lambdal/deeplearning-benchmark@{rev[:8]}: {len(rows)} rows (bench/lambda_rows.py); "
+        + "; ".join(f"{name}: {m.source}" for name, m in models.items())
+    )
     names = list(models)
     head = " ".join(f"{n + ' AMP':>11s} {n + ' fp32':>11s} {n + ' σ':>9s}" for n in names)
     print(f"{'gpu':16s} {'build':13s} {'AMP meas':>9s} {'fp32 meas':>9s} {head}")
@@ -171,22 +182,36 @@ def main() -> int:
         cells = []
         measured = {}
         for n in names:
-            mine = {("amp" if x.row.precision == "fp16" else "fp32"): x for x in priced[n]
-                    if x.row.gpu == gpu and x.row.build == build}
+            mine = {
+                ("amp" if x.row.precision == "fp16" else "fp32"): x
+                for x in priced[n]
+                if x.row.gpu == gpu and x.row.build == build
+            }
             measured = {k: v.row.measured for k, v in mine.items()}
             sigma = next(iter(mine.values())).log_sigma
-            cells.append(" ".join(f"{mine[k].ratio:11.2f}" if k in mine else f"{'-':>11s}" for k in ("amp", "fp32"))
-                         + f" {math.exp(sigma) - 1:8.0%}")
-        print(f"{gpu:16s} {build:13s} " + " ".join(f"{measured[k]:9.0f}" if k in measured else f"{'-':>9s}"
-                                                   for k in ("amp", "fp32")) + " " + " ".join(cells))
+            cells.append(
+                " ".join(f"{mine[k].ratio:11.2f}" if k in mine else f"{'-':>11s}" for k in ("amp", "fp32"))
+                + f" {math.exp(sigma) - 1:8.0%}"
+            )
+        print(
+            f"{gpu:16s} {build:13s} "
+            + " ".join(f"{measured[k]:9.0f}" if k in measured else f"{'-':>9s}" for k in ("amp", "fp32"))
+            + " "
+            + " ".join(cells)
+        )
     for n in names:
         s = summary(priced[n])
-        print(f"mix by (build, precision) [{n}]: " + ", ".join(f"{b} {p} {v:.3f}" for (b, p), v in sorted(s["mixes"].items())))
+        print(
+            f"mix by (build, precision) [{n}]: "
+            + ", ".join(f"{b} {p} {v:.3f}" for (b, p), v in sorted(s["mixes"].items()))
+        )
     for n in names:
         s = summary(priced[n])
-        print(f"lambda[{n}]: rows={s['rows']} types={s['types']} ratio_min={s['ratio_min']:.2f} "
-              f"ratio_max={s['ratio_max']:.2f} types_within_20pct={s['types_within_20pct']}/{s['types']} "
-              f"mix_min={s['mix_min']:.3f} within_2sigma={s['within_2sigma']:.2f}")
+        print(
+            f"lambda[{n}]: rows={s['rows']} types={s['types']} ratio_min={s['ratio_min']:.2f} "
+            f"ratio_max={s['ratio_max']:.2f} types_within_20pct={s['types_within_20pct']}/{s['types']} "
+            f"mix_min={s['mix_min']:.3f} within_2sigma={s['within_2sigma']:.2f}"
+        )
     return 0
 
 

@@ -92,7 +92,16 @@ class Burner:
 
 
 def _run_pytest(pytest_args: list[str], junit: Path, log: Path) -> tuple[int, float]:
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", *pytest_args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--junitxml={junit}",
+        *pytest_args,
+    ]
     start = time.monotonic()
     with log.open("w") as out:
         code = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
@@ -123,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=10.0, help="load to hold (runnable tasks; default 10)")
     parser.add_argument("--max-burners", type=int, default=16, help="most burner processes (default 16)")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs' logs and JUnit files here")
-    parser.add_argument("pytest_args", nargs="*", help=f'after --: pytest arguments (default: -m "{DEFAULT_MARKERS}")')
+    parser.add_argument(
+        "pytest_args", nargs="*", help=f'after --: pytest arguments (default: -m "{DEFAULT_MARKERS}")'
+    )
     args = parser.parse_args(argv)
     pytest_args = args.pytest_args or ["-m", DEFAULT_MARKERS]
     out = args.out or Path(tempfile.mkdtemp(prefix="flake-check-"))
@@ -145,18 +156,26 @@ def main(argv: list[str] | None = None) -> int:
                 if problem is not None:
                     failures[name].append((run, problem))
             failed = sum(1 for p in outcomes.values() if p is not None)
-            print(f"run {run}/{args.runs}: pytest exit {code}, {len(outcomes)} tests, {failed} failed, "
-                  f"{seconds / 60:.1f} min (log {log})", flush=True)
+            print(
+                f"run {run}/{args.runs}: pytest exit {code}, {len(outcomes)} tests, {failed} failed, "
+                f"{seconds / 60:.1f} min (log {log})",
+                flush=True,
+            )
         loads = burner.loads
 
     print(f"\npytest {' '.join(pytest_args)}: {args.runs} runs, {len(seen)} tests")
     if loads:
-        print(f"1-minute load average during the runs: mean {statistics.mean(loads):.1f}, min {min(loads):.1f}, "
-              f"max {max(loads):.1f} ({len(loads)} samples; target {args.load:g} on {os.cpu_count()} cores)")
+        print(
+            f"1-minute load average during the runs: mean {statistics.mean(loads):.1f}, min {min(loads):.1f}, "
+            f"max {max(loads):.1f} ({len(loads)} samples; target {args.load:g} on {os.cpu_count()} cores)"
+        )
     print(f"minutes per run: {', '.join(f'{d / 60:.1f}' for d in durations)}")
     if not failures:
         ok = all(c == 0 for c in codes)
-        print("failures: none" + ("" if ok else f" in the JUnit reports, but pytest exited {codes}: see the logs"))
+        print(
+            "failures: none"
+            + ("" if ok else f" in the JUnit reports, but pytest exited {codes}: see the logs")
+        )
         return 0 if ok else 1
     print(f"{'failed':>6}  test (first failure)")
     for name, problems in sorted(failures.items(), key=lambda item: -len(item[1])):

@@ -71,13 +71,18 @@ class Run:
 
 
 def git_show(repo: Path, rev: str, path: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), "show", f"{rev}:{path}"], check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        ["git", "-C", str(repo), "show", f"{rev}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def git_ls(repo: Path, rev: str, path: str) -> list[str]:
-    out = subprocess.run(["git", "-C", str(repo), "ls-tree", "--name-only", rev, path + "/"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "--name-only", rev, path + "/"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.split()
 
 
@@ -101,20 +106,34 @@ def _sys_field(text: str, field: str) -> str:
 def _run(repo: Path, rev: str, directory: str, precision: str, throughput: float, table: str) -> Run:
     sys_text = git_show(repo, rev, f"pytorch/{directory}/sys_pytorch.txt")
     run_dir = f"pytorch/{directory}/PyTorch_resnet50_{PRECISIONS[precision]}"
-    para = dict(line.split(maxsplit=1) for line in git_show(repo, rev, f"{run_dir}/benchmark.para").splitlines()
-                if line.strip())
+    para = dict(
+        line.split(maxsplit=1)
+        for line in git_show(repo, rev, f"{run_dir}/benchmark.para").splitlines()
+        if line.strip()
+    )
     if para.get("GPU") != "1":
         raise SystemExit(f"{run_dir}: GPU {para.get('GPU')} (expected a single-GPU run)")
     log = next(p for p in git_ls(repo, rev, run_dir) if p.endswith(".txt"))
     params = next(line for line in git_show(repo, rev, log).splitlines() if "PARAMETER data :" in line)
-    expected = {"data_backend": "synthetic", "memory_format": "nchw", "optimizer": "sgd", "momentum": "0.9",
-                "amp": "True" if precision == "fp16" else "False"}
+    expected = {
+        "data_backend": "synthetic",
+        "memory_format": "nchw",
+        "optimizer": "sgd",
+        "momentum": "0.9",
+        "amp": "True" if precision == "fp16" else "False",
+    }
     for key, value in expected.items():
         if not re.search(rf"\b{key} : {re.escape(value)}\b", params):
             raise SystemExit(f"{log}: {key} is not {value} ({params[:200]}...)")
-    return Run(directory=directory, gpu=_sys_field(sys_text, "GPU").replace("_", " "),
-               build=_sys_field(sys_text, "PyTorch Version"), precision=precision,
-               batch=int(para["GLOBAL_BATCH"]), throughput=throughput, table=table)
+    return Run(
+        directory=directory,
+        gpu=_sys_field(sys_text, "GPU").replace("_", " "),
+        build=_sys_field(sys_text, "PyTorch Version"),
+        precision=precision,
+        batch=int(para["GLOBAL_BATCH"]),
+        throughput=throughput,
+        table=table,
+    )
 
 
 def read_runs(repo: Path, rev: str) -> list[Run]:
@@ -123,8 +142,12 @@ def read_runs(repo: Path, rev: str) -> list[Run]:
     runs = []
     for precision in PRECISIONS:
         table = f"pytorch/pytorch-train-throughput-{precision}.csv"
-        batches = {r["name_gpu"]: int(float(r["resnet50"])) for r in csv.DictReader(io.StringIO(
-            git_show(repo, rev, f"pytorch/pytorch-train-bs-{precision}.csv")))}
+        batches = {
+            r["name_gpu"]: int(float(r["resnet50"]))
+            for r in csv.DictReader(
+                io.StringIO(git_show(repo, rev, f"pytorch/pytorch-train-bs-{precision}.csv"))
+            )
+        }
         for r in csv.DictReader(io.StringIO(git_show(repo, rev, table))):
             if float(r["num_gpu"]) != 1:
                 continue
@@ -155,7 +178,9 @@ def rows(repo: Path, rev: str) -> list[list[str]]:
     for gpu, build, _ in groups:
         builds[build].add(gpu)
     out = []
-    for (gpu, build, precision), runs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+    for (gpu, build, precision), runs in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])
+    ):
         if len(builds[build]) < 2:
             print(f"left out: {gpu} {build} (the only GPU type of its build)", file=sys.stderr)
             continue
@@ -163,24 +188,48 @@ def rows(repo: Path, rev: str) -> list[list[str]]:
             raise SystemExit(f"{gpu} {build} {precision}: runs at batches {sorted({r.batch for r in runs})}")
         value = statistics.median(r.throughput for r in runs)
         figures = sorted(r.throughput for r in runs)
-        print(f"{gpu} {build} {precision}: {len(runs)} runs {figures[0]:g}..{figures[-1]:g}, median {value:g}",
-              file=sys.stderr)
+        print(
+            f"{gpu} {build} {precision}: {len(runs)} runs {figures[0]:g}..{figures[-1]:g}, median {value:g}",
+            file=sys.stderr,
+        )
         cc8 = str(catalog.get(gpu).compute_capability) >= "8"
         ours = "fp16" if precision == "fp16" else ("tf32" if cc8 else "fp32")
         stack = STACK_OF_BUILD[build]
         tables = sorted({r.table for r in runs})
         where = "; ".join(sorted(r.directory for r in runs))
         counted = f"median of {len(runs)} single-GPU runs" if len(runs) > 1 else "1 single-GPU run"
-        bs_table = f" and pytorch/pytorch-train-bs-{precision}.csv" if any(
-            r.directory.startswith("results/") for r in runs) else ""
-        source = (f"lambdal/deeplearning-benchmark@{rev[:8]} {' + '.join(tables)}, column resnet50, {counted} "
-                  f"({where}); batch from each run's benchmark.para{bs_table}")
-        software = (f"{CONTAINER_OF_BUILD[build]}; NVIDIA DeepLearningExamples ConvNets main.py (Lambda's fork, "
-                    f"branch lambda/benchmark) --data-backend synthetic, NCHW, SGD momentum 0.9"
-                    + (", --amp --static-loss-scale 256" if precision == "fp16" else ""))
+        bs_table = (
+            f" and pytorch/pytorch-train-bs-{precision}.csv"
+            if any(r.directory.startswith("results/") for r in runs)
+            else ""
+        )
+        source = (
+            f"lambdal/deeplearning-benchmark@{rev[:8]} {' + '.join(tables)}, column resnet50, {counted} "
+            f"({where}); batch from each run's benchmark.para{bs_table}"
+        )
+        software = (
+            f"{CONTAINER_OF_BUILD[build]}; NVIDIA DeepLearningExamples ConvNets main.py (Lambda's fork, "
+            f"branch lambda/benchmark) --data-backend synthetic, NCHW, SGD momentum 0.9"
+            + (", --amp --static-loss-scale 256" if precision == "fp16" else "")
+        )
         row_id = f"lambda-r50-{gpu.lower()}-{ours}-{stack.removeprefix('lambda-')}"
-        out.append([row_id, "resnet50", gpu, ours, "nchw", str(runs[0].batch), f"{value:g}", "sgd", source, software,
-                    "", "1", stack])
+        out.append(
+            [
+                row_id,
+                "resnet50",
+                gpu,
+                ours,
+                "nchw",
+                str(runs[0].batch),
+                f"{value:g}",
+                "sgd",
+                source,
+                software,
+                "",
+                "1",
+                stack,
+            ]
+        )
     return out
 
 
@@ -189,8 +238,9 @@ def main() -> int:
     parser.add_argument("repo", type=Path, help="a clone of lambdal/deeplearning-benchmark")
     parser.add_argument("--commit", default="HEAD", help="the revision to read (default HEAD)")
     args = parser.parse_args()
-    rev = subprocess.run(["git", "-C", str(args.repo), "rev-parse", args.commit], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    rev = subprocess.run(
+        ["git", "-C", str(args.repo), "rev-parse", args.commit], check=True, capture_output=True, text=True
+    ).stdout.strip()
     writer = csv.writer(sys.stdout, lineterminator="\n")
     for row in rows(args.repo, rev):
         writer.writerow(row)

@@ -60,7 +60,10 @@ def train_loop_per_worker(config: dict) -> None:
     context = ray.train.get_context()
     world_rank, world_size = context.get_world_rank(), context.get_world_size()
     plan_rank = plan_rank_for_worker(
-        plan, match=config["match"], world_rank=world_rank, hostname=socket.gethostname(),
+        plan,
+        match=config["match"],
+        world_rank=world_rank,
+        hostname=socket.gethostname(),
         local_rank=context.get_local_rank(),
     )
     rank_plan = load_rank_plan(plan, rank=plan_rank, env={"WORLD_SIZE": str(world_size)})
@@ -76,7 +79,9 @@ def train_loop_per_worker(config: dict) -> None:
     loader = DataLoader(IndexedDataset(dataset), batch_sampler=sampler)
     model = ray.train.torch.prepare_model(make_model(config["seed"]))
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
-    rebalancer = _rebalancer(config, plan, sampler, model, device, world_size) if config["rebalance"] else None
+    rebalancer = (
+        _rebalancer(config, plan, sampler, model, device, world_size) if config["rebalance"] else None
+    )
     taken: list = []
     step, epoch = 0, 0
     while step < config["steps"]:
@@ -111,8 +116,10 @@ def _rebalancer(config: dict, plan: Plan, sampler, model, device, world_size: in
     simulate = None
     if config["simulate_speed"]:
         sample_ms = config["simulate_sample_ms"]
-        simulate = SimulatedSpeed(factors=parse_speeds(config["simulate_speed"], world_size),
-                                  sample_s=sample_ms / 1e3 if sample_ms is not None else None)
+        simulate = SimulatedSpeed(
+            factors=parse_speeds(config["simulate_speed"], world_size),
+            sample_s=sample_ms / 1e3 if sample_ms is not None else None,
+        )
     return Rebalancer.from_plan(plan, sampler, model, simulate=simulate, device=device)
 
 
@@ -126,8 +133,10 @@ def _rebalance_results(rebalancer, sampler, taken: list, world_size: int) -> dic
     dist.all_gather_object(everyone, taken)
     once = samples_once(sampler, everyone)
     updated, profiles = rebalancer.feedback()
-    return {"rebalance_line": rebalancer.report().line(samples_once=once),
-            "rebalance_feedback": json.dumps({"plan": encode(updated), "profiles": encode(profiles)})}
+    return {
+        "rebalance_line": rebalancer.report().line(samples_once=once),
+        "rebalance_feedback": json.dumps({"plan": encode(updated), "profiles": encode(profiles)}),
+    }
 
 
 def _report_with_results(metrics: dict, results: dict | None) -> None:
@@ -142,8 +151,10 @@ def _report_with_results(metrics: dict, results: dict | None) -> None:
         return
     with tempfile.TemporaryDirectory() as folder:
         Path(folder, "rebalance.json").write_text(json.dumps(results))
-        ray.train.report({**metrics, "rebalance_line": results["rebalance_line"]},
-                         checkpoint=ray.train.Checkpoint.from_directory(folder))
+        ray.train.report(
+            {**metrics, "rebalance_line": results["rebalance_line"]},
+            checkpoint=ray.train.Checkpoint.from_directory(folder),
+        )
 
 
 def read_results(result) -> dict:
@@ -173,8 +184,13 @@ def write_feedback(feedback_json: str, plan_path: str, cache_dir: str | None) ->
     fingerprint = measured_fingerprint(plan.job) if profiles else ""
     for key, profile in profiles.items():
         # the cache records what the key is made of, so that it can check the entry when it is read
-        written.append(cache.put(key, profile, inputs=measured_key_inputs(plan.job, profile.gpu, profile.amp,
-                                                                            fingerprint=fingerprint)))
+        written.append(
+            cache.put(
+                key,
+                profile,
+                inputs=measured_key_inputs(plan.job, profile.gpu, profile.amp, fingerprint=fingerprint),
+            )
+        )
     synced = file_job_sync(plan, cache_dir)  # the measured synchronisation, for the next plan
     return written + ([synced] if synced is not None else [])
 
@@ -183,14 +199,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--plan", required=True, help="plan.json written by batchplan plan")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--match", choices=("node", "rank"), default="node", help="how a worker finds its entry")
+    parser.add_argument(
+        "--match", choices=("node", "rank"), default="node", help="how a worker finds its entry"
+    )
     parser.add_argument("--address", help="Ray cluster to run on (default: start a local one on 127.0.0.1)")
     parser.add_argument("--dataset-size", type=int, default=None)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rebalance", action="store_true", help="re-balance the split from measured compute times")
-    parser.add_argument("--simulate-speed", metavar="K0,K1,...", help="declared simulation of slower ranks (--rebalance)")
-    parser.add_argument("--simulate-sample-ms", type=float, default=None, help="per-sample ms of a speed-1 rank")
+    parser.add_argument(
+        "--rebalance", action="store_true", help="re-balance the split from measured compute times"
+    )
+    parser.add_argument(
+        "--simulate-speed", metavar="K0,K1,...", help="declared simulation of slower ranks (--rebalance)"
+    )
+    parser.add_argument(
+        "--simulate-sample-ms", type=float, default=None, help="per-sample ms of a speed-1 rank"
+    )
     parser.add_argument("--write-plan", default=None, help="where the updated plan goes (default: --plan)")
     parser.add_argument("--cache-dir", default=None, help="profile cache for the measured profiles")
     parser.add_argument("--no-feedback", action="store_true", help="write neither the plan nor the profiles")
@@ -225,7 +249,9 @@ def _report_rebalance(result, args: argparse.Namespace) -> int:
         print("error: world rank 0 reported no re-balancing results", file=sys.stderr)
         return 1
     if not args.no_feedback:
-        for path in write_feedback(results["rebalance_feedback"], args.write_plan or args.plan, args.cache_dir):
+        for path in write_feedback(
+            results["rebalance_feedback"], args.write_plan or args.plan, args.cache_dir
+        ):
             print(f"wrote {path}", file=sys.stderr)
     print(results["rebalance_line"])
     return 0
@@ -251,10 +277,17 @@ def main(argv: list[str] | None = None) -> int:
     _start_ray(args.address, num_cpus=max(plan.world_size, 2))
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"plan": plan, "match": args.match, "steps": args.steps,
-                           "dataset_size": args.dataset_size, "lr": args.lr, "seed": args.seed,
-                           "rebalance": args.rebalance, "simulate_speed": args.simulate_speed,
-                           "simulate_sample_ms": args.simulate_sample_ms},
+        train_loop_config={
+            "plan": plan,
+            "match": args.match,
+            "steps": args.steps,
+            "dataset_size": args.dataset_size,
+            "lr": args.lr,
+            "seed": args.seed,
+            "rebalance": args.rebalance,
+            "simulate_speed": args.simulate_speed,
+            "simulate_sample_ms": args.simulate_sample_ms,
+        },
         scaling_config=ScalingConfig(num_workers=plan.world_size, use_gpu=torch.cuda.is_available()),
         run_config=RunConfig(storage_path=str(Path(args.plan).resolve().parent / "ray_results")),
     )
@@ -263,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     if result.error is not None:
         print(f"error: training failed: {result.error}", file=sys.stderr)
         return 1
-    print(f"done: {args.steps} steps on {plan.world_size} workers with batches {[r.batch for r in plan.ranks]}")
+    print(
+        f"done: {args.steps} steps on {plan.world_size} workers with batches {[r.batch for r in plan.ranks]}"
+    )
     if args.rebalance:
         return _report_rebalance(result, args)
     return 0

@@ -72,31 +72,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--plan", required=True, help="plan.json written by batchplan plan")
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps to run (default 5)")
-    parser.add_argument("--dataset-size", type=int, default=None, help="samples (default: 8 optimizer steps' worth)")
+    parser.add_argument(
+        "--dataset-size", type=int, default=None, help="samples (default: 8 optimizer steps' worth)"
+    )
     parser.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    parser.add_argument("--seed", type=int, default=0, help="seed of data, model and sampler (same on every rank)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of data, model and sampler (same on every rank)"
+    )
     group = parser.add_argument_group("re-balancing (planner.runtime.Rebalancer)")
-    group.add_argument("--rebalance", action="store_true", help="measure each rank's compute and re-balance the split")
+    group.add_argument(
+        "--rebalance", action="store_true", help="measure each rank's compute and re-balance the split"
+    )
     group.add_argument("--probe-steps", type=int, default=10, help="steps measured at the start (default 10)")
-    group.add_argument("--check-every", type=int, default=5,
-                       help="later (watching), gather the steps' times at least every this many steps (default 5)")
-    group.add_argument("--simulate-speed", metavar="K0,K1,...",
-                       help="declared simulation: rank i computes K_i times slower per sample (needs --rebalance)")
-    group.add_argument("--simulate-sample-ms", type=float, default=None,
-                       help="per-sample ms of a speed-1 rank in the simulation (default: measured after warm-up, "
-                            "the same for all ranks)")
-    group.add_argument("--simulate-speed-change", metavar="STEP:K0,K1,...",
-                       help="from optimizer step STEP on, simulate these speeds instead (tests the watching)")
-    group.add_argument("--collective-timeout", type=float, default=30.0,
-                       help="seconds any rank waits for another before the job stops (default 30)")
-    group.add_argument("--write-plan", default=None, help="where rank 0 writes the updated plan (default: --plan)")
-    group.add_argument("--cache-dir", default=None, help="profile cache for the measured profiles (default: the planner's)")
-    group.add_argument("--no-feedback", action="store_true", help="write neither the plan nor the measured profiles")
+    group.add_argument(
+        "--check-every",
+        type=int,
+        default=5,
+        help="later (watching), gather the steps' times at least every this many steps (default 5)",
+    )
+    group.add_argument(
+        "--simulate-speed",
+        metavar="K0,K1,...",
+        help="declared simulation: rank i computes K_i times slower per sample (needs --rebalance)",
+    )
+    group.add_argument(
+        "--simulate-sample-ms",
+        type=float,
+        default=None,
+        help="per-sample ms of a speed-1 rank in the simulation (default: measured after warm-up, "
+        "the same for all ranks)",
+    )
+    group.add_argument(
+        "--simulate-speed-change",
+        metavar="STEP:K0,K1,...",
+        help="from optimizer step STEP on, simulate these speeds instead (tests the watching)",
+    )
+    group.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=30.0,
+        help="seconds any rank waits for another before the job stops (default 30)",
+    )
+    group.add_argument(
+        "--write-plan", default=None, help="where rank 0 writes the updated plan (default: --plan)"
+    )
+    group.add_argument(
+        "--cache-dir", default=None, help="profile cache for the measured profiles (default: the planner's)"
+    )
+    group.add_argument(
+        "--no-feedback", action="store_true", help="write neither the plan nor the measured profiles"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     if args.simulate_speed and not args.rebalance:
-        parser.error("--simulate-speed needs --rebalance (the simulation runs inside the re-balancer's timing)")
+        parser.error(
+            "--simulate-speed needs --rebalance (the simulation runs inside the re-balancer's timing)"
+        )
     if args.simulate_speed_change and not args.simulate_speed:
         parser.error("--simulate-speed-change needs --simulate-speed (the speeds it changes from)")
     if args.simulate_sample_ms is not None and not 0 < args.simulate_sample_ms < float("inf"):
@@ -115,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.simulate_speed:
             from planner.runtime.simulate import parse_speed_change, parse_speeds
 
-            parse_speeds(args.simulate_speed, plan.world_size)  # a bad list fails here, not inside a collective
+            parse_speeds(
+                args.simulate_speed, plan.world_size
+            )  # a bad list fails here, not inside a collective
             if args.simulate_speed_change:
                 parse_speed_change(args.simulate_speed_change, plan.world_size)
     except UserError as exc:
@@ -167,12 +201,24 @@ def make_rebalancer(args: argparse.Namespace, plan: RankPlan, sampler: PlannedBa
     simulate = None
     if args.simulate_speed:
         sample_s = args.simulate_sample_ms / 1e3 if args.simulate_sample_ms is not None else None
-        changes = [parse_speed_change(args.simulate_speed_change, plan.world_size)] if args.simulate_speed_change else []
-        simulate = SimulatedSpeed(factors=parse_speeds(args.simulate_speed, plan.world_size), sample_s=sample_s,
-                                  changes=changes)
+        changes = (
+            [parse_speed_change(args.simulate_speed_change, plan.world_size)]
+            if args.simulate_speed_change
+            else []
+        )
+        simulate = SimulatedSpeed(
+            factors=parse_speeds(args.simulate_speed, plan.world_size), sample_s=sample_s, changes=changes
+        )
     policy = RebalancePolicy(probe_steps=args.probe_steps, check_every_steps=args.check_every)
-    return Rebalancer.from_plan(args.plan, sampler, ddp, policy=policy, simulate=simulate, device=device,
-                                collective_timeout_s=args.collective_timeout)
+    return Rebalancer.from_plan(
+        args.plan,
+        sampler,
+        ddp,
+        policy=policy,
+        simulate=simulate,
+        device=device,
+        collective_timeout_s=args.collective_timeout,
+    )
 
 
 def train(args: argparse.Namespace, plan: RankPlan, device: torch.device) -> None:
@@ -262,7 +308,12 @@ def _single_process_environment() -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+    for name, value in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", str(port)),
+    ):
         os.environ.setdefault(name, value)
 
 

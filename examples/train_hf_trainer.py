@@ -1,4 +1,5 @@
 """Train a Hugging Face model with a plan's batches: torchrun --nproc-per-node 3 examples/train_hf_trainer.py plan.json"""
+
 import os
 import sys
 
@@ -20,13 +21,28 @@ class Tokens(torch.utils.data.Dataset):  # your dataset: synthetic token ids, la
 
 
 # your model (random weights)
-model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                     num_attention_heads=4, num_key_value_heads=4))
-args = TrainingArguments(output_dir="hf-run", max_steps=10, learning_rate=1e-3, logging_steps=5, report_to="none",
-                         save_strategy="no", use_cpu=not torch.cuda.is_available())
+model = LlamaForCausalLM(
+    LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
+)
+args = TrainingArguments(
+    output_dir="hf-run",
+    max_steps=10,
+    learning_rate=1e-3,
+    logging_steps=5,
+    report_to="none",
+    save_strategy="no",
+    use_cpu=not torch.cuda.is_available(),
+)
 # rebalance=True switches on the in-job re-balancer
 trainer = BatchPlanTrainer(model=model, args=args, train_dataset=Tokens(), batchplan=sys.argv[1])
-metrics = trainer.train().metrics   # each rank its planned batch; gradient_accumulation_steps from the plan
+metrics = trainer.train().metrics  # each rank its planned batch; gradient_accumulation_steps from the plan
 print(trainer.batchplan.summary_line(), f"samples/s {metrics['train_samples_per_second']}", flush=True)
 # every rank done before any tears the group down, then out without the interpreter's teardown (README: "Using
 # the plan in a training script")

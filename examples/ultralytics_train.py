@@ -21,11 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="yolov8n.yaml", help="model YAML (fresh weights) or your .pt")
     parser.add_argument("--data", required=True, help="dataset YAML on this machine")
     parser.add_argument("--device", default="0,1", help="GPUs, e.g. 0,1,2, or -1,-1 for the two most idle")
-    parser.add_argument("--batch", type=float, default=-1,
-                        help="-1: planned in the job; 0-1: that share of each GPU's memory; N: N images a step")
+    parser.add_argument(
+        "--batch",
+        type=float,
+        default=-1,
+        help="-1: planned in the job; 0-1: that share of each GPU's memory; N: N images a step",
+    )
     parser.add_argument("--plan", help="a plan.json from batchplan plan for exactly these GPUs")
-    parser.add_argument("--sync-bn", choices=("auto", "on", "off"), default="auto",
-                        help="SyncBatchNorm over the ranks (auto: on with CUDA)")
+    parser.add_argument(
+        "--sync-bn",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="SyncBatchNorm over the ranks (auto: on with CUDA)",
+    )
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--plots", action="store_true", help="Ultralytics' plots (it downloads a font once)")
@@ -39,10 +47,19 @@ def main(argv: list[str] | None = None) -> int:
 
         YOLO = import_ultralytics("ultralytics").YOLO
         model = YOLO(args.model)
-        trainer = planned_trainer(model, plan=args.plan, sync_bn={"auto": None, "on": True, "off": False}[args.sync_bn])
+        trainer = planned_trainer(
+            model, plan=args.plan, sync_bn={"auto": None, "on": True, "off": False}[args.sync_bn]
+        )
         batch = int(args.batch) if args.batch >= 1 else args.batch  # Ultralytics takes a count as an int
-        model.train(data=args.data, device=args.device, batch=batch, imgsz=args.imgsz, epochs=args.epochs,
-                    plots=args.plots, trainer=trainer)
+        model.train(
+            data=args.data,
+            device=args.device,
+            batch=batch,
+            imgsz=args.imgsz,
+            epochs=args.epochs,
+            plots=args.plots,
+            trainer=trainer,
+        )
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

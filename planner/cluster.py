@@ -79,8 +79,14 @@ MAX_HOST_MEMORY_GIB = 2**20
 _READ_LIMITS = DocumentLimits(
     max_entries={"nodes": MAX_NODES, "nodes[].gpus": MAX_GPUS_PER_NODE},
     default_max_entries=MAX_CONFIG_ENTRIES,
-    total=TotalLimit(entries="nodes[].gpus[]", key="count", default=1, limit=MAX_CLUSTER_GPUS,
-                     max_each=MAX_GPUS_PER_NODE, what="GPUs"),
+    total=TotalLimit(
+        entries="nodes[].gpus[]",
+        key="count",
+        default=1,
+        limit=MAX_CLUSTER_GPUS,
+        max_each=MAX_GPUS_PER_NODE,
+        what="GPUs",
+    ),
 )
 
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", re.ASCII)  # a hostname label and a Ray resource
@@ -93,9 +99,12 @@ def node_name_problem(name: str) -> str | None:
     if len(name) > MAX_NODE_NAME_CHARS:
         return f"node name of {len(name)} characters, over the limit of {MAX_NODE_NAME_CHARS} (a host name)"
     if not _NODE_NAME.fullmatch(name):
-        return (f"node name {name!r} may hold only letters, digits, '.', '_' and '-' and must start with a letter "
-                "or digit (it becomes a host label)")
+        return (
+            f"node name {name!r} may hold only letters, digits, '.', '_' and '-' and must start with a letter "
+            "or digit (it becomes a host label)"
+        )
     return None
+
 
 _TOP_REQUIRED = {"nodes": "a list of nodes, e.g. nodes: [{name: node-a, gpus: [{type: T4, count: 2}]}]"}
 _TOP_OPTIONAL = ("name", "gpu_types", "network")
@@ -168,9 +177,11 @@ class ClusterSpec:
     @property
     def interconnect(self) -> Interconnect:
         """Every link the config states, for the synchronisation model."""
-        return Interconnect(network=self.network,
-                            node_network={n.name: n.network for n in self.nodes if n.network is not None},
-                            node_intra={n.name: n.intra for n in self.nodes if n.intra is not None})
+        return Interconnect(
+            network=self.network,
+            node_network={n.name: n.network for n in self.nodes if n.network is not None},
+            node_intra={n.name: n.intra for n in self.nodes if n.intra is not None},
+        )
 
     @property
     def num_gpus(self) -> int:
@@ -257,15 +268,18 @@ def parse_cluster(
     )
 
     problems = ConfigProblems(source)
-    catalog = _with_config_types(load_catalog() if catalog is None else catalog, data.get("gpu_types"), top,
-                                 problems)
+    catalog = _with_config_types(
+        load_catalog() if catalog is None else catalog, data.get("gpu_types"), top, problems
+    )
 
     nodes_where = top.key("nodes")
     nodes_raw: list = []
     with problems.collect():
         listed = expect_list(data["nodes"], nodes_where, what="a list of nodes")
         if len(listed) > MAX_NODES:
-            raise nodes_where.error(f"lists {len(listed)} nodes, over the limit of {MAX_NODES} (split the config)")
+            raise nodes_where.error(
+                f"lists {len(listed)} nodes, over the limit of {MAX_NODES} (split the config)"
+            )
         _check_total_gpus(listed, nodes_where)
         nodes_raw = listed  # only within the limits is any node built
     nodes: list[NodeSpec] = []
@@ -337,18 +351,31 @@ def _gpu_type_entries(raw: Any, where: ConfigLocation) -> list[tuple[ConfigLocat
     entries with a ``name`` key (``listed``)."""
     if isinstance(raw, dict):
         return [(where.key(name), name, entry, False) for name, entry in raw.items()]
-    entries = expect_list(raw, where, what="a mapping of GPU type name -> entry (as in gpus.yaml) or a list of "
-                          "entries with name:", non_empty=False)
-    return [(where.index(i), entry.get("name") if isinstance(entry, dict) else None, entry, True)
-            for i, entry in enumerate(entries)]
+    entries = expect_list(
+        raw,
+        where,
+        what="a mapping of GPU type name -> entry (as in gpus.yaml) or a list of entries with name:",
+        non_empty=False,
+    )
+    return [
+        (where.index(i), entry.get("name") if isinstance(entry, dict) else None, entry, True)
+        for i, entry in enumerate(entries)
+    ]
 
 
-def _parse_config_type(where: ConfigLocation, name: Any, entry: Any, listed: bool, catalog: GpuCatalog) -> GpuCatalog:
+def _parse_config_type(
+    where: ConfigLocation, name: Any, entry: Any, listed: bool, catalog: GpuCatalog
+) -> GpuCatalog:
     name_where = where.key("name") if listed else where
     fields = entry
     if listed:
-        expect_mapping(entry, where, required={"name": "the new type's name, e.g. name: MY-GPU", **GPU_SPEC_REQUIRED_KEYS},
-                       optional=GPU_SPEC_OPTIONAL_KEYS, what="a GPU type entry mapping")
+        expect_mapping(
+            entry,
+            where,
+            required={"name": "the new type's name, e.g. name: MY-GPU", **GPU_SPEC_REQUIRED_KEYS},
+            optional=GPU_SPEC_OPTIONAL_KEYS,
+            what="a GPU type entry mapping",
+        )
         fields = {key: value for key, value in entry.items() if key != "name"}
     spec = parse_gpu_spec(expect_str(name, name_where), fields, where)
     try:
@@ -357,7 +384,9 @@ def _parse_config_type(where: ConfigLocation, name: Any, entry: Any, listed: boo
         raise name_where.error(str(exc)) from None
 
 
-def _with_config_types(catalog: GpuCatalog, raw: Any, top: ConfigLocation, problems: ConfigProblems) -> GpuCatalog:
+def _with_config_types(
+    catalog: GpuCatalog, raw: Any, top: ConfigLocation, problems: ConfigProblems
+) -> GpuCatalog:
     """The catalog plus the config's ``gpu_types`` entries (gpus.yaml keys; see ``_gpu_type_entries``)."""
     if raw is None:
         return catalog
@@ -385,7 +414,10 @@ def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: 
     host_memory_bytes = None
     if node.get("host_memory_gib") is not None:
         gib = expect_number(
-            node["host_memory_gib"], where.key("host_memory_gib"), positive=True, maximum=MAX_HOST_MEMORY_GIB,
+            node["host_memory_gib"],
+            where.key("host_memory_gib"),
+            positive=True,
+            maximum=MAX_HOST_MEMORY_GIB,
             hint="in GiB",
         )
         host_memory_bytes = round(gib * GIB)
@@ -404,11 +436,19 @@ def _parse_node(raw: Any, where: ConfigLocation, catalog: GpuCatalog, problems: 
             )
     intra = network = None
     if node.get("intra") is not None:
-        intra = parse_intra(node["intra"], where.key("intra"), tuple(dict.fromkeys(g.spec.name for g in gpus)))
+        intra = parse_intra(
+            node["intra"], where.key("intra"), tuple(dict.fromkeys(g.spec.name for g in gpus))
+        )
     if node.get("network") is not None:
         network = parse_network(node["network"], where.key("network"))
-    return NodeSpec(name=name, gpus=tuple(gpus), cpu_count=cpu_count, host_memory_bytes=host_memory_bytes,
-                    intra=intra, network=network)
+    return NodeSpec(
+        name=name,
+        gpus=tuple(gpus),
+        cpu_count=cpu_count,
+        host_memory_bytes=host_memory_bytes,
+        intra=intra,
+        network=network,
+    )
 
 
 def _parse_gpu_entry(
@@ -430,7 +470,10 @@ def _parse_gpu_entry(
     # checked before a single SimulatedGpu is built: `count: 1000000000000` must cost nothing
     room = MAX_GPUS_PER_NODE - first_index
     count = expect_int(
-        entry.get("count", 1), where.key("count"), minimum=1, maximum=room,
+        entry.get("count", 1),
+        where.key("count"),
+        minimum=1,
+        maximum=room,
         hint=f"a node holds at most {MAX_GPUS_PER_NODE} GPUs; split it into nodes if it really has more",
     )
 

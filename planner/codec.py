@@ -44,8 +44,18 @@ from msgspec import Meta
 from planner.errors import ConfigError, FieldError
 from planner.jsonio import MAX_JSON_DEPTH, check_tree, json_depth, loads_strict
 
-__all__ = ["FLATTENED", "NOT_WRITTEN", "OMIT_DEFAULT", "UNKNOWN_KEYS", "Meta", "convert", "decode", "decode_fields",
-           "encode", "forbid_unknown_keys"]
+__all__ = [
+    "FLATTENED",
+    "NOT_WRITTEN",
+    "OMIT_DEFAULT",
+    "UNKNOWN_KEYS",
+    "Meta",
+    "convert",
+    "decode",
+    "decode_fields",
+    "encode",
+    "forbid_unknown_keys",
+]
 
 T = TypeVar("T")
 
@@ -112,8 +122,14 @@ def _spec(cls: type) -> _Spec:
         else:
             fields.append(_Field(f.name, _hints(cls)[f.name], default, role))
     forbids = getattr(cls, "__codec_forbids_unknown_keys__", False)
-    custom = skips or forbids or any(f.role == FLATTENED["codec"] or any(
-        _spec(r).custom for r in _records_in(f.type) if r is not cls) for f in fields)
+    custom = (
+        skips
+        or forbids
+        or any(
+            f.role == FLATTENED["codec"] or any(_spec(r).custom for r in _records_in(f.type) if r is not cls)
+            for f in fields
+        )
+    )
     return _Spec(tuple(fields), unknown, forbids, hasattr(cls, "__post_init__"), custom)
 
 
@@ -143,13 +159,21 @@ def _optional_of(tp: Any) -> Any:
 
 
 def _tagged_base(tp: Any) -> bool:
-    return isinstance(tp, type) and not dataclasses.is_dataclass(tp) and isinstance(getattr(tp, "tag_field", None), str)
+    return (
+        isinstance(tp, type)
+        and not dataclasses.is_dataclass(tp)
+        and isinstance(getattr(tp, "tag_field", None), str)
+    )
 
 
 @functools.cache
 def _tags(base: type) -> dict[Any, type]:
     """tag value -> the dataclass subclass of a tagged base that carries it."""
-    return {tag: sub for sub in base.__subclasses__() for tag in typing.get_args(_strip(_hints(sub)[base.tag_field]))}
+    return {
+        tag: sub
+        for sub in base.__subclasses__()
+        for tag in typing.get_args(_strip(_hints(sub)[base.tag_field]))
+    }
 
 
 def _dec_hook(tp: type, obj: Any) -> Any:
@@ -229,7 +253,9 @@ def decode(cls: Any, raw: bytes | str, *, where: str, fix: str, max_depth: int =
     return _decode(cls, raw, _reader(cls), where=where, fix=fix, max_depth=max_depth)
 
 
-def decode_fields(cls: type, raw: bytes | str, *, where: str, fix: str, without: tuple[str, ...]) -> dict[str, Any]:
+def decode_fields(
+    cls: type, raw: bytes | str, *, where: str, fix: str, without: tuple[str, ...]
+) -> dict[str, Any]:
     """The fields of the record ``cls`` in the JSON text ``raw`` but ``without`` (absent or ignored there), each
     read and checked as :func:`decode` would, the absent ones at their defaults; the record itself is not
     constructed, so its own checks across fields are the caller's (a reader of part of a large document).
@@ -251,15 +277,22 @@ def convert(cls: Any, data: Any, *, where: str, fix: str = "") -> Any:
         raise _explained(cls, exc, data, where, fix) from None
 
 
-def _decode(cls: Any, raw: bytes | str, read: Callable[[bytes], Any], *, where: str, fix: str, max_depth: int) -> Any:
+def _decode(
+    cls: Any, raw: bytes | str, read: Callable[[bytes], Any], *, where: str, fix: str, max_depth: int
+) -> Any:
     data = raw.encode() if isinstance(raw, str) else raw
     try:
         if not _plainly_clean(data):  # a control character, a surrogate, ...: the strict parser names it
-            _strict_load(data, where, fix, max_depth)  # raises where something is wrong; else the text was clean
+            _strict_load(
+                data, where, fix, max_depth
+            )  # raises where something is wrong; else the text was clean
         return read(data)
     except (msgspec.ValidationError, _Invalid) as exc:  # first: a ValidationError is a DecodeError too
         raise _explained(cls, exc, _strict_load(data, where, fix, max_depth), where, fix) from None
-    except (RecursionError, msgspec.DecodeError):  # too deep, not JSON or not strict: the strict parser says which
+    except (
+        RecursionError,
+        msgspec.DecodeError,
+    ):  # too deep, not JSON or not strict: the strict parser says which
         _strict_load(data, where, fix, max_depth)
         raise ConfigError(f"{where} is not valid JSON ({fix})") from None
 
@@ -294,7 +327,7 @@ def _plainly_clean(data: bytes) -> bool:
     while at >= 0:
         escaped = data[at + 1] if at + 1 < len(data) else 0
         if escaped == ord("u"):
-            digits = data[at + 2:at + 6].lower()
+            digits = data[at + 2 : at + 6].lower()
             if digits[:2] == b"00" and (digits[2:3] in (b"0", b"1", b"8", b"9") or digits[2:] == b"7f"):
                 return False
             if digits[:1] == b"d" and digits[1:2] in (b"8", b"9", b"a", b"b", b"c", b"d", b"e", b"f"):
@@ -337,8 +370,10 @@ def _build(tp: Any, *, raw: bool) -> Callable[[Any], Any]:
         item = _build(args[1], raw=raw)
         read = lambda v: {k: _at(_Key(k), item, x) for k, x in _items(v, raw, dict).items()}  # noqa: E731
     else:
-        raise TypeError(f"the codec cannot read {tp!r}: a record that keeps, forbids or skips keys may sit only in a "
-                        "record, an optional, a tuple or a dict")
+        raise TypeError(
+            f"the codec cannot read {tp!r}: a record that keeps, forbids or skips keys may sit only in a "
+            "record, an optional, a tuple or a dict"
+        )
     if not optional:
         return read
     return lambda v: None if (bytes(v).strip() == b"null" if raw else v is None) else read(v)
@@ -366,11 +401,16 @@ def _at(segment: Any, read: Callable[[Any], Any], value: Any) -> Any:
         raise _from_msgspec(exc, [segment]) from None
 
 
-def _read_record(cls: type, value: Any, *, raw: bool, construct: bool = True, without: tuple[str, ...] = ()) -> Any:
+def _read_record(
+    cls: type, value: Any, *, raw: bool, construct: bool = True, without: tuple[str, ...] = ()
+) -> Any:
     spec = _spec(cls)
     items = _items(value, raw, dict)
-    flat = {f.name: {g.name for g in _spec(_records_in(f.type)[0]).fields}
-            for f in spec.fields if f.role == FLATTENED["codec"]}
+    flat = {
+        f.name: {g.name for g in _spec(_records_in(f.type)[0]).fields}
+        for f in spec.fields
+        if f.role == FLATTENED["codec"]
+    }
     known = {f.name for f in spec.fields}.union(*flat.values())
     unknown = [k for k in items if k not in known and k not in without]
     if unknown and spec.forbids:
@@ -421,12 +461,16 @@ def _from_msgspec(exc: msgspec.ValidationError, prefix: list) -> _Invalid:
     text, path = str(exc), list(prefix)
     found = _PATH.search(text)
     if found:
-        text = text[:found.start()]
+        text = text[: found.start()]
         for name, index in (m.groups() for m in _SEGMENT.finditer(found.group(1))):
-            path.append(name if name else int(index) if index else ...)  # ...: a dict's value, its key unknown
+            path.append(
+                name if name else int(index) if index else ...
+            )  # ...: a dict's value, its key unknown
     cause = exc.__cause__
     if isinstance(cause, _Nested):
-        return _Invalid(path + cause.invalid.path, cause.invalid.kind, cause.invalid.text, cause.invalid.cause)
+        return _Invalid(
+            path + cause.invalid.path, cause.invalid.kind, cause.invalid.text, cause.invalid.cause
+        )
     if isinstance(cause, ValueError):
         return _Invalid(path, "own", text, cause)
     missing = _MISSING.match(text)
@@ -455,11 +499,16 @@ def _explained(cls: Any, exc: BaseException, document: Any, where: str, fix: str
     if invalid.kind == "missing":
         return ConfigError(_with_fix(f"{at} lacks the field '{invalid.text}'", fix))
     if owner is not None and (own := _own_words(owner[0], values[owner[1]])) is not None:
-        return _own_error(own, where, path[:owner[1]], fix)
+        return _own_error(own, where, path[: owner[1]], fix)
     cut = next((i for i in range(len(path), -1, -1) if _described(hints[i])), None)
     if cut is not None:
-        return ConfigError(_with_fix(f"{_join(where, _path_text(path[:cut]))} must {_described(hints[cut])}, got "
-                                     f"{_shown(values[cut])}", fix))
+        return ConfigError(
+            _with_fix(
+                f"{_join(where, _path_text(path[:cut]))} must {_described(hints[cut])}, got "
+                f"{_shown(values[cut])}",
+                fix,
+            )
+        )
     return ConfigError(_with_fix(f"{at} {_rule(invalid, hints[-1])}, got {_shown(values[-1])}", fix))
 
 
@@ -476,8 +525,15 @@ def _walk(cls: Any, document: Any, segments: list) -> tuple[list, list, list, tu
             speaks = _spec(tp).own_checks and not any(_records_in(f.type) for f in _spec(tp).fields)
             owner = (tp, len(values) - 1) if speaks else None
             tp = _hints(tp).get(segment) or next(
-                (_hints(r)[segment] for f in _spec(tp).fields if f.role == FLATTENED["codec"]
-                 for r in _records_in(f.type) if segment in _hints(r)), Any)
+                (
+                    _hints(r)[segment]
+                    for f in _spec(tp).fields
+                    if f.role == FLATTENED["codec"]
+                    for r in _records_in(f.type)
+                    if segment in _hints(r)
+                ),
+                Any,
+            )
         elif typing.get_origin(tp) is dict:
             tp = typing.get_args(tp)[1]
             segment = _Key(_failing_key(value, tp) if segment is ... else segment)
@@ -498,7 +554,7 @@ def _range(value: Any) -> Any:
 
 def _failing_key(mapping: Any, value_type: Any) -> str:
     """The first key of ``mapping`` whose value ``value_type`` refuses (msgspec names a dict's value ``[...]``)."""
-    for key, item in (mapping.items() if isinstance(mapping, dict) else ()):
+    for key, item in mapping.items() if isinstance(mapping, dict) else ():
         try:
             _converter(value_type)(item)
         except (msgspec.ValidationError, _Invalid):
@@ -524,9 +580,15 @@ def _own_error(cause: BaseException, where: str, record_path: list, fix: str) ->
     """A record's own check's error, the record at ``record_path``; the document's fix added where the check's
     words end without one of their own."""
     at = _path_text(record_path)
-    text = cause.render(lambda name: f"{at}.{name}" if at else name) if isinstance(cause, FieldError) else str(cause)
+    text = (
+        cause.render(lambda name: f"{at}.{name}" if at else name)
+        if isinstance(cause, FieldError)
+        else str(cause)
+    )
     text = text if text.endswith(")") else _with_fix(text, fix)
-    return ConfigError(f"{where}: {text}" if isinstance(cause, FieldError) or not at else f"{_join(where, at)}: {text}")
+    return ConfigError(
+        f"{where}: {text}" if isinstance(cause, FieldError) or not at else f"{_join(where, at)}: {text}"
+    )
 
 
 def _described(tp: Any) -> str | None:
@@ -551,8 +613,11 @@ def _rule(invalid: _Invalid, tp: Any) -> str:
         return f"must be {'list' if typing.get_origin(_strip(_optional_of(tp))) is tuple else 'dict'}"
     if invalid.text.startswith("Invalid enum value"):
         inner = _strip(_optional_of(tp))
-        values = [m.value for m in inner] if isinstance(inner, type) and issubclass(inner, enum.Enum) else \
-            typing.get_args(inner)
+        values = (
+            [m.value for m in inner]
+            if isinstance(inner, type) and issubclass(inner, enum.Enum)
+            else typing.get_args(inner)
+        )
         return f"must be one of {', '.join(map(str, values))}"
     found = _EXPECTED.match(invalid.text)
     if found is None:
@@ -590,4 +655,4 @@ def _path_text(path: list) -> str:
 def _shown(value: Any) -> str:
     """A value for an error message: its repr, cut short."""
     text = repr(value)
-    return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS - 3]}..."
+    return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."

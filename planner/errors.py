@@ -10,8 +10,15 @@ from collections.abc import Callable
 from torchkit.errors import ConfigError, UserError, WorkloadError
 
 __all__ = [
-    "ClusterUnreachableError", "ConfigError", "FieldError", "InfeasiblePlanError", "RebalanceError", "UserError",
-    "WorkloadError", "field_name", "render_fields",
+    "ClusterUnreachableError",
+    "ConfigError",
+    "FieldError",
+    "InfeasiblePlanError",
+    "RebalanceError",
+    "UserError",
+    "WorkloadError",
+    "field_name",
+    "render_fields",
 ]
 
 

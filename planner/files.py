@@ -27,7 +27,9 @@ from pathlib import Path
 from planner.errors import ConfigError
 
 
-def write_file_safely(path: str | os.PathLike, text: str, *, what: str, fix: str, mode: int | None = None) -> Path:
+def write_file_safely(
+    path: str | os.PathLike, text: str, *, what: str, fix: str, mode: int | None = None
+) -> Path:
     """Write ``text`` to ``path`` as the module docstring says; returns the path written.
 
     Args:
@@ -45,7 +47,9 @@ def write_file_safely(path: str | os.PathLike, text: str, *, what: str, fix: str
         status = None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise ConfigError(f"cannot write {what} to {target}: it is a symbolic link loop ({fix})") from None
+            raise ConfigError(
+                f"cannot write {what} to {target}: it is a symbolic link loop ({fix})"
+            ) from None
         raise _error(what, target, exc, fix) from None
     if status is not None and (stat.S_ISFIFO(status.st_mode) or stat.S_ISCHR(status.st_mode)):
         _write_through(target, text, what, fix, is_fifo=stat.S_ISFIFO(status.st_mode))
@@ -101,7 +105,9 @@ def _write_through(target: Path, text: str, what: str, fix: str, *, is_fifo: boo
         fd = os.open(target, flags)
     except OSError as exc:
         if is_fifo and exc.errno == errno.ENXIO:
-            raise ConfigError(f"cannot write {what} to {target}: it is a FIFO that no process reads ({fix})") from None
+            raise ConfigError(
+                f"cannot write {what} to {target}: it is a FIFO that no process reads ({fix})"
+            ) from None
         raise _error(what, target, exc, fix) from None
     try:
         if is_fifo:

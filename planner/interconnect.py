@@ -58,17 +58,28 @@ class LinkConfig:
         """The link of a ``rate`` config: ``gbps/8`` GB/s, its latency or ``default_latency_s``."""
         assert self.kind == "rate" and self.gbps is not None
         latency_s = default_latency_s if self.latency_us is None else self.latency_us * 1e-6
-        return LinkCost(name=name, bus_bytes_per_s=self.gbps * 1e9 / 8, step_latency_s=latency_s,
-                        source=f"config ({self.where}: {self.gbps:g} Gb/s)")
+        return LinkCost(
+            name=name,
+            bus_bytes_per_s=self.gbps * 1e9 / 8,
+            step_latency_s=latency_s,
+            source=f"config ({self.where}: {self.gbps:g} Gb/s)",
+        )
 
 
 def _parse_rate(raw: Any, where: ConfigLocation, example: str) -> LinkConfig:
-    entry = expect_mapping(raw, where, required=_LINK_KEYS, optional=("latency_us",), what=f"a mapping like {example}")
+    entry = expect_mapping(
+        raw, where, required=_LINK_KEYS, optional=("latency_us",), what=f"a mapping like {example}"
+    )
     gbps = expect_number(entry["gbps"], where.key("gbps"), positive=True, maximum=MAX_LINK_GBPS, hint="Gb/s")
     latency = None
     if entry.get("latency_us") is not None:
-        latency = expect_number(entry["latency_us"], where.key("latency_us"), minimum=0, maximum=MAX_LATENCY_US,
-                                hint="µs per ring step")
+        latency = expect_number(
+            entry["latency_us"],
+            where.key("latency_us"),
+            minimum=0,
+            maximum=MAX_LATENCY_US,
+            hint="µs per ring step",
+        )
     return LinkConfig(kind="rate", gbps=gbps, latency_us=latency, where=f"{where.source}: {where.path}")
 
 
@@ -95,15 +106,22 @@ def parse_intra(raw: Any, where: ConfigLocation, gpu_types: tuple[str, ...]) -> 
         if kind == "nvlink":
             pcie_only = [t for t in gpu_types if links.for_gpu(t).nvlink_bus_gb_s is None]
             if pcie_only:
-                raise where.error(f"nvlink: {pcie_only[0]} has no NVLink figure in the link catalog (use pcie, "
-                                  "nvlink-bridge for bridged pairs, or {gbps: N} with your measured bus bandwidth)")
+                raise where.error(
+                    f"nvlink: {pcie_only[0]} has no NVLink figure in the link catalog (use pcie, "
+                    "nvlink-bridge for bridged pairs, or {gbps: N} with your measured bus bandwidth)"
+                )
         if kind == "nvlink-bridge":
             unbridged = [t for t in gpu_types if links.for_gpu(t).nvlink_bridge_bus_gb_s is None]
             if unbridged:
-                raise where.error(f"nvlink-bridge: {unbridged[0]} takes no NVLink bridge in the link catalog (use "
-                                  "pcie, or {gbps: N} with your measured bus bandwidth)")
-        return LinkConfig(kind=kind, lanes=int(width) if width else 16,  # type: ignore[arg-type]
-                          where=f"{where.source}: {where.path}")
+                raise where.error(
+                    f"nvlink-bridge: {unbridged[0]} takes no NVLink bridge in the link catalog (use "
+                    "pcie, or {gbps: N} with your measured bus bandwidth)"
+                )
+        return LinkConfig(
+            kind=kind,
+            lanes=int(width) if width else 16,  # type: ignore[arg-type]
+            where=f"{where.source}: {where.path}",
+        )
     return _parse_rate(raw, where, "{gbps: 200, latency_us: 3}")
 
 
@@ -123,9 +141,12 @@ class Interconnect:
         """The network link of ``node`` and whether it is the assumed default (nothing stated it)."""
         stated = self.node_network.get(node, self.network)
         if stated is None:
-            return LinkCost(name="network", bus_bytes_per_s=DEFAULT_NETWORK_GBPS * 1e9 / 8,
-                            step_latency_s=NCCL_NET_STEP_S,
-                            source=f"assumed default ({DEFAULT_NETWORK_GBPS:g} Gb/s Ethernet)"), True
+            return LinkCost(
+                name="network",
+                bus_bytes_per_s=DEFAULT_NETWORK_GBPS * 1e9 / 8,
+                step_latency_s=NCCL_NET_STEP_S,
+                source=f"assumed default ({DEFAULT_NETWORK_GBPS:g} Gb/s Ethernet)",
+            ), True
         return stated.cost("network", NCCL_NET_STEP_S), False
 
     def intra_link(self, node: str, gpu: str, ranks: int | None = None) -> LinkCost:
@@ -138,7 +159,13 @@ class Interconnect:
             lanes = 16 if stated is None else stated.lanes
             figures = catalog.for_gpu(gpu).link(kind, gpu, lanes=lanes, ranks=ranks)  # type: ignore[arg-type]
             said = kind if lanes == 16 else f"{kind}-x{lanes}"
-            source = figures.source if stated is None else f"config ({stated.where}: {said}), {figures.source}"
-            return LinkCost(name=figures.name, bus_bytes_per_s=figures.bus_gb_s * 1e9,
-                            step_latency_s=figures.step_latency_s, source=source)
+            source = (
+                figures.source if stated is None else f"config ({stated.where}: {said}), {figures.source}"
+            )
+            return LinkCost(
+                name=figures.name,
+                bus_bytes_per_s=figures.bus_gb_s * 1e9,
+                step_latency_s=figures.step_latency_s,
+                source=source,
+            )
         return stated.cost("intra", NCCL_PCIE_STEP_S)

@@ -110,13 +110,22 @@ MAX_BATCH_ARGUMENT = 65_536
 
 def _size_over_its_limit(job: JobSpec) -> tuple[str, object, str] | None:
     """``(field, value, fix)`` of the first size over its bound above, or None."""
-    for name, limit in (("imgsz", MAX_IMAGE_SIDE), ("seq_len", MAX_SEQ_LEN), ("vocab_size", MAX_VOCAB_SIZE),
-                        ("multiple_of", MAX_BATCH_ARGUMENT), ("min_batch", MAX_BATCH_ARGUMENT)):
+    for name, limit in (
+        ("imgsz", MAX_IMAGE_SIDE),
+        ("seq_len", MAX_SEQ_LEN),
+        ("vocab_size", MAX_VOCAB_SIZE),
+        ("multiple_of", MAX_BATCH_ARGUMENT),
+        ("min_batch", MAX_BATCH_ARGUMENT),
+    ):
         value = getattr(job, name)
         if value is not None and value > limit:
             return name, value, f"at most {limit}"
     timeout = job.user_code_timeout_s
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_USER_CODE_TIMEOUT_S:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout <= MAX_USER_CODE_TIMEOUT_S
+    ):
         return "user_code_timeout_s", timeout, f"seconds in (0, {MAX_USER_CODE_TIMEOUT_S:g}]"
     if job.input_shape is not None:
         if max(job.input_shape) > MAX_INPUT_DIM:
@@ -140,7 +149,9 @@ class JobSpec:
     ``hf:ARCH``, ``ultralytics:FILE.yaml``) or ``package.module:factory``"""
     imgsz: int | None = None
     """square image side for image workloads (default: the workload's own)"""
-    input_shape: Annotated[tuple[int, ...] | None, Meta(description="be a list of positive integers or null")] = None
+    input_shape: Annotated[
+        tuple[int, ...] | None, Meta(description="be a list of positive integers or null")
+    ] = None
     """per-sample input shape, e.g. ``(3, 224, 224)``; required for a user factory"""
     seq_len: int | None = None
     """sequence length for token workloads"""
@@ -195,7 +206,8 @@ class JobSpec:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise bad(name, value, "use a positive integer")
         if self.input_shape is not None and (
-            not self.input_shape or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in self.input_shape)
+            not self.input_shape
+            or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in self.input_shape)
         ):
             raise bad("input_shape", self.input_shape, "use positive integers, e.g. 3,224,224")
         if self.input_dtype is not None and self.input_dtype not in INPUT_DTYPES:
@@ -213,7 +225,11 @@ class JobSpec:
         object.__setattr__(self, "method", Method(self.method))
         if self.fit not in FIT_KINDS:
             raise bad("fit", self.fit, f"use one of {', '.join(FIT_KINDS)}")
-        if isinstance(self.fraction, bool) or not isinstance(self.fraction, int | float) or not 0 < self.fraction <= 1:
+        if (
+            isinstance(self.fraction, bool)
+            or not isinstance(self.fraction, int | float)
+            or not 0 < self.fraction <= 1
+        ):
             raise bad("fraction", self.fraction, "use a share of memory in (0, 1], e.g. 0.6")
         for name in ("min_free_memory_fraction", "max_utilization_fraction"):
             value = getattr(self, name)
@@ -226,12 +242,16 @@ class JobSpec:
         if self.global_batch is not None:
             gb = self.global_batch
             if isinstance(gb, bool) or not isinstance(gb, int) or gb < 1:
-                raise bad("global_batch", gb, "use a positive integer, or leave it out to maximise throughput")
+                raise bad(
+                    "global_batch", gb, "use a positive integer, or leave it out to maximise throughput"
+                )
             if gb % self.multiple_of:
                 lower = gb // self.multiple_of * self.multiple_of
                 sizes = f"{lower} or {lower + self.multiple_of}" if lower else f"{self.multiple_of}"
                 raise bad(
-                    "global_batch", gb, f"it must be a multiple of `multiple_of` {self.multiple_of}: try {sizes}"
+                    "global_batch",
+                    gb,
+                    f"it must be a multiple of `multiple_of` {self.multiple_of}: try {sizes}",
                 )
         if not isinstance(self.gpus, str) or not self.gpus.strip():
             raise bad("gpus", self.gpus, "use all, -1,-1 or indices like 0,2")
@@ -241,8 +261,14 @@ class JobSpec:
         if too_large is not None:
             raise bad(*too_large)
         cap = self.bucket_cap_mb
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap <= MAX_BUCKET_CAP_MB):
-            raise bad("bucket_cap_mb", cap, f"use DDP's bucket_cap_mb in MiB, > 0 and at most {MAX_BUCKET_CAP_MB}, e.g. 25")
+        if cap is not None and (
+            isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap <= MAX_BUCKET_CAP_MB
+        ):
+            raise bad(
+                "bucket_cap_mb",
+                cap,
+                f"use DDP's bucket_cap_mb in MiB, > 0 and at most {MAX_BUCKET_CAP_MB}, e.g. 25",
+            )
 
     def memory_budget_bytes(self, available_bytes: int) -> int:
         """What a rank may plan to use of a device with ``available_bytes`` free: ``fraction`` of it."""
@@ -258,6 +284,7 @@ class JobSpec:
             return "bf16" if gpu.supports_bf16 else "fp16"
         if self.amp == AmpChoice.BF16 and not gpu.supports_bf16:
             raise JobFieldError(
-                "amp", f"`amp` bf16 asked for, but {gpu.name} has no bf16 support (use `amp` auto or `amp` fp16)"
+                "amp",
+                f"`amp` bf16 asked for, but {gpu.name} has no bf16 support (use `amp` auto or `amp` fp16)",
             )
         return self.amp.value

@@ -19,6 +19,7 @@ from planner.probing.inventory import NodeInventory
 
 SCHEMA = "batchplan/preflight@1"
 
+
 @dataclass(frozen=True, kw_only=True)
 class Check:
     name: str
@@ -49,20 +50,26 @@ class Thresholds:
             return isinstance(value, int | float) and not isinstance(value, bool)
 
         if not number(self.max_imbalance) or not 0 <= self.max_imbalance <= 1:
-            raise FieldError("max_imbalance", f"`max_imbalance` {self.max_imbalance} is invalid (use a share in [0, 1])")
+            raise FieldError(
+                "max_imbalance", f"`max_imbalance` {self.max_imbalance} is invalid (use a share in [0, 1])"
+            )
         for name in ("expect_nodes", "expect_gpus"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise FieldError(name, f"`{name}` {value} is invalid (use an integer >= 1)")
         if not number(self.min_subset_gain) or not self.min_subset_gain >= 1:
-            raise FieldError("min_subset_gain",
-                             f"`min_subset_gain` {self.min_subset_gain} is invalid (use a ratio >= 1, e.g. 1.1)")
+            raise FieldError(
+                "min_subset_gain",
+                f"`min_subset_gain` {self.min_subset_gain} is invalid (use a ratio >= 1, e.g. 1.1)",
+            )
 
 
 def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
     real = [inv for inv in inventories if not inv.simulated and inv.driver]
     if not real:
-        return Check(name="versions_consistent", ok=True, detail="simulated nodes: no driver versions to compare")
+        return Check(
+            name="versions_consistent", ok=True, detail="simulated nodes: no driver versions to compare"
+        )
     fields = ("driver_version", "cuda_driver_version", "torch_version", "torch_cuda_version")
     differing = []
     for name in fields:
@@ -75,13 +82,17 @@ def _versions_check(inventories: Sequence[NodeInventory]) -> Check:
     return Check(
         name="versions_consistent",
         ok=True,
-        detail=", ".join(f"{f} {first.get(f)}" for f in fields if first.get(f)) + f" on all {len(real)} nodes",
+        detail=", ".join(f"{f} {first.get(f)}" for f in fields if first.get(f))
+        + f" on all {len(real)} nodes",
     )
 
 
 def _node_checks(
-    inventories: Sequence[NodeInventory], failed_nodes: dict[str, str], expected_node_names: Sequence[str],
-    plan: Plan | None, thresholds: Thresholds,
+    inventories: Sequence[NodeInventory],
+    failed_nodes: dict[str, str],
+    expected_node_names: Sequence[str],
+    plan: Plan | None,
+    thresholds: Thresholds,
 ) -> list[Check]:
     """Did the cluster answer, every expected node, with the GPUs asked for, idle enough?"""
     answered = {inv.name for inv in inventories}
@@ -136,8 +147,11 @@ def _auto_pick_count(gpus: str) -> int | None:
 def _plan_checks(plan: Plan, thresholds: Thresholds, name_of: Callable[[str], str]) -> list[Check]:
     """Is the plan complete (every rank fits, the global batch is reached), balanced, worth every GPU?"""
     checks = [
-        Check(name="plan_feasible", ok=True,
-              detail=f"{plan.world_size} ranks, global batch {plan.global_batch} (accumulate {plan.accumulate})")
+        Check(
+            name="plan_feasible",
+            ok=True,
+            detail=f"{plan.world_size} ranks, global batch {plan.global_batch} (accumulate {plan.accumulate})",
+        )
     ]
     too_small = [e for e in plan.excluded if e.kind is ExclusionKind.BELOW_MIN_BATCH]
     checks.append(
@@ -197,20 +211,24 @@ def _shared_gpus_check(plan: Plan | None) -> Check | None:
     if not derated:
         return None
     said = "; ".join(f"{r.node} GPU {r.device_index} at {r.speed_factor:.0%} speed" for r in derated)
-    return Check(name="shared_gpus", ok=True, warning=True,
-                 detail=f"warning: shared GPUs: planned at reduced speed {said} (other work uses them; see the "
-                 "plan's warnings)")
+    return Check(
+        name="shared_gpus",
+        ok=True,
+        warning=True,
+        detail=f"warning: shared GPUs: planned at reduced speed {said} (other work uses them; see the "
+        "plan's warnings)",
+    )
 
 
 #: what to change when a check fails; ``{field}`` is a job or threshold field, named by ``name_of`` (the CLI:
 #: its flag)
 FIXES: dict[str, str] = {
     "nodes_present": "start or repair the missing nodes (`ray status` lists the live ones), or accept fewer with "
-                     "{expect_nodes}",
+    "{expect_nodes}",
     "gpus_present": "relax {min_free_memory_fraction} / {max_utilization_fraction}, choose GPUs with {gpus}, or "
-                    "lower {expect_gpus}",
+    "lower {expect_gpus}",
     "idle_thresholds": "free those GPUs, pick others with {gpus}, or relax {min_free_memory_fraction} / "
-                       "{max_utilization_fraction} (0 and 1 keep every GPU, derated)",
+    "{max_utilization_fraction} (0 and 1 keep every GPU, derated)",
     "versions_consistent": "install the same NVIDIA driver, CUDA and torch on every node",
     "plan_feasible": "a smaller {global_batch} or {min_batch}, or a larger {fraction}, may fit; the detail says why",
     "min_batch_fits": "lower {min_batch}, raise {fraction}, or leave those GPUs out with {gpus}",

@@ -43,8 +43,14 @@ from planner.errors import ConfigError, FieldError
 from planner.jsonio import check_tree, loads_strict
 from planner.trust import UntrustedPathError, make_trusted_dir, read_trusted, trusted_dir, write_trusted
 
-__all__ = ["MAX_ENTRY_BYTES", "UNTRUSTED_CACHE_FIX", "CacheStore", "Namespace", "default_cache_dir",
-           "untrusted_cache_dir"]
+__all__ = [
+    "MAX_ENTRY_BYTES",
+    "UNTRUSTED_CACHE_FIX",
+    "CacheStore",
+    "Namespace",
+    "default_cache_dir",
+    "untrusted_cache_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +61,10 @@ MAX_ENTRY_BYTES = 4 * 2**20
 #: what a user does about a cache that cannot be written (an OSError's text may hold backticks: plain words)
 WRITE_FIX = "choose another --cache-dir, or --no-cache"
 #: the fix of an untrusted cache directory (``cache_dir``, ``no_cache``: rendered as the front end's flags)
-UNTRUSTED_CACHE_FIX = ("chown it to this user and chmod go-w it, or use a directory of your own with `cache_dir` "
-                       "(under sudo: sudo -H, so that HOME is root's), or `no_cache`")
+UNTRUSTED_CACHE_FIX = (
+    "chown it to this user and chmod go-w it, or use a directory of your own with `cache_dir` "
+    "(under sudo: sudo -H, so that HOME is root's), or `no_cache`"
+)
 
 
 def untrusted_cache_dir(exc: UntrustedPathError) -> FieldError:
@@ -135,14 +143,16 @@ class CacheStore:
         for path in (self.directory, *self.directory.parents):
             if path.is_symlink() and not path.exists():
                 raise FieldError(
-                    "cache_dir", f"{what} {self.directory} is not a directory ({path} is a symbolic link to "
-                    f"{os.readlink(path)}, which does not exist; create it, or choose another `cache_dir`)"
+                    "cache_dir",
+                    f"{what} {self.directory} is not a directory ({path} is a symbolic link to "
+                    f"{os.readlink(path)}, which does not exist; create it, or choose another `cache_dir`)",
                 )
             if path.exists():
                 if not path.is_dir():
                     raise FieldError(
-                        "cache_dir", f"{what} {self.directory} is not a directory ({path} is a file; choose another "
-                        "`cache_dir` or remove the file)"
+                        "cache_dir",
+                        f"{what} {self.directory} is not a directory ({path} is a file; choose another "
+                        "`cache_dir` or remove the file)",
                     )
                 break
         try:
@@ -151,8 +161,9 @@ class CacheStore:
             raise untrusted_cache_dir(exc) from None
         if self.directory.exists() and not os.access(self.directory, os.W_OK | os.X_OK):
             raise FieldError(
-                "cache_dir", f"{what} {self.directory} is not writable by this user (choose another `cache_dir`, or "
-                "`no_cache`)"
+                "cache_dir",
+                f"{what} {self.directory} is not writable by this user (choose another `cache_dir`, or "
+                "`no_cache`)",
             )
 
     def read(self, namespace: Namespace[T], key: str) -> T | None:
@@ -188,18 +199,29 @@ class CacheStore:
         """
         key = namespace.key_of(inputs)
         data = encode(value)
-        entry = {"schema": namespace.schema, "key": key, "inputs": dict(inputs), "checksum": checksum(data),
-                 namespace.payload: data}
+        entry = {
+            "schema": namespace.schema,
+            "key": key,
+            "inputs": dict(inputs),
+            "checksum": checksum(data),
+            namespace.payload: data,
+        }
         self.check_directory()
         folder = self.directory / namespace.folder
         path = self.path(namespace, key)
         try:
-            make_trusted_dir(folder, what="the cache directory", fix=WRITE_FIX)  # never o+w, whatever the umask
+            make_trusted_dir(
+                folder, what="the cache directory", fix=WRITE_FIX
+            )  # never o+w, whatever the umask
             if path.is_dir() and not path.is_symlink():
-                raise FieldError("cache_dir", f"{namespace.what} {path} is a directory (remove it, or choose another "
-                                              "`cache_dir`)")
+                raise FieldError(
+                    "cache_dir",
+                    f"{namespace.what} {path} is a directory (remove it, or choose another `cache_dir`)",
+                )
             # a symbolic link at the entry's path is replaced, never written through
-            return write_trusted(path, json.dumps(entry, indent=1), what=f"the {namespace.what}", fix=WRITE_FIX)
+            return write_trusted(
+                path, json.dumps(entry, indent=1), what=f"the {namespace.what}", fix=WRITE_FIX
+            )
         except UntrustedPathError as exc:
             raise untrusted_cache_dir(exc) from None
 
@@ -211,7 +233,9 @@ class CacheStore:
             return
         self.check_directory()
         if folder != self.directory:
-            trusted_dir(folder, what=f"the {namespace.what.removesuffix(' entry')} directory", fix=UNTRUSTED_CACHE_FIX)
+            trusted_dir(
+                folder, what=f"the {namespace.what.removesuffix(' entry')} directory", fix=UNTRUSTED_CACHE_FIX
+            )
         self._checked.add(folder)
 
     def _read(self, namespace: Namespace[T], key: str, path: Path) -> T | None:
@@ -228,7 +252,9 @@ class CacheStore:
         else:
             value, inputs = self._enveloped(namespace, document, key)
         if inputs is not None and namespace.key_of(inputs) != key:
-            raise ConfigError(f"its key recomputed from its own inputs is {namespace.key_of(inputs)}, not {key}")
+            raise ConfigError(
+                f"its key recomputed from its own inputs is {namespace.key_of(inputs)}, not {key}"
+            )
         if namespace.check is not None:
             namespace.check(value, inputs or {})
         return value
@@ -242,10 +268,11 @@ class CacheStore:
         if namespace.payload not in document:
             raise ConfigError(f"it lacks the field '{namespace.payload}'")
         payload = document[namespace.payload]
-        envelope = convert(Envelope, {k: v for k, v in document.items() if k != namespace.payload}, where="the entry")
+        envelope = convert(
+            Envelope, {k: v for k, v in document.items() if k != namespace.payload}, where="the entry"
+        )
         if envelope.key != key:
             raise ConfigError(f"entry is for key {envelope.key!r}")
         if envelope.checksum != checksum(payload):
             raise ConfigError("checksum mismatch")
         return convert(namespace.value_type, payload, where=namespace.payload), envelope.inputs
-

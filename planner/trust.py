@@ -45,8 +45,15 @@ from planner.errors import ConfigError
 from planner.files import write_file_safely
 from planner.jsonio import read_at_most
 
-__all__ = ["UntrustedPathError", "make_trusted_dir", "open_trusted", "owner_name", "read_trusted", "trusted_dir",
-           "write_trusted"]
+__all__ = [
+    "UntrustedPathError",
+    "make_trusted_dir",
+    "open_trusted",
+    "owner_name",
+    "read_trusted",
+    "trusted_dir",
+    "write_trusted",
+]
 
 #: open flags of a directory on the walk: a path-only descriptor where the system has one (Linux: a directory
 #: this user may search but not list, such as a 0711 home, can still be checked), never through a link
@@ -74,8 +81,9 @@ class UntrustedPathError(ConfigError):
         return _rebuild, (type(self), self.path, self.problem, self.fix, self.in_directory)
 
 
-def _rebuild(kind: type[UntrustedPathError], path: str, problem: str, fix: str, in_directory: bool
-             ) -> UntrustedPathError:
+def _rebuild(
+    kind: type[UntrustedPathError], path: str, problem: str, fix: str, in_directory: bool
+) -> UntrustedPathError:
     return kind(path, problem, fix, in_directory=in_directory)
 
 
@@ -103,8 +111,9 @@ def _is_private(info: os.stat_result) -> bool:
     return _trusted_owner(info.st_uid) and not info.st_mode & (stat.S_IXGRP | stat.S_IXOTH)
 
 
-def _check_directory(info: os.stat_result, current: str, *, subject: str, fix: str, holds_entries: bool,
-                     shielded: bool) -> None:
+def _check_directory(
+    info: os.stat_result, current: str, *, subject: str, fix: str, holds_entries: bool, shielded: bool
+) -> None:
     """``subject``: what the message is about (``the profile cache directory /c``), ``current`` the directory
     on its path being checked; ``holds_entries``: the directory the files are in, where sticky is no excuse
     (anyone could add one); ``shielded``: a private directory above it (:func:`_is_private`)."""
@@ -114,14 +123,22 @@ def _check_directory(info: os.stat_result, current: str, *, subject: str, fix: s
         raise UntrustedPathError(current, f"{where} is not a directory", fix, in_directory=True)
     if not _trusted_owner(info.st_uid):
         raise UntrustedPathError(
-            current, f"{where} is owned by {owner_name(info.st_uid)}, not by {_this_user()}: its owner could "
-            "replace what batchplan reads there", fix, in_directory=True)
+            current,
+            f"{where} is owned by {owner_name(info.st_uid)}, not by {_this_user()}: its owner could "
+            "replace what batchplan reads there",
+            fix,
+            in_directory=True,
+        )
     writable = mode & (stat.S_IWGRP | stat.S_IWOTH)
     if writable and not shielded and (holds_entries or not mode & stat.S_ISVTX):
         who = "every user" if mode & stat.S_IWOTH else "its group"
         raise UntrustedPathError(
-            current, f"{where} is writable by {who} (mode {stat.filemode(mode)}): others could plant or replace "
-            "what batchplan reads there", fix, in_directory=True)
+            current,
+            f"{where} is writable by {who} (mode {stat.filemode(mode)}): others could plant or replace "
+            "what batchplan reads there",
+            fix,
+            in_directory=True,
+        )
 
 
 def _check_file(info: os.stat_result, path: str, *, what: str, fix: str) -> None:
@@ -130,12 +147,16 @@ def _check_file(info: os.stat_result, path: str, *, what: str, fix: str) -> None
         raise UntrustedPathError(path, f"{what} {path} is not a regular file", fix, in_directory=False)
     if not _trusted_owner(info.st_uid):
         raise UntrustedPathError(
-            path, f"{what} {path} is owned by {owner_name(info.st_uid)}, not by {_this_user()}", fix,
-            in_directory=False)
+            path,
+            f"{what} {path} is owned by {owner_name(info.st_uid)}, not by {_this_user()}",
+            fix,
+            in_directory=False,
+        )
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = "every user" if mode & stat.S_IWOTH else "its group"
-        raise UntrustedPathError(path, f"{what} {path} is writable by {who} (mode {stat.filemode(mode)})", fix,
-                                 in_directory=False)
+        raise UntrustedPathError(
+            path, f"{what} {path} is writable by {who} (mode {stat.filemode(mode)})", fix, in_directory=False
+        )
 
 
 def _resolved(path: str | os.PathLike) -> Path:
@@ -152,7 +173,9 @@ def _directory_fd(directory: Path, *, subject: str, fix: str) -> Iterator[int | 
         current = Path("/")
         parts = directory.parts[1:]
         info = os.fstat(fd)
-        _check_directory(info, str(current), subject=subject, fix=fix, holds_entries=not parts, shielded=False)
+        _check_directory(
+            info, str(current), subject=subject, fix=fix, holds_entries=not parts, shielded=False
+        )
         shielded = _is_private(info)
         for depth, part in enumerate(parts, start=1):
             current = current / part
@@ -162,16 +185,27 @@ def _directory_fd(directory: Path, *, subject: str, fix: str) -> Iterator[int | 
                 yield None
                 return
             except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped for a link or a file since it was resolved
-                    raise UntrustedPathError(current, f"{subject}: {current} is not a directory", fix,
-                                             in_directory=True) from None
-                raise UntrustedPathError(current, f"{subject}: {current} cannot be opened: {exc.strerror}", fix,
-                                         in_directory=True) from None
+                if exc.errno in (
+                    errno.ELOOP,
+                    errno.ENOTDIR,
+                ):  # swapped for a link or a file since it was resolved
+                    raise UntrustedPathError(
+                        current, f"{subject}: {current} is not a directory", fix, in_directory=True
+                    ) from None
+                raise UntrustedPathError(
+                    current, f"{subject}: {current} cannot be opened: {exc.strerror}", fix, in_directory=True
+                ) from None
             os.close(fd)
             fd = below
             info = os.fstat(fd)
-            _check_directory(info, str(current), subject=subject, fix=fix, holds_entries=depth == len(parts),
-                             shielded=shielded)
+            _check_directory(
+                info,
+                str(current),
+                subject=subject,
+                fix=fix,
+                holds_entries=depth == len(parts),
+                shielded=shielded,
+            )
             shielded = shielded or _is_private(info)
         yield fd
     finally:
@@ -236,11 +270,13 @@ def open_trusted(path: str | os.PathLike, *, what: str, fix: str) -> BinaryIO | 
             return None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise UntrustedPathError(target, f"{what} {target} is a symbolic link", fix,
-                                         in_directory=False) from None
+                raise UntrustedPathError(
+                    target, f"{what} {target} is a symbolic link", fix, in_directory=False
+                ) from None
             if exc.errno == errno.EISDIR:
-                raise UntrustedPathError(target, f"{what} {target} is not a regular file", fix,
-                                         in_directory=False) from None
+                raise UntrustedPathError(
+                    target, f"{what} {target} is not a regular file", fix, in_directory=False
+                ) from None
             raise ConfigError(f"{what} {target} cannot be read: {exc.strerror or exc} ({fix})") from None
     try:
         _check_file(os.fstat(fd), str(target), what=what, fix=fix)

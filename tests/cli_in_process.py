@@ -145,7 +145,9 @@ def _captured_output() -> Iterator[_Captured]:
         captured.stdout = b"".join(chunks[0]).decode("utf-8", errors="backslashreplace")
         captured.stderr = b"".join(chunks[1]).decode("utf-8", errors="backslashreplace")
         if any(reader.is_alive() for reader in readers):
-            captured.stderr += "\n(tests/cli_in_process.py: a process this run started still holds its stdout or stderr)\n"
+            captured.stderr += (
+                "\n(tests/cli_in_process.py: a process this run started still holds its stdout or stderr)\n"
+            )
 
 
 def _drain(fd: int, sink: list[bytes]) -> None:
@@ -243,5 +245,7 @@ def _check_no_ray_left(argv: list[str]) -> None:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
-        raise AssertionError(f"batchplan {' '.join(argv)} returned with Ray still connected in this process "
-                             "(a run that starts or joins Ray belongs in run_cli_process)")
+        raise AssertionError(
+            f"batchplan {' '.join(argv)} returned with Ray still connected in this process "
+            "(a run that starts or joins Ray belongs in run_cli_process)"
+        )

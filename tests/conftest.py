@@ -44,8 +44,19 @@ settings.register_profile("batchplan", deadline=None, suppress_health_check=[Hea
 settings.load_profile("batchplan")
 
 #: markers that do not say what a test costs (pytest's own and plugins'): every other registered one does
-_BOOKKEEPING_MARKERS = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings", "timeout",
-                        "xdist_group", "tryfirst", "trylast", "no_cover"}
+_BOOKKEEPING_MARKERS = {
+    "parametrize",
+    "skip",
+    "skipif",
+    "xfail",
+    "usefixtures",
+    "filterwarnings",
+    "timeout",
+    "xdist_group",
+    "tryfirst",
+    "trylast",
+    "no_cover",
+}
 #: the xdist group of every test that starts Ray or SLURM: one worker runs them, one after the other
 DAEMONS_GROUP = "ray-slurm"
 
@@ -95,7 +106,9 @@ class _TestRay:
         # package is on theirs, whatever directory the tests run from
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), saved["PYTHONPATH"]) if p)
         try:
-            self.cluster = Cluster(initialize_head=True, head_node_args={**common, "include_dashboard": False})
+            self.cluster = Cluster(
+                initialize_head=True, head_node_args={**common, "include_dashboard": False}
+            )
             for _ in range(TEST_RAYLETS - 1):
                 self.cluster.add_node(wait=False, **common)
             self.cluster.wait_for_nodes()
@@ -108,8 +121,12 @@ class _TestRay:
         import ray
 
         if not ray.is_initialized():
-            ray.init(address=self.cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False,
-                     logging_level="ERROR")
+            ray.init(
+                address=self.cluster.address,
+                _node_ip_address="127.0.0.1",
+                log_to_driver=False,
+                logging_level="ERROR",
+            )
 
     def disconnect(self) -> None:
         import ray
@@ -180,15 +197,20 @@ def _scoped_fixture_user(item: pytest.Item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return False
-    return any(defs and defs[-1].scope in ("module", "class", "package") for defs in info.name2fixturedefs.values())
+    return any(
+        defs and defs[-1].scope in ("module", "class", "package") for defs in info.name2fixturedefs.values()
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    daemon_modules = {item.nodeid.split("::", 1)[0] for item in items
-                      if item.get_closest_marker("ray") or item.get_closest_marker("slurm")}
+    daemon_modules = {
+        item.nodeid.split("::", 1)[0]
+        for item in items
+        if item.get_closest_marker("ray") or item.get_closest_marker("slurm")
+    }
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
@@ -245,10 +267,14 @@ class _CostBudget:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.over:
             return
-        terminalreporter.section(f"tests over the {BUDGET_S:g} s budget without a cost marker", sep="=", red=True)
+        terminalreporter.section(
+            f"tests over the {BUDGET_S:g} s budget without a cost marker", sep="=", red=True
+        )
         for nodeid, reason in self.over:
             terminalreporter.line(f"{nodeid}: {reason}")
-        terminalreporter.line("mark each with what it costs (slow, dist, ray, slurm, a library): tests/README.md")
+        terminalreporter.line(
+            "mark each with what it costs (slow, dist, ray, slurm, a library): tests/README.md"
+        )
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -275,15 +301,22 @@ def _check_groups_apply(session: pytest.Session) -> None:
     without a word. pyproject.toml keeps pytest below 9.2 for that reason."""
     if not getattr(session.config.option, "loadgroup", False):
         return
-    lost = [item.nodeid for item in session.items
-            if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]]
+    lost = [
+        item.nodeid
+        for item in session.items
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid.rpartition("]")[2]
+    ]
     if lost:
         import warnings
 
-        warnings.warn(pytest.PytestConfigWarning(
-            f"--dist loadgroup did not group {len(lost)} tests (e.g. {lost[0]}): pytest {pytest.__version__} with "
-            "this pytest-xdist ignores xdist_group (pytest-xdist#1386); tests that start Ray or SLURM may run side "
-            "by side. pip install -e '.[test]' installs a pytest that works."), stacklevel=1)
+        warnings.warn(
+            pytest.PytestConfigWarning(
+                f"--dist loadgroup did not group {len(lost)} tests (e.g. {lost[0]}): pytest {pytest.__version__} with "
+                "this pytest-xdist ignores xdist_group (pytest-xdist#1386); tests that start Ray or SLURM may run side "
+                "by side. pip install -e '.[test]' installs a pytest that works."
+            ),
+            stacklevel=1,
+        )
 
 
 def _warm_up(session: pytest.Session) -> None:
@@ -298,5 +331,13 @@ def _warm_up(session: pytest.Session) -> None:
     from torchkit.estimate import estimate_step
     from torchkit.workloads import Workload
 
-    estimate_step(Workload(name="warm-up", sample_shape=(8,), build_model=lambda: torch.nn.Linear(8, 2),
-                           make_batch=lambda b: (torch.randn(b, 8), None), loss_fn=lambda out, _: out.sum()), 2)
+    estimate_step(
+        Workload(
+            name="warm-up",
+            sample_shape=(8,),
+            build_model=lambda: torch.nn.Linear(8, 2),
+            make_batch=lambda b: (torch.randn(b, 8), None),
+            loss_fn=lambda out, _: out.sum(),
+        ),
+        2,
+    )

@@ -78,9 +78,13 @@ class Cost:
     def between(cls, start: Snapshot, end: Snapshot) -> Cost:
         wall = end.wall_s - start.wall_s
         waited = max(0.0, end.run_delay_s - start.run_delay_s)
-        return cls(wall_s=wall, cpu_s=end.cpu_self_s - start.cpu_self_s, active_s=max(0.0, wall - waited),
-                   load_per_core=os.getloadavg()[0] / (os.cpu_count() or 1),
-                   children_cpu_s=end.cpu_children_s - start.cpu_children_s)
+        return cls(
+            wall_s=wall,
+            cpu_s=end.cpu_self_s - start.cpu_self_s,
+            active_s=max(0.0, wall - waited),
+            load_per_core=os.getloadavg()[0] / (os.cpu_count() or 1),
+            children_cpu_s=end.cpu_children_s - start.cpu_children_s,
+        )
 
     def over_budget(self, budget_s: float = BUDGET_S) -> str | None:
         """Why this cost is over ``budget_s``, or None."""
@@ -92,8 +96,10 @@ class Cost:
             return None
         allowed = budget_s * max(1.0, self.load_per_core)
         if self.active_s > allowed:
-            return (f"{self.active_s:.1f} s active with subprocesses (allowed {allowed:.1f} s at load "
-                    f"{self.load_per_core:.1f} per core)")
+            return (
+                f"{self.active_s:.1f} s active with subprocesses (allowed {allowed:.1f} s at load "
+                f"{self.load_per_core:.1f} per core)"
+            )
         return None
 
     def to_json(self) -> dict:

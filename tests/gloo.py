@@ -61,16 +61,23 @@ class GlooRanks:
         env: extra environment variables for every rank.
     """
 
-    def __init__(self, target: Callable[..., object], *args: object, world_size: int,
-                 log_dir: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        target: Callable[..., object],
+        *args: object,
+        world_size: int,
+        log_dir: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         from torch.distributed import TCPStore
 
         self.world_size = world_size
         self.log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="gloo-ranks-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # the rendezvous store, bound to a port the OS picks, held by this process until close()
-        self._store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=DEFAULT_DEADLINE_S),
-                               wait_for_workers=False)
+        self._store = TCPStore(
+            "127.0.0.1", 0, None, True, timedelta(seconds=DEFAULT_DEADLINE_S), wait_for_workers=False
+        )
         self.port = self._store.port
         context = multiprocessing.get_context("spawn")
         self.processes: list[multiprocessing.process.BaseProcess] = []
@@ -80,9 +87,17 @@ class GlooRanks:
                 # the target by name: the rank imports it after its output and faulthandler are set up, so an
                 # import that fails or hangs shows in its log too
                 process = context.Process(
-                    target=_rank_main, name=f"rank{rank}",
-                    args=((target.__module__, target.__qualname__), rank, world_size, self.port,
-                          str(self.log_path(rank)), args, dict(env or {})),
+                    target=_rank_main,
+                    name=f"rank{rank}",
+                    args=(
+                        (target.__module__, target.__qualname__),
+                        rank,
+                        world_size,
+                        self.port,
+                        str(self.log_path(rank)),
+                        args,
+                        dict(env or {}),
+                    ),
                 )
                 process.start()
                 self.processes.append(process)
@@ -124,7 +139,9 @@ class GlooRanks:
         signal); else :class:`RanksFailed` with every rank's output."""
         wanted = {r: (expected or {}).get(r, 0) for r in range(self.world_size)}
         if any(self.exitcodes[r] != code for r, code in wanted.items()):
-            raise RanksFailed(f"exit codes {self.exitcodes}, expected {list(wanted.values())}\n{self.describe()}")
+            raise RanksFailed(
+                f"exit codes {self.exitcodes}, expected {list(wanted.values())}\n{self.describe()}"
+            )
 
     def kill(self, rank: int) -> None:
         """SIGKILL one rank (a stopped one too) and reap it."""
@@ -155,7 +172,8 @@ class GlooRanks:
                     os.kill(pid, signal.SIGUSR1)  # faulthandler.register in _rank_main: all threads' stacks
         end = time.monotonic() + STACK_DUMP_WAIT_S  # a process at load 10 waits a while for a core
         while time.monotonic() < end and any(
-                "most recent call first" not in self.output(rank)[lengths[rank]:] for rank in ranks):
+            "most recent call first" not in self.output(rank)[lengths[rank] :] for rank in ranks
+        ):
             time.sleep(0.1)
 
     def close(self) -> None:
@@ -177,9 +195,14 @@ class GlooRanks:
         self.close()
 
 
-def run_ranks(target: Callable[..., object], *args: object, world_size: int,
-              deadline_s: float = DEFAULT_DEADLINE_S, log_dir: str | os.PathLike | None = None,
-              env: Mapping[str, str] | None = None) -> list[str]:
+def run_ranks(
+    target: Callable[..., object],
+    *args: object,
+    world_size: int,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+    log_dir: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
     """Run ``target(rank, *args)`` on ``world_size`` gloo ranks until all end; every rank must exit 0.
 
     Returns each rank's output. Raises :class:`RanksFailed`, with every rank's output, on a non-zero exit or
@@ -191,8 +214,15 @@ def run_ranks(target: Callable[..., object], *args: object, world_size: int,
         return [ranks.output(r) for r in range(world_size)]
 
 
-def _rank_main(target: tuple[str, str], rank: int, world_size: int, port: int, log_path: str, args: tuple,
-               env: dict[str, str]) -> None:
+def _rank_main(
+    target: tuple[str, str],
+    rank: int,
+    world_size: int,
+    port: int,
+    log_path: str,
+    args: tuple,
+    env: dict[str, str],
+) -> None:
     """A spawned rank: output to its log, torchrun's environment, ``target(rank, *args)``, ``os._exit``."""
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
@@ -204,9 +234,17 @@ def _rank_main(target: tuple[str, str], rank: int, world_size: int, port: int, l
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0",
-        WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), GLOO_SOCKET_IFNAME="lo",
-        TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        GROUP_RANK="0",
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        GLOO_SOCKET_IFNAME="lo",
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RESTART_COUNT="0",
+        OMP_NUM_THREADS="1",
     )
     os.environ.update(env)
     code = 0
@@ -233,8 +271,9 @@ def _rank_main(target: tuple[str, str], rank: int, world_size: int, port: int, l
 # ------------------------------------------------------------------------------------------------ torchrun
 
 
-def torchrun_command(script: str | os.PathLike, *args: str | os.PathLike, nproc: int,
-                     log_dir: str | os.PathLike | None = None) -> list[str]:
+def torchrun_command(
+    script: str | os.PathLike, *args: str | os.PathLike, nproc: int, log_dir: str | os.PathLike | None = None
+) -> list[str]:
     """``python -m torch.distributed.run`` for ``nproc`` ranks on this machine, on 127.0.0.1: the rendezvous on
     a port the agent picks and holds (``--rdzv-endpoint 127.0.0.1:0``, where ``--master-port`` would be a port
     chosen free earlier and bound later), and with ``log_dir`` each rank's stdout and stderr in its own file
@@ -242,16 +281,32 @@ def torchrun_command(script: str | os.PathLike, *args: str | os.PathLike, nproc:
     to torchrun's own stdout and stderr."""
     logs = ["--log-dir", str(log_dir), "--redirects", "3"] if log_dir is not None else []
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1", *logs,
-        str(script), *(str(a) for a in args),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "--local-addr",
+        "127.0.0.1",
+        *logs,
+        str(script),
+        *(str(a) for a in args),
     ]
 
 
 def torchrun_env(**extra: str) -> dict[str, str]:
     """This environment without a launcher's rank variables, gloo on loopback, one thread a rank, no GPU."""
-    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK",
-                                                            "MASTER_ADDR", "MASTER_PORT"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    }
     env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", **extra)
     return env
 
@@ -261,24 +316,43 @@ def rank_logs(log_dir: str | os.PathLike, name: str = "stdout.log") -> str:
     return "".join(p.read_text(errors="backslashreplace") for p in sorted(Path(log_dir).rglob(name)))
 
 
-def describe_torchrun(result: subprocess.CompletedProcess[str], log_dir: str | os.PathLike | None = None) -> str:
+def describe_torchrun(
+    result: subprocess.CompletedProcess[str], log_dir: str | os.PathLike | None = None
+) -> str:
     """A torchrun run's exit code, its own output and (with ``log_dir``) every rank's log, for a failure message."""
     logs = sorted(Path(log_dir).rglob("*.log")) if log_dir is not None else []
-    ranks = "\n".join(f"--- {p.relative_to(log_dir)}\n{p.read_text(errors='backslashreplace')[-OUTPUT_TAIL_CHARS:]}"
-                      for p in logs)
-    return (f"torchrun exit {result.returncode}\n--- torchrun stdout\n{result.stdout[-OUTPUT_TAIL_CHARS:]}\n"
-            f"--- torchrun stderr\n{result.stderr[-OUTPUT_TAIL_CHARS:]}\n{ranks}")
+    ranks = "\n".join(
+        f"--- {p.relative_to(log_dir)}\n{p.read_text(errors='backslashreplace')[-OUTPUT_TAIL_CHARS:]}"
+        for p in logs
+    )
+    return (
+        f"torchrun exit {result.returncode}\n--- torchrun stdout\n{result.stdout[-OUTPUT_TAIL_CHARS:]}\n"
+        f"--- torchrun stderr\n{result.stderr[-OUTPUT_TAIL_CHARS:]}\n{ranks}"
+    )
 
 
-def torchrun(script: str | os.PathLike, *args: str | os.PathLike, nproc: int, cwd: str | os.PathLike,
-             log_dir: str | os.PathLike | None = None, env: Mapping[str, str] | None = None,
-             deadline_s: float = DEFAULT_DEADLINE_S) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    script: str | os.PathLike,
+    *args: str | os.PathLike,
+    nproc: int,
+    cwd: str | os.PathLike,
+    log_dir: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> subprocess.CompletedProcess[str]:
     """Run ``script ARGS`` under torchrun (:func:`torchrun_command`) until it ends; past ``deadline_s`` it is killed
     and :class:`RanksFailed` names it with every rank's output."""
     command = torchrun_command(script, *args, nproc=nproc, log_dir=log_dir)
     # its own session: past the deadline the launcher and every rank it started are killed together
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                               env=dict(env) if env is not None else torchrun_env(), start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=dict(env) if env is not None else torchrun_env(),
+        start_new_session=True,
+    )
     try:
         out, err = process.communicate(timeout=deadline_s)
     except subprocess.TimeoutExpired:
@@ -286,7 +360,9 @@ def torchrun(script: str | os.PathLike, *args: str | os.PathLike, nproc: int, cw
             os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         done = subprocess.CompletedProcess(command, process.returncode, out, err)
-        raise RanksFailed(f"torchrun still running after {deadline_s:.0f} s\n{describe_torchrun(done, log_dir)}") from None
+        raise RanksFailed(
+            f"torchrun still running after {deadline_s:.0f} s\n{describe_torchrun(done, log_dir)}"
+        ) from None
     finally:
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -63,8 +63,12 @@ class ModelCase:
 
 
 #: the top-level module a case imports -> its marker
-LIBRARY_MARKERS = {"timm": "timm", "torchvision": "torchvision", "transformers": "transformers",
-                   "ultralytics": "ultralytics"}
+LIBRARY_MARKERS = {
+    "timm": "timm",
+    "torchvision": "torchvision",
+    "transformers": "transformers",
+    "ultralytics": "ultralytics",
+}
 
 CASES = (
     ModelCase("timm:resnet18", {"imgsz": 64}, "timm"),
@@ -72,8 +76,12 @@ CASES = (
     ModelCase("torchvision:mobilenet_v3_small", {"imgsz": 64}, "torchvision.models"),
     ModelCase("hf:{config}", {"seq_len": 32}, "transformers.modeling_utils"),
     ModelCase("ultralytics:yolov8n.yaml", {"imgsz": 320}, "ultralytics.nn.tasks", batches=(1, 2)),
-    ModelCase("tests.planner.tiny_models:lstm_classifier", {"seq_len": 32, "vocab_size": 1000}, batches=(8, 32)),
-    ModelCase("tests.planner.tiny_models:transformer_encoder", {"seq_len": 32, "vocab_size": 1000}, batches=(8, 32)),
+    ModelCase(
+        "tests.planner.tiny_models:lstm_classifier", {"seq_len": 32, "vocab_size": 1000}, batches=(8, 32)
+    ),
+    ModelCase(
+        "tests.planner.tiny_models:transformer_encoder", {"seq_len": 32, "vocab_size": 1000}, batches=(8, 32)
+    ),
 )
 
 

@@ -42,13 +42,26 @@ def other_uid_gid() -> tuple[int, int]:
     pytest.skip(reason)
 
 
-def run_as_other_user(argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-                      input_text: str | None = None, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+def run_as_other_user(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    input_text: str | None = None,
+    timeout: float = 120.0,
+) -> subprocess.CompletedProcess[str]:
     """``argv`` run as :data:`OTHER_USER` (its uid, gid, no other groups); fails the test where it fails."""
     uid, gid = other_uid_gid()
     command = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *argv]
-    result = subprocess.run(command, env=dict(env) if env is not None else None, cwd=cwd, input=input_text,
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        command,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        input=input_text,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, f"as {OTHER_USER}: {argv}: {result.stdout}\n{result.stderr}"
     return result
 
@@ -85,9 +98,25 @@ def other_user_python() -> str:
     """A Python interpreter :data:`OTHER_USER` may run (the test's own may live under root's 0700 home); skips (fails
     in CI) where there is none."""
     for candidate in ("/usr/bin/python3", sys.executable, shutil.which("python3") or ""):
-        if candidate and subprocess.run(
-                ["setpriv", f"--reuid={other_uid_gid()[0]}", f"--regid={other_uid_gid()[1]}", "--clear-groups", "--",
-                 candidate, "-I", "-c", "pass"], capture_output=True, timeout=60).returncode == 0:
+        if (
+            candidate
+            and subprocess.run(
+                [
+                    "setpriv",
+                    f"--reuid={other_uid_gid()[0]}",
+                    f"--regid={other_uid_gid()[1]}",
+                    "--clear-groups",
+                    "--",
+                    candidate,
+                    "-I",
+                    "-c",
+                    "pass",
+                ],
+                capture_output=True,
+                timeout=60,
+            ).returncode
+            == 0
+        ):
             return candidate
     reason = f"cross-user case needs a Python interpreter {OTHER_USER} may run (apt-get install python3)"
     if os.environ.get("CI") == "true":
@@ -110,9 +139,23 @@ def other_user_listener(host: str = "127.0.0.1") -> Iterator[int]:
     """A TCP port on ``host`` that :data:`OTHER_USER` listens on (a stand-in for that user's Ray GCS: the socket
     is theirs in ``/proc/net/tcp``); closed afterwards."""
     uid, gid = other_uid_gid()
-    process = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--",
-                                other_user_python(), "-I", "-c", _LISTEN, host], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--",
+            other_user_python(),
+            "-I",
+            "-c",
+            _LISTEN,
+            host,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = process.stdout.readline()  # type: ignore[union-attr]
         assert line.strip().isdigit(), f"the listener of {OTHER_USER} did not start: {line!r}"

@@ -37,7 +37,7 @@ def _blocks(text: str, language: str) -> list[tuple[int, list[str]]]:
     while i < len(lines):
         if lines[i].strip() == f"```{language}":
             end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
-            found.append((i + 1, lines[i + 1:end]))
+            found.append((i + 1, lines[i + 1 : end]))
             i = end
         i += 1
     return found
@@ -56,7 +56,9 @@ def documented_block(text: str | None = None) -> tuple[int, list[str]]:
     for start, lines in _blocks(text, "text"):
         if lines and lines[0] == f"$ {command}":
             return start + 1, lines[1:]
-    raise LookupError(f"README.md has no ```text block starting with '$ {command}' (the set-up line's command)")
+    raise LookupError(
+        f"README.md has no ```text block starting with '$ {command}' (the set-up line's command)"
+    )
 
 
 def run_first_command(workdir: Path, command: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -73,8 +75,9 @@ def run_first_command(workdir: Path, command: str | None = None) -> subprocess.C
         raise FileNotFoundError(f"{argv[0]} is not installed (pip install -e . as the README's set-up does)")
     env = {k: v for k, v in os.environ.items() if k not in ("BATCHPLAN_CACHE_DIR", "COLUMNS")}
     env["BATCHPLAN_CACHE_DIR"] = str(workdir / "profile-cache")
-    return subprocess.run([script, *argv[1:]], cwd=workdir, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    return subprocess.run(
+        [script, *argv[1:]], cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
 
 
 def difference(documented: list[str], printed: list[str]) -> str:
@@ -98,9 +101,11 @@ def main(argv: list[str]) -> int:
         print(difference(documented, printed))
         return 1
     lines = README.read_text().split("\n")
-    lines[start:start + len(documented)] = printed
+    lines[start : start + len(documented)] = printed
     README.write_text("\n".join(lines))
-    print(f"rewrote README.md's first output block ({len(documented)} -> {len(printed)} lines): review the diff")
+    print(
+        f"rewrote README.md's first output block ({len(documented)} -> {len(printed)} lines): review the diff"
+    )
     return 0
 
 

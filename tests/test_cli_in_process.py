@@ -24,9 +24,15 @@ from tests.planner.cli_helpers import (
 def _process_state() -> dict:
     root = logging.getLogger()
     return {
-        "cwd": os.getcwd(), "environ": dict(os.environ), "path": list(sys.path), "argv": list(sys.argv),
-        "stdout": sys.stdout, "stderr": sys.stderr, "excepthook": sys.excepthook,
-        "handlers": list(root.handlers), "level": root.level,
+        "cwd": os.getcwd(),
+        "environ": dict(os.environ),
+        "path": list(sys.path),
+        "argv": list(sys.argv),
+        "stdout": sys.stdout,
+        "stderr": sys.stderr,
+        "excepthook": sys.excepthook,
+        "handlers": list(root.handlers),
+        "level": root.level,
         "signals": {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)},
         "mask": signal.pthread_sigmask(signal.SIG_BLOCK, []),
     }
@@ -52,16 +58,29 @@ def test_argparse_exits_become_exit_codes(tmp_path: Path) -> None:
     version = run_cli("--version", cwd=tmp_path)
     assert version.returncode == 0 and version.stdout.startswith("batchplan ")
     unknown = run_cli("catalog", "--no-such-flag", cwd=tmp_path)
-    assert unknown.returncode == 2 and unknown.stderr.startswith("error: unrecognized arguments: --no-such-flag")
+    assert unknown.returncode == 2 and unknown.stderr.startswith(
+        "error: unrecognized arguments: --no-such-flag"
+    )
 
 
 def test_log_lines_reach_the_captured_stderr(tmp_path: Path) -> None:
     # main's logging.basicConfig must find a root logger without pytest's handlers, as in a fresh process
     (tmp_path / "logging_cli_model.py").write_text(
         "import logging\nimport torch\n\ndef build():\n"
-        "    logging.getLogger('user').warning('built by the factory')\n    return torch.nn.Linear(8, 2)\n")
-    result = run_cli("profile", "--gpu", "T4", "--model", "logging_cli_model:build", "--input-shape", "8",
-                     "--no-cache", "--json", cwd=tmp_path)
+        "    logging.getLogger('user').warning('built by the factory')\n    return torch.nn.Linear(8, 2)\n"
+    )
+    result = run_cli(
+        "profile",
+        "--gpu",
+        "T4",
+        "--model",
+        "logging_cli_model:build",
+        "--input-shape",
+        "8",
+        "--no-cache",
+        "--json",
+        cwd=tmp_path,
+    )
     assert_ok(result)
     assert "built by the factory" in result.stderr and "built by" not in result.stdout
 
@@ -70,10 +89,22 @@ def test_a_user_module_edited_between_runs_is_imported_again(tmp_path: Path) -> 
     module = tmp_path / "edited_cli_model.py"
     shapes = []
     for width in (16, 24):
-        module.write_text("import torch\n\ndef build():\n"
-                          f"    return torch.nn.Sequential(torch.nn.Linear(8, {width}), torch.nn.Linear({width}, 2))\n")
-        result = run_cli("profile", "--gpu", "T4", "--model", "edited_cli_model:build", "--input-shape", "8",
-                         "--no-cache", "--json", cwd=tmp_path)
+        module.write_text(
+            "import torch\n\ndef build():\n"
+            f"    return torch.nn.Sequential(torch.nn.Linear(8, {width}), torch.nn.Linear({width}, 2))\n"
+        )
+        result = run_cli(
+            "profile",
+            "--gpu",
+            "T4",
+            "--model",
+            "edited_cli_model:build",
+            "--input-shape",
+            "8",
+            "--no-cache",
+            "--json",
+            cwd=tmp_path,
+        )
         assert_ok(result)
         shapes.append(parse_json_stdout(result)["profile"]["memory_points"])
         assert "edited_cli_model" not in sys.modules

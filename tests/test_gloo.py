@@ -23,8 +23,9 @@ def _all_reduce(rank: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]), timeout=timedelta(seconds=120)
+    )
     total = torch.tensor([rank + 1])
     dist.all_reduce(total)
     print(f"rank {rank} sums to {int(total)}")
@@ -51,11 +52,18 @@ def _sleep_forever() -> None:
 def test_ranks_get_torchrun_s_environment_and_one_gloo_group(tmp_path: Path) -> None:
     outputs = run_ranks(_all_reduce, str(tmp_path), world_size=3, log_dir=tmp_path / "logs")
     assert [line for text in outputs for line in text.splitlines() if "sums" in line] == [
-        f"rank {r} sums to 6" for r in range(3)]
+        f"rank {r} sums to 6" for r in range(3)
+    ]
     for rank in range(3):
         env = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert env == {"MASTER_ADDR": "127.0.0.1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3",
-                       "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+        assert env == {
+            "MASTER_ADDR": "127.0.0.1",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "3",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+        }
 
 
 def test_a_failing_rank_fails_the_launch_showing_every_rank_s_output(tmp_path: Path) -> None:
@@ -71,7 +79,9 @@ def test_a_rank_past_the_deadline_fails_the_launch_with_its_stacks(tmp_path: Pat
     ready = tmp_path / "ready"
     with GlooRanks(_rank_zero_hangs, str(ready), world_size=2, log_dir=tmp_path / "logs") as ranks:
         ranks.wait(240, ranks=[1])
-        deadline = time.monotonic() + 240  # rank 0 imports torch first: seconds, or a minute on a loaded machine
+        deadline = (
+            time.monotonic() + 240
+        )  # rank 0 imports torch first: seconds, or a minute on a loaded machine
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         with pytest.raises(RanksFailed) as failed:

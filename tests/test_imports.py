@@ -19,7 +19,11 @@ import torchkit
 
 REPO = Path(__file__).resolve().parents[1]
 #: the code whose shape is checked: the packages, the benches and the examples (tests are exempt)
-SOURCES = sorted(p for d in ("planner", "torchkit", "cluster_configs", "bench", "examples") for p in (REPO / d).rglob("*.py"))
+SOURCES = sorted(
+    p
+    for d in ("planner", "torchkit", "cluster_configs", "bench", "examples")
+    for p in (REPO / d).rglob("*.py")
+)
 
 
 def _modules(package) -> list[str]:
@@ -32,7 +36,9 @@ def test_every_module_imports(name):
 
     try:
         importlib.import_module(name)
-    except MissingLibraryError as exc:  # a trainer integration whose library is not importable here: its one line
+    except (
+        MissingLibraryError
+    ) as exc:  # a trainer integration whose library is not importable here: its one line
         assert name.startswith("planner.integrations."), name
         pytest.skip(str(exc))
 
@@ -64,7 +70,8 @@ def test_the_seed_names_are_the_seed_api_modules_names():
         value = getattr(torchkit, name)
         if isinstance(value, type(torchkit)):
             assert value.__name__ == f"torchkit.{name}" and getattr(value, name) is getattr(
-                importlib.import_module(module), name), name
+                importlib.import_module(module), name
+            ), name
         else:
             assert getattr(importlib.import_module(module), name) is value, name
 
@@ -132,8 +139,11 @@ def _face_imports_its_package(package: str) -> bool:
     only holds constants, like ``planner.__version__``, closes no cycle)."""
     face = REPO.joinpath(*package.split("."), "__init__.py")
     for node in ast.walk(ast.parse(face.read_text(), str(face))):
-        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
-            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        names = (
+            [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else ([a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        )
         if getattr(node, "level", 0) or any(n == package or n.startswith(package + ".") for n in names):
             return True
     return False
@@ -160,11 +170,16 @@ def _face_imports(path: Path) -> list[str]:
                 continue
             folder = REPO.joinpath(*module.split("."))
             for alias in node.names:
-                if not ((folder / f"{alias.name}.py").exists() or (folder / alias.name / "__init__.py").exists()):
+                if not (
+                    (folder / f"{alias.name}.py").exists() or (folder / alias.name / "__init__.py").exists()
+                ):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}: from {module} import {alias.name}")
         elif isinstance(node, ast.Import):
-            found += [f"{path.relative_to(REPO)}:{node.lineno}: import {a.name}" for a in node.names
-                      if a.name in ancestors]
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno}: import {a.name}"
+                for a in node.names
+                if a.name in ancestors
+            ]
     return found
 
 
@@ -173,7 +188,9 @@ def test_no_module_imports_the_face_of_its_own_package():
     # importing names from the face): a module takes what it needs from the sibling that defines it
     sources = [p for p in SOURCES if p.relative_to(REPO).parts[0] in {"planner", "torchkit"}]
     found = [line for path in sources for line in _face_imports(path)]
-    assert not found, "modules importing their own package's face (import from the defining module):\n" + "\n".join(found)
+    assert not found, (
+        "modules importing their own package's face (import from the defining module):\n" + "\n".join(found)
+    )
 
 
 def test_no_private_name_is_imported_from_another_module():

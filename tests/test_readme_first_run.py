@@ -13,7 +13,10 @@ REGENERATE = "python tests/readme_first_run.py --write"
 
 
 def test_the_output_block_shows_the_set_up_lines_command() -> None:
-    assert first_command() == "batchplan plan --cluster cluster_configs/demo-mixed.yaml --model resnet50 --global-batch 768"
+    assert (
+        first_command()
+        == "batchplan plan --cluster cluster_configs/demo-mixed.yaml --model resnet50 --global-batch 768"
+    )
     _, lines = documented_block()
     assert lines and lines[0].startswith("plan for resnet50 ")
 
@@ -28,7 +31,8 @@ def test_readmes_first_command_prints_readmes_first_block(tmp_path) -> None:
     _, documented = documented_block()
     assert printed == documented, (
         f"README.md's first output block differs from what its first command prints (if the change is meant, "
-        f"regenerate the block with `{REGENERATE}` and review the diff):\n{difference(documented, printed)}")
+        f"regenerate the block with `{REGENERATE}` and review the diff):\n{difference(documented, printed)}"
+    )
 
 
 def test_the_shipped_demo_config_draws_no_warning_about_itself(tmp_path) -> None:
@@ -41,7 +45,9 @@ def test_the_shipped_demo_config_draws_no_warning_about_itself(tmp_path) -> None
     from tests.planner.cli_helpers import DEMO_MIXED
 
     job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=96)
-    plan = plan_without_ray(job, load_cluster(DEMO_MIXED), options=DriverOptions(cache=ProfileCache(tmp_path))).plan
+    plan = plan_without_ray(
+        job, load_cluster(DEMO_MIXED), options=DriverOptions(cache=ProfileCache(tmp_path))
+    ).plan
     about_the_config = [w for w in plan.warnings if "cluster config" in w or "not stated" in w]
     assert about_the_config == []
     assert not any("assumed network" in n for n in plan.notes)

@@ -21,7 +21,7 @@ README = (REPO / "README.md").read_text()
 def _section(title: str) -> str:
     start = README.index(f"## {title}\n")
     end = README.find("\n## ", start + 1)
-    return README[start:end if end > 0 else None]
+    return README[start : end if end > 0 else None]
 
 
 def _code_blocks(text: str, language: str) -> list[str]:

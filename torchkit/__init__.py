@@ -21,8 +21,20 @@ _EXPORTS: dict[str, str] = {
     **{
         name: "torchkit.versions"
         for name in (
-            "TORCH_1_9", "TORCH_1_10", "TORCH_1_11", "TORCH_1_13", "TORCH_2_0", "TORCH_2_1", "TORCH_2_2",
-            "TORCH_2_3", "TORCH_2_4", "TORCH_2_5", "TORCH_2_7", "TORCH_2_8", "TORCH_2_9", "TORCH_2_13",
+            "TORCH_1_9",
+            "TORCH_1_10",
+            "TORCH_1_11",
+            "TORCH_1_13",
+            "TORCH_2_0",
+            "TORCH_2_1",
+            "TORCH_2_2",
+            "TORCH_2_3",
+            "TORCH_2_4",
+            "TORCH_2_5",
+            "TORCH_2_7",
+            "TORCH_2_8",
+            "TORCH_2_9",
+            "TORCH_2_13",
             "check_torch_version",
         )
     },

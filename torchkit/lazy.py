@@ -8,9 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, namespace: dict[str, Any], exports: Mapping[str, str]) -> tuple[
-    Callable[[str], Any], Callable[[], list[str]]
-]:
+def lazy_exports(
+    package: str, namespace: dict[str, Any], exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for ``package`` whose public ``name`` lives in ``exports[name]``.
 
     Use as ``__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)``.

@@ -61,22 +61,33 @@ class Candidate:
 
     def interconnect(self, offers: OfferSet) -> Interconnect:
         """The links its cluster config states (``cluster_config(...).interconnect``, without parsing it)."""
-        return Interconnect(network=offers.networks[self.network].link,
-                            node_intra={name: offer.intra for name, offer in self.node_names() if offer.intra})
+        return Interconnect(
+            network=offers.networks[self.network].link,
+            node_intra={name: offer.intra for name, offer in self.node_names() if offer.intra},
+        )
 
     def cluster_config(self, offers: OfferSet) -> dict[str, Any]:
         """The candidate as cluster-config data (``planner.cluster``): YAML of it is a valid ``--cluster`` file."""
         nodes = []
         for name, offer in self.node_names():
-            node: dict[str, Any] = {"name": name, "gpus": [{"type": offer.gpu.name, "count": offer.gpus_per_node}]}
+            node: dict[str, Any] = {
+                "name": name,
+                "gpus": [{"type": offer.gpu.name, "count": offer.gpus_per_node}],
+            }
             if offer.intra_raw is not None:
                 node["intra"] = offer.intra_raw
             nodes.append(node)
-        return {"name": f"advise-{self.slug}", "network": dict(offers.networks[self.network].raw), "nodes": nodes}
+        return {
+            "name": f"advise-{self.slug}",
+            "network": dict(offers.networks[self.network].raw),
+            "nodes": nodes,
+        }
 
     def cluster(self, offers: OfferSet) -> ClusterSpec:
         """The candidate as a validated cluster config."""
-        return parse_cluster(self.cluster_config(offers), f"advise candidate {self.label}", catalog=offers.catalog)
+        return parse_cluster(
+            self.cluster_config(offers), f"advise candidate {self.label}", catalog=offers.catalog
+        )
 
 
 def enumerate_candidates(offers: OfferSet, usable: Sequence[Offer], *, max_gpus: int) -> list[Candidate]:
@@ -92,14 +103,19 @@ def enumerate_candidates(offers: OfferSet, usable: Sequence[Offer], *, max_gpus:
         for parts in _count_vectors(group, max_gpus):
             found.append(Candidate(network=network, parts=parts))
             if len(found) > MAX_CANDIDATES:
-                raise ConfigError(f"the offers allow more than {MAX_CANDIDATES:,} candidate clusters of at most "
-                                  f"{max_gpus} GPUs (lower --max-gpus, or the max_nodes of the offers)")
+                raise ConfigError(
+                    f"the offers allow more than {MAX_CANDIDATES:,} candidate clusters of at most "
+                    f"{max_gpus} GPUs (lower --max-gpus, or the max_nodes of the offers)"
+                )
     return found
 
 
 def _count_vectors(group: Sequence[Offer], gpus_left: int) -> Iterator[tuple[tuple[Offer, int], ...]]:
     """The non-empty (offer, nodes) tuples over ``group`` within ``gpus_left`` GPUs, depth first."""
-    def walk(k: int, left: int, chosen: tuple[tuple[Offer, int], ...]) -> Iterator[tuple[tuple[Offer, int], ...]]:
+
+    def walk(
+        k: int, left: int, chosen: tuple[tuple[Offer, int], ...]
+    ) -> Iterator[tuple[tuple[Offer, int], ...]]:
         if k == len(group):
             if chosen:
                 yield chosen

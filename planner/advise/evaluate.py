@@ -91,8 +91,15 @@ def advise_job(job: JobSpec) -> JobSpec:
 class AdviseContext:
     """Profiles and gradient layout of one job, made once and reused for every candidate."""
 
-    def __init__(self, job: JobSpec, offers: OfferSet, *, epoch_samples: int, cache: ProfileCache | None,
-                 on_progress: ProgressSink = lambda _line: None) -> None:
+    def __init__(
+        self,
+        job: JobSpec,
+        offers: OfferSet,
+        *,
+        epoch_samples: int,
+        cache: ProfileCache | None,
+        on_progress: ProgressSink = lambda _line: None,
+    ) -> None:
         from planner.obtain import job_fingerprint
         from planner.obtain.gradients import gradient_layout
 
@@ -102,11 +109,14 @@ class AdviseContext:
         identity = job_fingerprint(self.job)
         self.gpus = self._profiles(identity, cache, on_progress)
         grad_bytes, source = gradient_layout(self.job, identity, cache)
-        self._sync = SyncInputs(grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=self.job.bucket_cap_mb)
+        self._sync = SyncInputs(
+            grad_bytes=grad_bytes, gradients_source=source, bucket_cap_mb=self.job.bucket_cap_mb
+        )
         self._buckets = self._sync.buckets()
 
-    def _profiles(self, identity: tuple[str, str], cache: ProfileCache | None,
-                  on_progress: ProgressSink) -> dict[str, GpuFigures]:
+    def _profiles(
+        self, identity: tuple[str, str], cache: ProfileCache | None, on_progress: ProgressSink
+    ) -> dict[str, GpuFigures]:
         from planner.obtain import ProfileRequest, make_profile, obtain_profile
         from torchkit.estimate.time_model import load_time_model
 
@@ -115,18 +125,28 @@ class AdviseContext:
         figures: dict[str, GpuFigures] = {}
         for gpu in dict.fromkeys(offer.gpu for offer in self.offers.offers):
             request = ProfileRequest(job=self.job, gpu=gpu, method=Method.ESTIMATE)
-            got = obtain_profile(request, lambda r: make_profile(r.job, r.gpu, method=r.method,
-                                                                 estimates_cache=fake_passes),
-                                 cache=cache, identity=identity)
+            got = obtain_profile(
+                request,
+                lambda r: make_profile(r.job, r.gpu, method=r.method, estimates_cache=fake_passes),
+                cache=cache,
+                identity=identity,
+            )
             assert got is not None  # make_profile raises rather than giving none
-            on_progress(f"profile of {gpu.name}: {'from the cache' if got.origin.value == 'cached' else 'estimated'}")
+            on_progress(
+                f"profile of {gpu.name}: {'from the cache' if got.origin.value == 'cached' else 'estimated'}"
+            )
             profile = got.profile
             cap = profile.max_batch(self.job.memory_budget_bytes(gpu.memory_bytes), self.job.multiple_of)
             rate = cap / profile.time_fit.predict_s(cap) if cap > 0 else 0.0
             uncertainty = time_model.uncertainty_for(gpu)
-            figures[gpu.name] = GpuFigures(key=got.key, profile=profile, max_batch=cap, rate_samples_per_s=rate,
-                                           calibrated=uncertainty.calibrated_gpu,
-                                           calibration_note=uncertainty.reason or uncertainty.basis)
+            figures[gpu.name] = GpuFigures(
+                key=got.key,
+                profile=profile,
+                max_batch=cap,
+                rate_samples_per_s=rate,
+                calibrated=uncertainty.calibrated_gpu,
+                calibration_note=uncertainty.reason or uncertainty.basis,
+            )
         return figures
 
     def with_offers(self, offers: OfferSet) -> AdviseContext:
@@ -143,9 +163,11 @@ class AdviseContext:
         """Why no candidate with this offer can hold the job, or None when its GPU can."""
         figures = self.gpus[offer.gpu.name]
         if figures.max_batch < self.job.min_batch:
-            return (f"{offer.gpu.name} holds at most {figures.max_batch} samples per step within "
-                    f"{self.job.fraction:g} of its memory, below the minimum batch {self.job.min_batch} (raise "
-                    "--fraction, lower --min-batch or --imgsz, or drop the offer)")
+            return (
+                f"{offer.gpu.name} holds at most {figures.max_batch} samples per step within "
+                f"{self.job.fraction:g} of its memory, below the minimum batch {self.job.min_batch} (raise "
+                "--fraction, lower --min-batch or --imgsz, or drop the offer)"
+            )
         fit = figures.profile.time_fit
         if fit.intercept_s < 0 or fit.s_per_sample <= 0:  # the bound's premise (module docstring)
             return f"{offer.gpu.name}: its step-time curve is not increasing in the batch ({encode(fit)})"
@@ -157,32 +179,55 @@ class AdviseContext:
         for node, offer in candidate.node_names():
             figures = self.gpus[offer.gpu.name]
             for index in range(offer.gpus_per_node):
-                slots.append(RankSlot(node=node, device_index=index, gpu=offer.gpu.name, profile=figures.key,
-                                      memory_budget_bytes=self.job.memory_budget_bytes(offer.gpu.memory_bytes),
-                                      total_memory_bytes=offer.gpu.memory_bytes, visible_id=str(index)))
+                slots.append(
+                    RankSlot(
+                        node=node,
+                        device_index=index,
+                        gpu=offer.gpu.name,
+                        profile=figures.key,
+                        memory_budget_bytes=self.job.memory_budget_bytes(offer.gpu.memory_bytes),
+                        total_memory_bytes=offer.gpu.memory_bytes,
+                        visible_id=str(index),
+                    )
+                )
         return slots
 
     def sync_inputs(self, candidate: Candidate) -> SyncInputs:
         """The synchronisation inputs of the candidate's plan, as the driver makes them for its cluster config:
         its links, and the backward share of its GPU types' profiles (``backward_share_of``), which sets how
         much of the all-reduce the backward pass hides."""
-        share, source = backward_share_of([self.gpus[gpu].profile for gpu in dict.fromkeys(
-            offer.gpu.name for offer, _ in candidate.parts)])
-        return dataclasses.replace(self._sync, interconnect=candidate.interconnect(self.offers),
-                                   backward_share=share, backward_share_source=source)
+        share, source = backward_share_of(
+            [self.gpus[gpu].profile for gpu in dict.fromkeys(offer.gpu.name for offer, _ in candidate.parts)]
+        )
+        return dataclasses.replace(
+            self._sync,
+            interconnect=candidate.interconnect(self.offers),
+            backward_share=share,
+            backward_share_source=source,
+        )
 
     def bound_samples_per_s(self, candidate: Candidate) -> float:
         """The most throughput the candidate can reach (module docstring), without allocating."""
-        total_rate = sum(self.gpus[o.gpu.name].rate_samples_per_s * o.gpus_per_node * n for o, n in candidate.parts)
-        compute_s = max(self.gpus[o.gpu.name].profile.time_fit.predict_s(self.gpus[o.gpu.name].max_batch)
-                        for o, _ in candidate.parts)
+        total_rate = sum(
+            self.gpus[o.gpu.name].rate_samples_per_s * o.gpus_per_node * n for o, n in candidate.parts
+        )
+        compute_s = max(
+            self.gpus[o.gpu.name].profile.time_fit.predict_s(self.gpus[o.gpu.name].max_batch)
+            for o, _ in candidate.parts
+        )
         sync_s = 0.0
         if candidate.num_gpus > 1:
             sync = self.sync_inputs(candidate)
             ring, _ = ring_hops(self.slots(candidate), sync)
-            sync_s = exposed_sync_s(self._buckets, ring, compute_s=compute_s, backward_share=sync.backward_share)
+            sync_s = exposed_sync_s(
+                self._buckets, ring, compute_s=compute_s, backward_share=sync.backward_share
+            )
         batch = self.job.global_batch
-        bound = batch / (batch / total_rate + sync_s) if batch is not None else total_rate * compute_s / (compute_s + sync_s)
+        bound = (
+            batch / (batch / total_rate + sync_s)
+            if batch is not None
+            else total_rate * compute_s / (compute_s + sync_s)
+        )
         return bound * (1.0 + BOUND_SLACK)
 
     def evaluate(self, candidate: Candidate) -> Evaluated | str:
@@ -190,23 +235,36 @@ class AdviseContext:
         slots = self.slots(candidate)
         profiles = {f.key: f.profile for f in self.gpus.values()}
         try:
-            plan = build_plan(self.job, slots, profiles, sync=self.sync_inputs(candidate),
-                              cluster=f"advise-{candidate.slug}")
+            plan = build_plan(
+                self.job,
+                slots,
+                profiles,
+                sync=self.sync_inputs(candidate),
+                cluster=f"advise-{candidate.slug}",
+            )
         except InfeasiblePlanError as exc:
             return str(exc)
         rate = plan.throughput_samples_per_s
         time_s = self.epoch_samples / rate
-        return Evaluated(candidate=candidate, plan=plan, samples_per_s=rate, time_per_epoch_s=time_s,
-                         cost_per_epoch_usd=time_s * candidate.price_per_hour_usd / 3600.0,
-                         time_per_epoch_range_s=self._time_range(plan),
-                         bound_samples_per_s=self.bound_samples_per_s(candidate))
+        return Evaluated(
+            candidate=candidate,
+            plan=plan,
+            samples_per_s=rate,
+            time_per_epoch_s=time_s,
+            cost_per_epoch_usd=time_s * candidate.price_per_hour_usd / 3600.0,
+            time_per_epoch_range_s=self._time_range(plan),
+            bound_samples_per_s=self.bound_samples_per_s(candidate),
+        )
 
     def _time_range(self, plan: Plan) -> tuple[float, float]:
         """Time per epoch at every GPU type ±1σ of its step-time model (``planner.allocate.uncertainty``)."""
         sync_range = plan.comm.exposed_range_s if plan.comm is not None else (0.0, 0.0)
-        low_s, high_s = step_time_range_s([r.predicted_step_time_s for r in plan.ranks],
-                                          [plan.profiles[r.profile].time_log_sigma for r in plan.ranks],
-                                          accumulate=plan.accumulate, sync_range_s=sync_range)
+        low_s, high_s = step_time_range_s(
+            [r.predicted_step_time_s for r in plan.ranks],
+            [plan.profiles[r.profile].time_log_sigma for r in plan.ranks],
+            accumulate=plan.accumulate,
+            sync_range_s=sync_range,
+        )
         per_step = plan.global_batch
         return (self.epoch_samples / per_step * low_s, self.epoch_samples / per_step * high_s)
 
@@ -217,6 +275,8 @@ class AdviseContext:
             figures = self.gpus[gpu]
             if not figures.calibrated:
                 sigma = math.exp(figures.profile.time_log_sigma) - 1
-                lines.append(f"{gpu}: no calibration rows of this GPU type; step time ±{sigma:.0%} (one sigma; "
-                             f"{figures.calibration_note})")
+                lines.append(
+                    f"{gpu}: no calibration rows of this GPU type; step time ±{sigma:.0%} (one sigma; "
+                    f"{figures.calibration_note})"
+                )
         return lines

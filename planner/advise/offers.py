@@ -57,7 +57,9 @@ MAX_PRICE_PER_NODE_HOUR = 10_000.0
 """USD per node-hour; the dearest public 8-GPU nodes cost under $100/h (comm-and-prices.md §3.1)"""
 MAX_SOURCE_CHARS = 500
 
-_READ_LIMITS = DocumentLimits(max_entries={"offers": MAX_OFFERS, "networks": MAX_NETWORKS}, default_max_entries=64)
+_READ_LIMITS = DocumentLimits(
+    max_entries={"offers": MAX_OFFERS, "networks": MAX_NETWORKS}, default_max_entries=64
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")  # a node-name stem (planner.cluster's node names)
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
@@ -72,7 +74,7 @@ _OFFER_REQUIRED = {
     "max_nodes": "the most nodes of it you may rent, e.g. max_nodes: 2",
     "price_per_node_hour": "USD per node-hour, 0 for owned machines, e.g. price_per_node_hour: 31.92",
     "network": "the name of one of networks:, e.g. network: ethernet",
-    "source": "where the price comes from, e.g. source: \"Lambda on-demand pricing page\"",
+    "source": 'where the price comes from, e.g. source: "Lambda on-demand pricing page"',
     "date": "when the price was read, e.g. date: 2026-11-09",
 }
 _OFFER_OPTIONAL = ("intra",)
@@ -136,7 +138,9 @@ def find_offers_file(path: str | os.PathLike[str]) -> Path:
     stem = file_path.name.removesuffix(".yaml").removesuffix(".yml")
     if file_path.parent == Path(".") and stem in shipped:
         return shipped[stem]
-    raise ConfigError(f"offers file {file_path} does not exist (check the path; shipped: {', '.join(shipped)})")
+    raise ConfigError(
+        f"offers file {file_path} does not exist (check the path; shipped: {', '.join(shipped)})"
+    )
 
 
 def load_offers(path: str | os.PathLike[str], catalog: GpuCatalog | None = None) -> OfferSet:
@@ -147,14 +151,19 @@ def load_offers(path: str | os.PathLike[str], catalog: GpuCatalog | None = None)
     return parse_offers(data, str(file_path), catalog=catalog, default_name=file_path.stem)
 
 
-def parse_offers(data: Any, source: str, *, catalog: GpuCatalog | None = None,
-                 default_name: str | None = None) -> OfferSet:
+def parse_offers(
+    data: Any, source: str, *, catalog: GpuCatalog | None = None, default_name: str | None = None
+) -> OfferSet:
     """Validate parsed YAML as an offers file; ``source`` names it in errors."""
     top = ConfigLocation(source)
     if data is None:
         raise top.error("is empty (expected a mapping with networks: and offers:)")
-    expect_mapping(data, top, required=_TOP_REQUIRED, optional=("name",), what="a mapping with networks: and offers:")
-    name = expect_str(data["name"], top.key("name")) if "name" in data else (default_name or Path(source).stem)
+    expect_mapping(
+        data, top, required=_TOP_REQUIRED, optional=("name",), what="a mapping with networks: and offers:"
+    )
+    name = (
+        expect_str(data["name"], top.key("name")) if "name" in data else (default_name or Path(source).stem)
+    )
     catalog = catalog or load_catalog()
     problems = ConfigProblems(source)
     networks: dict[str, Network] = {}
@@ -172,8 +181,13 @@ def parse_offers(data: Any, source: str, *, catalog: GpuCatalog | None = None,
             if offer is None:
                 continue  # its problems are collected
             if offer.name in first_index:
-                raise offers_where.index(i).key("name").error(
-                    f"duplicate offer name {offer.name!r} (also offers[{first_index[offer.name]}]; names must be unique)")
+                raise (
+                    offers_where.index(i)
+                    .key("name")
+                    .error(
+                        f"duplicate offer name {offer.name!r} (also offers[{first_index[offer.name]}]; names must be unique)"
+                    )
+                )
             first_index[offer.name] = i
             offers.append(offer)
     problems.raise_any()
@@ -182,8 +196,10 @@ def parse_offers(data: Any, source: str, *, catalog: GpuCatalog | None = None,
 
 def _parse_networks(raw: Any, where: ConfigLocation, problems: ConfigProblems) -> dict[str, Network]:
     if not isinstance(raw, dict) or not raw:
-        raise where.error("expected a non-empty mapping of network name -> {gbps, latency_us}, e.g. "
-                          "networks: {ethernet: {gbps: 100, latency_us: 14}}")
+        raise where.error(
+            "expected a non-empty mapping of network name -> {gbps, latency_us}, e.g. "
+            "networks: {ethernet: {gbps: 100, latency_us: 14}}"
+        )
     networks: dict[str, Network] = {}
     for name, entry in raw.items():
         with problems.collect():
@@ -195,8 +211,10 @@ def _parse_networks(raw: Any, where: ConfigLocation, problems: ConfigProblems) -
 def _check_name(name: Any, where: ConfigLocation, what: str) -> str:
     name = expect_str(name, where)
     if not _NAME.match(name):
-        raise where.error(f"{what} {name!r} may hold only letters, digits, '.', '_' and '-', start with a letter or "
-                          "digit and be at most 63 characters (it names the candidate's nodes)")
+        raise where.error(
+            f"{what} {name!r} may hold only letters, digits, '.', '_' and '-', start with a letter or "
+            "digit and be at most 63 characters (it names the candidate's nodes)"
+        )
     return name
 
 
@@ -213,8 +231,10 @@ def _parse_date(raw: Any, where: ConfigLocation) -> str:
 
 
 #: an offers file names catalog types only (it has no gpu_types:): what to do about one the catalog lacks
-OFFER_GPU_FIX = ("offers name catalog types: `batchplan catalog` lists them; a type of your own goes in the "
-                 "gpu_types: of a cluster config, planned with batchplan plan")
+OFFER_GPU_FIX = (
+    "offers name catalog types: `batchplan catalog` lists them; a type of your own goes in the "
+    "gpu_types: of a cluster config, planned with batchplan plan"
+)
 
 
 def _parse_offer_gpu(raw: Any, where: ConfigLocation, catalog: GpuCatalog) -> GpuSpec:
@@ -230,7 +250,9 @@ def _parse_network_name(raw: Any, where: ConfigLocation, networks: dict[str, Net
     """An offer's ``network:``: the name of one of the file's networks."""
     network = expect_str(raw, where)
     if network not in networks:
-        raise where.error(f"network {network!r} is not one of networks: ({', '.join(networks)}; add it there)")
+        raise where.error(
+            f"network {network!r} is not one of networks: ({', '.join(networks)}; add it there)"
+        )
     return network
 
 
@@ -242,11 +264,18 @@ def _parse_source(raw: Any, where: ConfigLocation) -> str:
     return source
 
 
-def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks: dict[str, Network],
-                 problems: ConfigProblems) -> Offer | None:
+def _parse_offer(
+    raw: Any,
+    where: ConfigLocation,
+    catalog: GpuCatalog,
+    networks: dict[str, Network],
+    problems: ConfigProblems,
+) -> Offer | None:
     """One offer; every problem of it collected in ``problems`` (an unknown GPU type is said with a bad price,
     not after it is fixed), and None when it has any."""
-    entry = expect_mapping(raw, where, required=_OFFER_REQUIRED, optional=_OFFER_OPTIONAL, what="an offer mapping")
+    entry = expect_mapping(
+        raw, where, required=_OFFER_REQUIRED, optional=_OFFER_OPTIONAL, what="an offer mapping"
+    )
     before = len(problems.messages)
     fields: dict[str, Any] = {}
 
@@ -256,13 +285,36 @@ def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks:
 
     field("name", lambda: _check_name(entry["name"], where.key("name"), "offer name"))
     field("gpu", lambda: _parse_offer_gpu(entry["gpu"], where.key("gpu"), catalog))
-    field("gpus_per_node", lambda: expect_int(entry["gpus_per_node"], where.key("gpus_per_node"), minimum=1,
-                                              maximum=MAX_GPUS_PER_NODE, hint="GPUs in one node of this offer"))
-    field("max_nodes", lambda: expect_int(entry["max_nodes"], where.key("max_nodes"), minimum=1,
-                                          maximum=MAX_NODES_PER_OFFER,
-                                          hint="the most nodes of this offer a candidate may take"))
-    field("price", lambda: expect_number(entry["price_per_node_hour"], where.key("price_per_node_hour"), minimum=0,
-                                         maximum=MAX_PRICE_PER_NODE_HOUR, hint="USD per node-hour, 0 for owned machines"))
+    field(
+        "gpus_per_node",
+        lambda: expect_int(
+            entry["gpus_per_node"],
+            where.key("gpus_per_node"),
+            minimum=1,
+            maximum=MAX_GPUS_PER_NODE,
+            hint="GPUs in one node of this offer",
+        ),
+    )
+    field(
+        "max_nodes",
+        lambda: expect_int(
+            entry["max_nodes"],
+            where.key("max_nodes"),
+            minimum=1,
+            maximum=MAX_NODES_PER_OFFER,
+            hint="the most nodes of this offer a candidate may take",
+        ),
+    )
+    field(
+        "price",
+        lambda: expect_number(
+            entry["price_per_node_hour"],
+            where.key("price_per_node_hour"),
+            minimum=0,
+            maximum=MAX_PRICE_PER_NODE_HOUR,
+            hint="USD per node-hour, 0 for owned machines",
+        ),
+    )
     field("network", lambda: _parse_network_name(entry["network"], where.key("network"), networks))
     field("source", lambda: _parse_source(entry["source"], where.key("source")))
     field("date", lambda: _parse_date(entry["date"], where.key("date")))
@@ -270,7 +322,15 @@ def _parse_offer(raw: Any, where: ConfigLocation, catalog: GpuCatalog, networks:
         field("intra", lambda: parse_intra(entry["intra"], where.key("intra"), (fields["gpu"].name,)))
     if len(problems.messages) > before:
         return None
-    return Offer(name=fields["name"], gpu=fields["gpu"], gpus_per_node=fields["gpus_per_node"],
-                 max_nodes=fields["max_nodes"], price_per_node_hour_usd=float(fields["price"]),
-                 network=fields["network"], intra=fields.get("intra"), intra_raw=entry.get("intra"),
-                 source=fields["source"], date=fields["date"])
+    return Offer(
+        name=fields["name"],
+        gpu=fields["gpu"],
+        gpus_per_node=fields["gpus_per_node"],
+        max_nodes=fields["max_nodes"],
+        price_per_node_hour_usd=float(fields["price"]),
+        network=fields["network"],
+        intra=fields.get("intra"),
+        intra_raw=entry.get("intra"),
+        source=fields["source"],
+        date=fields["date"],
+    )

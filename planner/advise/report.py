@@ -28,8 +28,12 @@ def cluster_file_text(candidate: Candidate, offers: OfferSet) -> str:
     for offer, nodes in candidate.parts:
         # a comment line: whatever the offer says stays inside it (escaped; the offers reader refuses control
         # characters already)
-        lines.append(printable(f"#   {nodes}× {offer.name}: {offer.gpus_per_node}× {offer.gpu.name}, "
-                               f"${offer.price_per_node_hour_usd:g}/node-h ({offer.source}, {offer.date})"))
+        lines.append(
+            printable(
+                f"#   {nodes}× {offer.name}: {offer.gpus_per_node}× {offer.gpu.name}, "
+                f"${offer.price_per_node_hour_usd:g}/node-h ({offer.source}, {offer.date})"
+            )
+        )
     body = yaml.safe_dump(candidate.cluster_config(offers), sort_keys=False, default_flow_style=None)
     return "\n".join(lines) + "\n" + body
 
@@ -40,28 +44,45 @@ def write_cluster_file(candidate: Candidate, offers: OfferSet, directory: str) -
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"cannot create {directory}: {exc.strerror or exc} (choose another --write-clusters "
-                          "directory)") from exc
-    return write_file_safely(path, cluster_file_text(candidate, offers), what="the candidate's cluster config",
-                             fix="choose another --write-clusters directory")
+        raise ConfigError(
+            f"cannot create {directory}: {exc.strerror or exc} (choose another --write-clusters directory)"
+        ) from exc
+    return write_file_safely(
+        path,
+        cluster_file_text(candidate, offers),
+        what="the candidate's cluster config",
+        fix="choose another --write-clusters directory",
+    )
 
 
-def plan_argv(cluster_file: str, job_argv: Sequence[str], cache_argv: Sequence[str], output: str) -> list[str]:
+def plan_argv(
+    cluster_file: str, job_argv: Sequence[str], cache_argv: Sequence[str], output: str
+) -> list[str]:
     """The ``batchplan plan`` line that makes a candidate's plan: its cluster config, no Ray, the same job."""
     return ["batchplan", "plan", "--cluster", cluster_file, "--no-ray", *job_argv, *cache_argv, "-o", output]
 
 
-def point_json(rank: int, point: Evaluated, context: AdviseContext, *, cluster_file: str,
-               plan_command: str) -> dict[str, Any]:
+def point_json(
+    rank: int, point: Evaluated, context: AdviseContext, *, cluster_file: str, plan_command: str
+) -> dict[str, Any]:
     """One front point as ``--json`` gives it."""
     plan, candidate = point.plan, point.candidate
     return {
         "rank": rank,
         "cluster": candidate.label,
         "network": candidate.network,
-        "nodes": [{"offer": o.name, "count": n, "gpu": o.gpu.name, "gpus_per_node": o.gpus_per_node,
-                   "price_per_node_hour_usd": o.price_per_node_hour_usd, "price_source": o.source,
-                   "price_date": o.date} for o, n in candidate.parts],
+        "nodes": [
+            {
+                "offer": o.name,
+                "count": n,
+                "gpu": o.gpu.name,
+                "gpus_per_node": o.gpus_per_node,
+                "price_per_node_hour_usd": o.price_per_node_hour_usd,
+                "price_source": o.source,
+                "price_date": o.date,
+            }
+            for o, n in candidate.parts
+        ],
         "gpus": candidate.num_gpus,
         "price_per_hour_usd": candidate.price_per_hour_usd,
         "time_per_epoch_s": point.time_per_epoch_s,
@@ -81,8 +102,9 @@ def point_json(rank: int, point: Evaluated, context: AdviseContext, *, cluster_f
     }
 
 
-def advice_json(result: SearchResult, context: AdviseContext, offers_path: str,
-                front: list[dict[str, Any]]) -> dict[str, Any]:
+def advice_json(
+    result: SearchResult, context: AdviseContext, offers_path: str, front: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The whole ``--json`` document."""
     job = context.job
     return {
@@ -97,8 +119,15 @@ def advice_json(result: SearchResult, context: AdviseContext, offers_path: str,
         "pruned": result.pruned,
         "rejected": [{"cluster": r.cluster, "reason": r.reason} for r in result.rejected],
         "seconds": round(result.seconds, 3),
-        "profiles": {gpu: {"key": f.key, "max_batch": f.max_batch, "samples_per_s_at_max_batch":
-                           f.rate_samples_per_s, "calibrated": f.calibrated} for gpu, f in context.gpus.items()},
+        "profiles": {
+            gpu: {
+                "key": f.key,
+                "max_batch": f.max_batch,
+                "samples_per_s_at_max_batch": f.rate_samples_per_s,
+                "calibrated": f.calibrated,
+            }
+            for gpu, f in context.gpus.items()
+        },
     }
 
 

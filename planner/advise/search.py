@@ -57,8 +57,11 @@ class SearchResult:
 
 def _dominates(time_s: float, cost_usd: float, other_time_s: float, other_cost_usd: float) -> bool:
     """(time, cost) is at least as good in both and strictly better in one."""
-    return (time_s <= other_time_s and cost_usd <= other_cost_usd
-            and (time_s < other_time_s or cost_usd < other_cost_usd))
+    return (
+        time_s <= other_time_s
+        and cost_usd <= other_cost_usd
+        and (time_s < other_time_s or cost_usd < other_cost_usd)
+    )
 
 
 def pareto_front(points: Sequence[Evaluated]) -> list[Evaluated]:
@@ -82,7 +85,11 @@ class _Front:
     def add(self, time_s: float, cost_usd: float) -> None:
         if self.dominated(time_s, cost_usd) or (time_s, cost_usd) in zip(self.times, self.costs, strict=True):
             return
-        keep = [(t, c) for t, c in zip(self.times, self.costs, strict=True) if not _dominates(time_s, cost_usd, t, c)]
+        keep = [
+            (t, c)
+            for t, c in zip(self.times, self.costs, strict=True)
+            if not _dominates(time_s, cost_usd, t, c)
+        ]
         keep.append((time_s, cost_usd))
         keep.sort()
         self.times = [t for t, _ in keep]
@@ -97,8 +104,14 @@ class _Front:
         return i >= 0 and _dominates(self.times[i], self.costs[i], time_s, cost_usd)
 
 
-def search(context: AdviseContext, candidates: Sequence[Candidate], filters: Filters = Filters(), *,
-           prune: bool = True, on_progress: Callable[[str], None] = lambda _line: None) -> SearchResult:
+def search(
+    context: AdviseContext,
+    candidates: Sequence[Candidate],
+    filters: Filters = Filters(),
+    *,
+    prune: bool = True,
+    on_progress: Callable[[str], None] = lambda _line: None,
+) -> SearchResult:
     """Plan the candidates (all of them with ``prune=False``) and keep the Pareto front."""
     start = time.monotonic()
     result = SearchResult(candidates=len(candidates))
@@ -106,14 +119,24 @@ def search(context: AdviseContext, candidates: Sequence[Candidate], filters: Fil
     for candidate in candidates:
         price = candidate.price_per_hour_usd
         if filters.budget_per_hour_usd is not None and price > filters.budget_per_hour_usd:
-            result.rejected.append(Rejected(cluster=candidate.label, reason=(
-                f"costs ${price:,.2f}/h, over --budget-per-hour {filters.budget_per_hour_usd:g}")))
+            result.rejected.append(
+                Rejected(
+                    cluster=candidate.label,
+                    reason=(f"costs ${price:,.2f}/h, over --budget-per-hour {filters.budget_per_hour_usd:g}"),
+                )
+            )
             continue
         bound_time_s = context.epoch_samples / context.bound_samples_per_s(candidate)
         if filters.deadline_s is not None and bound_time_s > filters.deadline_s:
-            result.rejected.append(Rejected(cluster=candidate.label, reason=(
-                f"takes at least {bound_time_s / 3600:.3g} h per epoch (its best case), over --deadline "
-                f"{filters.deadline_s / 3600:g}")))
+            result.rejected.append(
+                Rejected(
+                    cluster=candidate.label,
+                    reason=(
+                        f"takes at least {bound_time_s / 3600:.3g} h per epoch (its best case), over --deadline "
+                        f"{filters.deadline_s / 3600:g}"
+                    ),
+                )
+            )
             continue
         queue.append((bound_time_s, bound_time_s * price / 3600.0, candidate))
     # best bound first: the product is small for points that are fast, cheap or both (owned machines: cost 0)
@@ -126,15 +149,23 @@ def search(context: AdviseContext, candidates: Sequence[Candidate], filters: Fil
         outcome = context.evaluate(candidate)
         result.planned += 1
         if result.planned % _PROGRESS_EVERY == 0:
-            on_progress(f"planned {result.planned} of {len(queue)} candidates ({result.pruned} ruled out by their "
-                        f"bound) in {time.monotonic() - start:.1f} s")
+            on_progress(
+                f"planned {result.planned} of {len(queue)} candidates ({result.pruned} ruled out by their "
+                f"bound) in {time.monotonic() - start:.1f} s"
+            )
         if isinstance(outcome, str):
             result.rejected.append(Rejected(cluster=candidate.label, reason=outcome))
             continue
         if filters.deadline_s is not None and outcome.time_per_epoch_s > filters.deadline_s:
-            result.rejected.append(Rejected(cluster=candidate.label, reason=(
-                f"takes {outcome.time_per_epoch_s / 3600:.3g} h per epoch, over --deadline "
-                f"{filters.deadline_s / 3600:g}")))
+            result.rejected.append(
+                Rejected(
+                    cluster=candidate.label,
+                    reason=(
+                        f"takes {outcome.time_per_epoch_s / 3600:.3g} h per epoch, over --deadline "
+                        f"{filters.deadline_s / 3600:g}"
+                    ),
+                )
+            )
             continue
         result.evaluated.append(outcome)
         front.add(outcome.time_per_epoch_s, outcome.cost_per_epoch_usd)

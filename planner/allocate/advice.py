@@ -53,8 +53,14 @@ class AdviceKind(Enum):
 
 
 #: kinds that are information, not warnings: they go to a plan's ``notes``
-NOTE_KINDS = frozenset({AdviceKind.VERSUS_UNIFORM, AdviceKind.UNIFORM_NOT_COMPARED, AdviceKind.NO_GROUP_ADVICE,
-                        AdviceKind.EFFICIENCY})
+NOTE_KINDS = frozenset(
+    {
+        AdviceKind.VERSUS_UNIFORM,
+        AdviceKind.UNIFORM_NOT_COMPARED,
+        AdviceKind.NO_GROUP_ADVICE,
+        AdviceKind.EFFICIENCY,
+    }
+)
 
 
 class Advice(str):
@@ -88,7 +94,9 @@ def _option(rows: Rows, k: int, mode: str, global_batch: int | None, sync: SyncM
     except InfeasiblePlanError:
         return None
     b = split.units * k
-    return Option(float(b.sum()) * split.accumulate / split.global_time_s, split.global_time_s, b, split.accumulate)
+    return Option(
+        float(b.sum()) * split.accumulate / split.global_time_s, split.global_time_s, b, split.accumulate
+    )
 
 
 def _rank_list(idx: np.ndarray) -> str:
@@ -129,16 +137,28 @@ def _uniform_missing(rows: Rows, k: int, global_batch: int | None) -> str:
     if global_batch is not None and global_batch % (n * k):
         below, above = global_batch // (n * k) * n * k, (global_batch // (n * k) + 1) * n * k
         near = f"{below} or {above}" if below else f"{above}"
-        return (f"'uniform' (plain DDP) is not compared: global batch {global_batch} does not split into {n} "
-                f"equal per-rank batches{f' of multiples of {k}' if k > 1 else ''} (a multiple of {n * k} "
-                f"would, e.g. {near})")
-    return (f"'uniform' (plain DDP) is not compared: no accumulation splits global batch {global_batch} into "
-            f"{n} equal per-rank batches of at most {int(rows.cap.min()) * k} (the smallest cap)")
+        return (
+            f"'uniform' (plain DDP) is not compared: global batch {global_batch} does not split into {n} "
+            f"equal per-rank batches{f' of multiples of {k}' if k > 1 else ''} (a multiple of {n * k} "
+            f"would, e.g. {near})"
+        )
+    return (
+        f"'uniform' (plain DDP) is not compared: no accumulation splits global batch {global_batch} into "
+        f"{n} equal per-rank batches of at most {int(rows.cap.min()) * k} (the smallest cap)"
+    )
 
 
-def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-            labels: np.ndarray | None, current: Option, sync: SyncModel | None = None,
-            ) -> tuple[dict[str, float], list[Advice]]:
+def advise(
+    rows: Rows,
+    t0: np.ndarray,
+    t1: np.ndarray,
+    k: int,
+    mode: str,
+    global_batch: int | None,
+    labels: np.ndarray | None,
+    current: Option,
+    sync: SyncModel | None = None,
+) -> tuple[dict[str, float], list[Advice]]:
     """Alternatives (throughput per option) and advice sentences; O(groups · N log N). ``sync``: the
     synchronisation model every option is priced with (``planner.allocate.solver.SyncModel``)."""
     options = {m: (current if m == mode else _option(rows, k, m, global_batch, sync)) for m in MODES}
@@ -147,15 +167,24 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
     best_mode = max((m for m in MODES if options[m] is not None), key=lambda m: options[m].throughput)
     gain = options[best_mode].throughput / current.throughput
     if best_mode != mode and gain >= ADVICE_MIN_SPEEDUP:
-        advice.append(Advice(AdviceKind.MODE, f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
-                      f"({_versus(options[best_mode], current, global_batch)})"))
+        advice.append(
+            Advice(
+                AdviceKind.MODE,
+                f"mode '{best_mode}' would be {gain:.2f}× faster than '{mode}' "
+                f"({_versus(options[best_mode], current, global_batch)})",
+            )
+        )
     elif mode != "uniform" and options["uniform"] is not None:
         over = current.throughput / options["uniform"].throughput
         if over >= ADVICE_MIN_SPEEDUP:
-            advice.append(Advice(AdviceKind.VERSUS_UNIFORM,
-                                 f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
-                                 f"{int(options['uniform'].batches[0])}): "
-                                 f"{_versus(current, options['uniform'], global_batch)}"))
+            advice.append(
+                Advice(
+                    AdviceKind.VERSUS_UNIFORM,
+                    f"'{mode}' is {over:.2f}× faster than 'uniform' (plain DDP, every rank at batch "
+                    f"{int(options['uniform'].batches[0])}): "
+                    f"{_versus(current, options['uniform'], global_batch)}",
+                )
+            )
 
     if options["uniform"] is None:
         advice.append(Advice(AdviceKind.UNIFORM_NOT_COMPARED, _uniform_missing(rows, k, global_batch)))
@@ -164,8 +193,9 @@ def advise(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global
     return alternatives, advice
 
 
-def _rank_groups(rows: Rows, t0: np.ndarray, t1: np.ndarray,
-                 labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+def _rank_groups(
+    rows: Rows, t0: np.ndarray, t1: np.ndarray, labels: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Each rank's group id (0, 1, ...) and the groups' names: by ``labels`` where given (names sorted), else
     one group per row, or per time profile where there are more rows than ``_MAX_ADVICE_GROUPS`` (no names)."""
     ranks = rows.ranks
@@ -191,17 +221,31 @@ def _groups_fastest_first(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, gi
     return np.lexsort((first, -speed))
 
 
-def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str, global_batch: int | None,
-                  labels: np.ndarray | None, current: Option, alternatives: dict[str, float],
-                  advice: list[Advice], sync: SyncModel | None = None) -> None:
+def _group_advice(
+    rows: Rows,
+    t0: np.ndarray,
+    t1: np.ndarray,
+    k: int,
+    mode: str,
+    global_batch: int | None,
+    labels: np.ndarray | None,
+    current: Option,
+    alternatives: dict[str, float],
+    advice: list[Advice],
+    sync: SyncModel | None = None,
+) -> None:
     """Add the group options (the fastest groups, each group alone) to ``alternatives`` and ``advice``."""
     ranks = rows.ranks
     gid, names = _rank_groups(rows, t0, t1, labels)
     num_groups = int(gid.max()) + 1
     if num_groups > _MAX_ADVICE_GROUPS:
-        advice.append(Advice(AdviceKind.NO_GROUP_ADVICE,
-                             f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
-                             f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them"))
+        advice.append(
+            Advice(
+                AdviceKind.NO_GROUP_ADVICE,
+                f"no advice on dropping GPU groups: the ranks form {num_groups} groups (more than "
+                f"{_MAX_ADVICE_GROUPS}); pass groups= (e.g. the GPU type per rank) to compare them",
+            )
+        )
         return
     if num_groups < 2:
         return
@@ -212,26 +256,40 @@ def _group_advice(rows: Rows, t0: np.ndarray, t1: np.ndarray, k: int, mode: str,
 
     prefixes = [(order[:j], subset_option(order[:j])) for j in range(1, num_groups)]
     singles = [(np.array([g]), subset_option(np.array([g]))) for g in range(num_groups)]
-    best_prefix = max(((g, o) for g, o in prefixes if o is not None), key=lambda p: p[1].throughput, default=None)
-    best_single = max(((g, o) for g, o in singles if o is not None), key=lambda p: p[1].throughput, default=None)
+    best_prefix = max(
+        ((g, o) for g, o in prefixes if o is not None), key=lambda p: p[1].throughput, default=None
+    )
+    best_single = max(
+        ((g, o) for g, o in singles if o is not None), key=lambda p: p[1].throughput, default=None
+    )
     said_prefix = None
     if best_prefix is not None:
         alternatives["best_group_subset"] = best_prefix[1].throughput
         gain = best_prefix[1].throughput / current.throughput
         if gain >= ADVICE_MIN_SPEEDUP:
-            kept, dropped = best_prefix[0], order[len(best_prefix[0]):]
+            kept, dropped = best_prefix[0], order[len(best_prefix[0]) :]
             if len(kept) < len(dropped):  # the shorter list to read: what stays
                 left_out = int(np.isin(gid, dropped).sum())
-                change = f"keeping only {_describe(ranks, gid, kept, names)} and dropping the other {left_out}"
+                change = (
+                    f"keeping only {_describe(ranks, gid, kept, names)} and dropping the other {left_out}"
+                )
             else:
                 change = f"dropping {_describe(ranks, gid, dropped, names)}"
-            advice.append(Advice(AdviceKind.DROP_GROUPS,
-                                 f"{change} would be {gain:.2f}× faster ({_versus(best_prefix[1], current, global_batch)})"))
+            advice.append(
+                Advice(
+                    AdviceKind.DROP_GROUPS,
+                    f"{change} would be {gain:.2f}× faster ({_versus(best_prefix[1], current, global_batch)})",
+                )
+            )
             said_prefix = set(best_prefix[0].tolist())
     if best_single is not None:
         alternatives["best_single_group"] = best_single[1].throughput
         gain = best_single[1].throughput / current.throughput
         if gain >= ADVICE_MIN_SPEEDUP and said_prefix != set(best_single[0].tolist()):
-            advice.append(Advice(AdviceKind.SINGLE_GROUP,
-                                 f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
-                                 f"faster ({_versus(best_single[1], current, global_batch)})"))
+            advice.append(
+                Advice(
+                    AdviceKind.SINGLE_GROUP,
+                    f"using only {_describe(ranks, gid, best_single[0], names)} would be {gain:.2f}× "
+                    f"faster ({_versus(best_single[1], current, global_batch)})",
+                )
+            )

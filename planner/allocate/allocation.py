@@ -75,8 +75,10 @@ class Allocation:
 def _as_1d(name: str, values: ArrayLike, n: int | None) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1 or (n is not None and len(arr) != n):
-        raise ConfigError(f"{name} must be a 1-D sequence with one value per rank"
-                          + (f" ({n} ranks), got shape {arr.shape}" if n is not None else f", got shape {arr.shape}"))
+        raise ConfigError(
+            f"{name} must be a 1-D sequence with one value per rank"
+            + (f" ({n} ranks), got shape {arr.shape}" if n is not None else f", got shape {arr.shape}")
+        )
     return arr
 
 
@@ -108,7 +110,9 @@ def _checked_rank_arrays(
         raise ConfigError("max_batch is empty: there is no rank to allocate")
     t0 = _as_1d("time_intercept_s", time_intercept_s, n).astype(np.float64)
     t1 = _as_1d("time_per_sample_s", time_per_sample_s, n).astype(np.float64)
-    whole_floats = np.issubdtype(cap.dtype, np.floating) and bool(np.all(np.isfinite(cap) & (cap == np.round(cap))))
+    whole_floats = np.issubdtype(cap.dtype, np.floating) and bool(
+        np.all(np.isfinite(cap) & (cap == np.round(cap)))
+    )
     if not (np.issubdtype(cap.dtype, np.integer) or whole_floats):
         raise ConfigError(f"max_batch must hold whole numbers of samples, got {cap.dtype} values")
     cap = cap.astype(np.int64)
@@ -118,8 +122,10 @@ def _checked_rank_arrays(
             raise ConfigError(f"{name}[{bad[0]}] = {arr[bad[0]].item()!r}: must be finite and ≥ 0")
     zero = np.nonzero((t0 == 0) & (t1 == 0))[0]
     if len(zero):
-        raise ConfigError(f"rank {zero[0]} has step time 0 at every batch (time_intercept_s and "
-                          "time_per_sample_s both 0): give it a measured or estimated step time")
+        raise ConfigError(
+            f"rank {zero[0]} has step time 0 at every batch (time_intercept_s and "
+            "time_per_sample_s both 0): give it a measured or estimated step time"
+        )
     return cap, t0, t1
 
 
@@ -165,7 +171,9 @@ def allocate(
     min_units, included, reasons = _included_ranks(cap, k, min_batch)
     rows = make_rows(np.nonzero(included)[0], t0, t1, cap_u, k, min_units)
     accumulate = None if accumulate is None else _check_int("accumulate", accumulate, 1)
-    split = split_with_sync(rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate, sync=sync)
+    split = split_with_sync(
+        rows, mode, k, global_batch, f"in mode '{mode}'", accumulate=accumulate, sync=sync
+    )
     accumulate = split.accumulate
     batches = np.zeros(n, dtype=np.int64)
     batches[rows.ranks] = split.units * k
@@ -182,12 +190,24 @@ def allocate(
     sync_share = 1.0 - compute_time / step_time if step_time > 0 else 0.0
     said.extend(_efficiency_note(efficiency, idle[included], batches[included], cap_r, sync_share=sync_share))
     return Allocation(
-        batches=batches, included=included, excluded_reasons=reasons, accumulate=accumulate,
-        step_batch=step_batch, global_batch=step_batch * accumulate, step_time_s=step_time,
-        compute_time_s=compute_time, sync_time_s=split.sync_s, rank_step_time_s=rank_time, throughput_samples_per_s=throughput,
-        balance_efficiency=efficiency, idle_fraction=idle, mode=mode,
+        batches=batches,
+        included=included,
+        excluded_reasons=reasons,
+        accumulate=accumulate,
+        step_batch=step_batch,
+        global_batch=step_batch * accumulate,
+        step_time_s=step_time,
+        compute_time_s=compute_time,
+        sync_time_s=split.sync_s,
+        rank_step_time_s=rank_time,
+        throughput_samples_per_s=throughput,
+        balance_efficiency=efficiency,
+        idle_fraction=idle,
+        mode=mode,
         advice=tuple(a for a in said if a.kind not in NOTE_KINDS),
-        notes=tuple(a for a in said if a.kind in NOTE_KINDS), alternatives=alternatives)
+        notes=tuple(a for a in said if a.kind in NOTE_KINDS),
+        alternatives=alternatives,
+    )
 
 
 def _included_ranks(cap: np.ndarray, k: int, min_batch: int) -> tuple[int, np.ndarray, dict[int, str]]:
@@ -205,19 +225,23 @@ def _included_ranks(cap: np.ndarray, k: int, min_batch: int) -> tuple[int, np.nd
         raise InfeasiblePlanError(
             f"no rank can run the minimum batch {lo * k}: the largest cap is {int(cap[best])} samples "
             f"(rank {best}); lower min_batch or multiple_of, free GPU memory, raise the memory fraction, or "
-            "use a smaller model or input")
+            "use a smaller model or input"
+        )
     return lo, included, reasons
 
 
-def _balance_efficiency(throughput_samples_per_s: float, cap: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> float:
+def _balance_efficiency(
+    throughput_samples_per_s: float, cap: np.ndarray, t0: np.ndarray, t1: np.ndarray
+) -> float:
     """The throughput over its bound, every rank running alone at its cap ``cap`` with no gradient
     synchronisation (t0, t1: those ranks' time coefficients); at most 1."""
     bound_samples_per_s = float(np.sum(cap / (t0 + t1 * cap)))
     return min(1.0, throughput_samples_per_s / bound_samples_per_s) if bound_samples_per_s > 0 else 0.0
 
 
-def _checked_options(mode: str, multiple_of: int, min_batch: int,
-                     global_batch: int | None) -> tuple[int, int, int | None]:
+def _checked_options(
+    mode: str, multiple_of: int, min_batch: int, global_batch: int | None
+) -> tuple[int, int, int | None]:
     """:func:`allocate`'s scalar options checked: (multiple_of, min_batch, global_batch)."""
     if mode not in MODES:
         raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
@@ -235,8 +259,9 @@ _LITTLE_IDLE = 0.05
 _EXPLAIN_EFFICIENCY_BELOW = 0.95
 
 
-def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray, *,
-                     sync_share: float = 0.0) -> list[Advice]:
+def _efficiency_note(
+    efficiency: float, idle: np.ndarray, batches: np.ndarray, caps: np.ndarray, *, sync_share: float = 0.0
+) -> list[Advice]:
     """Why the balance efficiency is below 1 when (almost) no rank waits: the bound is every GPU alone at its
     cap with no gradient synchronisation, and the plan pays the exposed synchronisation and runs the ranks
     below their caps, where the fixed part of a step (t0) weighs more per sample."""
@@ -248,11 +273,21 @@ def _efficiency_note(efficiency: float, idle: np.ndarray, batches: np.ndarray, c
     below = batches < caps
     if below.any():
         share = float(np.mean(batches[below] / caps[below]))
-        reasons.append(f"the ranks run below their caps (on average at {share:.0%} of the cap), where the fixed cost "
-                       "of a step weighs more per sample")
+        reasons.append(
+            f"the ranks run below their caps (on average at {share:.0%} of the cap), where the fixed cost "
+            "of a step weighs more per sample"
+        )
     if not reasons:
         return []
-    waiting = "no rank waiting" if float(idle.max()) < 0.005 else f"no rank waiting more than {float(idle.max()):.0%}"
-    return [Advice(AdviceKind.EFFICIENCY,
-                   f"balance efficiency {efficiency:.2f} with {waiting}: the bound (1.00) is every GPU running alone "
-                   f"at its cap with no gradient sync; here {' and '.join(reasons)}")]
+    waiting = (
+        "no rank waiting"
+        if float(idle.max()) < 0.005
+        else f"no rank waiting more than {float(idle.max()):.0%}"
+    )
+    return [
+        Advice(
+            AdviceKind.EFFICIENCY,
+            f"balance efficiency {efficiency:.2f} with {waiting}: the bound (1.00) is every GPU running alone "
+            f"at its cap with no gradient sync; here {' and '.join(reasons)}",
+        )
+    ]

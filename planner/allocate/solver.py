@@ -126,8 +126,15 @@ class Rows:
         weight = np.bincount(self.row[keep_rank], minlength=len(self.t0)).astype(np.float64)
         used = weight > 0
         renumber = np.cumsum(used) - 1
-        return Rows(ranks=self.ranks[keep_rank], row=renumber[self.row[keep_rank]], t0=self.t0[used],
-                     s=self.s[used], cap=self.cap[used], weight=weight[used], lo=self.lo)
+        return Rows(
+            ranks=self.ranks[keep_rank],
+            row=renumber[self.row[keep_rank]],
+            t0=self.t0[used],
+            s=self.s[used],
+            cap=self.cap[used],
+            weight=weight[used],
+            lo=self.lo,
+        )
 
     def step_times(self, u_a: np.ndarray, u_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Sorted times at which some row steps up from u_a towards u_b, and the ranks stepping at each."""
@@ -149,8 +156,15 @@ def make_rows(ranks: np.ndarray, t0: np.ndarray, t1: np.ndarray, cap_u: np.ndarr
     row = np.empty(len(ranks), dtype=np.int64)
     row[order] = row_sorted
     first = order[new]
-    return Rows(ranks=ranks, row=row, t0=t0r[first], s=t1r[first] * k, cap=capr[first].astype(np.float64),
-                 weight=np.bincount(row).astype(np.float64), lo=lo)
+    return Rows(
+        ranks=ranks,
+        row=row,
+        t0=t0r[first],
+        s=t1r[first] * k,
+        cap=capr[first].astype(np.float64),
+        weight=np.bincount(row).astype(np.float64),
+        lo=lo,
+    )
 
 
 def _give_back(units: np.ndarray, room: np.ndarray, amount: int) -> np.ndarray:
@@ -199,7 +213,9 @@ def _min_max_time(rows: Rows, target: int) -> np.ndarray:
     return _give_back(u_hi, u_hi - u_lo, int(u_hi.sum()) - target)
 
 
-def _best_in_interval(rows: Rows, u_a: np.ndarray, u_b: np.ndarray, sync_s: float = 0.0) -> tuple[float, float]:
+def _best_in_interval(
+    rows: Rows, u_a: np.ndarray, u_b: np.ndarray, sync_s: float = 0.0
+) -> tuple[float, float]:
     """Exact best (throughput in units/s, time) over the step times where some row steps up in (a, b]; the
     throughput of a step time T is F(T) / (T + sync_s)."""
     times, weights = rows.step_times(u_a, u_b)
@@ -242,6 +258,7 @@ def _best_throughput_time(rows: Rows, tolerance: float, sync_s: float = 0.0) -> 
     u_uniform = rows.units_at(float(np.max(t0 + s * np.min(rows.cap))))
     t_uniform = float(np.max(t0 + s * u_uniform))
     consider(rows.total(u_uniform) / (t_uniform + c), t_uniform)  # ≥ mode "uniform": never worse than it
+
     def bound(a: float, b: float, f_b: float, relaxed_a: tuple[float, float]) -> float:
         # Any step time J in (a, b] gives F(J)/J ≤ F(b)/a; and the relaxation Fc ≥ F is concave on
         # [T_lb, ∞) (each rank: linear, then flat at its cap), so F(J) ≤ Fc(a) + Fc'(a)·(J − a).
@@ -305,9 +322,16 @@ def _nearest_valid(global_batch: int, unit: int, lo: int, hi: int) -> tuple[int 
     return below, above
 
 
-def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: str,
-           tolerance: float = _THROUGHPUT_TOLERANCE, accumulate: int | None = None,
-           sync_s: float = 0.0) -> tuple[np.ndarray, int]:
+def split_units(
+    rows: Rows,
+    mode: str,
+    k: int,
+    global_batch: int | None,
+    what: str,
+    tolerance: float = _THROUGHPUT_TOLERANCE,
+    accumulate: int | None = None,
+    sync_s: float = 0.0,
+) -> tuple[np.ndarray, int]:
     """Per-rank units (in rows.ranks order) and accumulate for one mode; raises when B cannot be split.
 
     ``accumulate`` forces one of the valid accumulations (default: the fastest, see the module docstring);
@@ -333,14 +357,16 @@ def split_units(rows: Rows, mode: str, k: int, global_batch: int | None, what: s
         near = f"{below} or {above}" if below is not None else f"{above} (nothing smaller works)"
         raise InfeasiblePlanError(
             f"global batch {global_batch} cannot be split {what}: each step holds {rule}, repeated by "
-            f"gradient accumulation; nearest valid global batch sizes: {near}")
+            f"gradient accumulation; nearest valid global batch sizes: {near}"
+        )
     if accumulate is None and mode == "max":
         accumulate = valid[0]  # "as much as memory allows": the biggest steps, whatever they cost in time
     if accumulate is not None:
         if accumulate not in valid:
             raise InfeasiblePlanError(
                 f"global batch {global_batch} cannot be split {what} in {accumulate} step(s) (valid "
-                f"accumulations: {', '.join(map(str, valid[:8]))}{', ...' if len(valid) > 8 else ''})")
+                f"accumulations: {', '.join(map(str, valid[:8]))}{', ...' if len(valid) > 8 else ''})"
+            )
         return _split_step(rows, mode, global_batch // unit // accumulate), accumulate
     return _fastest_accumulate(rows, mode, k, global_batch, unit, valid[:_MAX_ACCUMULATE_TRIALS])
 
@@ -351,8 +377,15 @@ def _split_step(rows: Rows, mode: str, q: int) -> np.ndarray:
         return np.full(len(rows.ranks), q, dtype=np.int64)
     if mode == "max":
         # Memory-proportional: minimise the largest fill share u/cap (time model t0 = 0, s = 1/cap).
-        fill = Rows(ranks=rows.ranks, row=rows.row, t0=np.zeros_like(rows.cap), s=1.0 / rows.cap,
-                    cap=rows.cap, weight=rows.weight, lo=rows.lo)
+        fill = Rows(
+            ranks=rows.ranks,
+            row=rows.row,
+            t0=np.zeros_like(rows.cap),
+            s=1.0 / rows.cap,
+            cap=rows.cap,
+            weight=rows.weight,
+            lo=rows.lo,
+        )
         return _min_max_time(fill, q)
     return _min_max_time(rows, q)
 
@@ -373,8 +406,9 @@ def _relaxed_step_time(rows: Rows, units: float) -> float:
     return lo_t
 
 
-def _fastest_accumulate(rows: Rows, mode: str, k: int, global_batch: int, unit: int,
-                        valid: list[int]) -> tuple[np.ndarray, int]:
+def _fastest_accumulate(
+    rows: Rows, mode: str, k: int, global_batch: int, unit: int, valid: list[int]
+) -> tuple[np.ndarray, int]:
     """The split and accumulation with the least time per global batch (a · step time) among ``valid``.
 
     Each a is bounded below by a · (relaxed step time of its step batch); candidates are solved in order of
@@ -387,7 +421,11 @@ def _fastest_accumulate(rows: Rows, mode: str, k: int, global_batch: int, unit: 
             break
         units = _split_step(rows, mode, global_batch // unit // a)
         total_s = a * float(np.max(rows.t0[rows.row] + rows.s[rows.row] * units))
-        if best is None or total_s < best[0] * (1.0 - 1e-9) or (total_s <= best[0] * (1.0 + 1e-9) and a < best[1]):
+        if (
+            best is None
+            or total_s < best[0] * (1.0 - 1e-9)
+            or (total_s <= best[0] * (1.0 + 1e-9) and a < best[1])
+        ):
             best = (total_s, a, units)
     assert best is not None
     return best[2], best[1]
@@ -399,7 +437,6 @@ def _step_bounds(rows: Rows, mode: str, k: int) -> tuple[int, int, int]:
     if mode == "uniform":  # n equal per-rank batches of q multiples of k
         return k * n, rows.lo, int(rows.cap.min())
     return k, n * rows.lo, int(rows.total(rows.cap))
-
 
 
 SyncModel = Callable[[np.ndarray, float], float]
@@ -425,9 +462,17 @@ class SyncedSplit:
         return self.accumulate * self.compute_s + self.sync_s
 
 
-def split_with_sync(rows: Rows, mode: str, k: int, global_batch: int | None, what: str, *,
-                    tolerance: float = _THROUGHPUT_TOLERANCE, accumulate: int | None = None,
-                    sync: SyncModel | None = None) -> SyncedSplit:
+def split_with_sync(
+    rows: Rows,
+    mode: str,
+    k: int,
+    global_batch: int | None,
+    what: str,
+    *,
+    tolerance: float = _THROUGHPUT_TOLERANCE,
+    accumulate: int | None = None,
+    sync: SyncModel | None = None,
+) -> SyncedSplit:
     """``split_units`` with the synchronisation: solved without it, its time evaluated at that step, solved
     again with that constant, and evaluated at the final step (what the plan reports is the model at its
     own split)."""

@@ -72,8 +72,13 @@ def balance_efficiency_range(
     return low, high
 
 
-def step_time_range_s(rank_step_time_s: Sequence[float], log_sigma: Sequence[float], *, accumulate: int = 1,
-                      sync_range_s: Sequence[float] = (0.0, 0.0)) -> tuple[float, float]:
+def step_time_range_s(
+    rank_step_time_s: Sequence[float],
+    log_sigma: Sequence[float],
+    *,
+    accumulate: int = 1,
+    sync_range_s: Sequence[float] = (0.0, 0.0),
+) -> tuple[float, float]:
     """(lowest, highest) time of one optimizer step when each rank's predicted (micro-)step time
     ``rank_step_time_s`` is ``exp(∓log_sigma)`` off: ``accumulate · max_i t_i·exp(∓σ_i)`` plus the exposed
     synchronisation's low and high (``sync_range_s``: the plan's ``comm.exposed_range_s``, full overlap to

@@ -28,24 +28,54 @@ def add_parser(subparsers) -> None:
         "on one network), plan the job on each with estimated profiles (no GPU needed), and print the Pareto "
         "front of cost per epoch against time per epoch.",
     )
-    p.add_argument("--offers", required=True, metavar="FILE", help="offers YAML, or the name of a shipped one (example: cluster_configs/offers/example.yaml)")
+    p.add_argument(
+        "--offers",
+        required=True,
+        metavar="FILE",
+        help="offers YAML, or the name of a shipped one (example: cluster_configs/offers/example.yaml)",
+    )
     add_job_options(p)
     g = p.add_argument_group("search")
-    g.add_argument("--epoch-samples", type=int, default=IMAGENET_TRAIN_SAMPLES,
-                   help=f"samples in one epoch (default {IMAGENET_TRAIN_SAMPLES:,}: ImageNet-1k's training split)")
-    g.add_argument("--budget-per-hour", type=float, metavar="USD", help="leave out candidates dearer than this per hour")
-    g.add_argument("--max-gpus", type=int, default=DEFAULT_MAX_GPUS, help=f"most GPUs a candidate may have (default {DEFAULT_MAX_GPUS})")
-    g.add_argument("--deadline", type=float, metavar="HOURS", help="leave out candidates slower than this per epoch")
-    g.add_argument("--exhaustive", action="store_true", help="plan every candidate (no pruning): the same front, slower")
+    g.add_argument(
+        "--epoch-samples",
+        type=int,
+        default=IMAGENET_TRAIN_SAMPLES,
+        help=f"samples in one epoch (default {IMAGENET_TRAIN_SAMPLES:,}: ImageNet-1k's training split)",
+    )
+    g.add_argument(
+        "--budget-per-hour", type=float, metavar="USD", help="leave out candidates dearer than this per hour"
+    )
+    g.add_argument(
+        "--max-gpus",
+        type=int,
+        default=DEFAULT_MAX_GPUS,
+        help=f"most GPUs a candidate may have (default {DEFAULT_MAX_GPUS})",
+    )
+    g.add_argument(
+        "--deadline", type=float, metavar="HOURS", help="leave out candidates slower than this per epoch"
+    )
+    g.add_argument(
+        "--exhaustive", action="store_true", help="plan every candidate (no pruning): the same front, slower"
+    )
     g.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles)")
     g.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the front as JSON on stdout")
-    o.add_argument("--plot", metavar="FILE.png", help="draw cost against time (needs the plot extra: matplotlib)")
-    o.add_argument("--write-clusters", metavar="DIR", default=DEFAULT_CLUSTERS_DIR,
-                   help=f"where the front's cluster configs are written, for their plan lines (default ./{DEFAULT_CLUSTERS_DIR})")
-    o.add_argument("--pick", type=int, metavar="K", help="write the plan of front point K (1 = fastest) to -o")
-    o.add_argument("-o", "--output", default="plan.json", help="where --pick writes the plan (default ./plan.json)")
+    o.add_argument(
+        "--plot", metavar="FILE.png", help="draw cost against time (needs the plot extra: matplotlib)"
+    )
+    o.add_argument(
+        "--write-clusters",
+        metavar="DIR",
+        default=DEFAULT_CLUSTERS_DIR,
+        help=f"where the front's cluster configs are written, for their plan lines (default ./{DEFAULT_CLUSTERS_DIR})",
+    )
+    o.add_argument(
+        "--pick", type=int, metavar="K", help="write the plan of front point K (1 = fastest) to -o"
+    )
+    o.add_argument(
+        "-o", "--output", default="plan.json", help="where --pick writes the plan (default ./plan.json)"
+    )
     p.set_defaults(func=run)
 
 
@@ -55,9 +85,13 @@ def _check_args(args: argparse.Namespace, job: JobSpec) -> None:
 
     check_model_name(job.model)
     if job.gpus != "all":
-        raise ConfigError(f"--gpus {job.gpus} selects GPUs of a known node; advise plans whole rented nodes (drop --gpus)")
+        raise ConfigError(
+            f"--gpus {job.gpus} selects GPUs of a known node; advise plans whole rented nodes (drop --gpus)"
+        )
     if args.epoch_samples < 1:
-        raise ConfigError(f"--epoch-samples {args.epoch_samples} is invalid (use a positive number of samples)")
+        raise ConfigError(
+            f"--epoch-samples {args.epoch_samples} is invalid (use a positive number of samples)"
+        )
     if args.budget_per_hour is not None and not args.budget_per_hour >= 0:
         raise ConfigError(f"--budget-per-hour {args.budget_per_hour} is invalid (use USD per hour, >= 0)")
     if not 1 <= args.max_gpus <= MAX_GPUS_LIMIT:
@@ -110,12 +144,16 @@ def _search(args: argparse.Namespace, job: JobSpec):
     usable = [o for o in offers.offers if not any(r.cluster == f"offer {o.name}" for r in ruled_out)]
     candidates = enumerate_candidates(offers, usable, max_gpus=args.max_gpus)
     note(f"{len(candidates):,} candidate clusters of at most {args.max_gpus} GPUs over {len(usable)} offers")
-    filters = Filters(budget_per_hour_usd=args.budget_per_hour,
-                      deadline_s=args.deadline * 3600 if args.deadline is not None else None)
+    filters = Filters(
+        budget_per_hour_usd=args.budget_per_hour,
+        deadline_s=args.deadline * 3600 if args.deadline is not None else None,
+    )
     result = search(context, candidates, filters, prune=not args.exhaustive, on_progress=note)
     result.rejected[:0] = ruled_out
-    note(f"planned {result.planned:,} of {len(candidates):,} candidates ({result.pruned:,} ruled out by their bound) "
-         f"in {result.seconds:.1f} s")
+    note(
+        f"planned {result.planned:,} of {len(candidates):,} candidates ({result.pruned:,} ruled out by their bound) "
+        f"in {result.seconds:.1f} s"
+    )
     return context, result
 
 
@@ -125,7 +163,9 @@ def _front_json(args: argparse.Namespace, context, result) -> list[dict]:
     from planner.cli.spec_flags import spec_argv
 
     job_argv = spec_argv(context.job, JOB_FLAG_FORMS)
-    cache_argv = ["--no-cache"] if args.no_cache else (["--cache-dir", args.cache_dir] if args.cache_dir else [])
+    cache_argv = (
+        ["--no-cache"] if args.no_cache else (["--cache-dir", args.cache_dir] if args.cache_dir else [])
+    )
     points = []
     for rank, point in enumerate(result.front, 1):
         path = str(write_cluster_file(point.candidate, context.offers, args.write_clusters))
@@ -145,14 +185,19 @@ def _pick(args: argparse.Namespace, context, front: list[dict], result) -> None:
     if args.pick > len(front):
         raise ConfigError(f"--pick {args.pick}: the front has {len(front)} point(s) (choose 1-{len(front)})")
     chosen = front[args.pick - 1]
-    outcome = plan_without_ray(context.job, load_cluster(chosen["cluster_file"]),
-                               options=DriverOptions(cache=_cache(args), plan_path=args.output))
+    outcome = plan_without_ray(
+        context.job,
+        load_cluster(chosen["cluster_file"]),
+        options=DriverOptions(cache=_cache(args), plan_path=args.output),
+    )
     plan = outcome.plan
     assert plan is not None
     expected = result.front[args.pick - 1].samples_per_s
     if abs(plan.throughput_samples_per_s - expected) > 1e-9 * expected:
-        note(f"warning: the plan's throughput {plan.throughput_samples_per_s:.6g} differs from the search's "
-             f"{expected:.6g} samples/s")
+        note(
+            f"warning: the plan's throughput {plan.throughput_samples_per_s:.6g} differs from the search's "
+            f"{expected:.6g} samples/s"
+        )
     write_plan(plan, getattr(args, "output_path", None) or args.output)
     note(f"wrote {args.output} (front point {args.pick}: {chosen['cluster']})")
 
@@ -178,5 +223,6 @@ def run(args: argparse.Namespace) -> int:
     if not front:  # the result printed says why each was left out; the error line says what it means
         raise InfeasiblePlanError(
             f"no candidate cluster of these offers can run the job ({len(result.rejected):,} left out, each with why in "
-            f"the result; raise --budget-per-hour, --deadline or --max-gpus, or add offers)")
+            f"the result; raise --budget-per-hour, --deadline or --max-gpus, or add offers)"
+        )
     return 0

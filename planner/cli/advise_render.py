@@ -29,10 +29,18 @@ def format_usd(usd: float) -> str:
 def _row(point: dict[str, Any]) -> list[str]:
     low, high = point["time_per_epoch_range_s"]
     return [
-        str(point["rank"]), point["cluster"], str(point["gpus"]), format_usd(point["price_per_hour_usd"]),
-        format_duration(point["time_per_epoch_s"]), f"{format_duration(low)}–{format_duration(high)}",
-        format_usd(point["cost_per_epoch_usd"]), f"{point['samples_per_s']:,.0f}", f"{point['comm_share']:.0%}",
-        "uncalibrated: " + ", ".join(u.split(":")[0] for u in point["uncalibrated"]) if point["uncalibrated"] else "",
+        str(point["rank"]),
+        point["cluster"],
+        str(point["gpus"]),
+        format_usd(point["price_per_hour_usd"]),
+        format_duration(point["time_per_epoch_s"]),
+        f"{format_duration(low)}–{format_duration(high)}",
+        format_usd(point["cost_per_epoch_usd"]),
+        f"{point['samples_per_s']:,.0f}",
+        f"{point['comm_share']:.0%}",
+        "uncalibrated: " + ", ".join(u.split(":")[0] for u in point["uncalibrated"])
+        if point["uncalibrated"]
+        else "",
     ]
 
 
@@ -41,9 +49,22 @@ def print_advice(document: dict[str, Any], *, as_json: bool) -> None:
         print_json(document)
         return
     front = document["front"]
-    title = (f"Pareto front for {document['model']}: cost vs time per epoch of {document['epoch_samples']:,} samples "
-             f"({document['offers']})")
-    columns = ["#", "cluster", "GPUs", "$/h", "time/epoch", "range (±1σ)", "$/epoch", "samples/s", "sync", "note"]
+    title = (
+        f"Pareto front for {document['model']}: cost vs time per epoch of {document['epoch_samples']:,} samples "
+        f"({document['offers']})"
+    )
+    columns = [
+        "#",
+        "cluster",
+        "GPUs",
+        "$/h",
+        "time/epoch",
+        "range (±1σ)",
+        "$/epoch",
+        "samples/s",
+        "sync",
+        "note",
+    ]
     print_table(title, columns, [_row(p) for p in front])
     for point in front:
         echo(f"#{point['rank']}: {point['plan_command']}")
@@ -60,5 +81,7 @@ def print_advice(document: dict[str, Any], *, as_json: bool) -> None:
             echo(f"  {entry['cluster']}: {entry['reason']}")
         if len(rejected) > MAX_REJECTED_LINES:
             echo(f"  ... {len(rejected) - MAX_REJECTED_LINES} more (--json lists each)")
-    echo(f"candidates {document['candidates']:,}, planned {document['evaluated']:,} ({document['pruned']:,} ruled out "
-         f"by their bound), front {len(front)}, in {document['seconds']:.1f} s")
+    echo(
+        f"candidates {document['candidates']:,}, planned {document['evaluated']:,} ({document['pruned']:,} ruled out "
+        f"by their bound), front {len(front)}, in {document['seconds']:.1f} s"
+    )

@@ -22,6 +22,7 @@ from planner.probing.node_entry import SCHEMA, DeviceEntry, DevicesDocument, Nod
 # the selection shown when --select is not given: "which GPU would -1 pick"
 DEFAULT_SELECT = "-1"
 
+
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "devices",
@@ -58,8 +59,11 @@ def add_parser(subparsers: Any) -> None:
         metavar="F",
         help=f"only GPUs at most this busy (0..1, default {DEFAULT_MAX_UTILIZATION_FRACTION}, as plan)",
     )
-    p.add_argument("--no-ray", action="store_true", help="with --cluster: read the simulated nodes in this process, "
-                   "no Ray")
+    p.add_argument(
+        "--no-ray",
+        action="store_true",
+        help="with --cluster: read the simulated nodes in this process, no Ray",
+    )
     p.add_argument("--json", action="store_true", help=f"print JSON ({SCHEMA}) instead of a table")
     p.set_defaults(func=run)
 
@@ -143,12 +147,18 @@ def _host_line(node: NodeEntry) -> str:
     if host is None:  # its probe failed: the reason is its warning
         return f"{node.name}: host unknown"
     cpus = "CPU count unknown" if host.cpu_count is None else f"{host.cpu_count} CPUs"
-    memory = "memory unknown" if host.memory_total_bytes is None else f"{format_gib(host.memory_total_bytes)} GiB memory"
+    memory = (
+        "memory unknown"
+        if host.memory_total_bytes is None
+        else f"{format_gib(host.memory_total_bytes)} GiB memory"
+    )
     line = f"{node.name}: {host.cpu}, {cpus}, {memory}"
     driver = node.driver
     if driver:
-        line += (f"; NVIDIA driver {driver.get('driver_version') or '?'}, "
-                 f"CUDA {driver.get('cuda_driver_version') or '?'}")
+        line += (
+            f"; NVIDIA driver {driver.get('driver_version') or '?'}, "
+            f"CUDA {driver.get('cuda_driver_version') or '?'}"
+        )
     return line
 
 
@@ -198,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
         from planner.probing.backends import LocalBackend
 
         inventories, _ = LocalBackend(load_cluster(args.cluster)).inventories(
-            args.select, args.min_memory_fraction, args.max_utilization)
+            args.select, args.min_memory_fraction, args.max_utilization
+        )
         nodes = [node_entry(inventory) for inventory in inventories]
     elif args.cluster or args.address:
         from planner.cli.stdout_guard import stdout_to_stderr

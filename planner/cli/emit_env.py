@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 def add_node_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--node", metavar="NAME", help="with --emit env: the node whose environment to print")
-    group.add_argument("--node-rank", type=int, metavar="N", help="with --emit env: the node, by its node rank")
+    group.add_argument(
+        "--node-rank", type=int, metavar="N", help="with --emit env: the node, by its node rank"
+    )
 
 
 def check_node_options(args: argparse.Namespace) -> None:

@@ -69,7 +69,9 @@ class _ArgumentParser(argparse.ArgumentParser):
         if extras and commands:  # the top-level parser: the unknown words belong to the command given
             command = commands.get(getattr(parsed, "command", None) or "")
             if command is not None:
-                command.error(f"unrecognized arguments: {' '.join(extras)}", hint=_did_you_mean(extras, command))
+                command.error(
+                    f"unrecognized arguments: {' '.join(extras)}", hint=_did_you_mean(extras, command)
+                )
         return parsed, extras
 
     def _commands(self) -> dict[str, argparse.ArgumentParser]:
@@ -115,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_parser(sub)
     for command_parser in sub.choices.values():
         # also after the command (`batchplan plan --debug`); SUPPRESS keeps a --debug given before it
-        command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                                    help="show tracebacks and debug logs")
+        command_parser.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and debug logs"
+        )
     return parser
 
 
@@ -158,9 +161,11 @@ def _interrupted(exc: KeyboardInterrupt, args: argparse.Namespace, as_json: bool
     if args.debug:
         traceback.print_exc()
     if raised_by_code(exc):  # no signal came: the model's code raised it (a factory), not the user
-        message = printable(f"the code run for the model raised {type(exc).__name__}({str(exc)[:200]!r}) with "
-                            f"no Ctrl-C or signal (model {getattr(args, 'model', None)!r}: its factory must "
-                            "return the model); everything this run started was stopped")
+        message = printable(
+            f"the code run for the model raised {type(exc).__name__}({str(exc)[:200]!r}) with "
+            f"no Ctrl-C or signal (model {getattr(args, 'model', None)!r}: its factory must "
+            "return the model); everything this run started was stopped"
+        )
         sys.stderr.write(f"error: {message}\n")
         if as_json:
             print_error_document(args.command, message, 2)
@@ -213,16 +218,22 @@ def _main(argv: list[str] | None) -> int:
         if as_json:
             print_error_document(args.command, message, exc.exit_code)
         return exc.exit_code
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (planner.cli.signals): everything started is stopped
+    except (
+        KeyboardInterrupt
+    ) as exc:  # Ctrl-C, or SIGTERM (planner.cli.signals): everything started is stopped
         return _interrupted(exc, args, as_json, own_process=argv is None)  # argv None: the console script
     except BrokenPipeError:
-        if not stdout_closed_by_reader():  # not the result's reader: a pipe of ours broke, the run did not finish
+        if (
+            not stdout_closed_by_reader()
+        ):  # not the result's reader: a pipe of ours broke, the run did not finish
             raise
         # `batchplan plan | head`: the reader of the result went away after the files were written; what is
         # still buffered goes nowhere (not an "Exception ignored" at interpreter exit)
         _silence_stdout()
         return 0
-    except Exception as exc:  # a bug of ours: its traceback follows, and a --json reader still gets a document
+    except (
+        Exception
+    ) as exc:  # a bug of ours: its traceback follows, and a --json reader still gets a document
         if as_json:
             print_error_document(args.command, f"internal error: {type(exc).__name__}: {exc}", 1)
         raise
@@ -240,7 +251,9 @@ class _PrintableFormatter(logging.Formatter):
 
 def _configure_logging(debug: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s" if debug else "%(message)s"))
+    handler.setFormatter(
+        _PrintableFormatter("%(levelname)s %(name)s: %(message)s" if debug else "%(message)s")
+    )
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO, handlers=[handler])
 
 
@@ -261,13 +274,21 @@ def _leave_without_stray_threads(code: int) -> None:
     result was printed: where one is left, say so and exit now, the result being decided."""
     import threading
 
-    stray = [t.name for t in threading.enumerate()
-             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    stray = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
     if stray:
         shown = ", ".join(stray[:4]) + (", ..." if len(stray) > 4 else "")
         if sys.stderr is not None:
-            sys.stderr.write(printable(f"note: {len(stray)} thread(s) still running ({shown}) would keep batchplan "
-                                       "alive after its result: exiting without waiting for them") + "\n")
+            sys.stderr.write(
+                printable(
+                    f"note: {len(stray)} thread(s) still running ({shown}) would keep batchplan "
+                    "alive after its result: exiting without waiting for them"
+                )
+                + "\n"
+            )
         _exit_now(code)
 
 

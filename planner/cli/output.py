@@ -55,10 +55,15 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         return
     # column by column, in C (a 65,536-rank plan is a table of 65,536 rows); as many columns as the shortest row
     count = min(len(columns), *map(len, cells)) if cells else len(columns)
-    widths = [max(len(columns[i]), max(map(len, map(operator.itemgetter(i), cells)), default=0)) for i in range(count)]
+    widths = [
+        max(len(columns[i]), max(map(len, map(operator.itemgetter(i), cells)), default=0))
+        for i in range(count)
+    ]
     lines = [title] if title else []
-    line = "  ".join(f"{{:<{w}}}" for w in widths).format  # one format call a row: 65,536 rows in well under a second
-    lines.extend(line(*row[:len(widths)]).rstrip() for row in [list(columns), *cells])
+    line = "  ".join(
+        f"{{:<{w}}}" for w in widths
+    ).format  # one format call a row: 65,536 rows in well under a second
+    lines.extend(line(*row[: len(widths)]).rstrip() for row in [list(columns), *cells])
     sys.stdout.write("\n".join(lines) + "\n")
 
 
@@ -83,18 +88,25 @@ def check_writable(flag: str, value: str) -> None:
         for parent in path.parents:
             if parent.exists():
                 if not parent.is_dir():
-                    raise ConfigError(f"{flag} {value}: {parent} is a file, not a directory (choose another path)")
+                    raise ConfigError(
+                        f"{flag} {value}: {parent} is a file, not a directory (choose another path)"
+                    )
                 break
         limit = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
     except OSError as exc:  # ENAMETOOLONG for a path over PATH_MAX, EACCES on a parent
-        raise ConfigError(f"{flag} {value[:80]}...: {exc.strerror or exc} (choose a shorter or reachable path)") \
-            from None
+        raise ConfigError(
+            f"{flag} {value[:80]}...: {exc.strerror or exc} (choose a shorter or reachable path)"
+        ) from None
     # the file is written to a temporary name beside it first (planner.files): ".NAME.XXXXXXXX.tmp"
     extra = len("..12345678.tmp")
     name_bytes = len(path.name.encode("utf-8", "surrogateescape"))
-    if name_bytes + extra > limit or any(len(p.encode("utf-8", "surrogateescape")) > limit for p in path.parts):
-        raise ConfigError(f"{flag} names a file of {name_bytes} bytes, over what the file system holds ({limit} bytes "
-                          f"a name, less the {extra} a temporary name adds): choose a shorter name")
+    if name_bytes + extra > limit or any(
+        len(p.encode("utf-8", "surrogateescape")) > limit for p in path.parts
+    ):
+        raise ConfigError(
+            f"{flag} names a file of {name_bytes} bytes, over what the file system holds ({limit} bytes "
+            f"a name, less the {extra} a temporary name adds): choose a shorter name"
+        )
 
 
 def _existing_parent(path: Path) -> str:

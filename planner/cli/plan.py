@@ -27,12 +27,18 @@ def add_parser(subparsers) -> None:
 def add_output_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
-    g.add_argument("-o", "--output", default="plan.json", help="where to write plan.json (default ./plan.json)")
+    g.add_argument(
+        "-o", "--output", default="plan.json", help="where to write plan.json (default ./plan.json)"
+    )
     g.add_argument("--no-write", action="store_true", help="do not write plan.json")
     g.add_argument("--plot", metavar="FILE.png", help="draw the plan (needs the plot extra: matplotlib)")
-    g.add_argument("--emit", choices=EMIT_FORMS, default="table",
-                   help="env: print one node's environment as export lines (choose it with --node or --node-rank); "
-                   "slurm: the srun line that starts torchrun on every node of a SLURM job")
+    g.add_argument(
+        "--emit",
+        choices=EMIT_FORMS,
+        default="table",
+        help="env: print one node's environment as export lines (choose it with --node or --node-rank); "
+        "slurm: the srun line that starts torchrun on every node of a SLURM job",
+    )
     add_node_options(g)
 
 
@@ -55,8 +61,10 @@ def emit(plan: Plan, args: argparse.Namespace) -> None:
         write_plan(plan, getattr(args, "output_path", None) or args.output)
         note(f"wrote {args.output}")  # as the user spelt it (the file is the absolute path main resolved)
     else:
-        note(f"plan not written (--no-write): the launch lines name {args.output}, which this run did not write "
-             f"(drop --no-write, or write it later from the same flags)")
+        note(
+            f"plan not written (--no-write): the launch lines name {args.output}, which this run did not write "
+            f"(drop --no-write, or write it later from the same flags)"
+        )
     if args.plot:
         from planner.cli.plot import plot_plan
 

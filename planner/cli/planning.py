@@ -67,7 +67,9 @@ def _check_node_choice(args: argparse.Namespace, cluster: ClusterSpec | None) ->
     if args.node is None and args.node_rank is None:
         from planner.cli.emit_env import selected_node_rank
 
-        selected_node_rank(cluster, None, None)  # reads only .nodes[].name, which a cluster has too: raises, naming them
+        selected_node_rank(
+            cluster, None, None
+        )  # reads only .nodes[].name, which a cluster has too: raises, naming them
 
 
 def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bool = False) -> PlanOutcome:
@@ -82,9 +84,13 @@ def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bo
     # stdout carries only the result, printed after this: Ray's "(raylet) ..." lines go to stderr
     with stdout_to_stderr(), progress_sink() as on_event:
         if slurm is not None:  # SLURM said what each node has: planned here, no Ray
-            return plan_without_ray(job, slurm, options=options, on_event=on_event, allow_infeasible=allow_infeasible)
+            return plan_without_ray(
+                job, slurm, options=options, on_event=on_event, allow_infeasible=allow_infeasible
+            )
         if cluster is not None and args.no_ray:
-            return plan_without_ray(job, cluster, options=options, on_event=on_event, allow_infeasible=allow_infeasible)
+            return plan_without_ray(
+                job, cluster, options=options, on_event=on_event, allow_infeasible=allow_infeasible
+            )
         try:
             return plan_with_ray(
                 job,
@@ -99,6 +105,8 @@ def run_planning(args: argparse.Namespace, job: JobSpec, *, allow_infeasible: bo
             if cluster is not None or args.address is not None:
                 raise
             # nothing was named: this machine (or a Ray cluster found here) was planned, and it has no GPU
-            raise NoGpuError("no usable GPU to plan on: none found on this machine nor in a Ray cluster running here (try "
-                             "a simulated cluster, --cluster demo-mixed; or join a GPU cluster with --address "
-                             "HOST:6379; `batchplan devices` lists what is here)") from exc
+            raise NoGpuError(
+                "no usable GPU to plan on: none found on this machine nor in a Ray cluster running here (try "
+                "a simulated cluster, --cluster demo-mixed; or join a GPU cluster with --address "
+                "HOST:6379; `batchplan devices` lists what is here)"
+            ) from exc

@@ -32,12 +32,16 @@ def add_parser(subparsers) -> None:
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--gpu", metavar="TYPE", help="catalog GPU type, e.g. T4 or A100-SXM4-80GB")
-    where.add_argument("--device", metavar="SPEC", help="local CUDA device: 0, cuda:1, or -1 for the most idle")
+    where.add_argument(
+        "--device", metavar="SPEC", help="local CUDA device: 0, cuda:1, or -1 for the most idle"
+    )
     add_job_options(p, planning=False)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the memory curve (needs matplotlib)")
     p.add_argument("--cluster", metavar="FILE", help="cluster config whose gpu_types extend the catalog")
-    p.add_argument("--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles, as plan)")
+    p.add_argument(
+        "--cache-dir", help="profile cache directory (default ~/.cache/batchplan/profiles, as plan)"
+    )
     p.add_argument("--no-cache", action="store_true", help="do not read or write the profile cache")
     add_verify_cache_flag(p)
     p.set_defaults(func=run)
@@ -75,14 +79,21 @@ def run(args: argparse.Namespace) -> int:
     from planner.cli.stdout_guard import stdout_to_stderr
 
     with stdout_to_stderr():  # what the user's factory prints is not the result (profile --json)
-        announce_user_code(job, where="here")  # the module imported and the factory run, said before (as plan does)
+        announce_user_code(
+            job, where="here"
+        )  # the module imported and the factory run, said before (as plan does)
         result, profile = _gather(args, job)
     if args.plot:
         from planner.cli.plot import plot_profile
 
-        path = plot_profile(profile, budget_bytes=result["memory_budget_bytes"],
-                            total_bytes=result["total_memory_bytes"], chosen_batch=result["chosen_batch"], path=args.plot,
-                            model=job.model)
+        path = plot_profile(
+            profile,
+            budget_bytes=result["memory_budget_bytes"],
+            total_bytes=result["total_memory_bytes"],
+            chosen_batch=result["chosen_batch"],
+            path=args.plot,
+            model=job.model,
+        )
         note(f"wrote {path}")
     if args.json:
         print_json(result)
@@ -104,10 +115,14 @@ def _obtained_profile(args: argparse.Namespace, request) -> DeviceProfile:
         note(f"{'estimating' if estimating else 'measuring'} {job.model} on {gpu.name}")
         return make_profile(job, gpu, method=request.method, device_index=request.device_index)
 
-    result = obtain_profile(request, make, cache=cache, identity=job_fingerprint(job), verify=args.verify_cache)
+    result = obtain_profile(
+        request, make, cache=cache, identity=job_fingerprint(job), verify=args.verify_cache
+    )
     assert result is not None  # make raises rather than giving none
     if result.origin is not ProfileOrigin.MADE:
-        note(f"profile of {job.model} on {gpu.name} ({result.profile.method}) from the cache {cache.path_for(result.key)}")
+        note(
+            f"profile of {job.model} on {gpu.name} ({result.profile.method}) from the cache {cache.path_for(result.key)}"
+        )
     for line in result.notes:
         note(render_fields(line, flag_of))
     return result.profile
@@ -124,7 +139,9 @@ def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile
     device_index = None
     if args.gpu is not None:
         if job.method == "measure":
-            raise ConfigError("--method measure needs a local GPU: use --device, or --method estimate with --gpu")
+            raise ConfigError(
+                "--method measure needs a local GPU: use --device, or --method estimate with --gpu"
+            )
         gpu = catalog.get(args.gpu)
         total_bytes = free_bytes = gpu.memory_bytes
         method = Method.ESTIMATE
@@ -134,7 +151,9 @@ def _gather(args: argparse.Namespace, job: JobSpec) -> tuple[dict, DeviceProfile
         if gpu is None:
             raise ConfigError(f"local GPU '{name}' is not in the GPU catalog ({ADD_GPU_TYPE_FIX})")
         method = job.method
-    profile = _obtained_profile(args, ProfileRequest(job=job, gpu=gpu, method=method, device_index=device_index))
+    profile = _obtained_profile(
+        args, ProfileRequest(job=job, gpu=gpu, method=method, device_index=device_index)
+    )
     budget = job.memory_budget_bytes(free_bytes)
     chosen = profile.max_batch(budget, job.multiple_of)
     result = {
@@ -163,16 +182,25 @@ def _render(job: JobSpec, result: dict, profile: DeviceProfile) -> None:
     print_table(
         "probe points",
         ["batch", "memory GiB", "step ms"],
-        [[b, format_gib(v, 3), f"{time_at[b] * 1000:.1f}" if b in time_at else "-"] for b, v in profile.memory_points],
+        [
+            [b, format_gib(v, 3), f"{time_at[b] * 1000:.1f}" if b in time_at else "-"]
+            for b, v in profile.memory_points
+        ],
     )
     if fit["kind"] == "affine":
-        echo(f"memory fit: {format_gib(fit['intercept_bytes'], 3)} GiB + {fit['bytes_per_sample'] / 2**20:.2f} MiB × batch")
+        echo(
+            f"memory fit: {format_gib(fit['intercept_bytes'], 3)} GiB + {fit['bytes_per_sample'] / 2**20:.2f} MiB × batch"
+        )
     else:
         echo(f"memory fit (log-log): exponent {fit['log_slope']:.3f}")
     echo(
         f"step time fit: {profile.time_fit.intercept_s * 1000:.2f} ms + "
         f"{profile.time_fit.s_per_sample * 1000:.3f} ms × batch"
-        + (f", ±{math.exp(profile.time_log_sigma) - 1:.0%} (time model: {profile.time_model})" if profile.time_log_sigma else "")
+        + (
+            f", ±{math.exp(profile.time_log_sigma) - 1:.0%} (time model: {profile.time_model})"
+            if profile.time_log_sigma
+            else ""
+        )
     )
     if chosen:
         echo(
@@ -182,7 +210,9 @@ def _render(job: JobSpec, result: dict, profile: DeviceProfile) -> None:
             f"{result['throughput_samples_per_s']:.0f} samples/s"
         )
     else:
-        echo(f"not even {job.multiple_of} sample(s) fit the {format_gib(budget, 2)} GiB budget on {result['gpu']}")
+        echo(
+            f"not even {job.multiple_of} sample(s) fit the {format_gib(budget, 2)} GiB budget on {result['gpu']}"
+        )
     if profile.breakdown_bytes:
         print_table(
             "memory by category at the largest probe (allocated, before CUDA overheads)",

@@ -27,10 +27,23 @@ _LABELS: dict[tuple[str, ...], str] = {
 
 
 def describe(event: Event) -> str:
-    template = _LABELS.get((event.stage, event.status, event.detail.get("method")),
-                           _LABELS.get((event.stage, event.status), "{stage} {status} {item}"))
-    values = {"stage": event.stage, "status": event.status, "item": event.item, "node": "?", "method": "?",
-              "reason": "?", "raylets": "?", "nodes": "?", "failed": "?", "message": "", **event.detail}
+    template = _LABELS.get(
+        (event.stage, event.status, event.detail.get("method")),
+        _LABELS.get((event.stage, event.status), "{stage} {status} {item}"),
+    )
+    values = {
+        "stage": event.stage,
+        "status": event.status,
+        "item": event.item,
+        "node": "?",
+        "method": "?",
+        "reason": "?",
+        "raylets": "?",
+        "nodes": "?",
+        "failed": "?",
+        "message": "",
+        **event.detail,
+    }
     return template.format(**values)
 
 
@@ -44,8 +57,11 @@ def progress_sink() -> Iterator[EventSink]:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-        console=Console(stderr=True), transient=True,
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
     ) as progress:
         task = progress.add_task("starting", total=None)
 

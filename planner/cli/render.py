@@ -32,7 +32,10 @@ def render_plan(plan: Plan) -> None:
     if sync_line:
         echo(sync_line)
     if plan.alternatives:
-        echo("throughput by mode (samples/s): " + ", ".join(f"{k} {v:.0f}" for k, v in plan.alternatives.items()))
+        echo(
+            "throughput by mode (samples/s): "
+            + ", ".join(f"{k} {v:.0f}" for k, v in plan.alternatives.items())
+        )
     echo()
     echo("launch (one line per node):")
     for node in plan.nodes:
@@ -47,19 +50,46 @@ def _print_rank_table(plan: Plan) -> None:
     tails: dict[tuple, list[str]] = {}
 
     def tail(r) -> list[str]:
-        key = (r.gpu, r.batch, r.max_batch, r.predicted_memory_bytes, r.memory_budget_bytes, r.total_memory_bytes,
-               r.predicted_step_time_s, r.idle_fraction, r.loss_weight)
+        key = (
+            r.gpu,
+            r.batch,
+            r.max_batch,
+            r.predicted_memory_bytes,
+            r.memory_budget_bytes,
+            r.total_memory_bytes,
+            r.predicted_step_time_s,
+            r.idle_fraction,
+            r.loss_weight,
+        )
         if key not in tails:
             memory = "/".join(format_gib(b) for b in key[3:6])
-            tails[key] = [r.gpu, str(r.batch), str(r.max_batch), memory, format_ms(r.predicted_step_time_s),
-                          f"{(r.idle_fraction or 0.0) * 100:.0f}%", f"{r.loss_weight:.4f}"]
+            tails[key] = [
+                r.gpu,
+                str(r.batch),
+                str(r.max_batch),
+                memory,
+                format_ms(r.predicted_step_time_s),
+                f"{(r.idle_fraction or 0.0) * 100:.0f}%",
+                f"{r.loss_weight:.4f}",
+            ]
         return tails[key]
 
     rows = [[str(r.rank), r.node, str(r.local_rank), str(r.device_index), *tail(r)] for r in plan.ranks]
     print_table(
         None,
-        ["rank", "node", "local", "gpu#", "type", "batch", "cap", "mem GiB pred/budget/total", "step ms", "idle",
-         "loss w"],
+        [
+            "rank",
+            "node",
+            "local",
+            "gpu#",
+            "type",
+            "batch",
+            "cap",
+            "mem GiB pred/budget/total",
+            "step ms",
+            "idle",
+            "loss w",
+        ],
         rows,
     )
 

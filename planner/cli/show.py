@@ -9,12 +9,18 @@ from planner.cli.render import EMIT_FORMS, print_plan
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("show", help="show a saved plan.json", description="Validate and show a plan.json.")
+    p = subparsers.add_parser(
+        "show", help="show a saved plan.json", description="Validate and show a plan.json."
+    )
     p.add_argument("plan", help="path of plan.json")
     p.add_argument("--json", action="store_true", help="print the validated plan as JSON")
-    p.add_argument("--emit", choices=EMIT_FORMS, default="table",
-                   help="env: one node's environment as export lines (choose it with --node or --node-rank); "
-                   "slurm: the srun line that starts torchrun on every node of a SLURM job")
+    p.add_argument(
+        "--emit",
+        choices=EMIT_FORMS,
+        default="table",
+        help="env: one node's environment as export lines (choose it with --node or --node-rank); "
+        "slurm: the srun line that starts torchrun on every node of a SLURM job",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="draw the plan (needs the plot extra: matplotlib)")
     add_node_options(p)
     p.set_defaults(func=run)

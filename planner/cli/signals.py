@@ -70,8 +70,9 @@ def _deliver_again(unraisable: object) -> None:
         if exc.signum == signal.SIGTERM:
             signal.signal(signal.SIGTERM, _raise_terminated)  # its handler had set SIG_IGN before raising
         hook_done = threading.Event()
-        threading.Thread(target=_send_when_set, args=(hook_done, exc.signum), name="batchplan-signal-again",
-                         daemon=True).start()
+        threading.Thread(
+            target=_send_when_set, args=(hook_done, exc.signum), name="batchplan-signal-again", daemon=True
+        ).start()
         hook_done.set()  # the thread (which needs the GIL this thread holds) sends it from here on
         return
     _deliver_again.previous(unraisable)  # type: ignore[attr-defined]
@@ -95,5 +96,7 @@ def raised_by_code(exc: KeyboardInterrupt) -> bool:
 def exit_code_and_line(exc: KeyboardInterrupt) -> tuple[int, str]:
     """What ``main`` prints and returns for an interrupt: Ctrl-C or a Terminated signal."""
     signum = getattr(exc, "signum", None) or (_received[0] if _received else signal.SIGINT)
-    what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+    what = (
+        "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+    )
     return 128 + signum, f"error: {what}; everything this run started was stopped (run it again to plan)"

@@ -56,8 +56,13 @@ def field_docstrings(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for here, after in zip(body, body[1:], strict=False):
-        if (isinstance(here, ast.AnnAssign) and isinstance(here.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+        if (
+            isinstance(here, ast.AnnAssign)
+            and isinstance(here.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             text = " ".join(after.value.value.split())
             docs[here.target.id] = re.sub(r"``([^`]*)``", r"\1", text)
     return docs
@@ -132,15 +137,27 @@ def add_spec_flags(
         options = {"type": str} if form.parse is not None else _argparse_options(hints[name], default)
         reason = refuse(form)
         if reason is not None:
-            target.add_argument(flag_name(name, forms), dest=name, default=default, action=_Refused, reason=reason,
-                                help=argparse.SUPPRESS)
+            target.add_argument(
+                flag_name(name, forms),
+                dest=name,
+                default=default,
+                action=_Refused,
+                reason=reason,
+                help=argparse.SUPPRESS,
+            )
             continue
         is_required = (required or {}).get(name, form.required)
         flag = flag_name(name, forms)
         if options.get("action") is None and "choices" not in options:
             options["metavar"] = form.metavar or flag.removeprefix("--").replace("-", "_").upper()
-        target.add_argument(flag, dest=name, default=default, required=is_required,
-                            help=_help(cls, name, form, default), **options)
+        target.add_argument(
+            flag,
+            dest=name,
+            default=default,
+            required=is_required,
+            help=_help(cls, name, form, default),
+            **options,
+        )
 
 
 def spec_from_args(cls: type, forms: Mapping[str, FlagForm], args: argparse.Namespace) -> Any:

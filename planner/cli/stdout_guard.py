@@ -47,13 +47,18 @@ def unusable_stdout() -> str | None:
     encoding cannot write every character (``PYTHONIOENCODING=latin-1``: the tables' ×, σ, ±) writes an escape
     for it instead of failing; so does stderr."""
     stream = sys.stdout
-    closed = ("stdout is closed: batchplan prints its result there (redirect it, e.g. > plan.txt or > /dev/null, "
-              "rather than closing it)")
+    closed = (
+        "stdout is closed: batchplan prints its result there (redirect it, e.g. > plan.txt or > /dev/null, "
+        "rather than closing it)"
+    )
     if stream is None or getattr(stream, "closed", False):
         return closed
     try:
         descriptor = stream.fileno()
-    except (io.UnsupportedOperation, AttributeError):  # a stream without a descriptor (a test's): usable as it is
+    except (
+        io.UnsupportedOperation,
+        AttributeError,
+    ):  # a stream without a descriptor (a test's): usable as it is
         descriptor = None
     except (OSError, ValueError):
         return closed

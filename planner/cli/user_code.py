@@ -27,7 +27,7 @@ def library_model_summary(job: JobSpec) -> str | None:
     """One sentence saying a job's model comes from a model library (``timm:convnext_tiny``), or None."""
     for prefix, builder in LIBRARY_BUILDERS.items():
         if job.model.startswith(prefix):
-            name = job.model[len(prefix):]
+            name = job.model[len(prefix) :]
             return f"library model: {job.model}, built with {builder.format(name=name)} (nothing downloaded)"
     return None
 

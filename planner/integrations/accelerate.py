@@ -67,17 +67,22 @@ _REFUSED_SETUPS = ("DEEPSPEED", "FSDP", "MEGATRON_LM", "XLA")
 def launch_of(accelerator: Any) -> RankLaunch:
     """This process's numbers as Accelerate sees them (the node from torchrun's ``GROUP_RANK`` where set)."""
     group_rank = os.environ.get("GROUP_RANK")
-    return RankLaunch(rank=accelerator.process_index, world_size=accelerator.num_processes,
-                      local_rank=accelerator.local_process_index,
-                      node_rank=int(group_rank) if group_rank not in (None, "") else None)
+    return RankLaunch(
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        local_rank=accelerator.local_process_index,
+        node_rank=int(group_rank) if group_rank not in (None, "") else None,
+    )
 
 
 def check_setup(accelerator: Any, who: str) -> None:
     """Refuse an Accelerate set-up that is not data-parallel DDP, in one line naming it."""
     kind = getattr(accelerator.distributed_type, "name", str(accelerator.distributed_type))
     if kind in _REFUSED_SETUPS:
-        raise ConfigError(f"{who}: batchplan plans DDP (a replicated model, gradients averaged over ranks), but this "
-                          f"run uses {kind}: train with plain DDP, or without batchplan's planned batches")
+        raise ConfigError(
+            f"{who}: batchplan plans DDP (a replicated model, gradients averaged over ranks), but this "
+            f"run uses {kind}: train with plain DDP, or without batchplan's planned batches"
+        )
 
 
 def set_accumulation(accelerator: Any, steps: int) -> None:
@@ -86,8 +91,10 @@ def set_accumulation(accelerator: Any, steps: int) -> None:
     try:
         accelerator.gradient_accumulation_steps = steps
     except AttributeError:
-        raise ConfigError(f"this Accelerate cannot change gradient_accumulation_steps after Accelerator() is built: "
-                          f"build it with Accelerator(gradient_accumulation_steps={steps}) (the plan's)") from None
+        raise ConfigError(
+            f"this Accelerate cannot change gradient_accumulation_steps after Accelerator() is built: "
+            f"build it with Accelerator(gradient_accumulation_steps={steps}) (the plan's)"
+        ) from None
 
 
 def device_loader(accelerator: Any, loader: DataLoader) -> DataLoader:
@@ -95,8 +102,12 @@ def device_loader(accelerator: Any, loader: DataLoader) -> DataLoader:
     moved there, as ``accelerator.prepare`` would), never re-sharded, and registered with the accelerator."""
     check_setup(accelerator, _INTEGRATION)
     placement = bool(getattr(accelerator, "device_placement", True))
-    options: dict[str, Any] = {"num_processes": 1, "process_index": 0, "put_on_device": placement,
-                               "rng_types": list(getattr(accelerator, "rng_types", None) or []) or None}
+    options: dict[str, Any] = {
+        "num_processes": 1,
+        "process_index": 0,
+        "put_on_device": placement,
+        "rng_types": list(getattr(accelerator, "rng_types", None) or []) or None,
+    }
     accepted = inspect.signature(prepare_data_loader).parameters
     for name in ("non_blocking", "use_stateful_dataloader"):
         if name in accepted and hasattr(accelerator, name):
@@ -171,15 +182,22 @@ def prepare_planned(
     check_setup(accelerator, _INTEGRATION)
     for refused in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
         if refused in loader_options:
-            raise ConfigError(f"prepare_planned: DataLoader option {refused}= is the plan's to decide (the planned "
-                              "sampler gives every rank its batch); drop it")
+            raise ConfigError(
+                f"prepare_planned: DataLoader option {refused}= is the plan's to decide (the planned "
+                "sampler gives every rank its batch); drop it"
+            )
     reduction = LossReduction.parse(loss_reduction)
     run = PlannedRun(resolve_plan(plan, launch_of(accelerator), autobatch=autobatch), framework="Accelerate")
     wanted = run.accumulation(accelerator.gradient_accumulation_steps, "gradient_accumulation_steps")
     if wanted != accelerator.gradient_accumulation_steps:
         set_accumulation(accelerator, wanted)
-    run.set_rule(LossRule(reduction=reduction, declared=True,
-                          why=f"Accelerate passes the loop's loss through unchanged (loss_reduction={reduction.value!r})"))
+    run.set_rule(
+        LossRule(
+            reduction=reduction,
+            declared=True,
+            why=f"Accelerate passes the loop's loss through unchanged (loss_reduction={reduction.value!r})",
+        )
+    )
     sampler = run.make_sampler(len(dataset), seed=seed, shuffle=shuffle, drop_last=drop_last)
     loader = DataLoader(dataset, batch_sampler=sampler, **loader_options)
     return PlannedLoader(run, device_loader(accelerator, loader))

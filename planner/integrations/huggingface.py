@@ -102,9 +102,15 @@ class BatchPlanMixin:
             a DeepSpeed, FSDP or DataParallel set-up.
     """
 
-    def __init__(self, *args: Any, batchplan: PlanSource, rebalance: bool | Rebalance = False,
-                 loss_reduction: LossReduction | str = "auto", autobatch: Mapping[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        batchplan: PlanSource,
+        rebalance: bool | Rebalance = False,
+        loss_reduction: LossReduction | str = "auto",
+        autobatch: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._batchplan_declared = None if loss_reduction == "auto" else LossReduction.parse(loss_reduction)
         self._batchplan_rebalance = rebalance_options(rebalance)
         self._batchplan_weighting = False
@@ -114,18 +120,27 @@ class BatchPlanMixin:
         if training_args is None:
             training_args = kwargs["args"] = TrainingArguments(output_dir="tmp_trainer")
         group_rank = os.environ.get("GROUP_RANK")
-        launch = RankLaunch(rank=training_args.process_index, world_size=training_args.world_size,
-                            local_rank=training_args.local_process_index,
-                            node_rank=int(group_rank) if group_rank not in (None, "") else None)
-        self.batchplan = PlannedRun(resolve_plan(batchplan, launch, autobatch=autobatch),
-                                    framework="Hugging Face Trainer")
+        launch = RankLaunch(
+            rank=training_args.process_index,
+            world_size=training_args.world_size,
+            local_rank=training_args.local_process_index,
+            node_rank=int(group_rank) if group_rank not in (None, "") else None,
+        )
+        self.batchplan = PlannedRun(
+            resolve_plan(batchplan, launch, autobatch=autobatch), framework="Hugging Face Trainer"
+        )
         """this rank's planned run: sampler, loss rule, re-balancer, ``summary()``"""
         plan = self.batchplan.rank_plan
         training_args.gradient_accumulation_steps = self.batchplan.accumulation(
-            training_args.gradient_accumulation_steps, "gradient_accumulation_steps")
+            training_args.gradient_accumulation_steps, "gradient_accumulation_steps"
+        )
         if training_args.per_device_train_batch_size != plan.batch:
-            log.info("batchplan: per_device_train_batch_size=%d is not used: rank %d takes its planned batch %d",
-                     training_args.per_device_train_batch_size, plan.rank, plan.batch)
+            log.info(
+                "batchplan: per_device_train_batch_size=%d is not used: rank %d takes its planned batch %d",
+                training_args.per_device_train_batch_size,
+                plan.rank,
+                plan.batch,
+            )
         super().__init__(*args, **kwargs)
         self._batchplan_check_setup()
         self.add_callback(_StepBoundary(self.batchplan))
@@ -133,11 +148,15 @@ class BatchPlanMixin:
     def _batchplan_check_setup(self) -> None:
         for flag, name in (("is_deepspeed_enabled", "DeepSpeed"), ("is_fsdp_enabled", "FSDP")):
             if getattr(self, flag, False):
-                raise ConfigError(f"BatchPlanTrainer: batchplan plans DDP (a replicated model, gradients averaged over "
-                                  f"ranks), but this Trainer uses {name}: train with DDP, or without batchplan")
+                raise ConfigError(
+                    f"BatchPlanTrainer: batchplan plans DDP (a replicated model, gradients averaged over "
+                    f"ranks), but this Trainer uses {name}: train with DDP, or without batchplan"
+                )
         if self.args.n_gpu > 1:
-            raise ConfigError(f"BatchPlanTrainer: this process drives {self.args.n_gpu} GPUs with DataParallel; launch "
-                              "one process per GPU (torchrun, accelerate launch) as the plan's ranks")
+            raise ConfigError(
+                f"BatchPlanTrainer: this process drives {self.args.n_gpu} GPUs with DataParallel; launch "
+                "one process per GPU (torchrun, accelerate launch) as the plan's ranks"
+            )
 
     # ------------------------------------------------------------------------------- the train loader
 
@@ -148,15 +167,22 @@ class BatchPlanMixin:
         if self.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
         if isinstance(self.train_dataset, IterableDataset):
-            raise ConfigError("BatchPlanTrainer: the planned sampler indexes the training set; an IterableDataset has "
-                              "no indices (give a map-style dataset)")
+            raise ConfigError(
+                "BatchPlanTrainer: the planned sampler indexes the training set; an IterableDataset has "
+                "no indices (give a map-style dataset)"
+            )
         dataset, collator = self._batchplan_dataset()
         seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        sampler = self.batchplan.make_sampler(len(dataset), seed=seed, drop_last=self.args.dataloader_drop_last)
+        sampler = self.batchplan.make_sampler(
+            len(dataset), seed=seed, drop_last=self.args.dataloader_drop_last
+        )
         if self.batchplan.rule is None:
             self._batchplan_decide_rule(dataset, collator)
-        options: dict[str, Any] = {"collate_fn": collator, "num_workers": self.args.dataloader_num_workers,
-                                   "pin_memory": self.args.dataloader_pin_memory}
+        options: dict[str, Any] = {
+            "collate_fn": collator,
+            "num_workers": self.args.dataloader_num_workers,
+            "pin_memory": self.args.dataloader_pin_memory,
+        }
         if self.args.dataloader_num_workers > 0:
             options["persistent_workers"] = self.args.dataloader_persistent_workers
             if self.args.dataloader_prefetch_factor is not None:
@@ -199,9 +225,12 @@ class BatchPlanMixin:
         reduction, why = self._batchplan_probe(inputs)
         self._batchplan_agree(reduction)
         if self._batchplan_declared is not None:
-            rule = LossRule(reduction=self._batchplan_declared, declared=True,
-                            why=f"loss_reduction={self._batchplan_declared.value!r} given (decided would be "
-                                f"{reduction.value}: {why})")
+            rule = LossRule(
+                reduction=self._batchplan_declared,
+                declared=True,
+                why=f"loss_reduction={self._batchplan_declared.value!r} given (decided would be "
+                f"{reduction.value}: {why})",
+            )
         else:
             rule = LossRule(reduction=reduction, why=why)
         self.batchplan.set_rule(rule)
@@ -211,39 +240,52 @@ class BatchPlanMixin:
         Trainer sums over all ranks, else ``mean``; may set ``model_accepts_loss_kwargs`` (module docstring)."""
         takes_count = (
             (self.model_accepts_loss_kwargs or self.compute_loss_func is not None)
-            and isinstance(inputs, Mapping) and "labels" in inputs
+            and isinstance(inputs, Mapping)
+            and "labels" in inputs
             and "num_items_in_batch" in inspect.signature(Trainer.compute_loss).parameters
         )
         if not takes_count:
             self._batchplan_check_accumulation_scaling()
-            return LossReduction.MEAN, ("the Trainer gives this loss no label count (the model's forward takes no "
-                                        "**kwargs, or the batch has no labels): the model's mean over the rank's "
-                                        "samples, divided by gradient_accumulation_steps")
+            return LossReduction.MEAN, (
+                "the Trainer gives this loss no label count (the model's forward takes no "
+                "**kwargs, or the batch has no labels): the model's mean over the rank's "
+                "samples, divided by gradient_accumulation_steps"
+            )
         losses = self._batchplan_probe_losses(inputs)
         ratio = losses[0] / losses[1] if losses[1] != 0 else math.nan
         halves = math.isclose(ratio, _PROBE_COUNTS[1] / _PROBE_COUNTS[0], rel_tol=_PROBE_REL_TOLERANCE)
         unchanged = math.isclose(ratio, 1.0, rel_tol=_PROBE_REL_TOLERANCE)
         if halves and getattr(self.args, "average_tokens_across_devices", False):
-            return LossReduction.GLOBAL_MEAN, ("the loss is divided by num_items_in_batch, which the Trainer sums "
-                                               "over all ranks (average_tokens_across_devices=True)")
+            return LossReduction.GLOBAL_MEAN, (
+                "the loss is divided by num_items_in_batch, which the Trainer sums "
+                "over all ranks (average_tokens_across_devices=True)"
+            )
         if halves:
-            return LossReduction.MEAN, ("the loss is divided by num_items_in_batch counted on this rank only "
-                                        "(average_tokens_across_devices is off): a mean over the rank's own items "
-                                        "(b_i·W/B is exact when every sample has as many labelled items)")
+            return LossReduction.MEAN, (
+                "the loss is divided by num_items_in_batch counted on this rank only "
+                "(average_tokens_across_devices is off): a mean over the rank's own items "
+                "(b_i·W/B is exact when every sample has as many labelled items)"
+            )
         if unchanged and self.compute_loss_func is not None:
-            raise ConfigError("BatchPlanTrainer: compute_loss_func ignores num_items_in_batch, so the Trainer would not "
-                              "divide it by gradient_accumulation_steps: divide by num_items_in_batch in it, or pass "
-                              "loss_reduction='mean' and drop compute_loss_func")
+            raise ConfigError(
+                "BatchPlanTrainer: compute_loss_func ignores num_items_in_batch, so the Trainer would not "
+                "divide it by gradient_accumulation_steps: divide by num_items_in_batch in it, or pass "
+                "loss_reduction='mean' and drop compute_loss_func"
+            )
         if unchanged:
             self._batchplan_check_accumulation_scaling()
             self.model_accepts_loss_kwargs = False
-            return LossReduction.MEAN, ("the model's forward takes **kwargs but its loss ignores num_items_in_batch "
-                                        "(transformers #47688): the Trainer is told so (model_accepts_loss_kwargs="
-                                        "False) and divides by gradient_accumulation_steps; the loss is the model's "
-                                        "mean over the rank's samples")
-        raise ConfigError(f"BatchPlanTrainer: cannot tell how this model's loss reduces: with num_items_in_batch "
-                          f"{_PROBE_COUNTS[0]:g} and {_PROBE_COUNTS[1]:g} it gave {losses[0]!r} and {losses[1]!r} "
-                          f"(neither halved nor unchanged); pass loss_reduction='mean' or 'global-mean'")
+            return LossReduction.MEAN, (
+                "the model's forward takes **kwargs but its loss ignores num_items_in_batch "
+                "(transformers #47688): the Trainer is told so (model_accepts_loss_kwargs="
+                "False) and divides by gradient_accumulation_steps; the loss is the model's "
+                "mean over the rank's samples"
+            )
+        raise ConfigError(
+            f"BatchPlanTrainer: cannot tell how this model's loss reduces: with num_items_in_batch "
+            f"{_PROBE_COUNTS[0]:g} and {_PROBE_COUNTS[1]:g} it gave {losses[0]!r} and {losses[1]!r} "
+            f"(neither halved nor unchanged); pass loss_reduction='mean' or 'global-mean'"
+        )
 
     def _batchplan_check_accumulation_scaling(self) -> None:
         """transformers 4.46 and 4.47 divide a mean loss that takes no label count by no
@@ -251,10 +293,12 @@ class BatchPlanMixin:
         ``training_step``): with the plan's accumulation the step would be that many times too large."""
         accumulate = self.batchplan.rank_plan.accumulate
         if accumulate > 1 and _TRANSFORMERS_VERSION.startswith(("4.46.", "4.47.")):
-            raise ConfigError(f"BatchPlanTrainer: transformers {_TRANSFORMERS_VERSION} does not divide this model's "
-                              f"mean loss by gradient_accumulation_steps (transformers #37766), so the plan's accumulate "
-                              f"{accumulate} would scale the step {accumulate}×: upgrade to transformers>=4.48, or plan "
-                              "without accumulation")
+            raise ConfigError(
+                f"BatchPlanTrainer: transformers {_TRANSFORMERS_VERSION} does not divide this model's "
+                f"mean loss by gradient_accumulation_steps (transformers #37766), so the plan's accumulate "
+                f"{accumulate} would scale the step {accumulate}×: upgrade to transformers>=4.48, or plan "
+                "without accumulation"
+            )
 
     def _batchplan_probe_losses(self, inputs: Mapping[str, Any]) -> list[float]:
         """The training loss of one batch with two label counts: no gradient, eval mode (no dropout), unweighted."""
@@ -265,9 +309,14 @@ class BatchPlanMixin:
         model.eval()
         try:
             with torch.no_grad():
-                return [float(self.compute_loss(model, dict(inputs),
-                                                num_items_in_batch=torch.tensor(n, device=self.args.device)))
-                        for n in _PROBE_COUNTS]
+                return [
+                    float(
+                        self.compute_loss(
+                            model, dict(inputs), num_items_in_batch=torch.tensor(n, device=self.args.device)
+                        )
+                    )
+                    for n in _PROBE_COUNTS
+                ]
         finally:
             model.train(was_training)
 
@@ -282,8 +331,10 @@ class BatchPlanMixin:
         dist.all_gather_object(everyone, mine)
         if len(set(everyone)) != 1:
             detail = "; ".join(f"rank {r}: {e[0]}" for r, e in enumerate(everyone))
-            raise ConfigError(f"BatchPlanTrainer: the ranks decided different loss rules ({detail}); pass "
-                              "loss_reduction= to declare one")
+            raise ConfigError(
+                f"BatchPlanTrainer: the ranks decided different loss rules ({detail}); pass "
+                "loss_reduction= to declare one"
+            )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None, **kwargs):
         """The Trainer's loss, times the planned run's factor in a training step (``b_i·W/B`` or 1)."""

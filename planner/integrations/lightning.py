@@ -86,8 +86,10 @@ def trainer_devices(plan: str | os.PathLike | Mapping[str, Any] | Plan) -> dict[
     typed = validate_plan(plan) if isinstance(plan, Mapping | Plan) else load_plan(plan)
     counts = [node.nproc_per_node for node in typed.nodes]
     if len(set(counts)) != 1:
-        raise ConfigError(f"Lightning starts the same number of processes on every node (devices=), but this plan has "
-                          f"{counts} ranks per node: launch each node's torchrun line from the plan instead")
+        raise ConfigError(
+            f"Lightning starts the same number of processes on every node (devices=), but this plan has "
+            f"{counts} ranks per node: launch each node's torchrun line from the plan instead"
+        )
     return {"num_nodes": len(counts), "devices": counts[0]}
 
 
@@ -104,9 +106,17 @@ class BatchPlanCallback(pl.Callback):
         seed, shuffle, drop_last: the planned sampler's; the seed must be the same on every rank.
     """
 
-    def __init__(self, plan: PlanSource, *, loss_reduction: LossReduction | str = LossReduction.MEAN,
-                 rebalance: bool | Rebalance = False, autobatch: Mapping[str, Any] | None = None, seed: int = 0,
-                 shuffle: bool = True, drop_last: bool = True) -> None:
+    def __init__(
+        self,
+        plan: PlanSource,
+        *,
+        loss_reduction: LossReduction | str = LossReduction.MEAN,
+        rebalance: bool | Rebalance = False,
+        autobatch: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+    ) -> None:
         super().__init__()
         self.plan_source = plan
         self.reduction = LossReduction.parse(loss_reduction)
@@ -125,32 +135,50 @@ class BatchPlanCallback(pl.Callback):
         if stage != "fit" or self.run is not None:
             return
         self._check_strategy(trainer)
-        launch = RankLaunch(rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank,
-                            node_rank=trainer.node_rank)
-        self.run = PlannedRun(resolve_plan(self.plan_source, launch, autobatch=self.autobatch), framework="Lightning")
+        launch = RankLaunch(
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            local_rank=trainer.local_rank,
+            node_rank=trainer.node_rank,
+        )
+        self.run = PlannedRun(
+            resolve_plan(self.plan_source, launch, autobatch=self.autobatch), framework="Lightning"
+        )
         self._take_accumulation(trainer)
         self._keep_the_sampler(trainer)
-        self.run.set_rule(LossRule(reduction=self.reduction, declared=True, why=(
-            "Lightning passes training_step's loss to backward unchanged and DDP averages the ranks' gradients "
-            f"(loss_reduction={self.reduction.value!r})")))
+        self.run.set_rule(
+            LossRule(
+                reduction=self.reduction,
+                declared=True,
+                why=(
+                    "Lightning passes training_step's loss to backward unchanged and DDP averages the ranks' gradients "
+                    f"(loss_reduction={self.reduction.value!r})"
+                ),
+            )
+        )
         self._weigh_backward(pl_module)
 
     @staticmethod
     def _check_strategy(trainer) -> None:
         name = type(trainer.strategy).__name__
         if name in _REFUSED_STRATEGIES:
-            raise ConfigError(f"BatchPlanCallback: batchplan plans DDP (a replicated model, gradients averaged over "
-                              f"ranks), but the Trainer's strategy is {name}: use strategy='ddp'")
+            raise ConfigError(
+                f"BatchPlanCallback: batchplan plans DDP (a replicated model, gradients averaged over "
+                f"ranks), but the Trainer's strategy is {name}: use strategy='ddp'"
+            )
 
     def _take_accumulation(self, trainer) -> None:
         assert self.run is not None
         plan = self.run.rank_plan
         for callback in trainer.callbacks:
             if isinstance(callback, pl.callbacks.GradientAccumulationScheduler):
-                raise ConfigError(f"BatchPlanCallback: GradientAccumulationScheduler changes accumulate_grad_batches "
-                                  f"by epoch, but the plan fixes it at {plan.accumulate}: remove the scheduler")
-        trainer.accumulate_grad_batches = self.run.accumulation(trainer.accumulate_grad_batches,
-                                                                "accumulate_grad_batches")
+                raise ConfigError(
+                    f"BatchPlanCallback: GradientAccumulationScheduler changes accumulate_grad_batches "
+                    f"by epoch, but the plan fixes it at {plan.accumulate}: remove the scheduler"
+                )
+        trainer.accumulate_grad_batches = self.run.accumulation(
+            trainer.accumulate_grad_batches, "accumulate_grad_batches"
+        )
 
     def _keep_the_sampler(self, trainer) -> None:
         """Lightning must not replace the planned sampler with a DistributedSampler (``on_train_start`` checks
@@ -158,9 +186,11 @@ class BatchPlanCallback(pl.Callback):
         connector = getattr(trainer, "_accelerator_connector", None)
         if trainer.world_size > 1 and getattr(connector, "use_distributed_sampler", False):
             connector.use_distributed_sampler = False
-            log.info("batchplan: use_distributed_sampler=False for this run (Lightning would replace the planned "
-                     "sampler; validation loaders are no longer split by Lightning: give them a DistributedSampler "
-                     "to split them)")
+            log.info(
+                "batchplan: use_distributed_sampler=False for this run (Lightning would replace the planned "
+                "sampler; validation loaders are no longer split by Lightning: give them a DistributedSampler "
+                "to split them)"
+            )
 
     def _weigh_backward(self, pl_module) -> None:
         """``pl_module.backward`` (every backward Lightning runs, automatic or manual) takes the planned factor."""
@@ -177,7 +207,9 @@ class BatchPlanCallback(pl.Callback):
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit" and self._module is not None:
             with contextlib.suppress(AttributeError):
-                del self._module.backward  # the instance's wrapper; the class's hook is the module's own again
+                del (
+                    self._module.backward
+                )  # the instance's wrapper; the class's hook is the module's own again
             self._module = None
 
     # ---------------------------------------------------------------------------------- the data
@@ -188,16 +220,26 @@ class BatchPlanCallback(pl.Callback):
         from torch.utils.data import DataLoader
 
         if self.run is None:
-            raise ConfigError("BatchPlanCallback.dataloader() before the Trainer's setup: call it from "
-                              "train_dataloader() (or use datamodule()), with the callback in Trainer(callbacks=...)")
+            raise ConfigError(
+                "BatchPlanCallback.dataloader() before the Trainer's setup: call it from "
+                "train_dataloader() (or use datamodule()), with the callback in Trainer(callbacks=...)"
+            )
         for refused in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
             if refused in loader_options:
-                raise ConfigError(f"BatchPlanCallback.dataloader(): {refused}= is the plan's to decide; drop it")
+                raise ConfigError(
+                    f"BatchPlanCallback.dataloader(): {refused}= is the plan's to decide; drop it"
+                )
         sampler = self.run.make_sampler(len(dataset), **self.sampler_options)
         return DataLoader(dataset, batch_sampler=sampler, **loader_options)
 
-    def datamodule(self, train_dataset: Dataset, *, val_dataset: Dataset | None = None,
-                   val_batch_size: int = 1, **loader_options: Any):
+    def datamodule(
+        self,
+        train_dataset: Dataset,
+        *,
+        val_dataset: Dataset | None = None,
+        val_batch_size: int = 1,
+        **loader_options: Any,
+    ):
         """A ``LightningDataModule`` whose train loader is this rank's planned batches of ``train_dataset``
         (``trainer.fit(model, datamodule=batchplan.datamodule(train_set))``)."""
         from torch.utils.data import DataLoader
@@ -210,10 +252,17 @@ class BatchPlanCallback(pl.Callback):
                 return callback.dataloader(train_dataset, **loader_options)
 
             if val_dataset is not None:
+
                 def val_dataloader(self):
                     # Lightning splits no loader in a planned run (use_distributed_sampler is off): split it here
-                    sampler = DistributedSampler(val_dataset, shuffle=False) if self.trainer.world_size > 1 else None
-                    return DataLoader(val_dataset, batch_size=val_batch_size, sampler=sampler, **loader_options)
+                    sampler = (
+                        DistributedSampler(val_dataset, shuffle=False)
+                        if self.trainer.world_size > 1
+                        else None
+                    )
+                    return DataLoader(
+                        val_dataset, batch_size=val_batch_size, sampler=sampler, **loader_options
+                    )
 
         return PlannedDataModule()
 
@@ -226,13 +275,20 @@ class BatchPlanCallback(pl.Callback):
             from torch.utils.data.distributed import DistributedSampler
 
             if isinstance(getattr(loader, "sampler", None), DistributedSampler):
-                raise ConfigError("BatchPlanCallback: Lightning replaced the planned sampler with a DistributedSampler: "
-                                  "build the Trainer with use_distributed_sampler=False")
-            raise ConfigError("BatchPlanCallback: the train loader does not give this rank its planned batches: return "
-                              "batchplan.dataloader(dataset) from train_dataloader() (or fit with datamodule=)")
+                raise ConfigError(
+                    "BatchPlanCallback: Lightning replaced the planned sampler with a DistributedSampler: "
+                    "build the Trainer with use_distributed_sampler=False"
+                )
+            raise ConfigError(
+                "BatchPlanCallback: the train loader does not give this rank its planned batches: return "
+                "batchplan.dataloader(dataset) from train_dataloader() (or fit with datamodule=)"
+            )
         if self.rebalance is not None:
-            run.attach_rebalancer(trainer.strategy.model if trainer.world_size > 1 else None, self.rebalance,
-                                  device=pl_module.device)
+            run.attach_rebalancer(
+                trainer.strategy.model if trainer.world_size > 1 else None,
+                self.rebalance,
+                device=pl_module.device,
+            )
         self._last_global_step = trainer.global_step
         if trainer.loggers:
             for logger in trainer.loggers:
@@ -241,7 +297,9 @@ class BatchPlanCallback(pl.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         sampler = self._require_run().sampler
         if sampler is not None:
-            sampler.set_epoch(trainer.current_epoch)  # Lightning sets the epoch of a loader's sampler, not its batch_sampler
+            sampler.set_epoch(
+                trainer.current_epoch
+            )  # Lightning sets the epoch of a loader's sampler, not its batch_sampler
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._close()
@@ -277,7 +335,9 @@ class BatchPlanCallback(pl.Callback):
 
     def _require_run(self) -> PlannedRun:
         if self.run is None:
-            raise ConfigError("BatchPlanCallback: no plan yet (the callback reads it at the Trainer's fit setup)")
+            raise ConfigError(
+                "BatchPlanCallback: no plan yet (the callback reads it at the Trainer's fit setup)"
+            )
         return self.run
 
     def summary(self) -> dict[str, Any]:

@@ -34,11 +34,15 @@ def missing_library(exc: BaseException, library: str, *, integration: str, pip: 
     """
     missing = getattr(exc, "name", None)
     if isinstance(exc, ModuleNotFoundError) and missing is not None and missing.split(".")[0] == library:
-        return MissingLibraryError(f"{integration} needs {library}, which is not installed (pip install {pip})")
+        return MissingLibraryError(
+            f"{integration} needs {library}, which is not installed (pip install {pip})"
+        )
     root = _root_cause(exc)
     first_line = (str(root).strip().splitlines() or [type(root).__name__])[0][:300]
-    return MissingLibraryError(f"{integration} needs {library}, which is installed but fails to import: "
-                               f"{type(root).__name__}: {first_line} (fix or reinstall the package it names)")
+    return MissingLibraryError(
+        f"{integration} needs {library}, which is installed but fails to import: "
+        f"{type(root).__name__}: {first_line} (fix or reinstall the package it names)"
+    )
 
 
 def _root_cause(exc: BaseException) -> BaseException:

@@ -65,7 +65,9 @@ class ResolvedPlan:
     """where the plan came from, for the log and the summary"""
 
 
-def resolve_plan(source: PlanSource, launch: RankLaunch, *, autobatch: Mapping[str, Any] | None = None) -> ResolvedPlan:
+def resolve_plan(
+    source: PlanSource, launch: RankLaunch, *, autobatch: Mapping[str, Any] | None = None
+) -> ResolvedPlan:
     """This rank's plan from ``source``.
 
     Args:
@@ -90,8 +92,10 @@ def resolve_plan(source: PlanSource, launch: RankLaunch, *, autobatch: Mapping[s
         origin = f"planned in the job (autobatch_ddp, model {source.model})"
         return ResolvedPlan(rank_plan=result.rank_plan, plan=result.plan, origin=origin)
     if autobatch:
-        raise ConfigError("autobatch options are for a JobSpec planned in the job; a plan file is already planned "
-                          f"(drop autobatch={dict(autobatch)!r})")
+        raise ConfigError(
+            "autobatch options are for a JobSpec planned in the job; a plan file is already planned "
+            f"(drop autobatch={dict(autobatch)!r})"
+        )
     if isinstance(source, str | os.PathLike):
         origin = os.fspath(source)
     else:

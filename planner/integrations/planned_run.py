@@ -55,7 +55,9 @@ def rebalance_options(rebalance: bool | Rebalance | None) -> Rebalance | None:
         return Rebalance()
     if isinstance(rebalance, Rebalance):
         return rebalance
-    raise ConfigError(f"rebalance must be True, False or planner.integrations.Rebalance(...), got {rebalance!r}")
+    raise ConfigError(
+        f"rebalance must be True, False or planner.integrations.Rebalance(...), got {rebalance!r}"
+    )
 
 
 class PlannedRun:
@@ -70,9 +72,17 @@ class PlannedRun:
         self.rebalancer: Rebalancer | None = None
         self._optimizer_steps = 0
         plan = self.rank_plan
-        log.info("batchplan: %s rank %d/%d takes batch %d of %s (accumulate %d, global batch %d), plan from %s",
-                 framework, plan.rank, plan.world_size, plan.batch, list(plan.batches), plan.accumulate,
-                 plan.global_batch, resolved.origin)
+        log.info(
+            "batchplan: %s rank %d/%d takes batch %d of %s (accumulate %d, global batch %d), plan from %s",
+            framework,
+            plan.rank,
+            plan.world_size,
+            plan.batch,
+            list(plan.batches),
+            plan.accumulate,
+            plan.global_batch,
+            resolved.origin,
+        )
 
     @property
     def rank_plan(self) -> RankPlan:
@@ -87,29 +97,37 @@ class PlannedRun:
         if configured == 1:
             log.info("batchplan: %s=%d from the plan", setting, plan.accumulate)
             return plan.accumulate
-        raise ConfigError(f"{setting}={configured} contradicts the plan's accumulate {plan.accumulate} (global batch "
-                          f"{plan.global_batch} = {plan.step_batch} per micro-step × {plan.accumulate}): leave "
-                          f"{setting} at 1 or set it to {plan.accumulate}")
+        raise ConfigError(
+            f"{setting}={configured} contradicts the plan's accumulate {plan.accumulate} (global batch "
+            f"{plan.global_batch} = {plan.step_batch} per micro-step × {plan.accumulate}): leave "
+            f"{setting} at 1 or set it to {plan.accumulate}"
+        )
 
     # ------------------------------------------------------------------------------------------- data
 
-    def make_sampler(self, dataset_size: int, *, seed: int = 0, shuffle: bool = True,
-                     drop_last: bool = True) -> PlannedBatchSampler:
+    def make_sampler(
+        self, dataset_size: int, *, seed: int = 0, shuffle: bool = True, drop_last: bool = True
+    ) -> PlannedBatchSampler:
         """This rank's batch sampler over a dataset of ``dataset_size`` samples (one per run: the re-balancer
         switches it)."""
         from planner.runtime.sampler import PlannedBatchSampler
 
         if self.sampler is not None and self.sampler.dataset_size != dataset_size:
-            raise ConfigError(f"the planned sampler is for {self.sampler.dataset_size} samples, the dataset now has "
-                              f"{dataset_size}: one planned run trains one dataset")
+            raise ConfigError(
+                f"the planned sampler is for {self.sampler.dataset_size} samples, the dataset now has "
+                f"{dataset_size}: one planned run trains one dataset"
+            )
         if self.sampler is None:
-            self.sampler = PlannedBatchSampler.from_plan(self.rank_plan, dataset_size, seed=seed, shuffle=shuffle,
-                                                         drop_last=drop_last)
+            self.sampler = PlannedBatchSampler.from_plan(
+                self.rank_plan, dataset_size, seed=seed, shuffle=shuffle, drop_last=drop_last
+            )
         return self.sampler
 
     def _require_sampler(self) -> PlannedBatchSampler:
         if self.sampler is None:
-            raise ConfigError(f"{self.framework}: no planned loader was made yet (the train loader must be batchplan's)")
+            raise ConfigError(
+                f"{self.framework}: no planned loader was made yet (the train loader must be batchplan's)"
+            )
         return self.sampler
 
     # ------------------------------------------------------------------------------------------- loss
@@ -117,14 +135,20 @@ class PlannedRun:
     def set_rule(self, rule: LossRule) -> None:
         """The loss rule this run applies; logged once per rank."""
         self.rule = rule
-        log.info("batchplan: rank %d: %s (factor %.6g with the plan's split)", self.rank_plan.rank, rule.line(),
-                 self._factor(self.rank_plan.batch))
+        log.info(
+            "batchplan: rank %d: %s (factor %.6g with the plan's split)",
+            self.rank_plan.rank,
+            rule.line(),
+            self._factor(self.rank_plan.batch),
+        )
 
     def loss_factor(self) -> float:
         """What this rank multiplies its loss by now: ``b_i·W/B`` of the split of the micro-step being computed
         (the re-balancer's, after a switch) under the ``mean`` rule, else 1."""
         if self.rule is None:
-            raise ConfigError(f"{self.framework}: the loss rule is not decided yet (the planned loader decides it)")
+            raise ConfigError(
+                f"{self.framework}: the loss rule is not decided yet (the planned loader decides it)"
+            )
         rank_batch = self.rebalancer.batch if self.rebalancer is not None else self.rank_plan.batch
         return self._factor(rank_batch)
 
@@ -134,8 +158,9 @@ class PlannedRun:
 
     # ----------------------------------------------------------------------------------- re-balancing
 
-    def attach_rebalancer(self, ddp_model: torch.nn.Module | None, options: Rebalance,
-                          device: torch.device | None = None) -> Rebalancer:
+    def attach_rebalancer(
+        self, ddp_model: torch.nn.Module | None, options: Rebalance, device: torch.device | None = None
+    ) -> Rebalancer:
         """Start the in-job re-balancer on the DDP-wrapped model (before its first backward; a collective:
         every rank calls it at the same point)."""
         from planner.runtime.rebalance import Rebalancer
@@ -143,9 +168,14 @@ class PlannedRun:
         if self.rebalancer is not None:
             return self.rebalancer
         self.rebalancer = Rebalancer.from_plan(
-            self.resolved.plan, self._require_sampler(), ddp_model, policy=options.policy, simulate=options.simulate,
+            self.resolved.plan,
+            self._require_sampler(),
+            ddp_model,
+            policy=options.policy,
+            simulate=options.simulate,
             device=device if device is not None and device.type == "cuda" else None,
-            collective_timeout_s=options.collective_timeout_s)
+            collective_timeout_s=options.collective_timeout_s,
+        )
         what = options.simulate.describe() if options.simulate is not None else "measured compute"
         log.info("batchplan: rank %d: in-job re-balancing on (%s)", self.rank_plan.rank, what)
         return self.rebalancer
@@ -189,10 +219,14 @@ class PlannedRun:
         """One line: the split, the loss rule and what re-balancing did."""
         plan = self.rank_plan
         rule = self.rule.short() if self.rule is not None else "loss rule not decided (no training step ran)"
-        line = (f"batchplan: {self.framework}, rank {plan.rank}/{plan.world_size}: batches {list(plan.batches)} "
-                f"accumulate {plan.accumulate} global batch {plan.global_batch}; {rule}")
+        line = (
+            f"batchplan: {self.framework}, rank {plan.rank}/{plan.world_size}: batches {list(plan.batches)} "
+            f"accumulate {plan.accumulate} global batch {plan.global_batch}; {rule}"
+        )
         if self.rebalancer is not None and self.rebalancer.splits:
             report = self.rebalancer.report()
-            line += (f"; re-balanced: switches={len(report.switches)} batches_last={list(report.batches_last)} "
-                     f"rollbacks={report.rollbacks}")
+            line += (
+                f"; re-balanced: switches={len(report.switches)} batches_last={list(report.batches_last)} "
+                f"rollbacks={report.rollbacks}"
+            )
         return line

@@ -46,8 +46,14 @@ TASK_TRAINERS: dict[str, tuple[str, str, str]] = {
 assert set(TASK_TRAINERS) == set(TASK_LOSS_REDUCTION), "every planned task has its loss reduction"
 
 # the planned trainers are made on first use (module __getattr__ below)
-__all__ = ["TESTED_ULTRALYTICS", "PlanOptions", "UltralyticsUnavailableError", "planned_trainer", "trainer_class",
-           *(name for _, _, name in TASK_TRAINERS.values())]
+__all__ = [
+    "TESTED_ULTRALYTICS",
+    "PlanOptions",
+    "UltralyticsUnavailableError",
+    "planned_trainer",
+    "trainer_class",
+    *(name for _, _, name in TASK_TRAINERS.values()),
+]
 
 
 #: the extra that installs what the planned trainers need (pyproject.toml)
@@ -62,11 +68,17 @@ def import_ultralytics(module: str) -> Any:
     from torchkit.workloads.extras import extra_hint, import_library
 
     try:
-        imported = import_library(module, model=module, subject="planner.integrations.ultralytics", extra=EXTRA)
+        imported = import_library(
+            module, model=module, subject="planner.integrations.ultralytics", extra=EXTRA
+        )
         # Ultralytics imports torchvision's operators only when it first runs them (NMS in validation): a
         # torchvision that cannot load beside this torch would fail the job at its first validation
-        import_library("torchvision.ops", model="torchvision", extra=EXTRA,
-                       subject="planner.integrations.ultralytics (Ultralytics' trainer runs torchvision's NMS)")
+        import_library(
+            "torchvision.ops",
+            model="torchvision",
+            extra=EXTRA,
+            subject="planner.integrations.ultralytics (Ultralytics' trainer runs torchvision's NMS)",
+        )
     except WorkloadError as e:
         raise UltralyticsUnavailableError(str(e)) from e
     base = import_library("ultralytics.engine.trainer", model=module).BaseTrainer
@@ -86,20 +98,25 @@ def trainer_class(task: str = "detect") -> type:
     with the default options: Ultralytics' task trainer with ``PlannedTrainerMixin``. Made once, on first use,
     and importable by its name from this module (Ultralytics' DDP workers rebuild it from a pickle)."""
     if task not in TASK_TRAINERS:
-        raise ConfigError(f"no planned trainer for Ultralytics task {task!r} (planned tasks: "
-                          f"{', '.join(TASK_TRAINERS)})")
+        raise ConfigError(
+            f"no planned trainer for Ultralytics task {task!r} (planned tasks: {', '.join(TASK_TRAINERS)})"
+        )
     module_name, base_name, name = TASK_TRAINERS[task]
     made = globals().get(name)
     if made is None:
         base = getattr(import_ultralytics(module_name), base_name)
-        made = type(name, (PlannedTrainerMixin, base), {
-            "__module__": __name__,
-            "__qualname__": name,
-            "__doc__": f"Ultralytics' {base_name} with batchplan's per-rank batches "
-                       "(planner.integrations.ultralytics).",
-            "batchplan_task": task,
-            "batchplan_loss_reduction": TASK_LOSS_REDUCTION[task],
-        })
+        made = type(
+            name,
+            (PlannedTrainerMixin, base),
+            {
+                "__module__": __name__,
+                "__qualname__": name,
+                "__doc__": f"Ultralytics' {base_name} with batchplan's per-rank batches "
+                "(planner.integrations.ultralytics).",
+                "batchplan_task": task,
+                "batchplan_loss_reduction": TASK_LOSS_REDUCTION[task],
+            },
+        )
         globals()[name] = made
     return made
 
@@ -135,7 +152,9 @@ def planned_trainer(
         return base
     # a class of its own holding the options: Ultralytics' DDP state pickles the class (cloudpickle, by value for
     # a class made here), so that the workers rebuild the trainer with them
-    return type(base.__name__, (base,), {"__module__": __name__, "__doc__": base.__doc__, "batchplan": options})
+    return type(
+        base.__name__, (base,), {"__module__": __name__, "__doc__": base.__doc__, "batchplan": options}
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -98,13 +98,19 @@ def autobatch_request(trainer: Any) -> AutoBatchRequest:
     with _replaced(engine, "check_train_batch_size", record):
         trainer.auto_batch()
     if not recorded:
-        raise ConfigError(f"{type(trainer).__name__}.auto_batch() did not call check_train_batch_size, so its "
-                          "AutoBatch request is unknown (built against ultralytics 8.4.190)")
+        raise ConfigError(
+            f"{type(trainer).__name__}.auto_batch() did not call check_train_batch_size, so its "
+            "AutoBatch request is unknown (built against ultralytics 8.4.190)"
+        )
     amp = recorded.get("amp", True)
     amp_name: AmpName = "bf16" if amp is torch.bfloat16 else ("fp16" if amp else "off")
-    return AutoBatchRequest(imgsz=int(recorded.get("imgsz", 640)), amp=amp_name,
-                            batch=float(recorded.get("batch", -1)), max_num_obj=int(recorded.get("max_num_obj", 0)),
-                            dataset_size=int(recorded.get("dataset_size", 0)))
+    return AutoBatchRequest(
+        imgsz=int(recorded.get("imgsz", 640)),
+        amp=amp_name,
+        batch=float(recorded.get("batch", -1)),
+        max_num_obj=int(recorded.get("max_num_obj", 0)),
+        dataset_size=int(recorded.get("dataset_size", 0)),
+    )
 
 
 def job_for(trainer: Any, request: AutoBatchRequest, *, global_batch: int | None, simulated: bool) -> JobSpec:
@@ -152,11 +158,19 @@ def ultralytics_profile(model: Any, request: AutoBatchRequest, gpu: GpuSpec, dev
         return results
 
     amp = torch.bfloat16 if request.amp == "bf16" else request.amp == "fp16"
-    with _replaced(autobatch, "profile_ops", recording_profile_ops) as real_profile_ops, plain_batchnorm(model):
+    with (
+        _replaced(autobatch, "profile_ops", recording_profile_ops) as real_profile_ops,
+        plain_batchnorm(model),
+    ):
         try:
-            chosen = autobatch.check_train_batch_size(model, imgsz=request.imgsz, amp=amp, batch=request.batch,
-                                                      max_num_obj=request.max_num_obj,
-                                                      dataset_size=request.dataset_size)
+            chosen = autobatch.check_train_batch_size(
+                model,
+                imgsz=request.imgsz,
+                amp=amp,
+                batch=request.batch,
+                max_num_obj=request.max_num_obj,
+                dataset_size=request.dataset_size,
+            )
         except RuntimeError as e:  # Ultralytics: no probe produced a usable point
             raise InfeasiblePlanError(f"{gpu.name} ({device}): {e}") from e
     if not probes:
@@ -166,13 +180,20 @@ def ultralytics_profile(model: Any, request: AutoBatchRequest, gpu: GpuSpec, dev
         )
     batches, results = probes[-1]
     total_bytes = int(torch.cuda.get_device_properties(device).total_memory)
-    return profile_from_probes(gpu.name, batches, results, total_bytes=total_bytes, request=request,
-                               chosen=chosen, where=str(device))
+    return profile_from_probes(
+        gpu.name, batches, results, total_bytes=total_bytes, request=request, chosen=chosen, where=str(device)
+    )
 
 
 def profile_from_probes(
-    gpu_name: str, batches: list[int], results: list[Any], *, total_bytes: int, request: AutoBatchRequest,
-    chosen: int, where: str,
+    gpu_name: str,
+    batches: list[int],
+    results: list[Any],
+    *,
+    total_bytes: int,
+    request: AutoBatchRequest,
+    chosen: int,
+    where: str,
 ) -> DeviceProfile:
     """A device profile from Ultralytics' ``profile_ops`` rows (``[params, GFLOPs, GiB, forward ms, backward
     ms, in, out]`` per probe batch, None where the probe failed): a memory point per usable row (numeric, above
@@ -197,8 +218,10 @@ def profile_from_probes(
             if math.isfinite(forward_ms + backward_ms):
                 time_points.append((batch, (forward_ms + backward_ms) / 1000))
     if not memory_points:
-        raise InfeasiblePlanError(f"{gpu_name} ({where}): none of Ultralytics' AutoBatch probes {batches} fit "
-                                  "(free GPU memory, reduce imgsz, or set batch explicitly)")
+        raise InfeasiblePlanError(
+            f"{gpu_name} ({where}): none of Ultralytics' AutoBatch probes {batches} fit "
+            "(free GPU memory, reduce imgsz, or set batch explicitly)"
+        )
     if len(time_points) >= 3:
         time_points = time_points[1:]  # the first probe also paid CUDA's and cuDNN's warm-up
     notes = (
@@ -207,6 +230,13 @@ def profile_from_probes(
         f"imgsz {request.imgsz}); optimizer state and the EMA copy are not measured, as in Ultralytics' AutoBatch",
         f"{gpu_name}: Ultralytics' AutoBatch alone picks batch {chosen} for this GPU",
     )
-    return DeviceProfile.from_points(gpu=gpu_name, method="measure", amp=request.amp, memory_points=memory_points,
-                                     time_points=time_points, oom_batch=oom_batch, notes=notes,
-                                     time_model="measured")
+    return DeviceProfile.from_points(
+        gpu=gpu_name,
+        method="measure",
+        amp=request.amp,
+        memory_points=memory_points,
+        time_points=time_points,
+        oom_batch=oom_batch,
+        notes=notes,
+        time_model="measured",
+    )

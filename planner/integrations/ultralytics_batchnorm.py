@@ -27,8 +27,11 @@ _PLAIN_CLASS = "batchplan_plain_class"
 def to_sync_batchnorm(model: nn.Module) -> tuple[nn.Module, int]:
     """``model`` with every BatchNorm replaced by a SyncBatchNorm sharing its parameters and statistics, and how
     many were replaced (torch's ``convert_sync_batchnorm``, remembering each one's original class)."""
-    kinds = {name: type(m) for name, m in model.named_modules() if isinstance(m, _BatchNorm)
-             and not isinstance(m, nn.SyncBatchNorm)}
+    kinds = {
+        name: type(m)
+        for name, m in model.named_modules()
+        if isinstance(m, _BatchNorm) and not isinstance(m, nn.SyncBatchNorm)
+    }
     converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     count = 0
     for name, module in converted.named_modules():
@@ -52,8 +55,12 @@ def _plain(sync: nn.SyncBatchNorm) -> _BatchNorm:
 
 
 def _sync_children(model: nn.Module) -> list[tuple[nn.Module, str, nn.SyncBatchNorm]]:
-    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if isinstance(child, nn.SyncBatchNorm)]
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.SyncBatchNorm)
+    ]
 
 
 def to_plain_batchnorm(model: nn.Module) -> int:

@@ -73,7 +73,9 @@ def planned_train_loader(
     """
     from ultralytics.data.build import InfiniteDataLoader
 
-    planned = PlannedBatchSampler(len(loader.dataset), batches, rank, shuffle=True, seed=seed, drop_last=drop_last)
+    planned = PlannedBatchSampler(
+        len(loader.dataset), batches, rank, shuffle=True, seed=seed, drop_last=drop_last
+    )
     epoch_batches = _EpochBatches(planned)
     options: dict[str, Any] = {
         "num_workers": loader.num_workers,

@@ -57,7 +57,11 @@ LossReduction = Literal["sum", "mean"]
 #: ``loss × batch_size`` (v8DetectionLoss and its segment, pose and OBB subclasses), ``mean`` a plain mean
 #: (v8ClassificationLoss); the per-rank rule for each is ``planner.runtime.weights``'
 TASK_LOSS_REDUCTION: dict[str, LossReduction] = {
-    "detect": "sum", "segment": "sum", "pose": "sum", "obb": "sum", "classify": "mean",
+    "detect": "sum",
+    "segment": "sum",
+    "pose": "sum",
+    "obb": "sum",
+    "classify": "mean",
 }
 
 
@@ -96,7 +100,9 @@ class PlanOptions:
         if gpus is not None:
             gpus = tuple(gpus)
             if not gpus or not all(isinstance(g, str) and g for g in gpus):
-                raise ConfigError(f"simulate_gpus must name one catalog GPU type per rank, got {self.simulate_gpus!r}")
+                raise ConfigError(
+                    f"simulate_gpus must name one catalog GPU type per rank, got {self.simulate_gpus!r}"
+                )
             from planner.cluster import catalog_for
 
             catalog = catalog_for(None)
@@ -139,15 +145,19 @@ def plan_mismatch(plan: Any, gpus: list[Any], *, where: str, device: str) -> str
     from torchkit.units import GIB
 
     if plan.world_size != len(gpus):
-        return (f"{where} is for {plan.world_size} ranks ({_gpu_summary([r.gpu for r in plan.ranks])}) but "
-                f"device={device!r} starts {len(gpus)}: re-plan for these devices (batchplan plan), or pass "
-                f"{plan.world_size} devices")
+        return (
+            f"{where} is for {plan.world_size} ranks ({_gpu_summary([r.gpu for r in plan.ranks])}) but "
+            f"device={device!r} starts {len(gpus)}: re-plan for these devices (batchplan plan), or pass "
+            f"{plan.world_size} devices"
+        )
     devices = device.split(":", 1)[-1].split(",")
     for entry, gpu, index in zip(plan.ranks, gpus, devices, strict=True):
         if gpu is not None and not same_gpu(entry, gpu):
-            return (f"{where} plans rank {entry.rank} for a {entry.gpu} ({entry.total_memory_bytes / GIB:.1f} GiB) but "
-                    f"device {index} is a {gpu.name} ({gpu.memory_total_bytes / GIB:.1f} GiB): re-plan for these "
-                    "GPUs (batchplan plan), or list the devices in the plan's rank order")
+            return (
+                f"{where} plans rank {entry.rank} for a {entry.gpu} ({entry.total_memory_bytes / GIB:.1f} GiB) but "
+                f"device {index} is a {gpu.name} ({gpu.memory_total_bytes / GIB:.1f} GiB): re-plan for these "
+                "GPUs (batchplan plan), or list the devices in the plan's rank order"
+            )
     return None
 
 
@@ -196,12 +206,16 @@ class PlannedTrainerMixin:
             # WORLD_SIZE, where Ultralytics counts the devices of this node
             local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             if local_ranks > self.world_size:
-                raise ConfigError(f"torchrun starts {local_ranks} ranks on this node but device="
-                                  f"{self.args.device!r} names {self.world_size}: give one device per rank")
+                raise ConfigError(
+                    f"torchrun starts {local_ranks} ranks on this node but device="
+                    f"{self.args.device!r} names {self.world_size}: give one device per rank"
+                )
             self.world_size = WORLD_SIZE
         if self.batchplan.simulate_gpus is not None and self.device.type not in {"cpu", "mps"}:
-            raise ConfigError(f"simulate_gpus is for ranks without GPUs (CPU runs); on device={self.args.device!r} "
-                              "each rank's GPU is read from the device itself: drop simulate_gpus")
+            raise ConfigError(
+                f"simulate_gpus is for ranks without GPUs (CPU runs); on device={self.args.device!r} "
+                "each rank's GPU is read from the device itself: drop simulate_gpus"
+            )
 
     # ------------------------------------------------------------------------------ the launching process
 
@@ -252,11 +266,18 @@ class PlannedTrainerMixin:
         simulated = self.batchplan.simulate_gpus
         assert simulated is not None
         if rank >= len(simulated):
-            raise ConfigError(f"simulate_gpus names {len(simulated)} GPU types but the job has a rank {rank}: name "
-                              "one type per rank")
+            raise ConfigError(
+                f"simulate_gpus names {len(simulated)} GPU types but the job has a rank {rank}: name "
+                "one type per rank"
+            )
         spec = catalog_for(None).get(simulated[rank])
-        return GpuStats(index=rank, name=spec.name, memory_total_bytes=spec.memory_bytes, memory_used_bytes=0,
-                        memory_free_bytes=spec.memory_bytes)
+        return GpuStats(
+            index=rank,
+            name=spec.name,
+            memory_total_bytes=spec.memory_bytes,
+            memory_used_bytes=0,
+            memory_free_bytes=spec.memory_bytes,
+        )
 
     def _take_one_rank_plan(self) -> None:
         """One process takes only a one-rank plan (refused before anything is built or profiled), and its
@@ -265,8 +286,10 @@ class PlannedTrainerMixin:
 
         plan = load_plan(self.batchplan.plan)
         if plan.world_size != 1:
-            raise ConfigError(f"{self.batchplan.plan} is for {plan.world_size} ranks but this run is one process "
-                              f"(device={self.args.device!r}): pass the plan's {plan.world_size} devices")
+            raise ConfigError(
+                f"{self.batchplan.plan} is for {plan.world_size} ranks but this run is one process "
+                f"(device={self.args.device!r}): pass the plan's {plan.world_size} devices"
+            )
         self._say_batch_replaced(plan.global_batch)
         self.args.batch = self.batch_size = plan.global_batch
 
@@ -276,8 +299,12 @@ class PlannedTrainerMixin:
             return
         from planner.plan.io import load_plan
 
-        problem = plan_mismatch(load_plan(self.batchplan.plan), self._device_gpus(), where=self.batchplan.plan,
-                                device=str(self.args.device))
+        problem = plan_mismatch(
+            load_plan(self.batchplan.plan),
+            self._device_gpus(),
+            where=self.batchplan.plan,
+            device=str(self.args.device),
+        )
         if problem:
             raise ConfigError(problem)
 
@@ -304,8 +331,10 @@ class PlannedTrainerMixin:
             from ultralytics.utils import RANK
 
             if RANK == 0:
-                say(f"sync_bn=True needs CUDA (SyncBatchNorm), and the ranks run on {self.device.type}: each rank "
-                    "keeps its own BatchNorm statistics")
+                say(
+                    f"sync_bn=True needs CUDA (SyncBatchNorm), and the ranks run on {self.device.type}: each rank "
+                    "keeps its own BatchNorm statistics"
+                )
             return False
         return self.batchplan.sync_bn
 
@@ -314,15 +343,21 @@ class PlannedTrainerMixin:
         if self._batchplan_sync_bn and self.ema is not None:
             from planner.integrations.ultralytics_batchnorm import to_plain_batchnorm
 
-            to_plain_batchnorm(self.ema.ema)  # checkpoints are saved from the EMA: plain BatchNorm, loadable anywhere
+            to_plain_batchnorm(
+                self.ema.ema
+            )  # checkpoints are saved from the EMA: plain BatchNorm, loadable anywhere
 
     def _build_train_pipeline(self) -> None:
         if self.batchplan.plan is not None or self._is_ddp_rank():
             if self.batchplan_rank_plan is None:
                 self._make_plan()
-            elif self.batch_size != self._batchplan_global:  # Ultralytics' single-GPU OOM retry halved the batch
-                say(f"the plan's batch {self._batchplan_global} ran out of memory: Ultralytics' retry at batch "
-                    f"{self.batch_size} takes over")
+            elif (
+                self.batch_size != self._batchplan_global
+            ):  # Ultralytics' single-GPU OOM retry halved the batch
+                say(
+                    f"the plan's batch {self._batchplan_global} ran out of memory: Ultralytics' retry at batch "
+                    f"{self.batch_size} takes over"
+                )
                 self.batchplan_rank_plan = None
             if self.batchplan_rank_plan is not None:
                 # the GLOBAL batch: Ultralytics' accumulate = round(nbs / batch) and weight-decay scaling then
@@ -345,7 +380,9 @@ class PlannedTrainerMixin:
                 model.criterion = RankWeightedCriterion(criterion or model.init_criterion(), plan.loss_weight)
         self._report()
 
-    def get_dataloader(self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train") -> Any:
+    def get_dataloader(
+        self, dataset_path: str, batch_size: int = 16, rank: int = 0, mode: str = "train"
+    ) -> Any:
         plan = self.batchplan_rank_plan
         if plan is None:
             return super().get_dataloader(dataset_path, batch_size, rank, mode)
@@ -353,8 +390,9 @@ class PlannedTrainerMixin:
             from planner.integrations.ultralytics_loader import planned_train_loader
 
             loader = super().get_dataloader(dataset_path, plan.batch, rank, mode)
-            return planned_train_loader(loader, plan.batches, plan.rank, seed=int(self.args.seed),
-                                        drop_last=bool(self.args.compile))
+            return planned_train_loader(
+                loader, plan.batches, plan.rank, seed=int(self.args.seed), drop_last=bool(self.args.compile)
+            )
         # validation: Ultralytics gives each rank 2× (obb 1×) its even share of the global batch; here 2× (1×)
         # its planned batch, which is what its memory was planned for
         even_share = max(self.batch_size // max(self.world_size, 1), 1)
@@ -410,14 +448,20 @@ class PlannedTrainerMixin:
         from planner.runtime import autobatch_ddp
 
         simulated = self.batchplan.simulate_gpus
-        if simulated is not None and len(simulated) != self.world_size:  # the same on every rank: all stop here
-            raise ConfigError(f"simulate_gpus names {len(simulated)} GPU types for {self.world_size} ranks: name one "
-                              "type per rank")
+        if (
+            simulated is not None and len(simulated) != self.world_size
+        ):  # the same on every rank: all stop here
+            raise ConfigError(
+                f"simulate_gpus names {len(simulated)} GPU types for {self.world_size} ranks: name one "
+                "type per rank"
+            )
         box: list[Any] = [None]
         if RANK == 0:
             try:
                 box = [autobatch_request(self)]
-            except Exception as e:  # told to every rank below, so that none waits for a request that will not come
+            except (
+                Exception
+            ) as e:  # told to every rank below, so that none waits for a request that will not come
                 box = [f"{type(e).__name__}: {e}"]
         dist.broadcast_object_list(box, src=0)  # one request, so that every rank plans the same job
         request = box[0]
@@ -441,14 +485,24 @@ class PlannedTrainerMixin:
         }
         result = autobatch_ddp(job, **options)
         self.batchplan_plans.append(result.plan)
-        if global_batch is None and request.dataset_size and result.rank_plan.step_batch > request.dataset_size:
+        if (
+            global_batch is None
+            and request.dataset_size
+            and result.rank_plan.step_batch > request.dataset_size
+        ):
             if RANK == 0:
-                say(f"the plan's {result.rank_plan.step_batch} images per step exceed the dataset's "
+                say(
+                    f"the plan's {result.rank_plan.step_batch} images per step exceed the dataset's "
                     f"{request.dataset_size}: planned again for a global batch of {request.dataset_size} "
-                    "(Ultralytics' AutoBatch caps a batch at the dataset size)")
+                    "(Ultralytics' AutoBatch caps a batch at the dataset size)"
+                )
             result = autobatch_ddp(replace(job, global_batch=request.dataset_size), **options)
             self.batchplan_plans.append(result.plan)
-        how = "estimated for the simulated GPU types" if simulated else "Ultralytics' AutoBatch probes on each GPU type"
+        how = (
+            "estimated for the simulated GPU types"
+            if simulated
+            else "Ultralytics' AutoBatch probes on each GPU type"
+        )
         self._batchplan_source = f"planned in the job ({how})"
         self._batchplan_cap = result.plan.ranks[RANK].max_batch
         if RANK == 0:
@@ -467,41 +521,62 @@ class PlannedTrainerMixin:
         plan = self.batchplan_rank_plan
         gpu = plan.gpu
         if RANK in {-1, 0}:
-            weight_decay = next((g["weight_decay"] for g in self.optimizer.param_groups
-                                 if g.get("param_group") in {"weight", "muon"}), self.args.weight_decay)
+            weight_decay = next(
+                (
+                    g["weight_decay"]
+                    for g in self.optimizer.param_groups
+                    if g.get("param_group") in {"weight", "muon"}
+                ),
+                self.args.weight_decay,
+            )
             ranks = f"{plan.world_size} rank{'s' if plan.world_size != 1 else ''}"
-            say(f"{ranks}, {self._batchplan_source}: {plan.step_batch} images per step, "
+            say(
+                f"{ranks}, {self._batchplan_source}: {plan.step_batch} images per step, "
                 f"global batch {plan.global_batch}, accumulate {self.accumulate} (nbs {self.args.nbs}) and "
-                f"weight_decay {weight_decay:.6g} on every rank")
+                f"weight_decay {weight_decay:.6g} on every rank"
+            )
             say(self._loss_line(plan))
             if plan.world_size > 1:
                 say(self._batchnorm_line(plan))
         steps = len(self.train_loader)
         cap = f", cap {self._batchplan_cap}" if self._batchplan_cap is not None else ""
-        say(f"rank {plan.rank}/{plan.world_size} {self.device} {gpu}: batch {plan.batch} of {plan.step_batch} per "
-            f"step ({plan.batch / plan.step_batch:.1%}{cap}), {steps} step{'s' if steps != 1 else ''} per epoch")
+        say(
+            f"rank {plan.rank}/{plan.world_size} {self.device} {gpu}: batch {plan.batch} of {plan.step_batch} per "
+            f"step ({plan.batch / plan.step_batch:.1%}{cap}), {steps} step{'s' if steps != 1 else ''} per epoch"
+        )
 
     def _loss_line(self, plan: Any) -> str:
         task = self.batchplan_task
         if self.batchplan_loss_reduction == "sum":
-            return (f"loss: Ultralytics' {task} loss is its per-image mean × the rank's batch, × the world size: "
-                    "DDP's mean counts every image of the step once, no per-rank weight (planner/runtime/weights.py)")
-        return (f"loss: Ultralytics' {task} loss is a mean over the rank's images: × loss_weight b_i·W/B "
-                f"= {plan.loss_weight:.4g} on rank {plan.rank}, so that every image of the step counts once "
-                "(planner/runtime/weights.py)")
+            return (
+                f"loss: Ultralytics' {task} loss is its per-image mean × the rank's batch, × the world size: "
+                "DDP's mean counts every image of the step once, no per-rank weight (planner/runtime/weights.py)"
+            )
+        return (
+            f"loss: Ultralytics' {task} loss is a mean over the rank's images: × loss_weight b_i·W/B "
+            f"= {plan.loss_weight:.4g} on rank {plan.rank}, so that every image of the step counts once "
+            "(planner/runtime/weights.py)"
+        )
 
     def _batchnorm_line(self, plan: Any) -> str:
         uneven = len(set(plan.batches)) > 1
         batches = ", ".join(map(str, plan.batches))
         if self._batchplan_sync_bn:
-            return (f"BatchNorm: SyncBatchNorm ({self._batchplan_sync_bn} layers) over all {plan.step_batch} images "
-                    "of each step; checkpoints keep plain BatchNorm")
-        why = "sync_bn=False" if self.batchplan.sync_bn is False else (
-            f"sync_bn off: SyncBatchNorm needs CUDA, the ranks run on {self.device.type}")
+            return (
+                f"BatchNorm: SyncBatchNorm ({self._batchplan_sync_bn} layers) over all {plan.step_batch} images "
+                "of each step; checkpoints keep plain BatchNorm"
+            )
+        why = (
+            "sync_bn=False"
+            if self.batchplan.sync_bn is False
+            else (f"sync_bn off: SyncBatchNorm needs CUDA, the ranks run on {self.device.type}")
+        )
         if not uneven:
             return f"BatchNorm: each rank over its own batch ({why}); the batches are equal ({batches})"
-        return (f"BatchNorm: each rank over its own batch ({why}); with uneven batches ({batches}) the ranks' "
-                "BatchNorm statistics differ")
+        return (
+            f"BatchNorm: each rank over its own batch ({why}); with uneven batches ({batches}) the ranks' "
+            "BatchNorm statistics differ"
+        )
 
 
 def _cuda_gpu(index: int) -> Any:
@@ -513,5 +588,6 @@ def _cuda_gpu(index: int) -> Any:
 
     props = torch.cuda.get_device_properties(index)
     total = int(props.total_memory)
-    return GpuStats(index=index, name=props.name, memory_total_bytes=total, memory_used_bytes=0,
-                    memory_free_bytes=total)
+    return GpuStats(
+        index=index, name=props.name, memory_total_bytes=total, memory_used_bytes=0, memory_free_bytes=total
+    )

@@ -18,6 +18,16 @@ from planner.obtain.method import Method, ResolvedMethod, planned_method, resolv
 from planner.obtain.request import Profiled, ProfileOrigin, ProfileRequest
 
 __all__ = [
-    "Method", "ProfileOrigin", "ProfileRequest", "Profiled", "ResolvedMethod", "job_fingerprint", "make_profile",
-    "obtain_profile", "planned_key", "planned_method", "profile_key_inputs", "resolve_method",
+    "Method",
+    "ProfileOrigin",
+    "ProfileRequest",
+    "Profiled",
+    "ResolvedMethod",
+    "job_fingerprint",
+    "make_profile",
+    "obtain_profile",
+    "planned_key",
+    "planned_method",
+    "profile_key_inputs",
+    "resolve_method",
 ]

@@ -20,7 +20,9 @@ Layout = Annotated[tuple[Annotated[int, Meta(gt=0)], ...], Meta(min_length=1)]
 
 def _key(inputs: Mapping[str, str]) -> str:
     """The file name the release before the store gave a layout (its entries keep theirs)."""
-    return hashlib.sha256(repr((inputs["model"], inputs["fingerprint"], inputs["torch_version"])).encode()).hexdigest()[:24]
+    return hashlib.sha256(
+        repr((inputs["model"], inputs["fingerprint"], inputs["torch_version"])).encode()
+    ).hexdigest()[:24]
 
 
 def _legacy(document: object, where: str) -> tuple[tuple[int, ...], None]:
@@ -31,12 +33,20 @@ def _legacy(document: object, where: str) -> tuple[tuple[int, ...], None]:
 
 
 GRADIENTS: Namespace[tuple[int, ...]] = Namespace(
-    what="gradient layout cache entry", folder="gradients", schema="batchplan/gradient-layout-cache@1",
-    payload="grad_bytes", value_type=Layout, key_of=_key, redo="building the model's parameter shapes again",
-    legacy=_legacy)
+    what="gradient layout cache entry",
+    folder="gradients",
+    schema="batchplan/gradient-layout-cache@1",
+    payload="grad_bytes",
+    value_type=Layout,
+    key_of=_key,
+    redo="building the model's parameter shapes again",
+    legacy=_legacy,
+)
 
 
-def gradient_layout(job: JobSpec, identity: tuple[str, str], store: CacheStore | None) -> tuple[tuple[int, ...], str]:
+def gradient_layout(
+    job: JobSpec, identity: tuple[str, str], store: CacheStore | None
+) -> tuple[tuple[int, ...], str]:
     """(gradient bytes per parameter that requires grad, where they come from) for ``job``'s model.
 
     ``identity``: ``planner.obtain.job_fingerprint(job)``, the cache key. A cache that cannot be written costs

@@ -40,24 +40,36 @@ def profile_key_inputs(request: ProfileRequest, method: Method, identity: JobIde
     from torchkit.estimate.identity import estimate_identity
 
     fingerprint, torch_version = identity
-    return job_key_inputs(request.job, request.gpu, method=Method(method).value, fingerprint=fingerprint,
-                          torch_version=torch_version, time_model=estimate_identity())
+    return job_key_inputs(
+        request.job,
+        request.gpu,
+        method=Method(method).value,
+        fingerprint=fingerprint,
+        torch_version=torch_version,
+        time_model=estimate_identity(),
+    )
 
 
 def planned_key(request: ProfileRequest, identity: JobIdentity) -> str:
     """The key the request's profile is looked up under (its ``planned_method``'s)."""
-    return key_of_inputs(profile_key_inputs(request, planned_method(request.method, request.device_index), identity))
+    return key_of_inputs(
+        profile_key_inputs(request, planned_method(request.method, request.device_index), identity)
+    )
 
 
-def _measured_in_job(request: ProfileRequest, cache: ProfileCache, key: str, fingerprint: str) -> Profiled | None:
+def _measured_in_job(
+    request: ProfileRequest, cache: ProfileCache, key: str, fingerprint: str
+) -> Profiled | None:
     """With ``auto``: the profile a re-balanced job measured for this GPU type, named by the planned ``key``."""
     job, gpu = request.job, request.gpu
     measured = find_measured(cache, job, gpu.name, job.amp_for(gpu), fingerprint=fingerprint)
     if measured is None:
         return None
     planned = planned_method(request.method, request.device_index).value
-    note = (f"{gpu.name}: step time measured in a running job (profile method 'job', from the profile cache); "
-            f"`method` auto prefers it over the {planned} profile")
+    note = (
+        f"{gpu.name}: step time measured in a running job (profile method 'job', from the profile cache); "
+        f"`method` auto prefers it over the {planned} profile"
+    )
     return Profiled(profile=measured, origin=ProfileOrigin.MEASURED_IN_JOB, key=key, notes=(note,))
 
 
@@ -88,8 +100,14 @@ def obtain_profile(
     key = key_of_inputs(inputs)
     checker = _Verifier(request, make, cache) if verify and cache is not None else None
     if cache is not None:
-        measured = _measured_in_job(request, cache, key, identity[0]) if Method(request.method) is Method.AUTO else None
-        if measured is not None and (checker is None or checker.trusts(measured.profile, "measured in a running job")):
+        measured = (
+            _measured_in_job(request, cache, key, identity[0])
+            if Method(request.method) is Method.AUTO
+            else None
+        )
+        if measured is not None and (
+            checker is None or checker.trusts(measured.profile, "measured in a running job")
+        ):
             return checker.noted(measured) if checker else measured
         cached = cache.get(key)
         if cached is not None and (checker is None or checker.trusts(cached, cache.path_for(key))):
@@ -110,8 +128,12 @@ def obtain_profile(
 class _Verifier:
     """``obtain_profile``'s check of cached profiles against one fresh estimate, made when first needed."""
 
-    def __init__(self, request: ProfileRequest, make: Callable[[ProfileRequest], DeviceProfile | None],
-                 cache: ProfileCache) -> None:
+    def __init__(
+        self,
+        request: ProfileRequest,
+        make: Callable[[ProfileRequest], DeviceProfile | None],
+        cache: ProfileCache,
+    ) -> None:
         self._estimate_request = replace(request, method=Method.ESTIMATE, device_index=None, node=None)
         self._make = make
         self._cache = cache
@@ -130,17 +152,23 @@ class _Verifier:
         fresh = self._fresh_estimate()
         gpu = self._estimate_request.gpu.name
         if fresh is None:  # no probe could estimate: the entry stands unchecked, and the plan says so
-            self._checked.append(f"{gpu}: the cached {cached.method} profile ({where}) could not be checked "
-                                 "against a fresh estimate (none could be made); used unchecked")
+            self._checked.append(
+                f"{gpu}: the cached {cached.method} profile ({where}) could not be checked "
+                "against a fresh estimate (none could be made); used unchecked"
+            )
             return True
         comparison = compare_with_estimate(cached, fresh)
         if comparison.agrees:
-            self._checked.append(f"{gpu}: the cached {cached.method} profile ({where}) agrees with a fresh "
-                                 f"estimate: {comparison.describe()}")
+            self._checked.append(
+                f"{gpu}: the cached {cached.method} profile ({where}) agrees with a fresh "
+                f"estimate: {comparison.describe()}"
+            )
             return True
-        message = (f"profile cache entry {where} ({cached.method} profile of {gpu}) disagrees with a fresh estimate "
-                   f"of the same job beyond the estimator's range: {comparison.describe()}; ignoring it and "
-                   "profiling again")
+        message = (
+            f"profile cache entry {where} ({cached.method} profile of {gpu}) disagrees with a fresh estimate "
+            f"of the same job beyond the estimator's range: {comparison.describe()}; ignoring it and "
+            "profiling again"
+        )
         log.warning(message)
         self._cache.problems.append(message)
         return False

@@ -45,7 +45,11 @@ def workload_for(job: JobSpec):
     for directory in factory_search_dirs(job.model):
         if directory not in sys.path:
             sys.path.append(directory)
-    limit = user_code_time_limit(job.user_code_timeout_s, job.model) if ":" in job.model else contextlib.nullcontext()
+    limit = (
+        user_code_time_limit(job.user_code_timeout_s, job.model)
+        if ":" in job.model
+        else contextlib.nullcontext()
+    )
     with limit:  # a factory that hangs is stopped (planner.obtain.time_limit)
         return get_workload(
             job.model,
@@ -109,7 +113,12 @@ def _estimated_curves(
     from torchkit.estimate import DEFAULT_PROBE_BATCHES, estimate_curves, range_probe_batch
 
     cache = estimates_cache if estimates_cache is not None else {}
-    options = {"amp": amp, "optimizer": job.optimizer, "estimates_cache": cache, "channels_last": job.channels_last}
+    options = {
+        "amp": amp,
+        "optimizer": job.optimizer,
+        "estimates_cache": cache,
+        "channels_last": job.channels_last,
+    }
     curves = estimate_curves(workload, gpu, **options)
     extra = range_probe_batch(curves, gpu.memory_bytes, upper=MAX_PLANNED_BATCH)
     if extra is None:
@@ -151,16 +160,27 @@ def make_profile(
     raise AssertionError(f"resolve_method gave {resolved.method!r}")  # our own invariant: estimate or measure
 
 
-def _estimated_profile(job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, estimates_cache: dict[Any, Any] | None,
-                       made: dict[str, Any], notes: list[str]) -> DeviceProfile:
+def _estimated_profile(
+    job: JobSpec,
+    gpu: GpuSpec,
+    workload: Any,
+    amp: str,
+    estimates_cache: dict[Any, Any] | None,
+    made: dict[str, Any],
+    notes: list[str],
+) -> DeviceProfile:
     """The profile the fake-tensor estimator gives for ``gpu`` (``made``: the fields both ways record; ``notes``:
     said before), with the time model's uncertainty for that GPU type."""
     from torchkit.estimate.time_model import uncertainty_for
 
     curves, range_probe = _estimated_curves(job, gpu, workload, amp, estimates_cache)
     if range_probe is not None:
-        log.info("%s: the small-batch probes are launch-bound (eager dispatch); one more fake pass at batch %d "
-                 "prices the batches near the memory cap", gpu.name, range_probe)
+        log.info(
+            "%s: the small-batch probes are launch-bound (eager dispatch); one more fake pass at batch %d "
+            "prices the batches near the memory cap",
+            gpu.name,
+            range_probe,
+        )
     notes = [*notes, *workload.notes]  # what the model source stands in for or leaves out (e.g. YOLO's loss)
     uncertainty = uncertainty_for(gpu)
     if not uncertainty.calibrated_gpu:
@@ -175,20 +195,28 @@ def _estimated_profile(job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, esti
         time_log_sigma=uncertainty.log_sigma,
         time_model=uncertainty.basis,
         # the overlap of DDP's all-reduces with the backward pass (planner.plan.comm): the probes' median
-        backward_share=statistics.median(s for _, s in curves.backward_shares) if curves.backward_shares else None,
+        backward_share=statistics.median(s for _, s in curves.backward_shares)
+        if curves.backward_shares
+        else None,
     )
 
 
-def _measured_profile(job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, device_index: int | None,
-                      made: dict[str, Any]) -> DeviceProfile:
+def _measured_profile(
+    job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, device_index: int | None, made: dict[str, Any]
+) -> DeviceProfile:
     """The profile measured on CUDA device ``device_index`` (``made``: the fields both ways record)."""
     import torch
 
     from torchkit.estimate.overhead import DEFAULT_CUDA_OVERHEAD
     from torchkit.step.measure import measure_curve
 
-    curve = measure_curve(workload, torch.device("cuda", device_index), amp=amp, optimizer=job.optimizer,
-                          context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes)
+    curve = measure_curve(
+        workload,
+        torch.device("cuda", device_index),
+        amp=amp,
+        optimizer=job.optimizer,
+        context_bytes=DEFAULT_CUDA_OVERHEAD.context_bytes,
+    )
     notes = (
         [f"{gpu.name}: measured in the default (NCHW) memory format; channels_last changes estimates only"]
         if job.channels_last
@@ -202,5 +230,7 @@ def _measured_profile(job: JobSpec, gpu: GpuSpec, workload: Any, amp: str, devic
         notes=notes,
         time_model="measured",
         # the overlap of DDP's all-reduces with the backward pass, timed: the probes' median
-        backward_share=statistics.median(s for _, s in curve.backward_shares) if curve.backward_shares else None,
+        backward_share=statistics.median(s for _, s in curve.backward_shares)
+        if curve.backward_shares
+        else None,
     )

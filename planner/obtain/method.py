@@ -64,9 +64,12 @@ def resolve_method(requested: Method, device_index: int | None, gpu_name: str) -
         return ResolvedMethod(method=Method.MEASURE)
     if Method(requested) is Method.MEASURE:
         raise FieldError(
-            "method", f"`method` measure needs a CUDA GPU of type {gpu_name} (device {device_index}) where it is "
-            "profiled, and none is usable there (use `method` estimate or auto)"
+            "method",
+            f"`method` measure needs a CUDA GPU of type {gpu_name} (device {device_index}) where it is "
+            "profiled, and none is usable there (use `method` estimate or auto)",
         )
-    return ResolvedMethod(method=Method.ESTIMATE,
-                          note=f"{gpu_name}: no free GPU of this type to measure on (CUDA cannot use device "
-                          f"{device_index} here); estimated")
+    return ResolvedMethod(
+        method=Method.ESTIMATE,
+        note=f"{gpu_name}: no free GPU of this type to measure on (CUDA cannot use device "
+        f"{device_index} here); estimated",
+    )

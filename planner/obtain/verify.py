@@ -71,7 +71,9 @@ class Comparison:
 
     @property
     def agrees(self) -> bool:
-        return self.time_factor <= self.allowed_time_factor and self.memory_factor <= self.allowed_memory_factor
+        return (
+            self.time_factor <= self.allowed_time_factor and self.memory_factor <= self.allowed_memory_factor
+        )
 
     def describe(self) -> str:
         """Both figures of both quantities, and the range each was held to."""
@@ -102,9 +104,12 @@ def compare_with_estimate(cached: DeviceProfile, fresh: DeviceProfile) -> Compar
     time_batch = max(b for b, _ in cached.time_points)
     memory_batch = max(b for b, _ in cached.memory_points)
     return Comparison(
-        time_batch=time_batch, cached_step_time_s=cached.step_time_s(time_batch),
+        time_batch=time_batch,
+        cached_step_time_s=cached.step_time_s(time_batch),
         fresh_step_time_s=fresh.step_time_s(time_batch),
-        memory_batch=memory_batch, cached_memory_bytes=cached.memory_bytes(memory_batch),
+        memory_batch=memory_batch,
+        cached_memory_bytes=cached.memory_bytes(memory_batch),
         fresh_memory_bytes=fresh.memory_bytes(memory_batch),
-        allowed_time_factor=time_factor, allowed_memory_factor=memory_factor,
+        allowed_time_factor=time_factor,
+        allowed_memory_factor=memory_factor,
     )

@@ -92,7 +92,9 @@ def build_plan(
         alternatives={k: float(v) for k, v in allocation.alternatives.items()},
         ranks=tuple(ranks),
         nodes=_node_entries(ranks, included, addresses, master_addr, master_port, script, plan_path),
-        launch=LaunchInfo(master_addr=master_addr, master_port=master_port, script=script, plan_path=plan_path),
+        launch=LaunchInfo(
+            master_addr=master_addr, master_port=master_port, script=script, plan_path=plan_path
+        ),
         excluded=tuple(all_excluded),
         profiles={key: profiles[key] for key in used_profiles},
         warnings=tuple(_plan_warnings([*warnings, *comm_warnings], rank_profiles, allocation, caps)),
@@ -118,7 +120,10 @@ def _node_ordered(slots: Sequence[RankSlot], excluded: Sequence[ExcludedDevice])
 
 
 def _allocate(
-    job: JobSpec, slots: Sequence[RankSlot], fits: Sequence[AffineTimeFit], caps: Sequence[int],
+    job: JobSpec,
+    slots: Sequence[RankSlot],
+    fits: Sequence[AffineTimeFit],
+    caps: Sequence[int],
     sync: SyncInputs | None = None,
 ) -> Allocation:
     """The job's allocation over ``slots``, each device at its own time curve ``fits``, plus the gradient
@@ -137,8 +142,12 @@ def _allocate(
 
 
 def _expected_balance_range(
-    slots: Sequence[RankSlot], profiles: Mapping[str, DeviceProfile], fits: Sequence[AffineTimeFit],
-    caps: Sequence[int], allocation: Allocation, multiple_of: int,
+    slots: Sequence[RankSlot],
+    profiles: Mapping[str, DeviceProfile],
+    fits: Sequence[AffineTimeFit],
+    caps: Sequence[int],
+    allocation: Allocation,
+    multiple_of: int,
 ) -> tuple[float, float]:
     """The allocation's balance efficiency when each GPU type's step time is off by ±1σ of its profile's time
     model (``planner.allocate.uncertainty``), every device at its own curve ``fits`` (the one the allocation
@@ -159,22 +168,36 @@ def _expected_balance_range(
 def _below_min_batch(slots: Sequence[RankSlot], allocation: Allocation) -> list[ExcludedDevice]:
     """The devices the allocation left out (a cap below the minimum batch), each with its reason."""
     return [
-        ExcludedDevice(node=slots[i].node, device_index=slots[i].device_index, gpu=slots[i].gpu, reason=reason,
-                       kind=ExclusionKind.BELOW_MIN_BATCH)
+        ExcludedDevice(
+            node=slots[i].node,
+            device_index=slots[i].device_index,
+            gpu=slots[i].gpu,
+            reason=reason,
+            kind=ExclusionKind.BELOW_MIN_BATCH,
+        )
         for i, reason in sorted(allocation.excluded_reasons.items())
     ]
 
 
-def _included_rank_entries(slots: Sequence[RankSlot], caps: Sequence[int], fits: Sequence[AffineTimeFit],
-                           allocation: Allocation, profiles: Mapping[str, DeviceProfile]) -> list[RankEntry]:
+def _included_rank_entries(
+    slots: Sequence[RankSlot],
+    caps: Sequence[int],
+    fits: Sequence[AffineTimeFit],
+    allocation: Allocation,
+    profiles: Mapping[str, DeviceProfile],
+) -> list[RankEntry]:
     """The rank entries of the slots the allocation included (``_rank_entries``), from the per-slot ``caps``
     and ``fits`` and the allocation's per-slot batches and idle fractions."""
     included = [slots[i] for i in range(len(slots)) if allocation.included[i]]
-    return _rank_entries(included, [caps[i] for i in range(len(slots)) if allocation.included[i]],
-                         [fits[i] for i in range(len(slots)) if allocation.included[i]],
-                         [int(b) for b, inc in zip(allocation.batches, allocation.included, strict=True) if inc],
-                         [float(f) for f, inc in zip(allocation.idle_fraction, allocation.included, strict=True) if inc],
-                         profiles, allocation.step_batch)
+    return _rank_entries(
+        included,
+        [caps[i] for i in range(len(slots)) if allocation.included[i]],
+        [fits[i] for i in range(len(slots)) if allocation.included[i]],
+        [int(b) for b, inc in zip(allocation.batches, allocation.included, strict=True) if inc],
+        [float(f) for f, inc in zip(allocation.idle_fraction, allocation.included, strict=True) if inc],
+        profiles,
+        allocation.step_batch,
+    )
 
 
 def _rank_entries(
@@ -192,7 +215,9 @@ def _rank_entries(
     local_counts: dict[str, int] = {}
     ranks = []
     node_ranks = {node: i for i, node in enumerate(node_order)}
-    for rank, (slot, cap, fit, batch, idle) in enumerate(zip(slots, caps, fits, batches, idle_fractions, strict=True)):
+    for rank, (slot, cap, fit, batch, idle) in enumerate(
+        zip(slots, caps, fits, batches, idle_fractions, strict=True)
+    ):
         profile = profiles[slot.profile]
         local_rank = local_counts.get(slot.node, 0)
         local_counts[slot.node] = local_rank + 1
@@ -230,7 +255,9 @@ def _node_entries(
 ) -> tuple[NodeEntry, ...]:
     """Each node with its CUDA_VISIBLE_DEVICES (its ranks' devices in local-rank order), its torchrun line and
     its environment, built from checked values (``planner.plan.launch.NodeLaunch``)."""
-    devices: dict[str, list[str]] = {}  # node -> its ranks' devices in local-rank order (dicts keep node order)
+    devices: dict[
+        str, list[str]
+    ] = {}  # node -> its ranks' devices in local-rank order (dicts keep node order)
     for r in ranks:
         devices.setdefault(r.node, []).append(slots[r.rank].visible_id or str(r.device_index))
     nodes = []
@@ -260,7 +287,10 @@ def _node_entries(
 
 
 def _plan_warnings(
-    warnings: Sequence[str], used_profiles: Sequence[DeviceProfile], allocation: Allocation, caps: Sequence[int]
+    warnings: Sequence[str],
+    used_profiles: Sequence[DeviceProfile],
+    allocation: Allocation,
+    caps: Sequence[int],
 ) -> list[str]:
     """The caller's warnings, the profiles' notes (once each), the allocation's advice, the batch bound."""
     all_warnings = list(warnings)

@@ -79,9 +79,15 @@ def backward_share_of(profiles: Sequence[DeviceProfile]) -> tuple[float, str]:
     listed = ", ".join(f"{gpu} {s:.2f}" for gpu, s, _ in known)
     measured = sorted({gpu for gpu, _, method in known if method == "measure"})
     if not measured:
-        return share, f"estimated: the backward pass's kernels' share of the forward + backward roofline time ({listed})"
+        return (
+            share,
+            f"estimated: the backward pass's kernels' share of the forward + backward roofline time ({listed})",
+        )
     how = "measured" if len(measured) == len({gpu for gpu, _, _ in known}) else "measured and estimated"
-    return share, f"{how}: the backward pass's share of forward + backward, timed on {', '.join(measured)} ({listed})"
+    return (
+        share,
+        f"{how}: the backward pass's share of forward + backward, timed on {', '.join(measured)} ({listed})",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +107,9 @@ def ring_shape(slots: Sequence[RankSlot], hops: Sequence[Hop]) -> str:
     counts: dict[str, int] = {}
     for slot in slots:
         counts[slot.node] = counts.get(slot.node, 0) + 1
-    links = [f"{h.hop}={h.link.name}@{h.link.bus_bytes_per_s:.6g}B/s+{h.link.step_latency_s:.6g}s" for h in hops]
+    links = [
+        f"{h.hop}={h.link.name}@{h.link.bus_bytes_per_s:.6g}B/s+{h.link.step_latency_s:.6g}s" for h in hops
+    ]
     return ";".join([*(f"{node}x{count}" for node, count in counts.items()), *links])
 
 
@@ -117,7 +125,9 @@ def ring_hops(slots: Sequence[RankSlot], inputs: SyncInputs) -> tuple[RingCost, 
     hops: list[Hop] = []
     for node, count in counts.items():
         if count > 1:
-            link = inputs.measured.get(f"intra:{node}") or inputs.interconnect.intra_link(node, gpu_of[node], count)
+            link = inputs.measured.get(f"intra:{node}") or inputs.interconnect.intra_link(
+                node, gpu_of[node], count
+            )
             hops.append(Hop(hop=f"intra {node}", link=link))
     if len(counts) > 1:
         for node in counts:
@@ -133,17 +143,26 @@ def ring_hops(slots: Sequence[RankSlot], inputs: SyncInputs) -> tuple[RingCost, 
 def _ring(num_ranks: int, num_nodes: int, hops: Sequence[Hop], slowdown: float) -> RingCost:
     intra = [h.link for h in hops if h.hop.startswith("intra")]
     net = [h.link for h in hops if h.hop.startswith("network")]
-    return RingCost(num_ranks=num_ranks, num_nodes=num_nodes,
-                    intra=min(intra, key=lambda link: link.bus_bytes_per_s) if intra else None,
-                    network=min(net, key=lambda link: link.bus_bytes_per_s) if net else None, slowdown=slowdown)
+    return RingCost(
+        num_ranks=num_ranks,
+        num_nodes=num_nodes,
+        intra=min(intra, key=lambda link: link.bus_bytes_per_s) if intra else None,
+        network=min(net, key=lambda link: link.bus_bytes_per_s) if net else None,
+        slowdown=slowdown,
+    )
 
 
 def section_ring(comm: CommSection) -> tuple[RingCost, tuple[Bucket, ...]]:
     """The ring of a plan's ``comm`` section at its links' own figures (slowdown 1) and its buckets (sizes in
     launch order, each ready when the bytes up to it are): what a running job checks its measured
     synchronisation against."""
-    hops = [Hop(hop=h.hop, link=LinkCost(name=h.link, bus_bytes_per_s=h.bus_bytes_per_s, step_latency_s=h.step_latency_s))
-            for h in comm.links]
+    hops = [
+        Hop(
+            hop=h.hop,
+            link=LinkCost(name=h.link, bus_bytes_per_s=h.bus_bytes_per_s, step_latency_s=h.step_latency_s),
+        )
+        for h in comm.links
+    ]
     ring = _ring(comm.num_ranks, comm.num_nodes, hops, 1.0)
     sizes = list(comm.bucket_bytes)
     total, done, buckets = sum(sizes), 0, []
@@ -186,16 +205,32 @@ def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: Sync
         bucket_bytes=tuple(b.size_bytes for b in buckets),
         num_ranks=ring.num_ranks,
         num_nodes=ring.num_nodes,
-        links=tuple(LinkHop(hop=h.hop, link=h.link.name, bus_bytes_per_s=h.link.bus_bytes_per_s,
-                            step_latency_s=h.link.step_latency_s, source=h.link.source) for h in hops),
+        links=tuple(
+            LinkHop(
+                hop=h.hop,
+                link=h.link.name,
+                bus_bytes_per_s=h.link.bus_bytes_per_s,
+                step_latency_s=h.link.step_latency_s,
+                source=h.link.source,
+            )
+            for h in hops
+        ),
         bottleneck=bottleneck.hop if bottleneck is not None else None,
         allreduce_s=timeline.allreduce_total_s if ring.num_ranks > 1 else 0.0,
         exposed_s=exposed,
         # how sure: from full overlap (the model's figure) to none (every all-reduce after the backward pass,
         # as when the collective competes with the compute for the same units); PyTorch's published DDP
         # benchmark sits near the no-overlap end (bench/bench_comm.py)
-        exposed_range_s=(exposed, exposed_sync_s(buckets, ring, compute_s=compute_s,
-                                                 backward_share=inputs.backward_share, overlap_efficiency=0.0)),
+        exposed_range_s=(
+            exposed,
+            exposed_sync_s(
+                buckets,
+                ring,
+                compute_s=compute_s,
+                backward_share=inputs.backward_share,
+                overlap_efficiency=0.0,
+            ),
+        ),
         compute_s=compute_s,
         exposed_share=exposed / optimizer_step_s if optimizer_step_s > 0 else 0.0,
         backward_share=inputs.backward_share,
@@ -204,8 +239,9 @@ def comm_section(slots: Sequence[RankSlot], allocation: Allocation, inputs: Sync
         measured=inputs.measured_note,
         ring_shape=shape,
         slowdown=ring.slowdown,
-        exposed_source=job_sync.source if job_sync is not None else (
-            "the links' model" if ring.num_ranks > 1 else "none: one rank"),
+        exposed_source=job_sync.source
+        if job_sync is not None
+        else ("the links' model" if ring.num_ranks > 1 else "none: one rank"),
         job_sync=job_sync,
     )
 
@@ -216,9 +252,11 @@ def assumed_network_warning(slots: Sequence[RankSlot], inputs: SyncInputs) -> st
     assumed = [h.hop.removeprefix("network ") for h in hops if h.assumed]
     if not assumed:
         return None
-    return (f"the network between nodes is not stated: {DEFAULT_NETWORK_GBPS:g} Gb/s Ethernet assumed for "
-            f"{', '.join(assumed)} in the gradient synchronisation (state it in the cluster config: a network: "
-            "mapping with gbps: and latency_us:, per node where they differ)")
+    return (
+        f"the network between nodes is not stated: {DEFAULT_NETWORK_GBPS:g} Gb/s Ethernet assumed for "
+        f"{', '.join(assumed)} in the gradient synchronisation (state it in the cluster config: a network: "
+        "mapping with gbps: and latency_us:, per node where they differ)"
+    )
 
 
 def sync_advice(allocation: Allocation, section: CommSection) -> list[str]:
@@ -234,14 +272,17 @@ def sync_advice(allocation: Allocation, section: CommSection) -> list[str]:
         if new_share <= ADVISE_EXPOSED_SHARE / 2 or k == _ACCUMULATE_TRIALS[-1]:
             break
     rate = k * a * allocation.step_batch / (k * a * compute + sync)
-    return [f"gradient synchronisation is {share:.0%} of the step ({sync * 1e3:.1f} ms exposed per optimizer step "
-            f"over {section.bottleneck}): accumulating {k * a} micro-steps under DDP's no_sync() (global batch "
-            f"{k * a * allocation.step_batch}, the same per-rank batches) would give {rate:,.0f} samples/s, "
-            f"{rate / now:.2f}× faster (sync {new_share:.0%} of the step); so would a faster network"]
+    return [
+        f"gradient synchronisation is {share:.0%} of the step ({sync * 1e3:.1f} ms exposed per optimizer step "
+        f"over {section.bottleneck}): accumulating {k * a} micro-steps under DDP's no_sync() (global batch "
+        f"{k * a * allocation.step_batch}, the same per-rank batches) would give {rate:,.0f} samples/s, "
+        f"{rate / now:.2f}× faster (sync {new_share:.0%} of the step); so would a faster network"
+    ]
 
 
-def plan_comm_fields(slots: Sequence[RankSlot], allocation: Allocation,
-                     inputs: SyncInputs | None) -> tuple[CommSection | None, list[str], list[str]]:
+def plan_comm_fields(
+    slots: Sequence[RankSlot], allocation: Allocation, inputs: SyncInputs | None
+) -> tuple[CommSection | None, list[str], list[str]]:
     """(the ``comm`` section, warnings, notes) the synchronisation adds to a plan over the included ``slots``.
     Without ``inputs`` (the model's gradients unknown) nothing is added."""
     if inputs is None:
@@ -264,11 +305,20 @@ def comm_summary(plan: Plan) -> str | None:
         return "gradient sync: none (one GPU)"
     exposed_ms, allreduce_ms = comm.exposed_s * 1e3, comm.allreduce_s * 1e3
     slowest = next((link for link in comm.links if link.hop == comm.bottleneck), None)
-    over = (f"{comm.bottleneck} ({slowest.link}, {slowest.bus_bytes_per_s / 1e9:.3g} GB/s, "
-            f"{slowest.source.split(' (')[0]})" if slowest else "?")
-    slowed = (f"; measured in the job: all-reduces {comm.job_sync.slowdown:.3g}× the links' time"
-              if comm.job_sync is not None else "")
-    return (f"gradient sync: {comm.gradient_bytes / 1e6:.1f} MB in {len(comm.bucket_bytes)} buckets; "
-            f"compute {comm.compute_s * 1e3:.1f} ms + exposed sync {exposed_ms:.1f} ms per optimizer step "
-            f"({comm.exposed_share:.0%} of it; all-reduce {allreduce_ms:.1f} ms, the rest overlaps "
-            f"backward, up to {comm.exposed_range_s[1] * 1e3:.1f} ms without overlap) over {over}{slowed}")
+    over = (
+        f"{comm.bottleneck} ({slowest.link}, {slowest.bus_bytes_per_s / 1e9:.3g} GB/s, "
+        f"{slowest.source.split(' (')[0]})"
+        if slowest
+        else "?"
+    )
+    slowed = (
+        f"; measured in the job: all-reduces {comm.job_sync.slowdown:.3g}× the links' time"
+        if comm.job_sync is not None
+        else ""
+    )
+    return (
+        f"gradient sync: {comm.gradient_bytes / 1e6:.1f} MB in {len(comm.bucket_bytes)} buckets; "
+        f"compute {comm.compute_s * 1e3:.1f} ms + exposed sync {exposed_ms:.1f} ms per optimizer step "
+        f"({comm.exposed_share:.0%} of it; all-reduce {allreduce_ms:.1f} ms, the rest overlaps "
+        f"backward, up to {comm.exposed_range_s[1] * 1e3:.1f} ms without overlap) over {over}{slowed}"
+    )

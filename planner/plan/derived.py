@@ -43,8 +43,10 @@ def rank_time_fit(profile_fit: AffineTimeFit, speed_factor: float) -> AffineTime
         raise ConfigError(f"speed_factor must be in (0, 1], got {speed_factor!r}")
     if speed_factor == 1:
         return profile_fit
-    return AffineTimeFit(intercept_s=profile_fit.intercept_s / speed_factor,
-                         s_per_sample=profile_fit.s_per_sample / speed_factor)
+    return AffineTimeFit(
+        intercept_s=profile_fit.intercept_s / speed_factor,
+        s_per_sample=profile_fit.s_per_sample / speed_factor,
+    )
 
 
 def loss_weight_of(batch: int, world_size: int, step_batch: int) -> float:
@@ -64,7 +66,9 @@ def check_loss_weight(weight: float, batch: int, world_size: int, step_batch: in
         )
 
 
-def check_totals(world_size: int, global_batch: int, accumulate: int, step_batch: int, batches: Sequence[int]) -> None:
+def check_totals(
+    world_size: int, global_batch: int, accumulate: int, step_batch: int, batches: Sequence[int]
+) -> None:
     """``world_size = len(batches) > 0``, ``step_batch = Σ batches``, ``global_batch = step_batch × accumulate``."""
     if world_size != len(batches):
         raise ConfigError(f"world_size {world_size} != number of ranks {len(batches)}")
@@ -84,7 +88,9 @@ def check_identities(plan: Any) -> None:
     Raises:
         ConfigError: the first identity broken, naming the field by its path in the plan.
     """
-    check_totals(plan.world_size, plan.global_batch, plan.accumulate, plan.step_batch, [r.batch for r in plan.ranks])
+    check_totals(
+        plan.world_size, plan.global_batch, plan.accumulate, plan.step_batch, [r.batch for r in plan.ranks]
+    )
     _check_numbering(plan)
     for key, profile in plan.profiles.items():
         check_profile(profile, f"profiles[{key!r}]")
@@ -100,7 +106,9 @@ def check_sections(plan: Any) -> None:
     if span is not None:
         low, high = span
         if not low <= high:
-            raise ConfigError(f"balance_efficiency_range [{low!r}, {high!r}] must be [low, high] with low <= high")
+            raise ConfigError(
+                f"balance_efficiency_range [{low!r}, {high!r}] must be [low, high] with low <= high"
+            )
         if not low - RANGE_ABS_TOLERANCE <= plan.balance_efficiency <= high + RANGE_ABS_TOLERANCE:
             raise ConfigError(
                 f"balance_efficiency {plan.balance_efficiency!r} is outside its own expected range "
@@ -123,7 +131,9 @@ def _check_ranks(plan: Any) -> None:
     batches = np.fromiter((r.batch for r in ranks), dtype=np.float64, count=len(ranks))
     weights = np.fromiter((r.loss_weight for r in ranks), dtype=np.float64, count=len(ranks))
     for i in _suspects(weights, batches * plan.world_size / plan.step_batch, WEIGHT_REL_TOLERANCE):
-        check_loss_weight(ranks[i].loss_weight, ranks[i].batch, plan.world_size, plan.step_batch, f"ranks[{i}]")
+        check_loss_weight(
+            ranks[i].loss_weight, ranks[i].batch, plan.world_size, plan.step_batch, f"ranks[{i}]"
+        )
     if plan.measured is not None:  # a re-balanced plan states the times its job measured, not the profile's
         return
     fits = {key: profile.time_fit for key, profile in plan.profiles.items()}
@@ -161,7 +171,9 @@ def _check_numbering(plan: Any) -> None:
     position: dict[str, int] = {}
     for j, node in enumerate(plan.nodes):
         if node.node_rank != j:
-            raise ConfigError(f"nodes[{j}].node_rank is {node.node_rank}, expected {j} (nodes in node-rank order)")
+            raise ConfigError(
+                f"nodes[{j}].node_rank is {node.node_rank}, expected {j} (nodes in node-rank order)"
+            )
         if node.name in position:
             raise ConfigError(f"nodes names a node twice ({node.name!r})")
         position[node.name] = j
@@ -177,9 +189,13 @@ def _check_numbering(plan: Any) -> None:
             raise ConfigError(f"{at}.rank is {rank.rank}, expected {i} (ranks must be in order)")
         node_rank = position.get(rank.node)
         if node_rank is None:
-            raise ConfigError(f"{at}.node {rank.node!r} is not one of the plan's nodes ({', '.join(position)})")
+            raise ConfigError(
+                f"{at}.node {rank.node!r} is not one of the plan's nodes ({', '.join(position)})"
+            )
         if rank.node_rank != node_rank:
-            raise ConfigError(f"{at}.node_rank is {rank.node_rank}, but node {rank.node!r} is nodes[{node_rank}]")
+            raise ConfigError(
+                f"{at}.node_rank is {rank.node_rank}, but node {rank.node!r} is nodes[{node_rank}]"
+            )
         if node_rank != current:
             if node_rank != current + 1 or counts[current] == 0:
                 raise ConfigError(
@@ -207,20 +223,28 @@ def _check_launch_lines(plan: Any) -> None:
     """Each node's device list, torchrun line and environment are exactly what its checked fields give."""
     first = plan.nodes[0].address or plan.nodes[0].name
     if plan.launch.master_addr != first:
-        raise ConfigError(f"launch.master_addr {plan.launch.master_addr!r} is not the address of node rank 0 ({first!r})")
+        raise ConfigError(
+            f"launch.master_addr {plan.launch.master_addr!r} is not the address of node rank 0 ({first!r})"
+        )
     start = 0
     for node in plan.nodes:
-        check_node_launch(node, plan.ranks[start:start + node.nproc_per_node], plan.launch, len(plan.nodes))
+        check_node_launch(node, plan.ranks[start : start + node.nproc_per_node], plan.launch, len(plan.nodes))
         start += node.nproc_per_node
 
 
 def node_launch(node: Any, launch: Any, num_nodes: int) -> NodeLaunch:
     """The launch of ``node`` (a ``NodeEntry``) rebuilt from its fields and the plan's ``launch`` (checked by
     ``NodeLaunch``)."""
-    return NodeLaunch(nnodes=num_nodes, node_rank=node.node_rank, nproc_per_node=node.nproc_per_node,
-                      master_addr=launch.master_addr, master_port=launch.master_port,
-                      cuda_visible_devices=node.cuda_visible_devices, script=launch.script,
-                      plan_path=launch.plan_path or DEFAULT_PLAN_PATH)
+    return NodeLaunch(
+        nnodes=num_nodes,
+        node_rank=node.node_rank,
+        nproc_per_node=node.nproc_per_node,
+        master_addr=launch.master_addr,
+        master_port=launch.master_port,
+        cuda_visible_devices=node.cuda_visible_devices,
+        script=launch.script,
+        plan_path=launch.plan_path or DEFAULT_PLAN_PATH,
+    )
 
 
 def check_node_launch(node: Any, node_ranks: Sequence[Any], launch: Any, num_nodes: int) -> None:

@@ -81,5 +81,7 @@ def _cluster_config_fix(source: Path) -> str | None:
     """A YAML file given where a plan belongs is most likely a cluster config: plan it instead."""
     if source.suffix.lower() not in (".yaml", ".yml"):
         return None
-    return (f"{source} is YAML, a cluster config rather than a plan: plan it with batchplan plan --cluster "
-            f"{shlex.quote(str(source))} -o plan.json, then batchplan show plan.json")
+    return (
+        f"{source} is YAML, a cluster config rather than a plan: plan it with batchplan plan --cluster "
+        f"{shlex.quote(str(source))} -o plan.json, then batchplan show plan.json"
+    )

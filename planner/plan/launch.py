@@ -75,13 +75,19 @@ class NodeLaunch:
         """``torchrun`` and its arguments, one list item per word."""
         return [
             "torchrun",
-            "--nnodes", str(self.nnodes),
-            "--node-rank", str(self.node_rank),
-            "--nproc-per-node", str(self.nproc_per_node),
-            "--master-addr", self.master_addr,
-            "--master-port", str(self.master_port),
+            "--nnodes",
+            str(self.nnodes),
+            "--node-rank",
+            str(self.node_rank),
+            "--nproc-per-node",
+            str(self.nproc_per_node),
+            "--master-addr",
+            self.master_addr,
+            "--master-port",
+            str(self.master_port),
             self.script,
-            "--plan", self.plan_path,
+            "--plan",
+            self.plan_path,
         ]
 
     def torchrun_line(self) -> str:
@@ -110,7 +116,9 @@ def check_launch(launch: NodeLaunch, where: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: {name} must be an integer, got {value!r}")
     if launch.nnodes < 1 or launch.nproc_per_node < 1:
-        raise ConfigError(f"{where}: nnodes and nproc_per_node must be >= 1, got {launch.nnodes}, {launch.nproc_per_node}")
+        raise ConfigError(
+            f"{where}: nnodes and nproc_per_node must be >= 1, got {launch.nnodes}, {launch.nproc_per_node}"
+        )
     if not 0 <= launch.node_rank < launch.nnodes:
         raise ConfigError(f"{where}: node_rank {launch.node_rank} is not in 0..{launch.nnodes - 1}")
     if not 1 <= launch.master_port <= 65535:
@@ -181,4 +189,9 @@ def check_path_word(path: object, where: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _is_path_word(path: str) -> bool:
     """What :func:`check_path_word` accepts, remembered (every node of a plan names the same script and plan)."""
-    return bool(path.strip()) and len(path) <= MAX_PATH_CHARS and not _CONTROL.search(path) and not path.startswith("-")
+    return (
+        bool(path.strip())
+        and len(path) <= MAX_PATH_CHARS
+        and not _CONTROL.search(path)
+        and not path.startswith("-")
+    )

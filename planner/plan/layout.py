@@ -75,12 +75,18 @@ def plan_text(doc: Mapping[str, Any]) -> tuple[str, str | None]:
     text = "".join(pieces)
     if set(spans) != set(INDEXED_ARRAYS):
         return text, None
-    fields = json.dumps({
-        "schema": INDEX_SCHEMA, "plan_bytes": length,
-        "ranks_at": list(spans["ranks"]), "nodes_at": list(spans["nodes"]),
-        "ranks": entries["ranks"], "nodes": entries["nodes"],
-        "batches": [r.get("batch") if isinstance(r, Mapping) else None for r in doc["ranks"]],
-    }, separators=(",", ":"))
+    fields = json.dumps(
+        {
+            "schema": INDEX_SCHEMA,
+            "plan_bytes": length,
+            "ranks_at": list(spans["ranks"]),
+            "nodes_at": list(spans["nodes"]),
+            "ranks": entries["ranks"],
+            "nodes": entries["nodes"],
+            "batches": [r.get("batch") if isinstance(r, Mapping) else None for r in doc["ranks"]],
+        },
+        separators=(",", ":"),
+    )
     digest = _digest(text.encode("ascii"), fields.encode("ascii"))
     return text, f'{{"sha256":"{digest}",{fields[1:]}\n'
 
@@ -108,11 +114,11 @@ class PlanParts:
 
     def rank(self, i: int) -> bytes:
         """The text of ``ranks[i]``."""
-        return self.raw[self.rank_spans[2 * i]:self.rank_spans[2 * i + 1]]
+        return self.raw[self.rank_spans[2 * i] : self.rank_spans[2 * i + 1]]
 
     def node(self, j: int) -> bytes:
         """The text of ``nodes[j]``."""
-        return self.raw[self.node_spans[2 * j]:self.node_spans[2 * j + 1]]
+        return self.raw[self.node_spans[2 * j] : self.node_spans[2 * j + 1]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +144,7 @@ def plan_parts(raw: bytes, index_text: bytes, source: str) -> PlanParts | None:
     index does not match them (the plan is then read whole, which also gives the error of a damaged file)."""
     index_text = index_text.rstrip(b"\n")
     signed = _SIGNED.match(index_text)
-    if signed is None or _digest(raw, b"{" + index_text[signed.end():]) != signed.group(1).decode():
+    if signed is None or _digest(raw, b"{" + index_text[signed.end() :]) != signed.group(1).decode():
         return None
     try:
         index = decode(RankIndex, index_text, where=source, fix="")
@@ -147,8 +153,14 @@ def plan_parts(raw: bytes, index_text: bytes, source: str) -> PlanParts | None:
     if not _in_order(index, len(raw)) or not _batches_match(raw, index.ranks, index.batches):
         return None
     (r0, r1), (n0, n1) = index.ranks_at, index.nodes_at
-    return PlanParts(header=raw[:r0] + b"[]" + raw[r1:n0] + b"[]" + raw[n1:], batches=index.batches,
-                     num_nodes=len(index.nodes) // 2, raw=raw, rank_spans=index.ranks, node_spans=index.nodes)
+    return PlanParts(
+        header=raw[:r0] + b"[]" + raw[r1:n0] + b"[]" + raw[n1:],
+        batches=index.batches,
+        num_nodes=len(index.nodes) // 2,
+        raw=raw,
+        rank_spans=index.ranks,
+        node_spans=index.nodes,
+    )
 
 
 def _batches_match(raw: bytes, rank_spans: tuple[int, ...], batches: tuple[int, ...]) -> bool:

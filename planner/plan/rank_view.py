@@ -72,10 +72,19 @@ class RankView:
 def rank_view(plan: Plan, rank: int) -> RankView:
     """Rank ``rank``'s view of a typed (so validated) plan."""
     entry = plan.ranks[rank]
-    return RankView(entry=entry, node=plan.nodes[entry.node_rank], num_nodes=len(plan.nodes),
-                    world_size=plan.world_size, global_batch=plan.global_batch, accumulate=plan.accumulate,
-                    step_batch=plan.step_batch, batches=tuple(r.batch for r in plan.ranks), job=plan.job,
-                    profile=plan.profiles[entry.profile], launch=plan.launch)
+    return RankView(
+        entry=entry,
+        node=plan.nodes[entry.node_rank],
+        num_nodes=len(plan.nodes),
+        world_size=plan.world_size,
+        global_batch=plan.global_batch,
+        accumulate=plan.accumulate,
+        step_batch=plan.step_batch,
+        batches=tuple(r.batch for r in plan.ranks),
+        job=plan.job,
+        profile=plan.profiles[entry.profile],
+        launch=plan.launch,
+    )
 
 
 def read_rank_view(path: str | os.PathLike, choose: RankChoice) -> RankView:
@@ -88,7 +97,9 @@ def read_rank_view(path: str | os.PathLike, choose: RankChoice) -> RankView:
     source = Path(path)
     where = str(source)
     if not source.is_file():
-        raise ConfigError(f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})")
+        raise ConfigError(
+            f"plan file {source} does not exist (create one with: batchplan plan ... -o {source})"
+        )
     raw = read_limited_bytes(source, what="plan file", max_bytes=MAX_PLAN_BYTES, fix=plan_fix(source))
     parts = _indexed_parts(raw, source)
     header = None
@@ -126,8 +137,11 @@ def _whole(raw: bytes, where: str, choose: RankChoice) -> RankView:
 def _checked_header(parts: PlanParts, where: str) -> Any:
     """Every field but the ranks and nodes, read and checked as the whole plan's are (``planner.codec``), the
     sections' identities (``planner.plan.derived.check_sections``) and the totals over the index's batches."""
-    header = SimpleNamespace(**decode_fields(Plan, parts.header, where=where, fix=plan_fix(Path(where)),
-                                             without=("ranks", "nodes")))
+    header = SimpleNamespace(
+        **decode_fields(
+            Plan, parts.header, where=where, fix=plan_fix(Path(where)), without=("ranks", "nodes")
+        )
+    )
     check_sections(header)
     check_totals(header.world_size, header.global_batch, header.accumulate, header.step_batch, parts.batches)
     return header
@@ -155,9 +169,19 @@ def _part_view(parts: PlanParts, header: Any, rank: int, where: str) -> RankView
     if header.launch.master_addr != (first.address or first.name):
         raise ConfigError("launch.master_addr is not the address of node rank 0")
     check_node_launch(node, [entry], header.launch, parts.num_nodes)
-    return RankView(entry=entry, node=node, num_nodes=parts.num_nodes, world_size=header.world_size,
-                    global_batch=header.global_batch, accumulate=header.accumulate, step_batch=header.step_batch,
-                    batches=parts.batches, job=header.job, profile=profile, launch=header.launch)
+    return RankView(
+        entry=entry,
+        node=node,
+        num_nodes=parts.num_nodes,
+        world_size=header.world_size,
+        global_batch=header.global_batch,
+        accumulate=header.accumulate,
+        step_batch=header.step_batch,
+        batches=parts.batches,
+        job=header.job,
+        profile=profile,
+        launch=header.launch,
+    )
 
 
 def _checked_node(parts: PlanParts, j: int, where: str) -> NodeEntry:

@@ -37,7 +37,9 @@ def node_script(plan: Plan) -> str:
     shapes = {(launch.nproc_per_node, launch.cuda_visible_devices) for launch in launches}
     if len(shapes) == 1:
         return _torchrun_words(launches[0], f'"${NODE_RANK_VAR}"')
-    cases = " ".join(f"{launch.node_rank}) {_torchrun_words(launch, str(launch.node_rank))};;" for launch in launches)
+    cases = " ".join(
+        f"{launch.node_rank}) {_torchrun_words(launch, str(launch.node_rank))};;" for launch in launches
+    )
     unknown = f'*) echo "batchplan: ${NODE_RANK_VAR} is not a node rank of this plan" >&2; exit 2;;'
     return f'case "${NODE_RANK_VAR}" in {cases} {unknown} esac'
 
@@ -45,8 +47,18 @@ def node_script(plan: Plan) -> str:
 def srun_argv(plan: Plan) -> list[str]:
     """``srun`` and its words: one task per plan node, each running :func:`node_script`."""
     names = [node.name for node in plan.nodes]
-    return ["srun", "--nodes", str(len(names)), "--ntasks-per-node", "1", "--nodelist", ",".join(names),
-            "bash", "-c", node_script(plan)]
+    return [
+        "srun",
+        "--nodes",
+        str(len(names)),
+        "--ntasks-per-node",
+        "1",
+        "--nodelist",
+        ",".join(names),
+        "bash",
+        "-c",
+        node_script(plan),
+    ]
 
 
 def srun_line(plan: Plan) -> str:

@@ -41,8 +41,15 @@ NonNegative = Annotated[float, Meta(ge=0)]
 Share = Annotated[float, Meta(ge=0, le=1)]
 Line = Annotated[str, Meta(description="be a string")]
 Lines = Annotated[tuple[Line, ...], Meta(max_length=MAX_LINES)]
-NodeName = Annotated[str, Meta(pattern=rf"\A(?:{NODE_NAME.pattern})\Z", description=(
-    "be a node name (letters, digits, '.', '_' and '-', starting with a letter or digit, at most 253 characters)"))]
+NodeName = Annotated[
+    str,
+    Meta(
+        pattern=rf"\A(?:{NODE_NAME.pattern})\Z",
+        description=(
+            "be a node name (letters, digits, '.', '_' and '-', starting with a letter or digit, at most 253 characters)"
+        ),
+    ),
+]
 Host = Annotated[str, Meta(pattern=rf"\A(?:{HOST.pattern})\Z", description="be a host name or IP address")]
 
 
@@ -124,9 +131,12 @@ class RankEntry:
     total_memory_bytes: Count
     predicted_step_time_s: Annotated[float, Meta(gt=0)]
     idle_fraction: Annotated[float, Meta(ge=0, le=1, description="be a share in [0, 1]")] | None = field(
-        default=None, metadata=OMIT_DEFAULT)
+        default=None, metadata=OMIT_DEFAULT
+    )
     """share of a step this rank waits for the slowest; None in plans written without it"""
-    speed_factor: Annotated[float, Meta(gt=0, le=1, description="be a share of the profiled speed in (0, 1]")] = 1.0
+    speed_factor: Annotated[
+        float, Meta(gt=0, le=1, description="be a share of the profiled speed in (0, 1]")
+    ] = 1.0
     """share of the profiled speed the rank gets on its GPU (below 1 where other work keeps it busy:
     ``planner.probing.busy``); ``predicted_step_time_s`` is the profile's time divided by it"""
 
@@ -143,7 +153,8 @@ class NodeEntry:
     nproc_per_node: Annotated[int, Meta(ge=1, le=MAX_PLAN_RANKS)]
     torchrun: str
     env: Annotated[dict[str, str], Meta(description="map names to strings")] | None = field(
-        default=None, metadata=OMIT_DEFAULT)
+        default=None, metadata=OMIT_DEFAULT
+    )
     """the node's launch environment (``--emit env``); None in plans written without it"""
 
 
@@ -162,28 +173,38 @@ class LaunchInfo:
 class Plan:
     """A whole plan (``batchplan/plan@1``); the field meanings are in DESIGN.md, "Interfaces"."""
 
-    schema: Annotated[Literal["batchplan/plan@1"], Meta(description=f"be {SCHEMA!r} (is it a batchplan plan?)")]
+    schema: Annotated[
+        Literal["batchplan/plan@1"], Meta(description=f"be {SCHEMA!r} (is it a batchplan plan?)")
+    ]
     created: str
     """ISO 8601 UTC time the plan was made"""
     job: JobSpec
     world_size: Annotated[int, Meta(ge=1, le=MAX_PLAN_RANKS)]
     global_batch: Annotated[int, Meta(le=MAX_COUNT)]
     """``step_batch × accumulate`` (so >= 0: ``planner.plan.derived``); a bad ``accumulate`` is named, not it"""
-    accumulate: Annotated[int, Meta(ge=1, le=MAX_COUNT, description="be >= 1 (micro-steps per optimizer step)")]
+    accumulate: Annotated[
+        int, Meta(ge=1, le=MAX_COUNT, description="be >= 1 (micro-steps per optimizer step)")
+    ]
     step_batch: Count
     predicted_step_time_s: NonNegative
     """the slowest rank's compute plus the exposed synchronisation per optimizer step, shared over its micro-steps"""
     throughput_samples_per_s: NonNegative
     balance_efficiency: NonNegative
-    balance_efficiency_range: Annotated[
-        tuple[Share, Share], Meta(description="be [low, high] with 0 <= low <= high <= 1")
-    ] | None = field(default=None, metadata=OMIT_DEFAULT)
+    balance_efficiency_range: (
+        Annotated[tuple[Share, Share], Meta(description="be [low, high] with 0 <= low <= high <= 1")] | None
+    ) = field(default=None, metadata=OMIT_DEFAULT)
     """(low, high) balance efficiency to expect at real speed: each GPU type's step time off by ±1σ of the
     calibrated time model (``planner.allocate.uncertainty``); None in plans written without it"""
     mode: Mode
-    alternatives: Annotated[dict[str, Annotated[float, Meta(
-        ge=0, description="be a throughput in samples/s (a number >= 0)")]], Meta(max_length=MAX_ALTERNATIVES)
-    ] | None = field(default=None, metadata=OMIT_DEFAULT)
+    alternatives: (
+        Annotated[
+            dict[
+                str, Annotated[float, Meta(ge=0, description="be a throughput in samples/s (a number >= 0)")]
+            ],
+            Meta(max_length=MAX_ALTERNATIVES),
+        ]
+        | None
+    ) = field(default=None, metadata=OMIT_DEFAULT)
     """throughput of the options the advice compared; None in plans written without it"""
     ranks: tuple[RankEntry, ...]
     nodes: tuple[NodeEntry, ...]

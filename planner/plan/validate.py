@@ -70,4 +70,5 @@ def _check_is_a_plan(document: Any, where: str) -> None:
         raise ConfigError(f"{where} must be a JSON object (a batchplan plan), got {type(document).__name__}")
     if document.get("schema") != SCHEMA:
         raise ConfigError(
-            f"{where} has schema {document.get('schema')!r}, expected {SCHEMA!r} (is it a batchplan plan?)")
+            f"{where} has schema {document.get('schema')!r}, expected {SCHEMA!r} (is it a batchplan plan?)"
+        )

@@ -51,8 +51,7 @@ class Backend(Protocol):
 
         Raises ProbeFailure (the probe is unusable) or a UserError (the job itself is bad)."""
 
-    def probing_metadata(self) -> dict:
-        ...
+    def probing_metadata(self) -> dict: ...
 
     def num_probes(self) -> int:
         """How many nodes (probes, for a real cluster) will answer: what the progress line counts."""
@@ -159,7 +158,9 @@ class RayBackend:
         self.actors: dict[str, Any] = {}  # group id -> actor handle
         self.actor_names: dict[str, str] = {}
         self.group_nodes: dict[str, list[str]] = {}  # group id -> node names it answers for
-        self.actor_addresses: dict[str, str] = {}  # group id -> its node's address (the link probe's rendezvous)
+        self.actor_addresses: dict[
+            str, str
+        ] = {}  # group id -> its node's address (the link probe's rendezvous)
         for group_id, (ray_node, sim_nodes) in groups.items():
             self.actor_addresses[group_id] = ray_node.address
             # a real node by address and Ray node id: several raylets may share one host's address
@@ -189,7 +190,9 @@ class RayBackend:
             except Exception:  # already dead
                 log.debug("probe %s already gone", group_id)
 
-    def _wait_relaying(self, refs: dict, timeout_s: float, key: str, item: str, node: str) -> tuple[dict, dict]:
+    def _wait_relaying(
+        self, refs: dict, timeout_s: float, key: str, item: str, node: str
+    ) -> tuple[dict, dict]:
         """``_wait``, and meanwhile the probe's progress lines under ``key`` as ``profile``/``progress`` events,
         about once a second (``planner.probing.progress_relay``)."""
         from planner.probing import progress_relay
@@ -199,8 +202,11 @@ class RayBackend:
         def relay() -> None:
             for line in progress_relay.new_lines(key, seen[0]):
                 seen[0] += 1
-                self.on_event(Event(stage="profile", status="progress", item=item,
-                                    detail={"node": node, "message": line}))
+                self.on_event(
+                    Event(
+                        stage="profile", status="progress", item=item, detail={"node": node, "message": line}
+                    )
+                )
 
         try:
             return self._wait(refs, timeout_s, poll=relay)
@@ -219,8 +225,11 @@ class RayBackend:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            ready, _ = ray.wait(list(pending.values()), num_returns=1,
-                                timeout=remaining if poll is None else min(remaining, 1.0))
+            ready, _ = ray.wait(
+                list(pending.values()),
+                num_returns=1,
+                timeout=remaining if poll is None else min(remaining, 1.0),
+            )
             if poll is not None:
                 poll()
             for ref in ready:
@@ -277,14 +286,24 @@ class RayBackend:
         group_id = candidates[0]
         node = request.node or (self.group_nodes[group_id][0] if self.group_nodes[group_id] else group_id)
         self.on_event(
-            Event(stage="profile", status="start", item=request.gpu.name,
-                  detail={"node": node, "actor_name": self.actor_names[group_id],
-                          "method": planned_method(request.method, request.device_index).value})
+            Event(
+                stage="profile",
+                status="start",
+                item=request.gpu.name,
+                detail={
+                    "node": node,
+                    "actor_name": self.actor_names[group_id],
+                    "method": planned_method(request.method, request.device_index).value,
+                },
+            )
         )
         key = f"progress/{self.run_id}/{next(self._profiles_asked)}"
-        ref = self.actors[group_id].profile.remote(request.job, request.gpu.name, request.method.value,
-                                                   request.device_index, key)
-        results, failures = self._wait_relaying({group_id: ref}, self.profile_timeout_s, key, request.gpu.name, node)
+        ref = self.actors[group_id].profile.remote(
+            request.job, request.gpu.name, request.method.value, request.device_index, key
+        )
+        results, failures = self._wait_relaying(
+            {group_id: ref}, self.profile_timeout_s, key, request.gpu.name, node
+        )
         if group_id in results:
             return results[group_id]["profile"], node
         reason = failures[group_id]
@@ -296,14 +315,18 @@ class RayBackend:
     def num_probes(self) -> int:
         return sum(len(nodes) or 1 for nodes in self.group_nodes.values())
 
-    def measure_network(self, sizes: Sequence[int], repeats: int, timeout_s: float) -> tuple[list[float], int]:
+    def measure_network(
+        self, sizes: Sequence[int], repeats: int, timeout_s: float
+    ) -> tuple[list[float], int]:
         """A timed all-reduce among the live probes of a real cluster (one per node): (median seconds per size
         from rank 0, number of probes). Raises ProbeFailure when a probe fails or times out."""
         live = [g for g in self.actors if g not in self.dead_groups]
         master = self.actor_addresses[live[0]]
         port = self._ray.get(self.actors[live[0]].free_port.remote(), timeout=self.probe_timeout_s)
-        refs = {g: self.actors[g].allreduce_probe.remote(rank, len(live), master, port, list(sizes), repeats)
-                for rank, g in enumerate(live)}
+        refs = {
+            g: self.actors[g].allreduce_probe.remote(rank, len(live), master, port, list(sizes), repeats)
+            for rank, g in enumerate(live)
+        }
         results, failures = self._wait(refs, timeout_s)
         if failures:
             group, reason = next(iter(failures.items()))
@@ -312,7 +335,9 @@ class RayBackend:
 
     def probing_metadata(self) -> dict:
         live = [actor for group, actor in self.actors.items() if group not in self.dead_groups]
-        answers, _ = self._wait({i: actor.torch_imported.remote() for i, actor in enumerate(live)}, timeout_s=10.0)
+        answers, _ = self._wait(
+            {i: actor.torch_imported.remote() for i, actor in enumerate(live)}, timeout_s=10.0
+        )
         return {
             "probes_imported_torch": sum(1 for imported in answers.values() if imported is True),
             "backend": "ray",

@@ -71,9 +71,15 @@ def busy_summary(
     if skipped:
         said.append("skipped " + "; ".join(f"{node} GPU {s.index} ({_load(s)})" for node, s, _ in skipped))
     if derated:
-        said.append("planned at reduced speed " + "; ".join(
-            f"{node} GPU {s.index} at {speed_factor(s):.0%} speed ({_load(s)}; budget {budget / GIB:.1f} GiB)"
-            for node, s, budget in derated))
-    return (f"shared GPUs: {'; '.join(said)} (policy: skip below {min_free_memory_fraction:.0%} free memory or "
-            f"above {max_utilization_fraction:.0%} utilisation, else plan at 1 - utilisation of the speed; "
-            "`min_free_memory_fraction`, `max_utilization_fraction`)")
+        said.append(
+            "planned at reduced speed "
+            + "; ".join(
+                f"{node} GPU {s.index} at {speed_factor(s):.0%} speed ({_load(s)}; budget {budget / GIB:.1f} GiB)"
+                for node, s, budget in derated
+            )
+        )
+    return (
+        f"shared GPUs: {'; '.join(said)} (policy: skip below {min_free_memory_fraction:.0%} free memory or "
+        f"above {max_utilization_fraction:.0%} utilisation, else plan at 1 - utilisation of the speed; "
+        "`min_free_memory_fraction`, `max_utilization_fraction`)"
+    )

@@ -32,5 +32,10 @@ def cluster_inventory(
             session, catalog, cluster=cluster, on_event=lambda e: None, probe_timeout_s=probe_timeout_s
         )
         inventories, failed = backend.inventories(select, min_free_memory_fraction, max_utilization_fraction)
-    return [*map(node_entry, inventories),
-            *(failed_node_entry(name, simulated=cluster is not None, reason=reason) for name, reason in failed.items())]
+    return [
+        *map(node_entry, inventories),
+        *(
+            failed_node_entry(name, simulated=cluster is not None, reason=reason)
+            for name, reason in failed.items()
+        ),
+    ]

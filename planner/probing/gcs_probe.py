@@ -35,9 +35,13 @@ DEFAULT_GCS_PORT = 6379
 _GCS_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"
 _UNAUTHENTICATED, _UNIMPLEMENTED = 16, 12
 #: Ray's other default ports, named when a user gives one of them (Ray 2.60 ``ray_constants``)
-_OTHER_RAY_PORTS = {8265: "the Ray dashboard's port", 10001: "Ray Client's port (ray://HOST:10001)",
-                    52365: "the dashboard agent's port", 8076: "the object manager's port",
-                    8077: "the node manager's port"}
+_OTHER_RAY_PORTS = {
+    8265: "the Ray dashboard's port",
+    10001: "Ray Client's port (ray://HOST:10001)",
+    52365: "the dashboard agent's port",
+    8076: "the object manager's port",
+    8077: "the node manager's port",
+}
 
 
 class GcsAnswer(enum.Enum):
@@ -52,7 +56,13 @@ class GcsAnswer(enum.Enum):
 def split_host_port(address: str) -> tuple[str, int] | None:
     """``host:port`` (``[v6]:port``) -> (host, port), or None where it is not one."""
     host, _, port_text = address.rpartition(":")
-    if not host or not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5 or int(port_text) > 65535:
+    if (
+        not host
+        or not port_text.isascii()
+        or not port_text.isdigit()
+        or len(port_text) > 5
+        or int(port_text) > 65535
+    ):
         return None
     return host.strip("[]"), int(port_text)
 
@@ -66,8 +76,10 @@ def ask_gcs(address: str, *, timeout_s: float = GCS_PROBE_TIMEOUT_S) -> GcsAnswe
     """
     parts = split_host_port(address)
     if parts is None:
-        raise ClusterUnreachableError(f"{printable(address)!r} is not a Ray address (use HOST:PORT, e.g. "
-                                      f"head-node:{DEFAULT_GCS_PORT}, or auto)")
+        raise ClusterUnreachableError(
+            f"{printable(address)!r} is not a Ray address (use HOST:PORT, e.g. "
+            f"head-node:{DEFAULT_GCS_PORT}, or auto)"
+        )
     host, port = parts
     try:
         reply = unary_call(host, port, _GCS_METHOD, timeout_s=timeout_s)
@@ -75,19 +87,26 @@ def ask_gcs(address: str, *, timeout_s: float = GCS_PROBE_TIMEOUT_S) -> GcsAnswe
         raise ClusterUnreachableError(
             f"cannot reach the Ray cluster at {address!r}: {exc.strerror or exc} "
             f"(check the address and port{_likely_ports(host, port)}, that `ray status` works there, and the "
-            "firewall)") from None
+            "firewall)"
+        ) from None
     status = reply.grpc_status
     if reply.http2 and status == 0 and reply.data_bytes > 0:
         return GcsAnswer.ACCEPTS
     if reply.http2 and status == _UNAUTHENTICATED:
         return GcsAnswer.WANTS_TOKEN
     if not reply.first_bytes:
-        what = (f"accepts connections but answered nothing in {timeout_s:.0f} s" if not reply.closed
-                else "accepts connections and closes them without a word")
+        what = (
+            f"accepts connections but answered nothing in {timeout_s:.0f} s"
+            if not reply.closed
+            else "accepts connections and closes them without a word"
+        )
     elif not reply.http2:
         said = reply.first_bytes.split(b"\r\n", 1)[0].decode("latin-1")
-        what = (f"answers HTTP/1 ({printable(said, max_chars=40)!r}), not gRPC" if said.startswith("HTTP/")
-                else "answers in a protocol that is not HTTP/2 (a GCS speaks gRPC)")
+        what = (
+            f"answers HTTP/1 ({printable(said, max_chars=40)!r}), not gRPC"
+            if said.startswith("HTTP/")
+            else "answers in a protocol that is not HTTP/2 (a GCS speaks gRPC)"
+        )
     elif status == _UNIMPLEMENTED:
         what = "is a gRPC server without Ray's GCS service"
     elif status is not None:
@@ -97,7 +116,8 @@ def ask_gcs(address: str, *, timeout_s: float = GCS_PROBE_TIMEOUT_S) -> GcsAnswe
     named = _OTHER_RAY_PORTS.get(port)
     raise ClusterUnreachableError(
         f"{address!r} is not a Ray cluster's GCS: it {what}{f' ({port} is {named})' if named else ''} (give the "
-        f"GCS address{_likely_ports(host, port)}: `ray status` on the head prints it)")
+        f"GCS address{_likely_ports(host, port)}: `ray status` on the head prints it)"
+    )
 
 
 def _likely_ports(host: str, port: int) -> str:
@@ -105,8 +125,10 @@ def _likely_ports(host: str, port: int) -> str:
     default port."""
     running = sorted(p for p in running_gcs_ports() if p != port) if is_this_machine(host) else []
     if running:
-        owners = "; ".join(f"{host}:{p}" + (f", run by {owner}" if (owner := listening_owner(host, p)) else "")
-                           for p in running[:4])
+        owners = "; ".join(
+            f"{host}:{p}" + (f", run by {owner}" if (owner := listening_owner(host, p)) else "")
+            for p in running[:4]
+        )
         return f"; a Ray GCS listens on this machine at {owners}"
     if port != DEFAULT_GCS_PORT:
         return f"; Ray's GCS listens on {DEFAULT_GCS_PORT} unless `ray start --head --port` chose another"
@@ -185,7 +207,9 @@ def _proc_address(hex_text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Addres
         raw = bytes.fromhex(hex_text)
     except ValueError:
         return None
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    words = (
+        b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)) if sys.byteorder == "little" else raw
+    )
     address = ipaddress.ip_address(words)
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped

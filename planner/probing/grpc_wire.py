@@ -28,14 +28,66 @@ _MAX_READ_BYTES = 2**16
 
 #: RFC 7541 Appendix A: the names of the static table (1-based); values are read only for ``:status``
 _STATIC_NAMES = (
-    ":authority", ":method", ":method", ":path", ":path", ":scheme", ":scheme", ":status", ":status", ":status",
-    ":status", ":status", ":status", ":status", "accept-charset", "accept-encoding", "accept-language",
-    "accept-ranges", "accept", "access-control-allow-origin", "age", "allow", "authorization", "cache-control",
-    "content-disposition", "content-encoding", "content-language", "content-length", "content-location",
-    "content-range", "content-type", "cookie", "date", "etag", "expect", "expires", "from", "host", "if-match",
-    "if-modified-since", "if-none-match", "if-range", "if-unmodified-since", "last-modified", "link", "location",
-    "max-forwards", "proxy-authenticate", "proxy-authorization", "range", "referer", "refresh", "retry-after",
-    "server", "set-cookie", "strict-transport-security", "transfer-encoding", "user-agent", "vary", "via",
+    ":authority",
+    ":method",
+    ":method",
+    ":path",
+    ":path",
+    ":scheme",
+    ":scheme",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    ":status",
+    "accept-charset",
+    "accept-encoding",
+    "accept-language",
+    "accept-ranges",
+    "accept",
+    "access-control-allow-origin",
+    "age",
+    "allow",
+    "authorization",
+    "cache-control",
+    "content-disposition",
+    "content-encoding",
+    "content-language",
+    "content-length",
+    "content-location",
+    "content-range",
+    "content-type",
+    "cookie",
+    "date",
+    "etag",
+    "expect",
+    "expires",
+    "from",
+    "host",
+    "if-match",
+    "if-modified-since",
+    "if-none-match",
+    "if-range",
+    "if-unmodified-since",
+    "last-modified",
+    "link",
+    "location",
+    "max-forwards",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "range",
+    "referer",
+    "refresh",
+    "retry-after",
+    "server",
+    "set-cookie",
+    "strict-transport-security",
+    "transfer-encoding",
+    "user-agent",
+    "vary",
+    "via",
     "www-authenticate",
 )
 _STATIC_STATUS = {8: "200", 9: "204", 10: "206", 11: "304", 12: "400", 13: "404", 14: "500"}
@@ -88,7 +140,7 @@ def _string(data: bytes, pos: int) -> tuple[str | None, int, int]:
     """An HPACK string (§5.2): (text, or None where Huffman-coded; its length; next position)."""
     huffman = bool(data[pos] & 0x80)
     length, pos = _integer(data, pos, 7)
-    raw = data[pos:pos + length]
+    raw = data[pos : pos + length]
     return (None if huffman else raw.decode("latin-1")), length, pos + length
 
 
@@ -139,8 +191,9 @@ def _literal(name: str, value: str) -> bytes:
     return b"\x00" + bytes([len(encoded_name)]) + encoded_name + bytes([len(encoded_value)]) + encoded_value
 
 
-def unary_call(host: str, port: int, method: str, *, timeout_s: float,
-               extra_headers: tuple[tuple[str, str], ...] = ()) -> GrpcReply:
+def unary_call(
+    host: str, port: int, method: str, *, timeout_s: float, extra_headers: tuple[tuple[str, str], ...] = ()
+) -> GrpcReply:
     """Call ``method`` (``/package.Service/Method``) at ``host:port`` with an empty request; what came back by
     ``timeout_s`` (connecting included).
 
@@ -150,11 +203,22 @@ def unary_call(host: str, port: int, method: str, *, timeout_s: float,
     deadline = time.monotonic() + timeout_s
     reply = GrpcReply()
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
-        fields = [(":method", "POST"), (":scheme", "http"), (":path", method), (":authority", f"{host}:{port}"),
-                  ("content-type", "application/grpc"), ("te", "trailers"), *extra_headers]
+        fields = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", method),
+            (":authority", f"{host}:{port}"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            *extra_headers,
+        ]
         block = b"".join(_literal(name, value) for name, value in fields)
-        sock.sendall(_PREFACE + _frame(_SETTINGS, 0, 0, b"") + _frame(_HEADERS, _END_HEADERS, _STREAM, block)
-                     + _frame(_DATA, _END_STREAM, _STREAM, b"\x00\x00\x00\x00\x00"))
+        sock.sendall(
+            _PREFACE
+            + _frame(_SETTINGS, 0, 0, b"")
+            + _frame(_HEADERS, _END_HEADERS, _STREAM, block)
+            + _frame(_DATA, _END_STREAM, _STREAM, b"\x00\x00\x00\x00\x00")
+        )
         _read_reply(sock, reply, deadline)
     return reply
 
@@ -190,7 +254,7 @@ def _read_reply(sock: socket.socket, reply: GrpcReply, deadline: float) -> None:
             if len(buffer) < 9 + length:
                 break
             kind, flags, stream = buffer[3], buffer[4], int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
-            payload, buffer = buffer[9:9 + length], buffer[9 + length:]
+            payload, buffer = buffer[9 : 9 + length], buffer[9 + length :]
             if kind == _GOAWAY or (kind == _RST_STREAM and stream == _STREAM):
                 reply.reset = True
             if stream != _STREAM:
@@ -210,7 +274,7 @@ def _read_reply(sock: socket.socket, reply: GrpcReply, deadline: float) -> None:
 
 def _unpadded(payload: bytes, flags: int) -> bytes:
     if flags & _PADDED and payload:
-        return payload[1:len(payload) - payload[0]]
+        return payload[1 : len(payload) - payload[0]]
     return payload
 
 

@@ -19,6 +19,7 @@ from torchkit.hardware.nvml import GpuStats
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, kw_only=True)
 class HostInfo:
     """The host a node's ranks share: data-loader workers compete for its cores and memory."""
@@ -58,8 +59,12 @@ class NodeInventory:
         """A real node whose torch is a build without CUDA (its probe read so, ``torch_cuda_build``): nothing
         can be measured there, so ``auto`` is planned as the estimate it will be."""
         driver = self.driver or {}
-        return (not self.simulated and bool(driver.get("torch_version")) and "torch_cuda_version" in driver
-                and driver["torch_cuda_version"] is None)
+        return (
+            not self.simulated
+            and bool(driver.get("torch_version"))
+            and "torch_cuda_version" in driver
+            and driver["torch_cuda_version"] is None
+        )
 
     def device(self, index: int) -> GpuStats:
         for stats in self.devices:
@@ -75,7 +80,11 @@ class NodeInventory:
 
 
 def simulated_inventory(
-    node: NodeSpec, *, select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
+    node: NodeSpec,
+    *,
+    select: str = "all",
+    min_free_memory_fraction: float = 0.0,
+    max_utilization_fraction: float = 1.0,
 ) -> NodeInventory:
     """The inventory of a simulated node, from its config entry (no NVML)."""
     devices = tuple(
@@ -108,7 +117,10 @@ def simulated_inventory(
         gpu_types=tuple(gpu.spec.name for gpu in node.gpus),
         selection=selection,
         host=HostInfo(
-            hostname=node.name, cpu="simulated", cpu_count=node.cpu_count, memory_total_bytes=node.host_memory_bytes
+            hostname=node.name,
+            cpu="simulated",
+            cpu_count=node.cpu_count,
+            memory_total_bytes=node.host_memory_bytes,
         ),
     )
 
@@ -161,8 +173,11 @@ def torch_cuda_build(version_text: str | None = None) -> tuple[bool, str | None]
     except (SyntaxError, ValueError):
         return False, None
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
-                                                                      and len(node.targets) == 1 else None)
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        )
         if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
             value = node.value.value
             if value is None or isinstance(value, str):

@@ -34,17 +34,28 @@ PROBE_TIMEOUT_S = 120.0
 """the process group's timeout: a probe that cannot reach the others fails within it"""
 
 
-def timed_allreduce(rank: int, world: int, master_addr: str, master_port: int,
-                    sizes: Sequence[int] = PROBE_SIZES_BYTES, repeats: int = PROBE_REPEATS,
-                    timeout_s: float = PROBE_TIMEOUT_S) -> list[float]:
+def timed_allreduce(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    sizes: Sequence[int] = PROBE_SIZES_BYTES,
+    repeats: int = PROBE_REPEATS,
+    timeout_s: float = PROBE_TIMEOUT_S,
+) -> list[float]:
     """Join a process group of ``world`` probes and time an all-reduce of each of ``sizes`` bytes; the
     median seconds per size (every rank returns its own; rank 0's is the one used)."""
     import torch
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{master_addr}:{master_port}",
-                            rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"tcp://{master_addr}:{master_port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
     try:
         device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         medians = []
@@ -70,10 +81,14 @@ def network_link(sizes: Sequence[int], times_s: Sequence[float], world: int, bac
     """The measured network as the ring model's link: busbw from the fit, alpha spread over the ring's
     2(n-1) steps (the probes' ring crosses the network at every step)."""
     fit = fit_link(list(sizes), list(times_s), world)
-    return LinkCost(name="network", bus_bytes_per_s=fit.bus_bytes_per_s, step_latency_s=fit.alpha_s / (2 * (world - 1)),
-                    source=f"measured by the probes ({backend} all-reduce among {world} nodes, "
-                           f"{fit.bus_bytes_per_s / 1e9:.3g} GB/s busbw, alpha {fit.alpha_s * 1e6:.0f} µs, "
-                           f"fit error {fit.rms_relative_error:.0%})")
+    return LinkCost(
+        name="network",
+        bus_bytes_per_s=fit.bus_bytes_per_s,
+        step_latency_s=fit.alpha_s / (2 * (world - 1)),
+        source=f"measured by the probes ({backend} all-reduce among {world} nodes, "
+        f"{fit.bus_bytes_per_s / 1e9:.3g} GB/s busbw, alpha {fit.alpha_s * 1e6:.0f} µs, "
+        f"fit error {fit.rms_relative_error:.0%})",
+    )
 
 
 def _key(inputs: Mapping[str, str]) -> str:
@@ -89,8 +104,15 @@ def _legacy(document: object, where: str) -> tuple[LinkCost, None]:
 
 
 LINKS: Namespace[LinkCost] = Namespace(
-    what="measured network cache entry", folder="links", schema="batchplan/link-cache@1", payload="link",
-    value_type=LinkCost, key_of=_key, redo="measuring it again", legacy=_legacy)
+    what="measured network cache entry",
+    folder="links",
+    schema="batchplan/link-cache@1",
+    payload="link",
+    value_type=LinkCost,
+    key_of=_key,
+    redo="measuring it again",
+    legacy=_legacy,
+)
 
 
 def cached_network(store: CacheStore | None, nodes: Sequence[str]) -> LinkCost | None:

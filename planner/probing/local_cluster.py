@@ -119,9 +119,15 @@ def find_running_cluster(*, explicit: bool) -> FoundCluster | None:
         if explicit:
             raise ClusterUnreachableError(
                 f"--address auto does not use the Ray address file {printable(path)}: {refused} (name the cluster "
-                f"yourself, {join}, once you know whose it is)") from None
-        log.warning("not joining the Ray cluster the address file %s names: %s (to join it, give %s once you know "
-                    "whose it is); starting an embedded Ray instead", printable(path), refused, join)
+                f"yourself, {join}, once you know whose it is)"
+            ) from None
+        log.warning(
+            "not joining the Ray cluster the address file %s names: %s (to join it, give %s once you know "
+            "whose it is); starting an embedded Ray instead",
+            printable(path),
+            refused,
+            join,
+        )
         return None
 
 
@@ -129,8 +135,9 @@ def _from_address_file(path: str) -> FoundCluster | None:
     fix = "this is Ray's own file: give the cluster's address instead"
     if under_sudo():
         if os.path.lexists(path):
-            raise _NotUsed("batchplan runs under sudo, and a file a user's session wrote may name a cluster of "
-                           "anyone's")
+            raise _NotUsed(
+                "batchplan runs under sudo, and a file a user's session wrote may name a cluster of anyone's"
+            )
         return None
     try:
         raw = read_trusted(path, what="the Ray address file", fix=fix, max_bytes=_MAX_ADDRESS_FILE_BYTES)
@@ -149,8 +156,9 @@ def _from_address_file(path: str) -> FoundCluster | None:
         log.debug("the Ray address file %s names %s, where nothing listens: a stale file", path, address)
         return None
     if uid is not None and uid not in (0, os.geteuid()):
-        raise _NotUsed(f"it names {address}, where a GCS of {owner} listens, not one of this user's or root's",
-                       address)
+        raise _NotUsed(
+            f"it names {address}, where a GCS of {owner} listens, not one of this user's or root's", address
+        )
     return FoundCluster(address=address, source=path, owner=owner)
 
 

@@ -73,18 +73,31 @@ def node_entry(inventory: NodeInventory) -> NodeEntry:
     """The entry of a node whose probe answered."""
     devices = tuple(
         DeviceEntry(
-            index=s.index, name=s.name, uuid=s.uuid, pci_bus_id=s.pci_bus_id,
-            memory_total_bytes=s.memory_total_bytes, memory_used_bytes=s.memory_used_bytes,
-            memory_free_bytes=s.memory_free_bytes, utilization=s.utilization_fraction,
-            temperature_c=s.temperature_c, power_w=s.power_w, power_limit_w=s.power_limit_w,
-            processes=s.processes, gpu_type=gpu_type,
+            index=s.index,
+            name=s.name,
+            uuid=s.uuid,
+            pci_bus_id=s.pci_bus_id,
+            memory_total_bytes=s.memory_total_bytes,
+            memory_used_bytes=s.memory_used_bytes,
+            memory_free_bytes=s.memory_free_bytes,
+            utilization=s.utilization_fraction,
+            temperature_c=s.temperature_c,
+            power_w=s.power_w,
+            power_limit_w=s.power_limit_w,
+            processes=s.processes,
+            gpu_type=gpu_type,
         )
         for s, gpu_type in zip(inventory.devices, inventory.gpu_types, strict=True)
     )
     selection = inventory.selection
     return NodeEntry(
-        name=inventory.name, simulated=inventory.simulated, ray_node_id=inventory.ray_node_id,
-        probe_pid=inventory.probe_pid, driver=inventory.driver, host=inventory.host, devices=devices,
+        name=inventory.name,
+        simulated=inventory.simulated,
+        ray_node_id=inventory.ray_node_id,
+        probe_pid=inventory.probe_pid,
+        driver=inventory.driver,
+        host=inventory.host,
+        devices=devices,
         selected=selection.selected,
         skipped=tuple(SkippedDevice(device_index=i, reason=r) for i, r in selection.skipped),
         warnings=(*inventory.warnings, *selection.warnings),
@@ -93,5 +106,15 @@ def node_entry(inventory: NodeInventory) -> NodeEntry:
 
 def failed_node_entry(name: str, *, simulated: bool, reason: str) -> NodeEntry:
     """The entry of a node whose probe died or did not answer: no host, no devices, the reason as a warning."""
-    return NodeEntry(name=name, simulated=simulated, ray_node_id=None, probe_pid=None, driver=None, host=None,
-                     devices=(), selected=(), skipped=(), warnings=(f"probe failed: {reason}",))
+    return NodeEntry(
+        name=name,
+        simulated=simulated,
+        ray_node_id=None,
+        probe_pid=None,
+        driver=None,
+        host=None,
+        devices=(),
+        selected=(),
+        skipped=(),
+        warnings=(f"probe failed: {reason}",),
+    )

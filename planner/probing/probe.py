@@ -61,7 +61,10 @@ class NodeProbe:
         return "torch" in sys.modules
 
     def inventory(
-        self, select: str = "all", min_free_memory_fraction: float = 0.0, max_utilization_fraction: float = 1.0
+        self,
+        select: str = "all",
+        min_free_memory_fraction: float = 0.0,
+        max_utilization_fraction: float = 1.0,
     ) -> list[NodeInventory]:
         ident = self.identity()
         thresholds = {
@@ -83,15 +86,22 @@ class NodeProbe:
             sock.bind(("", 0))
             return sock.getsockname()[1]
 
-    def allreduce_probe(self, rank: int, world: int, master_addr: str, master_port: int,
-                        sizes: Sequence[int], repeats: int) -> list[float]:
+    def allreduce_probe(
+        self, rank: int, world: int, master_addr: str, master_port: int, sizes: Sequence[int], repeats: int
+    ) -> list[float]:
         """Time an all-reduce among the probes (``planner.probing.link_probe``); medians per size."""
         from planner.probing.link_probe import timed_allreduce
 
         return timed_allreduce(rank, world, master_addr, master_port, sizes, repeats)
 
-    def profile(self, job: JobSpec, gpu_type: str, method: str, device_index: int | None = None,
-                progress_key: str | None = None) -> dict:
+    def profile(
+        self,
+        job: JobSpec,
+        gpu_type: str,
+        method: str,
+        device_index: int | None = None,
+        progress_key: str | None = None,
+    ) -> dict:
         """Profile one GPU type for the job; returns the ``DeviceProfile`` (``profile``) and the probe's identity.
         Its progress lines go to ``progress_key`` of the cluster's key-value store
         (``planner.probing.progress_relay``)."""

@@ -148,4 +148,6 @@ def prepare_join_auth(address: str) -> None:
     _enable_token_mode()
     if not _accepts_this_driver(address):
         raise ClusterUnreachableError(rejected_token_message(address, source))
-    log.info("the Ray cluster at %s uses token authentication: joining with the token from %s", address, source)
+    log.info(
+        "the Ray cluster at %s uses token authentication: joining with the token from %s", address, source
+    )

@@ -71,11 +71,16 @@ def _join_address(address: str | None) -> tuple[str | None, str | None]:
                 raise ClusterUnreachableError(
                     f"--address auto found no Ray cluster running here (RAY_ADDRESS is unset and "
                     f"{printable(ray_address_file())} names none that answers; start one with `ray start --head`, "
-                    "or give --address HOST:PORT)")
+                    "or give --address HOST:PORT)"
+                )
             return None, None
-        log.info("found a running Ray cluster at %s: joining it%s", printable(found.describe()),
-                 "" if address == "auto" else ", as --address auto would (give --cluster FILE to plan a simulated "
-                 "cluster instead)")
+        log.info(
+            "found a running Ray cluster at %s: joining it%s",
+            printable(found.describe()),
+            ""
+            if address == "auto"
+            else ", as --address auto would (give --cluster FILE to plan a simulated cluster instead)",
+        )
         address = found.address
     elif "://" not in address:
         parts = split_host_port(address)
@@ -113,24 +118,30 @@ def check_ray_temp_dir() -> None:
         raise ConfigError(
             f"Ray's temporary directory {shown} (from {source}) is too long: Ray's socket paths under it would be "
             f"{longest} bytes, over the {_MAX_UNIX_SOCKET_PATH_BYTES} a Unix socket allows (set RAY_TMPDIR to a "
-            f"directory of at most {room} characters, e.g. RAY_TMPDIR=/tmp)")
+            f"directory of at most {room} characters, e.g. RAY_TMPDIR=/tmp)"
+        )
     existing = root
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
         existing = os.path.dirname(existing)
     try:
         space = os.statvfs(existing)
     except OSError as exc:
-        raise ConfigError(f"Ray's temporary directory {shown} (from {source}) cannot be used: {exc.strerror} (set "
-                          "RAY_TMPDIR to a writable directory)") from None
+        raise ConfigError(
+            f"Ray's temporary directory {shown} (from {source}) cannot be used: {exc.strerror} (set "
+            "RAY_TMPDIR to a writable directory)"
+        ) from None
     free = space.f_bavail * space.f_frsize
     if free < MIN_RAY_TEMP_FREE_BYTES or (space.f_files and space.f_favail < 64):
         raise ConfigError(
             f"Ray's temporary directory {shown} (from {source}) has {free / 2**20:.1f} MiB and {space.f_favail} "
             f"inodes free: Ray needs {MIN_RAY_TEMP_FREE_BYTES // 2**20} MiB for its session files (free space there, "
-            "or set RAY_TMPDIR to another directory)")
+            "or set RAY_TMPDIR to another directory)"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"Ray's temporary directory {shown} (from {source}) is not writable by this user (set "
-                          "RAY_TMPDIR to a directory of yours)")
+        raise ConfigError(
+            f"Ray's temporary directory {shown} (from {source}) is not writable by this user (set "
+            "RAY_TMPDIR to a directory of yours)"
+        )
 
 
 def _already_connected() -> bool:
@@ -249,7 +260,10 @@ def _environment(variables: dict[str, str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def ray_session(
-    *, address: str | None = None, num_simulated_nodes: int = 0, raylet_cap: int | None = None,
+    *,
+    address: str | None = None,
+    num_simulated_nodes: int = 0,
+    raylet_cap: int | None = None,
     worker_env: dict[str, str] | None = None,
 ) -> Iterator[RaySession]:
     """Yield a connected :class:`RaySession`.
@@ -303,7 +317,9 @@ def ray_session(
     cap = raylet_cap or raylet_cap_from_env()
     started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
     with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0, started_env):
-        yield RaySession(address="local", started_here=True, nodes=_alive_nodes(), worker_env=dict(worker_env or {}))
+        yield RaySession(
+            address="local", started_here=True, nodes=_alive_nodes(), worker_env=dict(worker_env or {})
+        )
 
 
 @contextlib.contextmanager
@@ -378,8 +394,11 @@ def _start_simulated_cluster(num_raylets: int):
     log.info("starting a local Ray cluster: %d raylet(s) on %s, dashboard off", num_raylets, LOOPBACK)
     # stopped by _local_ray (exceptions, Ctrl-C, SIGTERM, the watchdog); Ray's own exit hook would delete the
     # user's address file outside _own_cluster_only()
-    cluster = Cluster(initialize_head=True, head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
-                      shutdown_at_exit=False)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={**common, **_TRIMMED_HEAD_ARGS, "include_dashboard": False},
+        shutdown_at_exit=False,
+    )
     try:
         for _ in range(num_raylets - 1):
             cluster.add_node(wait=False, **common)

@@ -72,30 +72,47 @@ class SlurmCluster:
     """nodes whose GPUs NVML read (this host, with a driver) rather than their GRES"""
 
 
-def _node(name: str, gres: Sequence[GresGpus], table: Mapping[str, str], catalog: GpuCatalog, *,
-          cpu_count: int | None = None, memory_mb: int | None = None) -> NodeSpec:
+def _node(
+    name: str,
+    gres: Sequence[GresGpus],
+    table: Mapping[str, str],
+    catalog: GpuCatalog,
+    *,
+    cpu_count: int | None = None,
+    memory_mb: int | None = None,
+) -> NodeSpec:
     """A node SLURM lists, its GPUs numbered 0..n-1 as the job sees them: by SLURM's card index where every
     entry prints one (``IDX:``), else in the order printed. Held to a cluster config's limits first."""
     _check_node_name(name)
     total = sum(entry.count for entry in gres)
     if total > MAX_GPUS_PER_NODE:
-        raise ConfigError(f"node {name}: SLURM lists {total} GPUs, over the limit of {MAX_GPUS_PER_NODE} per node "
-                          "(a cluster config's; check `scontrol show node`)")
+        raise ConfigError(
+            f"node {name}: SLURM lists {total} GPUs, over the limit of {MAX_GPUS_PER_NODE} per node "
+            "(a cluster config's; check `scontrol show node`)"
+        )
     if cpu_count is not None and cpu_count > MAX_CPU_COUNT:
-        raise ConfigError(f"node {name}: SLURM lists {cpu_count} CPUs, over the limit of {MAX_CPU_COUNT} (a cluster "
-                          "config's; check `scontrol show node`)")
+        raise ConfigError(
+            f"node {name}: SLURM lists {cpu_count} CPUs, over the limit of {MAX_CPU_COUNT} (a cluster "
+            "config's; check `scontrol show node`)"
+        )
     if memory_mb is not None and memory_mb > MAX_HOST_MEMORY_GIB * 1024:
-        raise ConfigError(f"node {name}: SLURM lists {memory_mb} MB of memory, over the limit of "
-                          f"{MAX_HOST_MEMORY_GIB} GiB (a cluster config's; check `scontrol show node`)")
+        raise ConfigError(
+            f"node {name}: SLURM lists {memory_mb} MB of memory, over the limit of "
+            f"{MAX_HOST_MEMORY_GIB} GiB (a cluster config's; check `scontrol show node`)"
+        )
     by_index = all(entry.indices is not None for entry in gres)
-    cards: list[tuple[int, GpuSpec]] = []  # (SLURM's index on the node, or the printed order; the card's type)
+    cards: list[
+        tuple[int, GpuSpec]
+    ] = []  # (SLURM's index on the node, or the printed order; the card's type)
     for entry in gres:
         spec = gres_gpu_spec(entry.gres_type, table, catalog, f"node {name}")
         for k in range(entry.count):
             cards.append((entry.indices[k] if by_index and entry.indices is not None else len(cards), spec))
     if by_index and len({position for position, _ in cards}) != len(cards):
-        raise ConfigError(f"node {name}: SLURM lists a GPU index in two GRES entries (is this SLURM's "
-                          "`scontrol show job -d`?)")
+        raise ConfigError(
+            f"node {name}: SLURM lists a GPU index in two GRES entries (is this SLURM's "
+            "`scontrol show job -d`?)"
+        )
     cards.sort(key=lambda card: card[0])
     gpus = tuple(SimulatedGpu(index=job_index, spec=spec) for job_index, (_, spec) in enumerate(cards))
     memory = memory_mb * 2**20 if memory_mb else None
@@ -111,11 +128,15 @@ def _check_node_name(name: str) -> None:
 def _check_cluster_size(num_nodes: int, num_gpus: int, what: str) -> None:
     """A cluster config's limits on nodes and GPUs in all, checked as SLURM's nodes are read."""
     if num_nodes > MAX_NODES:
-        raise ConfigError(f"{what} lists over {MAX_NODES} nodes, the limit of a cluster config (plan a smaller "
-                          "partition or job)")
+        raise ConfigError(
+            f"{what} lists over {MAX_NODES} nodes, the limit of a cluster config (plan a smaller "
+            "partition or job)"
+        )
     if num_gpus > MAX_CLUSTER_GPUS:
-        raise ConfigError(f"{what} holds over {MAX_CLUSTER_GPUS} GPUs, the limit of a cluster config and a plan's "
-                          "ranks (plan a smaller partition or job)")
+        raise ConfigError(
+            f"{what} holds over {MAX_CLUSTER_GPUS} GPUs, the limit of a cluster config and a plan's "
+            "ranks (plan a smaller partition or job)"
+        )
 
 
 def _field_number(text: str, what: str, node: str) -> int | None:
@@ -125,8 +146,10 @@ def _field_number(text: str, what: str, node: str) -> int | None:
     if not (text.isascii() and text.isdigit()):
         return None
     if len(text) > MAX_NUMBER_DIGITS:
-        raise ConfigError(f"node {node}: SLURM lists {text[:12]}... {what} ({len(text)} digits), over a cluster "
-                          "config's limit (check `scontrol show node`)")
+        raise ConfigError(
+            f"node {node}: SLURM lists {text[:12]}... {what} ({len(text)} digits), over a cluster "
+            "config's limit (check `scontrol show node`)"
+        )
     return int(text)
 
 
@@ -148,7 +171,9 @@ def parse_sinfo_nodes(
             continue
         fields = [f.strip() for f in line.split("|")]
         if len(fields) != 5:
-            raise ConfigError(f"sinfo printed {line[:120]!r}, not NODE|GRES|STATE|MEMORY|CPUS (is this SLURM's sinfo?)")
+            raise ConfigError(
+                f"sinfo printed {line[:120]!r}, not NODE|GRES|STATE|MEMORY|CPUS (is this SLURM's sinfo?)"
+            )
         name, gres, state, memory, cpus = fields
         if name in seen:  # a node in several partitions is listed once per partition
             continue
@@ -157,13 +182,21 @@ def parse_sinfo_nodes(
         _check_cluster_size(len(seen), num_gpus, what)
         state = state.rstrip("*~#!%$@^-+").lower()
         if state not in USABLE_STATES:
-            skipped.append(f"{name}: state {printable(state, max_chars=40)} (`scontrol show node {name}` says why)")
+            skipped.append(
+                f"{name}: state {printable(state, max_chars=40)} (`scontrol show node {name}` says why)"
+            )
             continue
         gpus = parse_gres_gpus(gres, f"node {name}")
         num_gpus += sum(entry.count for entry in gpus)
         _check_cluster_size(len(seen), num_gpus, what)
-        node = _node(name, gpus, table, catalog, cpu_count=_field_number(cpus, "CPUs", name),
-                     memory_mb=_field_number(memory, "MB of memory", name))
+        node = _node(
+            name,
+            gpus,
+            table,
+            catalog,
+            cpu_count=_field_number(cpus, "CPUs", name),
+            memory_mb=_field_number(memory, "MB of memory", name),
+        )
         if not node.gpus:
             skipped.append(f"{name}: no GPU GRES")
             continue
@@ -172,8 +205,12 @@ def parse_sinfo_nodes(
         raise ConfigError(f"SLURM partition {partition!r} has no nodes (check the name with `sinfo -s`)")
     if not nodes:
         raise ConfigError(f"SLURM partition {partition!r} has no usable GPU node ({'; '.join(skipped)})")
-    cluster = ClusterSpec(name=f"slurm:{partition}", nodes=tuple(nodes.values()), source_path=f"sinfo -p {partition}",
-                          catalog=catalog)
+    cluster = ClusterSpec(
+        name=f"slurm:{partition}",
+        nodes=tuple(nodes.values()),
+        source_path=f"sinfo -p {partition}",
+        catalog=catalog,
+    )
     return SlurmCluster(cluster=cluster, skipped=tuple(skipped))
 
 
@@ -187,8 +224,13 @@ def parse_job_node_gres(text: str) -> list[tuple[str, str]]:
 
 
 def allocation_cluster(
-    hostnames: Sequence[str], job_gres: Sequence[tuple[Sequence[str], str]], *, job_id: str,
-    table: Mapping[str, str], catalog: GpuCatalog, local: NodeSpec | None = None,
+    hostnames: Sequence[str],
+    job_gres: Sequence[tuple[Sequence[str], str]],
+    *,
+    job_id: str,
+    table: Mapping[str, str],
+    catalog: GpuCatalog,
+    local: NodeSpec | None = None,
 ) -> SlurmCluster:
     """The allocation as a cluster: ``hostnames`` in SLURM's order, each with its GRES GPUs (``job_gres``:
     the expanded hostnames of a per-node line and its GRES), the NVML-read ``local`` node replacing its own.
@@ -212,11 +254,14 @@ def allocation_cluster(
         if node.gpus:
             nodes.append(node)
         else:
-            skipped.append(f"{host}: the job holds no GPU there (ask for GPUs with --gres=gpu:N or --gpus-per-node)")
+            skipped.append(
+                f"{host}: the job holds no GPU there (ask for GPUs with --gres=gpu:N or --gpus-per-node)"
+            )
     if not nodes:
         raise ConfigError(f"SLURM job {job_id} holds no GPU on any of its nodes ({'; '.join(skipped)})")
-    cluster = ClusterSpec(name=f"slurm-job-{job_id}", nodes=tuple(nodes), source_path=f"SLURM job {job_id}",
-                          catalog=catalog)
+    cluster = ClusterSpec(
+        name=f"slurm-job-{job_id}", nodes=tuple(nodes), source_path=f"SLURM job {job_id}", catalog=catalog
+    )
     nvml = (local.name,) if local is not None and local in nodes else ()
     return SlurmCluster(cluster=cluster, skipped=tuple(skipped), nvml_nodes=nvml)
 
@@ -232,20 +277,27 @@ def expand_hostlist(expression: str) -> list[str]:
             more nodes than a cluster config may hold.
     """
     if len(expression) > 2**16 or not _HOSTLIST.fullmatch(expression):
-        raise ConfigError(f"SLURM node list {expression[:120]!r} is not a host list like gpu-[01-04],gpu-10 "
-                          "(check SLURM_JOB_NODELIST)")
+        raise ConfigError(
+            f"SLURM node list {expression[:120]!r} is not a host list like gpu-[01-04],gpu-10 "
+            "(check SLURM_JOB_NODELIST)"
+        )
     hostnames = run_slurm_command(["scontrol", "show", "hostnames", expression]).split()
     _check_cluster_size(len(hostnames), 0, f"SLURM node list {expression[:60]!r}")
     return hostnames
 
 
-def partition_cluster(partition: str, *, gres_types: Sequence[str] = (), catalog: GpuCatalog | None = None
-                      ) -> SlurmCluster:
+def partition_cluster(
+    partition: str, *, gres_types: Sequence[str] = (), catalog: GpuCatalog | None = None
+) -> SlurmCluster:
     """The usable GPU nodes of a SLURM partition (``preflight --slurm-partition``)."""
     if not partition or partition.startswith("-") or not partition.isprintable() or len(partition) > 256:
-        raise ConfigError(f"SLURM partition {partition[:80]!r} is not a partition name (`sinfo -s` lists them)")
+        raise ConfigError(
+            f"SLURM partition {partition[:80]!r} is not a partition name (`sinfo -s` lists them)"
+        )
     text = run_slurm_command(["sinfo", "-N", "-h", "-p", partition, "-o", "%N|%G|%t|%m|%c"])
-    return parse_sinfo_nodes(text, partition=partition, table=gres_table(gres_types), catalog=catalog or load_catalog())
+    return parse_sinfo_nodes(
+        text, partition=partition, table=gres_table(gres_types), catalog=catalog or load_catalog()
+    )
 
 
 def _local_nvml_node(hostnames: Sequence[str], catalog: GpuCatalog) -> NodeSpec | None:
@@ -266,8 +318,14 @@ def _local_nvml_node(hostnames: Sequence[str], catalog: GpuCatalog) -> NodeSpec 
         spec = catalog.resolve(stats.name)
         if spec is None or (wanted is not None and stats.index not in wanted):
             continue
-        gpus.append(SimulatedGpu(index=len(gpus), spec=spec, used_memory_bytes=min(stats.memory_used_bytes,
-                                 spec.memory_bytes), utilization_fraction=stats.utilization_fraction or 0.0))
+        gpus.append(
+            SimulatedGpu(
+                index=len(gpus),
+                spec=spec,
+                used_memory_bytes=min(stats.memory_used_bytes, spec.memory_bytes),
+                utilization_fraction=stats.utilization_fraction or 0.0,
+            )
+        )
     return NodeSpec(name=here, gpus=tuple(gpus)) if gpus else None
 
 
@@ -278,20 +336,33 @@ def current_allocation(*, gres_types: Sequence[str] = (), catalog: GpuCatalog | 
         ConfigError: not inside an allocation, or SLURM's commands fail.
     """
     job_id = os.environ.get("SLURM_JOB_ID", "").strip()
-    nodelist = os.environ.get("SLURM_JOB_NODELIST", "").strip() or os.environ.get("SLURM_NODELIST", "").strip()
+    nodelist = (
+        os.environ.get("SLURM_JOB_NODELIST", "").strip() or os.environ.get("SLURM_NODELIST", "").strip()
+    )
     if not job_id or not nodelist:
-        raise ConfigError("--slurm plans the SLURM job this runs in, and SLURM_JOB_ID/SLURM_JOB_NODELIST are not set "
-                          "(run it inside salloc or an sbatch script, or use preflight --slurm-partition NAME)")
+        raise ConfigError(
+            "--slurm plans the SLURM job this runs in, and SLURM_JOB_ID/SLURM_JOB_NODELIST are not set "
+            "(run it inside salloc or an sbatch script, or use preflight --slurm-partition NAME)"
+        )
     if not _JOB_ID.fullmatch(job_id):
-        raise ConfigError(f"SLURM_JOB_ID {job_id[:40]!r} is not a SLURM job id (digits; run it inside salloc or an "
-                          "sbatch script)")
+        raise ConfigError(
+            f"SLURM_JOB_ID {job_id[:40]!r} is not a SLURM job id (digits; run it inside salloc or an "
+            "sbatch script)"
+        )
     catalog = catalog or load_catalog()
     hostnames = expand_hostlist(nodelist)
     detail = run_slurm_command(["scontrol", "show", "job", "-d", job_id])
     node_lines = parse_job_node_gres(detail)
     _check_cluster_size(len(node_lines), 0, f"SLURM job {job_id}")
-    job_gres = [(expand_hostlist(nodes) if any(c in nodes for c in "[,") else [nodes], gres)
-                for nodes, gres in node_lines]
-    return allocation_cluster(hostnames, job_gres, job_id=job_id, table=gres_table(gres_types), catalog=catalog,
-                              local=_local_nvml_node(hostnames, catalog))
-
+    job_gres = [
+        (expand_hostlist(nodes) if any(c in nodes for c in "[,") else [nodes], gres)
+        for nodes, gres in node_lines
+    ]
+    return allocation_cluster(
+        hostnames,
+        job_gres,
+        job_id=job_id,
+        table=gres_table(gres_types),
+        catalog=catalog,
+        local=_local_nvml_node(hostnames, catalog),
+    )

@@ -27,7 +27,9 @@ def run_slurm_command(argv: Sequence[str]) -> str:
     read as U+FFFD: a field batchplan uses is then refused by its own check (a node name, a GRES), naming it."""
     shown = " ".join(argv)
     if shutil.which(argv[0]) is None:
-        raise ConfigError(f"{argv[0]} is not on PATH (run on a SLURM login or compute node, or load its module)")
+        raise ConfigError(
+            f"{argv[0]} is not on PATH (run on a SLURM login or compute node, or load its module)"
+        )
     returncode, out, err = _bounded_run(argv, shown)
     if returncode != 0:
         said = err.decode("utf-8", "replace").strip() or out.decode("utf-8", "replace").strip()
@@ -41,10 +43,13 @@ def _bounded_run(argv: Sequence[str], shown: str) -> tuple[int, bytes, bytes]:
     stdout (the first :data:`_MAX_STDERR_BYTES` of stderr are kept, the rest dropped); the command is killed when
     it goes past either, or when this process is interrupted."""
     try:
-        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
     except OSError as exc:
-        raise ConfigError(f"`{shown}` could not start: {exc.strerror} (check the SLURM installation)") from None
+        raise ConfigError(
+            f"`{shown}` could not start: {exc.strerror} (check the SLURM installation)"
+        ) from None
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + SLURM_COMMAND_TIMEOUT_S
     problem = None
@@ -65,8 +70,10 @@ def _bounded_run(argv: Sequence[str], shown: str) -> tuple[int, bytes, bytes]:
                     elif key.data is err:
                         err.extend(data[: max(0, _MAX_STDERR_BYTES - len(err))])
                     elif len(out) + len(data) > MAX_SLURM_OUTPUT_BYTES:
-                        problem = (f"printed over {MAX_SLURM_OUTPUT_BYTES // 2**20} MiB, the most batchplan reads of "
-                                   "an answer (is this SLURM's command?)")
+                        problem = (
+                            f"printed over {MAX_SLURM_OUTPUT_BYTES // 2**20} MiB, the most batchplan reads of "
+                            "an answer (is this SLURM's command?)"
+                        )
                         break
                     else:
                         out.extend(data)

@@ -58,7 +58,8 @@ DEFAULT_GRES_TYPES: Mapping[str, str] = {
 MAX_NUMBER_DIGITS = 9
 
 _GRES_ENTRY = re.compile(
-    r"(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?(?::(?P<count>[0-9]+))?(?:\((?P<extra>[^()]*)\))?", re.ASCII)
+    r"(?P<name>[^:()]+)(?::(?P<type>[^:()]+))?(?::(?P<count>[0-9]+))?(?:\((?P<extra>[^()]*)\))?", re.ASCII
+)
 _GRES_INDEX_LIST = re.compile(r"(?:^|,)IDX:(?P<list>[^()]*)$", re.ASCII)
 
 
@@ -102,11 +103,15 @@ def parse_gres_gpus(text: str, where: str) -> list[GresGpus]:
     for entry in split_gres(text):
         match = _GRES_ENTRY.fullmatch(entry)
         if match is None:
-            raise ConfigError(f"{where}: GRES entry {entry!r} is not name[:type][:count] (check `sinfo -o %G`)")
+            raise ConfigError(
+                f"{where}: GRES entry {entry!r} is not name[:type][:count] (check `sinfo -o %G`)"
+            )
         if match["name"] != "gpu":
             continue
         gres_type, count_text = match["type"], match["count"]
-        if count_text is None and gres_type is not None and gres_type.isascii() and gres_type.isdigit():  # gpu:4
+        if (
+            count_text is None and gres_type is not None and gres_type.isascii() and gres_type.isdigit()
+        ):  # gpu:4
             gres_type, count_text = None, gres_type
         indices = _gres_indices(match["extra"], entry, where)
         if count_text is None:
@@ -114,8 +119,10 @@ def parse_gres_gpus(text: str, where: str) -> list[GresGpus]:
         else:
             count = _bounded_count(count_text, entry, where)
             if indices is not None and len(indices) != count:
-                raise ConfigError(f"{where}: GRES entry {entry!r} counts {count} card(s) but lists {len(indices)} "
-                                  "index(es) (is this SLURM's `scontrol show job -d`?)")
+                raise ConfigError(
+                    f"{where}: GRES entry {entry!r} counts {count} card(s) but lists {len(indices)} "
+                    "index(es) (is this SLURM's `scontrol show job -d`?)"
+                )
         if count:
             found.append(GresGpus(gres_type=gres_type, count=count, indices=indices))
     return found
@@ -125,8 +132,10 @@ def _bounded_count(digits: str, entry: str, where: str) -> int:
     """A GRES count, refused over :data:`MAX_GPUS_PER_NODE` before it is read as a number."""
     if len(digits) > MAX_NUMBER_DIGITS or int(digits) > MAX_GPUS_PER_NODE:
         shown = digits if len(digits) <= 24 else f"{digits[:12]}...({len(digits)} digits)"
-        raise ConfigError(f"{where}: GRES entry {entry[:80]!r} holds {shown} GPUs, over the limit of "
-                          f"{MAX_GPUS_PER_NODE} per node (a cluster config's; check `scontrol show node`)")
+        raise ConfigError(
+            f"{where}: GRES entry {entry[:80]!r} holds {shown} GPUs, over the limit of "
+            f"{MAX_GPUS_PER_NODE} per node (a cluster config's; check `scontrol show node`)"
+        )
     return int(digits)
 
 
@@ -139,14 +148,19 @@ def _gres_indices(extra: str | None, entry: str, where: str) -> tuple[int, ...] 
     for part in match["list"].split(","):
         first, dash, last = part.strip().partition("-")
         bounds = (first, last) if dash else (first, first)
-        if not all(b.isascii() and b.isdigit() and len(b) <= MAX_NUMBER_DIGITS for b in bounds) or \
-                int(bounds[1]) < int(bounds[0]):
-            raise ConfigError(f"{where}: GRES entry {entry[:80]!r} has the index range {part[:40]!r}, not N or N-M "
-                              "(is this SLURM's `scontrol show job -d`?)")
+        if not all(b.isascii() and b.isdigit() and len(b) <= MAX_NUMBER_DIGITS for b in bounds) or int(
+            bounds[1]
+        ) < int(bounds[0]):
+            raise ConfigError(
+                f"{where}: GRES entry {entry[:80]!r} has the index range {part[:40]!r}, not N or N-M "
+                "(is this SLURM's `scontrol show job -d`?)"
+            )
         low, high = int(bounds[0]), int(bounds[1])
         if len(indices) + high - low + 1 > MAX_GPUS_PER_NODE:  # before the range is expanded
-            raise ConfigError(f"{where}: GRES entry {entry[:80]!r} lists over {MAX_GPUS_PER_NODE} card indices, "
-                              f"the limit per node (a cluster config's; check `scontrol show job -d`)")
+            raise ConfigError(
+                f"{where}: GRES entry {entry[:80]!r} lists over {MAX_GPUS_PER_NODE} card indices, "
+                f"the limit per node (a cluster config's; check `scontrol show job -d`)"
+            )
         indices.extend(range(low, high + 1))
     if len(set(indices)) != len(indices):
         raise ConfigError(f"{where}: GRES entry {entry[:80]!r} lists a card index twice")
@@ -159,7 +173,9 @@ def gres_table(overrides: Sequence[str] = ()) -> dict[str, str]:
     for item in overrides:
         name, sep, gpu_type = item.partition("=")
         if not sep or not name.strip() or not gpu_type.strip():
-            raise ConfigError(f"--gres-type {item!r} is invalid (use NAME=TYPE, e.g. --gres-type a100=A100-SXM4-80GB)")
+            raise ConfigError(
+                f"--gres-type {item!r} is invalid (use NAME=TYPE, e.g. --gres-type a100=A100-SXM4-80GB)"
+            )
         table[_normal_gres_name(name)] = gpu_type.strip()
     return table
 
@@ -169,7 +185,9 @@ def _normal_gres_name(name: str) -> str:
     return name.removeprefix("nvidia-")
 
 
-def gres_gpu_spec(gres_type: str | None, table: Mapping[str, str], catalog: GpuCatalog, where: str) -> GpuSpec:
+def gres_gpu_spec(
+    gres_type: str | None, table: Mapping[str, str], catalog: GpuCatalog, where: str
+) -> GpuSpec:
     """The catalog type of a GRES type name: the table first, then the catalog's own names and aliases.
 
     Raises:

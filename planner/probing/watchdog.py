@@ -78,8 +78,9 @@ def ray_watchdog() -> Iterator[str]:
             watchdog.wait(timeout=SWEEP_WAIT_S)
 
 
-def stop_session_processes(token: str, *, grace_s: float = GRACE_S, quiet_s: float = QUIET_S,
-                           max_sweep_s: float = MAX_SWEEP_S) -> int:
+def stop_session_processes(
+    token: str, *, grace_s: float = GRACE_S, quiet_s: float = QUIET_S, max_sweep_s: float = MAX_SWEEP_S
+) -> int:
     """Terminate every process whose environment carries ``token``, and every child of one, until none has been
     seen for ``quiet_s`` (at most ``max_sweep_s``); returns how many were signalled."""
     import psutil

@@ -32,8 +32,11 @@ def _check(profile: DeviceProfile, inputs: Mapping[str, str]) -> None:
     """A profile entry's own rules (module docstring)."""
     check_profile(profile, "profile")
     method = MEASURED_METHOD if inputs.get("scheme") == MEASURED_SCHEME else inputs.get("method")
-    for field, wanted, value in (("gpu", inputs.get("gpu"), profile.gpu), ("method", method, profile.method),
-                                 ("amp", inputs.get("amp"), profile.amp)):
+    for field, wanted, value in (
+        ("gpu", inputs.get("gpu"), profile.gpu),
+        ("method", method, profile.method),
+        ("amp", inputs.get("amp"), profile.amp),
+    ):
         if wanted != value:
             raise ValueError(f"its profile is for {field} {value!r} but its key is for {wanted!r}")
     from torchkit.hardware.catalog import load_catalog
@@ -44,8 +47,15 @@ def _check(profile: DeviceProfile, inputs: Mapping[str, str]) -> None:
 
 
 PROFILES: Namespace[DeviceProfile] = Namespace(
-    what="profile cache entry", folder="", schema=CACHE_SCHEMA, payload="profile", value_type=DeviceProfile,
-    key_of=key_of_inputs, redo="profiling again", check=_check)
+    what="profile cache entry",
+    folder="",
+    schema=CACHE_SCHEMA,
+    payload="profile",
+    value_type=DeviceProfile,
+    key_of=key_of_inputs,
+    redo="profiling again",
+    check=_check,
+)
 
 
 class ProfileCache(CacheStore):

@@ -58,14 +58,22 @@ def check_profile(profile: DeviceProfile, where: str) -> None:
     _check_memory_fit(profile, where)
     _check_fits_are_their_points(profile, where)
     fit = profile.time_fit
-    if not (_finite(fit.intercept_s) and _finite(fit.s_per_sample)) or fit.intercept_s < 0 or fit.s_per_sample < 0:
+    if (
+        not (_finite(fit.intercept_s) and _finite(fit.s_per_sample))
+        or fit.intercept_s < 0
+        or fit.s_per_sample < 0
+    ):
         raise ConfigError(
             f"{where}.time_fit must have finite intercept_s >= 0 and s_per_sample >= 0, got {encode(fit)}"
         )
     if not profile.step_time_s(1) > 0:
-        raise ConfigError(f"{where}.time_fit predicts {profile.step_time_s(1)} s for one sample; a step takes time")
+        raise ConfigError(
+            f"{where}.time_fit predicts {profile.step_time_s(1)} s for one sample; a step takes time"
+        )
     if not 0 <= profile.min_memory_bytes <= MAX_DEVICE_BYTES:
-        raise ConfigError(f"{where}.min_memory_bytes {profile.min_memory_bytes} is not in 0..{MAX_DEVICE_BYTES}")
+        raise ConfigError(
+            f"{where}.min_memory_bytes {profile.min_memory_bytes} is not in 0..{MAX_DEVICE_BYTES}"
+        )
     if profile.oom_batch is not None:
         smallest = min(b for b, _ in profile.memory_points)
         if profile.oom_batch <= smallest:
@@ -108,7 +116,9 @@ def _check_fits_are_their_points(profile: DeviceProfile, where: str) -> None:
     except ValueError as exc:
         raise ConfigError(f"{where}: its points fit no curve ({exc})") from None
     largest = max(b for b, _ in profile.memory_points)
-    pairs = [("memory_fit", memory.predict_bytes(largest), profile.memory_fit.predict_bytes(largest), "bytes")]
+    pairs = [
+        ("memory_fit", memory.predict_bytes(largest), profile.memory_fit.predict_bytes(largest), "bytes")
+    ]
     if profile.method != "job":
         largest_time = max(b for b, _ in profile.time_points)
         pairs.append(("time_fit", time.predict_s(largest_time), profile.step_time_s(largest_time), "s"))
@@ -141,7 +151,9 @@ def check_against_gpu(profile: DeviceProfile, gpu: GpuSpec, where: str) -> None:
     batches = sorted(b for b, _ in profile.memory_points)
     low, high = batches[0], batches[-1]
     if high > low:
-        per_sample_bytes = (profile.memory_fit.predict_bytes(high) - profile.memory_fit.predict_bytes(low)) / (high - low)
+        per_sample_bytes = (
+            profile.memory_fit.predict_bytes(high) - profile.memory_fit.predict_bytes(low)
+        ) / (high - low)
         write_once_s = per_sample_bytes * high / gpu.memory_bandwidth_bytes_per_s
         if profile.step_time_s(high) * BANDWIDTH_BOUND_MARGIN < write_once_s:
             raise ConfigError(

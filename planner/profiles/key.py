@@ -23,8 +23,18 @@ def profile_key(*parts: object) -> str:
 #: only when set, so that the keys of existing (NCHW, uncalibrated) profiles stay valid: ``channels_last``
 #: and, for estimates, ``time_model`` (the identity of the step-time calibration an estimate is priced with:
 #: a new calibration is a new profile)
-KEY_FIELDS = ("fingerprint", "imgsz", "input_shape", "seq_len", "amp", "optimizer", "gpu", "method", "fit",
-              "torch_version")
+KEY_FIELDS = (
+    "fingerprint",
+    "imgsz",
+    "input_shape",
+    "seq_len",
+    "amp",
+    "optimizer",
+    "gpu",
+    "method",
+    "fit",
+    "torch_version",
+)
 
 
 def job_key_inputs(
@@ -34,8 +44,18 @@ def job_key_inputs(
     ``measure``), for the workload whose content fingerprint is ``fingerprint`` under torch
     ``torch_version``, priced with the step-time calibration ``time_model``: the strings ``profile_key``
     hashes."""
-    values = (fingerprint, job.imgsz, job.input_shape, job.seq_len, job.amp_for(gpu), job.optimizer, gpu.name,
-              method, job.fit, torch_version)
+    values = (
+        fingerprint,
+        job.imgsz,
+        job.input_shape,
+        job.seq_len,
+        job.amp_for(gpu),
+        job.optimizer,
+        gpu.name,
+        method,
+        job.fit,
+        torch_version,
+    )
     inputs = {name: str(value) for name, value in zip(KEY_FIELDS, values, strict=True)}
     if job.channels_last:
         inputs["channels_last"] = "channels_last"

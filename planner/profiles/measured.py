@@ -17,8 +17,15 @@ from planner.job import JobSpec
 from planner.profiles.key import key_of_inputs
 from planner.profiles.profile import DeviceProfile
 
-__all__ = ["MEASURED_METHOD", "MEASURED_SCHEME", "find_measured", "measured_key_inputs", "measured_profile_key",
-           "software_version", "step_fields"]
+__all__ = [
+    "MEASURED_METHOD",
+    "MEASURED_SCHEME",
+    "find_measured",
+    "measured_key_inputs",
+    "measured_profile_key",
+    "software_version",
+    "step_fields",
+]
 
 #: ``DeviceProfile.method`` of a profile measured inside a running job
 MEASURED_METHOD = "job"

@@ -66,7 +66,12 @@ class JobSync:
     def __post_init__(self) -> None:
         for name in ("slowdown", "measured_exposed_s", "predicted_exposed_s", "compute_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
                 raise ValueError(f"JobSync.{name} must be a finite number >= 0, got {value!r}")
         if not self.slowdown > 0:
             raise ValueError(f"JobSync.slowdown must be > 0, got {self.slowdown!r}")
@@ -76,17 +81,26 @@ class JobSync:
     @property
     def source(self) -> str:
         """How a plan names the figure's origin."""
-        return (f"measured in the job ({self.link}; {self.steps} steps: {self.measured_exposed_s * 1e3:.2f} ms "
-                f"exposed at {self.compute_s * 1e3:.1f} ms compute, the links' model said "
-                f"{self.predicted_exposed_s * 1e3:.2f} ms: all-reduces {self.slowdown:.3g}× the links' time)")
+        return (
+            f"measured in the job ({self.link}; {self.steps} steps: {self.measured_exposed_s * 1e3:.2f} ms "
+            f"exposed at {self.compute_s * 1e3:.1f} ms compute, the links' model said "
+            f"{self.predicted_exposed_s * 1e3:.2f} ms: all-reduces {self.slowdown:.3g}× the links' time)"
+        )
 
 
-def sync_key_inputs(job: JobSpec, *, fingerprint: str, gradient_bytes: int,
-                    bucket_cap_mb: float | None) -> dict[str, str]:
+def sync_key_inputs(
+    job: JobSpec, *, fingerprint: str, gradient_bytes: int, bucket_cap_mb: float | None
+) -> dict[str, str]:
     """The named parts of a job's measured-synchronisation key (``fingerprint``:
     ``planner.obtain.job_fingerprint(job)[0]``), in the order they are hashed."""
-    values = [SYNC_SCHEME, fingerprint, *measured.step_fields(job), int(gradient_bytes), bucket_cap_mb,
-              measured.software_version()]
+    values = [
+        SYNC_SCHEME,
+        fingerprint,
+        *measured.step_fields(job),
+        int(gradient_bytes),
+        bucket_cap_mb,
+        measured.software_version(),
+    ]
     names = ["scheme", "fingerprint", *measured.STEP_FIELDS, "gradient_bytes", "bucket_cap_mb", "software"]
     return {name: str(value) for name, value in zip(names, values, strict=True)}
 
@@ -95,14 +109,22 @@ def _legacy(document: object, where: str) -> tuple[dict[str, JobSync], Mapping[s
     """An entry of the release before the store: ``{"inputs": ..., "shapes": ...}``."""
     if not isinstance(document, dict):
         raise ConfigError(f"{where} is not a JSON object")
-    return (convert(dict[str, JobSync], document.get("shapes"), where=f"{where}: shapes"),
-            convert(dict[str, str], document.get("inputs"), where=f"{where}: inputs"))
+    return (
+        convert(dict[str, JobSync], document.get("shapes"), where=f"{where}: shapes"),
+        convert(dict[str, str], document.get("inputs"), where=f"{where}: inputs"),
+    )
 
 
 SYNC: Namespace[dict[str, JobSync]] = Namespace(
-    what="measured synchronisation entry", folder="sync", schema="batchplan/sync-cache@1", payload="shapes",
-    value_type=dict[str, JobSync], key_of=lambda inputs: key_of_inputs(dict(inputs)), redo="pricing the links alone",
-    legacy=_legacy)
+    what="measured synchronisation entry",
+    folder="sync",
+    schema="batchplan/sync-cache@1",
+    payload="shapes",
+    value_type=dict[str, JobSync],
+    key_of=lambda inputs: key_of_inputs(dict(inputs)),
+    redo="pricing the links alone",
+    legacy=_legacy,
+)
 
 
 def find_job_sync(store: CacheStore | None, inputs: Mapping[str, str]) -> dict[str, JobSync]:

@@ -17,7 +17,9 @@ from planner.codec import OMIT_DEFAULT, Meta
 from torchkit.step.fit import AffineTimeFit, MemoryFit, fit_memory, fit_time, max_batch_within
 from torchkit.step.options import AmpMode
 
-ProfileMethod = Literal["measure", "estimate", "job"]  # job: measured inside a running job (planner.profiles.measured)
+ProfileMethod = Literal[
+    "measure", "estimate", "job"
+]  # job: measured inside a running job (planner.profiles.measured)
 
 #: largest per-rank batch a plan ever proposes, as Ultralytics' AutoBatch clamp (autobatch.py: 1024)
 #: raised for small models on large cards; a curve extrapolated beyond this is not trusted

@@ -124,7 +124,9 @@ def autobatch_ddp(
     from planner.runtime.rank_plan import load_rank_plan
 
     if not dist.is_available() or not dist.is_initialized():
-        raise InfeasiblePlanError("autobatch_ddp needs an initialised process group (call it inside torchrun)")
+        raise InfeasiblePlanError(
+            "autobatch_ddp needs an initialised process group (call it inside torchrun)"
+        )
     environ = os.environ if env is None else env
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(environ.get("LOCAL_RANK", 0))
@@ -132,13 +134,22 @@ def autobatch_ddp(
     catalog = catalog or catalog_for(None)
 
     gpu_type, total_bytes, available_bytes, visible_id = _local_device_info(device_index, gpu, catalog)
-    me = {"rank": rank, "node": _node_name(environ), "local_rank": local_rank, "device_index": device_index,
-          "gpu": gpu_type, "total": total_bytes, "available": available_bytes, "visible_id": visible_id}
+    me = {
+        "rank": rank,
+        "node": _node_name(environ),
+        "local_rank": local_rank,
+        "device_index": device_index,
+        "gpu": gpu_type,
+        "total": total_bytes,
+        "available": available_bytes,
+        "visible_id": visible_id,
+    }
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me)
 
-    gathered, profiled_here = _gathered_profiles(job, me, everyone, catalog, profiler=profiler,
-                                                 simulated=gpu is not None, cache_dir=cache_dir)
+    gathered, profiled_here = _gathered_profiles(
+        job, me, everyone, catalog, profiler=profiler, simulated=gpu is not None, cache_dir=cache_dir
+    )
     all_profiles = {k: v for entry in gathered for k, v in entry["profiles"].items()}
 
     def key_of_rank(p: dict) -> str:
@@ -147,13 +158,23 @@ def autobatch_ddp(
         first = min(q["rank"] for q in everyone if q["node"] == p["node"] and q["gpu"] == p["gpu"])
         return gathered[first]["keys"][p["gpu"]]
 
-    plan = _stamped_as_rank_0(_every_rank_plan(job, everyone, key_of_rank, all_profiles), simulated=gpu is not None)
+    plan = _stamped_as_rank_0(
+        _every_rank_plan(job, everyone, key_of_rank, all_profiles), simulated=gpu is not None
+    )
     rank_plan = load_rank_plan(plan, rank=rank, env={"WORLD_SIZE": str(world_size)})
     return DdpAutobatch(rank_plan=rank_plan, plan=plan, profiled_here=tuple(profiled_here))
 
 
-def _gathered_profiles(job: JobSpec, me: dict, everyone: list[dict], catalog, *, profiler: Profiler | None,
-                       simulated: bool, cache_dir) -> tuple[list[dict], list[str]]:
+def _gathered_profiles(
+    job: JobSpec,
+    me: dict,
+    everyone: list[dict],
+    catalog,
+    *,
+    profiler: Profiler | None,
+    simulated: bool,
+    cache_dir,
+) -> tuple[list[dict], list[str]]:
     """Steps 2 and 3: the profiles this rank obtained (its node's, through the node's cache; or its own, with
     ``profiler``), gathered from every rank. Returns, per rank, ``{"keys": GPU type -> profile key, "profiles":
     key -> profile}``, and the GPU types this rank profiled itself.
@@ -166,10 +187,19 @@ def _gathered_profiles(job: JobSpec, me: dict, everyone: list[dict], catalog, *,
     from planner.obtain import job_fingerprint
 
     if profiler is None:
-        profiled, profiled_here = _node_profiles(job, me, everyone, catalog, identity=job_fingerprint(job),
-                                                 simulated=simulated, cache_dir=cache_dir)
-        mine = {"keys": {name: p.key for name, p in profiled.items()},
-                "profiles": {p.key: p.profile for p in profiled.values()}}
+        profiled, profiled_here = _node_profiles(
+            job,
+            me,
+            everyone,
+            catalog,
+            identity=job_fingerprint(job),
+            simulated=simulated,
+            cache_dir=cache_dir,
+        )
+        mine = {
+            "keys": {name: p.key for name, p in profiled.items()},
+            "profiles": {p.key: p.profile for p in profiled.values()},
+        }
     else:
         mine, profiled_here = _own_profile(me, everyone, catalog, profiler)
     gathered: list[Any] = [None] * len(everyone)
@@ -191,7 +221,14 @@ def _stamped_as_rank_0(plan: Plan, *, simulated: bool) -> Plan:
 
 
 def _node_profiles(
-    job: JobSpec, me: dict, everyone: list[dict], catalog, *, identity: tuple[str, str], simulated: bool, cache_dir,
+    job: JobSpec,
+    me: dict,
+    everyone: list[dict],
+    catalog,
+    *,
+    identity: tuple[str, str],
+    simulated: bool,
+    cache_dir,
 ) -> tuple[dict[str, Profiled], list[str]]:
     """The profile of every GPU type on this rank's node (``planner.obtain.obtain_profile``): the node's first
     rank makes (or finds) each one in the node's cache while the others wait, then the others read it there.
@@ -204,22 +241,37 @@ def _node_profiles(
     node, local_rank = me["node"], me["local_rank"]
     profiled: dict[str, Profiled] = {}
     profiled_here: list[str] = []
-    estimates: dict[Any, Any] = {}  # fake passes do not depend on the GPU type: one set serves every type here
+    estimates: dict[
+        Any, Any
+    ] = {}  # fake passes do not depend on the GPU type: one set serves every type here
 
     def make(request: ProfileRequest) -> DeviceProfile:
         if local_rank != 0:
-            log.warning("rank %d: no cached profile of %s after the node's first rank; profiling", me["rank"],
-                        request.gpu.name)
+            log.warning(
+                "rank %d: no cached profile of %s after the node's first rank; profiling",
+                me["rank"],
+                request.gpu.name,
+            )
         profiled_here.append(request.gpu.name)
-        return make_profile(request.job, request.gpu, method=request.method, device_index=request.device_index,
-                            estimates_cache=estimates)
+        return make_profile(
+            request.job,
+            request.gpu,
+            method=request.method,
+            device_index=request.device_index,
+            estimates_cache=estimates,
+        )
 
     with torch_distributed_zero_first(local_rank):
         for gpu_name in sorted({p["gpu"] for p in everyone if p["node"] == node}):
-            local_index = next(p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name)
-            request = ProfileRequest(job=job, gpu=catalog.get(gpu_name),
-                                     method=Method.ESTIMATE if simulated else job.method,
-                                     device_index=None if simulated else local_index)
+            local_index = next(
+                p["device_index"] for p in everyone if p["node"] == node and p["gpu"] == gpu_name
+            )
+            request = ProfileRequest(
+                job=job,
+                gpu=catalog.get(gpu_name),
+                method=Method.ESTIMATE if simulated else job.method,
+                device_index=None if simulated else local_index,
+            )
             result = obtain_profile(request, make, cache=cache, identity=identity)
             assert result is not None  # make raises rather than giving none
             profiled[gpu_name] = result
@@ -267,8 +319,10 @@ def _every_rank_plan(
     plan = build_plan(job, slots, profiles)
     if plan.excluded:
         reasons = "; ".join(f"{e.node} GPU {e.device_index} ({e.gpu}): {e.reason}" for e in plan.excluded)
-        raise InfeasiblePlanError(f"every rank of a running job must take part, but some cannot: {reasons} "
-                                  "(lower the job's min_batch or multiple_of, or relaunch without those GPUs)")
+        raise InfeasiblePlanError(
+            f"every rank of a running job must take part, but some cannot: {reasons} "
+            "(lower the job's min_batch or multiple_of, or relaunch without those GPUs)"
+        )
     for entry in plan.ranks:
         if (entry.node, entry.local_rank) != (slots[entry.rank].node, everyone[entry.rank]["local_rank"]):
             raise InfeasiblePlanError(

@@ -31,8 +31,14 @@ __all__ = ["is_collective_failure", "lowered_default_timeout"]
 #: words of the errors gloo and NCCL raise for a dead peer or a timeout (``RuntimeError``s; newer torch
 #: raises ``torch.distributed.DistError`` subclasses, recognised by type)
 #: ("Application timeout caused pair closure": gloo, on a rank whose peer's pair was closed by that peer's timeout)
-_COLLECTIVE_ERROR_WORDS = ("gloo", "NCCL", "Connection closed by peer", "Connection reset by peer", "Timed out",
-                           "pair closure")
+_COLLECTIVE_ERROR_WORDS = (
+    "gloo",
+    "NCCL",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Timed out",
+    "pair closure",
+)
 _said: list[bool] = []
 
 
@@ -68,8 +74,11 @@ def lowered_default_timeout(timeout_s: float) -> Iterator[bool]:
     except Exception as exc:  # private API moved: the group's own timeout applies
         if not _said:
             _said.append(True)
-            log.warning("rebalance: the default process group's timeout cannot be lowered here (%s): DDP's buffer "
-                        "broadcast keeps the group's own timeout", exc)
+            log.warning(
+                "rebalance: the default process group's timeout cannot be lowered here (%s): DDP's buffer "
+                "broadcast keeps the group's own timeout",
+                exc,
+            )
         yield False
         return
     try:

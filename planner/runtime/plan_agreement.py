@@ -64,9 +64,11 @@ class SplitTerms:
         """``batches [64, 64, 32], accumulate 1, dataset 1024, seed 0``: the terms as a message shows them."""
         shown = list(self.batches[:_MAX_NAMED]) + (["..."] if len(self.batches) > _MAX_NAMED else [])
         batches = "[" + ", ".join(str(b) for b in shown) + "]"
-        return (f"batches {batches} ({len(self.batches)} ranks), accumulate {self.accumulate}, dataset "
-                f"{self.dataset_size}, {'shuffle seed ' + str(self.seed) if self.shuffle else 'no shuffle'}"
-                f"{', drop_last' if self.drop_last else ''}")
+        return (
+            f"batches {batches} ({len(self.batches)} ranks), accumulate {self.accumulate}, dataset "
+            f"{self.dataset_size}, {'shuffle seed ' + str(self.seed) if self.shuffle else 'no shuffle'}"
+            f"{', drop_last' if self.drop_last else ''}"
+        )
 
 
 def _this_node() -> str:
@@ -101,7 +103,9 @@ def agree_on_split(terms: SplitTerms, *, what: str = "the plan") -> None:
         dist.all_gather_object(gathered, (terms.digest(), _this_node(), terms))
     else:
         # one key per rank, per sampler in creation order and per torchrun restart: every rank counts alike
-        prefix = f"batchplan-plan-agreement/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_rounds)}"
+        prefix = (
+            f"batchplan-plan-agreement/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_rounds)}"
+        )
         mine = {"node": _this_node(), "terms": asdict(terms)}
         store.set(f"{prefix}/{rank}", json.dumps(mine))
         keys = [f"{prefix}/{r}" for r in range(world_size)]
@@ -121,9 +125,14 @@ def _entry(raw: bytes) -> tuple[str, str, SplitTerms]:
     """A rank's filed terms as :func:`mismatch` takes them."""
     data = json.loads(raw)
     fields = data["terms"]
-    terms = SplitTerms(batches=tuple(int(b) for b in fields["batches"]), accumulate=int(fields["accumulate"]),
-                       dataset_size=int(fields["dataset_size"]), shuffle=bool(fields["shuffle"]),
-                       seed=int(fields["seed"]), drop_last=bool(fields["drop_last"]))
+    terms = SplitTerms(
+        batches=tuple(int(b) for b in fields["batches"]),
+        accumulate=int(fields["accumulate"]),
+        dataset_size=int(fields["dataset_size"]),
+        shuffle=bool(fields["shuffle"]),
+        seed=int(fields["seed"]),
+        drop_last=bool(fields["drop_last"]),
+    )
     return terms.digest(), str(data["node"]), terms
 
 
@@ -137,16 +146,22 @@ def mismatch(gathered: Sequence[tuple[str, str, SplitTerms]], world_size: int, *
         planned = len(gathered[0][2].batches)
         if planned == world_size:
             return None
-        return (f"{what} is for {planned} ranks but the job has {world_size}: every rank holds the same plan, made "
-                "for another launch (re-plan for this job, or launch with the plan's torchrun lines)")
+        return (
+            f"{what} is for {planned} ranks but the job has {world_size}: every rank holds the same plan, made "
+            "for another launch (re-plan for this job, or launch with the plan's torchrun lines)"
+        )
     # the terms most ranks hold are "the plan"; a tie goes to the terms of rank 0
     usual = max(groups, key=lambda d: (len(groups[d]), d == gathered[0][0]))
     odd = [rank for digest, ranks in groups.items() if digest != usual for rank in ranks]
     nodes = list(dict.fromkeys(gathered[rank][1] for rank in odd))
     ranks = ", ".join(str(r) for r in odd[:_MAX_NAMED]) + (", ..." if len(odd) > _MAX_NAMED else "")
-    where = ", ".join(nodes[:_MAX_NAMED]) + (f" and {len(nodes) - _MAX_NAMED} more" if len(nodes) > _MAX_NAMED else "")
+    where = ", ".join(nodes[:_MAX_NAMED]) + (
+        f" and {len(nodes) - _MAX_NAMED} more" if len(nodes) > _MAX_NAMED else ""
+    )
     other = gathered[odd[0]][2]
-    return (f"the ranks do not agree on {what}: node(s) {where} (rank(s) {ranks}) hold {other.describe()}, the "
-            f"other {len(groups[usual])} rank(s) {gathered[groups[usual][0]][2].describe()}; their slices of each "
-            "global batch would overlap (copy the same plan.json, and plan.json.index, to every node and start "
-            "every rank again)")
+    return (
+        f"the ranks do not agree on {what}: node(s) {where} (rank(s) {ranks}) hold {other.describe()}, the "
+        f"other {len(groups[usual])} rank(s) {gathered[groups[usual][0]][2].describe()}; their slices of each "
+        "global batch would overlap (copy the same plan.json, and plan.json.index, to every node and start "
+        "every rank again)"
+    )

@@ -40,8 +40,10 @@ def local_gpu(view: RankView, environ: Mapping[str, str]) -> GpuStats | None:
         ConfigError: launched under the node's device list, but NVML has no GPU of that index.
     """
     if environ.get("CUDA_VISIBLE_DEVICES") != view.node.cuda_visible_devices:
-        log.debug("rank %d: not launched under its node's CUDA_VISIBLE_DEVICES; its GPU is not checked",
-                  view.entry.rank)
+        log.debug(
+            "rank %d: not launched under its node's CUDA_VISIBLE_DEVICES; its GPU is not checked",
+            view.entry.rank,
+        )
         return None
     from torchkit.hardware.nvml import read_local_gpu_stats
 
@@ -69,7 +71,10 @@ def same_gpu(entry: RankEntry, gpu: GpuStats) -> bool:
         spec = catalog.resolve(name)
         return spec.name if spec is not None else name.strip().lower()
 
-    memory_close = abs(gpu.memory_total_bytes - entry.total_memory_bytes) <= MEMORY_REL_TOLERANCE * entry.total_memory_bytes
+    memory_close = (
+        abs(gpu.memory_total_bytes - entry.total_memory_bytes)
+        <= MEMORY_REL_TOLERANCE * entry.total_memory_bytes
+    )
     return canonical(gpu.name) == canonical(entry.gpu) and memory_close
 
 
@@ -97,10 +102,14 @@ def check_rank_gpu(view: RankView, gpu: GpuStats, where: str, whole: Callable[[]
     if matches:
         named = ", ".join(f"{n.name} (--node-rank {n.node_rank})" for n in matches[:_MAX_NAMED_NODES])
         more = f" and {len(matches) - _MAX_NAMED_NODES} more" if len(matches) > _MAX_NAMED_NODES else ""
-        fix = (f"this machine's GPUs are those of node {named}{more} in the plan: start it with that node's line, "
-               f"--node-rank {matches[0].node_rank}")
+        fix = (
+            f"this machine's GPUs are those of node {named}{more} in the plan: start it with that node's line, "
+            f"--node-rank {matches[0].node_rank}"
+        )
     else:
-        fix = f"no node of the plan has a {gpu.name}: re-plan with this machine in the cluster (batchplan plan)"
+        fix = (
+            f"no node of the plan has a {gpu.name}: re-plan with this machine in the cluster (batchplan plan)"
+        )
     raise ConfigError(
         f"{where}: rank {entry.rank} is planned for a {planned} on node {entry.node!r} (--node-rank "
         f"{entry.node_rank}), but GPU {entry.device_index} here is a {here}, so its batch {entry.batch} was sized "

@@ -83,7 +83,9 @@ class RankPlan:
             )
         wanted = expected_loss_weight(self.batch, self.world_size, self.step_batch)
         if not math.isclose(self.loss_weight, wanted, rel_tol=_WEIGHT_REL_TOLERANCE):
-            raise ConfigError(f"RankPlan: loss_weight {self.loss_weight!r} != batch × world_size / step_batch = {wanted!r}")
+            raise ConfigError(
+                f"RankPlan: loss_weight {self.loss_weight!r} != batch × world_size / step_batch = {wanted!r}"
+            )
 
     @property
     def offset(self) -> int:
@@ -128,12 +130,16 @@ def load_rank_plan(
     if isinstance(plan, Plan | Mapping):
         where = "plan"
         typed = plan if isinstance(plan, Plan) else validate_plan(dict(plan), where=where)
-        view = rank_view(typed, _choose_rank(rank, env_rank, environ, where, typed.world_size, lambda: typed.nodes))
+        view = rank_view(
+            typed, _choose_rank(rank, env_rank, environ, where, typed.world_size, lambda: typed.nodes)
+        )
         whole: Callable[[], Plan] = lambda: typed  # noqa: E731
     else:
         where = str(plan)
-        view = read_rank_view(Path(plan), lambda world_size, nodes: _choose_rank(
-            rank, env_rank, environ, where, world_size, nodes))
+        view = read_rank_view(
+            Path(plan),
+            lambda world_size, nodes: _choose_rank(rank, env_rank, environ, where, world_size, nodes),
+        )
         whole = lambda: load_plan(Path(plan))  # noqa: E731
     entry = view.entry
     this_process = env_rank == entry.rank  # the environment describes this very process
@@ -146,14 +152,28 @@ def load_rank_plan(
         here = gpu if gpu is not None else local_gpu(view, environ)
         if here is not None:
             check_rank_gpu(view, here, where, whole)
-    return RankPlan(rank=entry.rank, world_size=view.world_size, local_rank=entry.local_rank,
-                    node_rank=entry.node_rank, batch=entry.batch, loss_weight=entry.loss_weight,
-                    step_batch=view.step_batch, global_batch=view.global_batch, accumulate=view.accumulate,
-                    device_index=entry.device_index, gpu=entry.gpu, batches=view.batches)
+    return RankPlan(
+        rank=entry.rank,
+        world_size=view.world_size,
+        local_rank=entry.local_rank,
+        node_rank=entry.node_rank,
+        batch=entry.batch,
+        loss_weight=entry.loss_weight,
+        step_batch=view.step_batch,
+        global_batch=view.global_batch,
+        accumulate=view.accumulate,
+        device_index=entry.device_index,
+        gpu=entry.gpu,
+        batches=view.batches,
+    )
 
 
 def _choose_rank(
-    rank: int | None, env_rank: int | None, environ: Mapping[str, str], where: str, world_size: int,
+    rank: int | None,
+    env_rank: int | None,
+    environ: Mapping[str, str],
+    where: str,
+    world_size: int,
     nodes: Callable[[], Sequence[NodeEntry]],
 ) -> int:
     """The rank to read, once the plan's world size is known; ``WORLD_SIZE`` must be it."""
@@ -192,8 +212,10 @@ def _check_launch_position(environ: Mapping[str, str], view: RankView, where: st
 
 
 def _launch_summary(nodes: Sequence[NodeEntry]) -> str:
-    parts = [f"{n.name}: --node-rank {n.node_rank} --nproc-per-node {n.nproc_per_node}"
-             for n in nodes[:_MAX_SUMMARY_NODES]]
+    parts = [
+        f"{n.name}: --node-rank {n.node_rank} --nproc-per-node {n.nproc_per_node}"
+        for n in nodes[:_MAX_SUMMARY_NODES]
+    ]
     if len(nodes) > _MAX_SUMMARY_NODES:
         parts.append(f"... {len(nodes)} nodes in all, see batchplan show PLAN")
     return "; ".join(parts) if parts else "see batchplan show plan.json"
@@ -206,4 +228,6 @@ def _env_int(environ: Mapping[str, str], name: str) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={raw!r} is not an integer (torchrun sets it)") from None
+        raise ConfigError(
+            f"environment variable {name}={raw!r} is not an integer (torchrun sets it)"
+        ) from None

@@ -77,12 +77,17 @@ def start_rank_watchdog(store: Any, prefix: str, rank: int) -> RankWatchdog | No
     log = logging.getLogger(__name__)
     if store is None:
         return None
-    host = _local_address(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")))
+    host = _local_address(
+        os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    )
     token = secrets.token_hex(16)
     try:
         process = subprocess.Popen(
             [sys.executable, "-I", os.path.abspath(__file__), str(os.getpid()), host, token],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
             start_new_session=True,  # a Ctrl-C for the job reaches the ranks, not this watchdog: it ends with them
         )
         port = process.stdout.readline().strip()  # type: ignore[union-attr]
@@ -91,8 +96,11 @@ def start_rank_watchdog(store: Any, prefix: str, rank: int) -> RankWatchdog | No
             raise OSError(f"it printed {port!r}")
         store.set(_key(prefix, rank), f"{host} {int(port)} {token}")
     except Exception as exc:  # the job runs without it: a hung rank's node then ends only with its torchrun
-        log.warning("rank %d: the watchdog that lets other ranks end this one if it hangs did not start (%s)", rank,
-                    exc)
+        log.warning(
+            "rank %d: the watchdog that lets other ranks end this one if it hangs did not start (%s)",
+            rank,
+            exc,
+        )
         return None
     return RankWatchdog(process, f"{host}:{int(port)}")
 
@@ -140,7 +148,9 @@ def main(argv: list[str]) -> int:
                     conn.settimeout(SEND_TIMEOUT_S)
                     received = b""
                     deadline = time.monotonic() + SEND_TIMEOUT_S
-                    while not received.endswith(b"\n") and len(received) < 256 and time.monotonic() < deadline:
+                    while (
+                        not received.endswith(b"\n") and len(received) < 256 and time.monotonic() < deadline
+                    ):
                         chunk = conn.recv(256)
                         if not chunk:
                             break

@@ -104,7 +104,13 @@ from planner.runtime.weights import loss_weight as split_loss_weight
 from torchkit.step.clock import DeviceClock
 from torchkit.step.fit import AffineTimeFit
 
-__all__ = ["RebalanceReport", "Rebalancer", "Switch", "limits_from_plan", "samples_once"]  # report names re-exported
+__all__ = [
+    "RebalanceReport",
+    "Rebalancer",
+    "Switch",
+    "limits_from_plan",
+    "samples_once",
+]  # report names re-exported
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +138,16 @@ def limits_from_plan(plan: Plan) -> tuple[tuple[RankLimits, ...], int, int]:
     for entry in plan.ranks:
         profile = plan.profiles[entry.profile]
         memory_fit = profile.memory_fit
-        limits.append(RankLimits(
-            cap=entry.max_batch,
-            prior=AffineTimeFit(intercept_s=profile.time_fit.intercept_s, s_per_sample=profile.time_fit.s_per_sample),
-            memory_budget_bytes=entry.memory_budget_bytes,
-            bytes_per_sample=float(memory_fit.bytes_per_sample) if memory_fit.kind == "affine" else None,
-        ))
+        limits.append(
+            RankLimits(
+                cap=entry.max_batch,
+                prior=AffineTimeFit(
+                    intercept_s=profile.time_fit.intercept_s, s_per_sample=profile.time_fit.s_per_sample
+                ),
+                memory_budget_bytes=entry.memory_budget_bytes,
+                bytes_per_sample=float(memory_fit.bytes_per_sample) if memory_fit.kind == "affine" else None,
+            )
+        )
     return tuple(limits), plan.job.multiple_of, plan.job.min_batch
 
 
@@ -245,11 +255,15 @@ class Rebalancer:
         """The re-balancer's own process group, this rank's watchdog and the model's timing hooks."""
         if self.world_size > 1 and dist.is_available() and dist.is_initialized():
             # every rank builds its re-balancer in the same order: new_group is a collective
-            self._group = dist.new_group(timeout=timedelta(seconds=self.collective_timeout_s),
-                                         backend=dist.get_backend())
+            self._group = dist.new_group(
+                timeout=timedelta(seconds=self.collective_timeout_s), backend=dist.get_backend()
+            )
         # lets the others end this rank, on whatever node, if it hangs or is stopped (planner.runtime.rank_watchdog)
-        self._watchdog = start_rank_watchdog(default_store(), self._key_prefix, self.rank) \
-            if self._group is not None else None
+        self._watchdog = (
+            start_rank_watchdog(default_store(), self._key_prefix, self.rank)
+            if self._group is not None
+            else None
+        )
         if ddp is not None and isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             ddp.register_comm_hook(None, self._comm_hook)
             ddp.module.register_forward_pre_hook(self._forward_pre_hook)
@@ -259,17 +273,23 @@ class Rebalancer:
     @staticmethod
     def _check_arguments(sampler: Any, ddp: Any, limits: Sequence[RankLimits], timeout_s: float) -> None:
         if not isinstance(sampler, PlannedBatchSampler):
-            raise ConfigError(f"Rebalancer needs the rank's PlannedBatchSampler, got {type(sampler).__name__}")
+            raise ConfigError(
+                f"Rebalancer needs the rank's PlannedBatchSampler, got {type(sampler).__name__}"
+            )
         if len(limits) != sampler.world_size:
             raise ConfigError(f"{len(limits)} rank limits for a sampler of {sampler.world_size} ranks")
         distributed = dist.is_available() and dist.is_initialized()
         if distributed and dist.get_world_size() != sampler.world_size:
-            raise ConfigError(f"the process group has {dist.get_world_size()} ranks, the sampler {sampler.world_size}")
+            raise ConfigError(
+                f"the process group has {dist.get_world_size()} ranks, the sampler {sampler.world_size}"
+            )
         if distributed and dist.get_rank() != sampler.rank:
             raise ConfigError(f"this is rank {dist.get_rank()} but the sampler is rank {sampler.rank}'s")
         if sampler.world_size > 1 and not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
-            raise ConfigError("Rebalancer needs the DistributedDataParallel model: its comm hook marks the end of "
-                              "this rank's own compute (without it the all-reduce wait would be timed)")
+            raise ConfigError(
+                "Rebalancer needs the DistributedDataParallel model: its comm hook marks the end of "
+                "this rank's own compute (without it the all-reduce wait would be timed)"
+            )
         if not 0 < timeout_s < float("inf"):
             raise ConfigError(f"collective_timeout_s must be > 0 seconds, got {timeout_s!r}")
 
@@ -291,8 +311,10 @@ class Rebalancer:
         typed = validate_plan(plan) if isinstance(plan, Plan | Mapping) else load_plan(plan)
         batches = [r.batch for r in typed.ranks]
         if batches != list(sampler.batches):
-            raise ConfigError(f"the sampler's batches {list(sampler.batches)} are not the plan's {batches} (build the "
-                              "sampler from this plan)")
+            raise ConfigError(
+                f"the sampler's batches {list(sampler.batches)} are not the plan's {batches} (build the "
+                "sampler from this plan)"
+            )
         limits, multiple_of, min_batch = limits_from_plan(typed)
         rebalancer = cls(sampler, ddp, limits, multiple_of=multiple_of, min_batch=min_batch, **options)
         rebalancer.plan = typed
@@ -328,10 +350,15 @@ class Rebalancer:
         self._in_compute, self._slept, self._credit_s = True, False, 0.0
         self._forward_start = self._hook_end = None
         self._start = self._clock.mark()
-        bounded = lowered_default_timeout(self.collective_timeout_s) if self._group is not None \
+        bounded = (
+            lowered_default_timeout(self.collective_timeout_s)
+            if self._group is not None
             else contextlib.nullcontext(False)
+        )
         try:
-            with bounded:  # DDP's own collectives in the block (its buffer broadcast) end within our timeout too
+            with (
+                bounded
+            ):  # DDP's own collectives in the block (its buffer broadcast) end within our timeout too
                 yield self
         except Exception as exc:
             if self._comm_error is not None:  # our all-reduce failed: name the rank, one line
@@ -339,13 +366,18 @@ class Rebalancer:
                 raise self.collective_failure("the gradient all-reduce", self._comm_error) from exc
             if self._group is not None and is_collective_failure(exc):
                 self._in_compute = False
-                raise self.collective_failure("a collective of the default process group in the step (DDP's "
-                                              "buffer broadcast or bucket rebuild)", exc) from exc
+                raise self.collective_failure(
+                    "a collective of the default process group in the step (DDP's "
+                    "buffer broadcast or bucket rebuild)",
+                    exc,
+                ) from exc
             raise
         finally:
             self._in_compute = False
         end = self._clock.mark()
-        if self._hook_end is None:  # no all-reduce in this micro-step (no_sync, one rank): the block is compute
+        if (
+            self._hook_end is None
+        ):  # no all-reduce in this micro-step (no_sync, one rank): the block is compute
             self._maybe_sleep()
             end = self._clock.mark()
             self._hook_end = self._credited(end)  # a simulated sleep's lateness is waiting, not compute
@@ -367,8 +399,9 @@ class Rebalancer:
         self._slept = True
         start = self._forward_start if self._forward_start is not None else self._start
         began = self._clock.mark()
-        extra = self.simulate.extra_s(self.rank, self._split[self.rank], self._step + 1,
-                                      real_s=self._clock.elapsed_s(start, began))
+        extra = self.simulate.extra_s(
+            self.rank, self._split[self.rank], self._step + 1, real_s=self._clock.elapsed_s(start, began)
+        )
         if extra > 0:
             time.sleep(extra)
             if not self._clock.cuda and self.simulate.sample_s is None:
@@ -385,7 +418,9 @@ class Rebalancer:
 
         if self._in_compute:
             self._maybe_sleep()  # a simulated slow device is still computing here
-            self._hook_end = self._credited(self._clock.mark())  # the last bucket's mark wins: own backward is done
+            self._hook_end = self._credited(
+                self._clock.mark()
+            )  # the last bucket's mark wins: own backward is done
         # DDP's default all-reduce, in the re-balancer's group: its timeout bounds a wait for a dead rank
         return allreduce_hook(self._group, bucket).then(self._after_allreduce)  # type: ignore[arg-type]
 
@@ -408,11 +443,15 @@ class Rebalancer:
         if self._in_compute:
             raise ConfigError("step_done() inside a compute() block: call it after the optimizer step")
         if not self._intervals:
-            raise ConfigError("step_done() without a compute() block in this step: wrap forward+backward in "
-                              "rebalancer.compute()")
+            raise ConfigError(
+                "step_done() without a compute() block in this step: wrap forward+backward in "
+                "rebalancer.compute()"
+            )
         if len(set(self._step_splits)) != 1:
-            raise ConfigError(f"the micro-steps of one optimizer step used different splits {self._step_splits}: "
-                              "a switch fell inside an optimizer step (is accumulate the sampler's?)")
+            raise ConfigError(
+                f"the micro-steps of one optimizer step used different splits {self._step_splits}: "
+                "a switch fell inside an optimizer step (is accumulate the sampler's?)"
+            )
         began = time.perf_counter()
         self._step += 1
         split = self._step_splits[0]
@@ -467,8 +506,9 @@ class Rebalancer:
         except Exception as exc:  # gloo: connection closed by a dead peer
             raise self.collective_failure("the all-gather of step times", exc) from exc
         self._last_gather_step = self._step
-        self._posted = _PostedGather(work=work, everyone=everyone, records=records,
-                                     cost_s=time.perf_counter() - began)
+        self._posted = _PostedGather(
+            work=work, everyone=everyone, records=records, cost_s=time.perf_counter() - began
+        )
 
     def _complete_posted(self, split: tuple[int, ...]) -> None:
         """Wait for the watching window posted at the last gathering step, take its steps in, and run the
@@ -485,12 +525,25 @@ class Rebalancer:
     def _step_values(self) -> tuple[list[float], list[tuple]]:
         """This rank's row of the next gather (header, then per step: step, compute s, wait s, peak bytes) and
         the steps it holds; the recorded steps are handed over."""
-        records = [(step, split, sum(self._clock.elapsed_s(a, b) for a, b in compute),
-                    sum(self._clock.elapsed_s(a, b) for a, b in waits), peak)
-                   for step, split, compute, waits, peak in self._records]
+        records = [
+            (
+                step,
+                split,
+                sum(self._clock.elapsed_s(a, b) for a, b in compute),
+                sum(self._clock.elapsed_s(a, b) for a, b in waits),
+                peak,
+            )
+            for step, split, compute, waits, peak in self._records
+        ]
         wall_s = statistics.median(self._step_walls) if self._step_walls else -1.0
-        header = [len(records), zlib.crc32(repr([(r[0], r[1]) for r in records]).encode()),
-                  *self.sampler.next_boundary(), self._last_cost[0], float(self._last_cost[1]), wall_s]
+        header = [
+            len(records),
+            zlib.crc32(repr([(r[0], r[1]) for r in records]).encode()),
+            *self.sampler.next_boundary(),
+            self._last_cost[0],
+            float(self._last_cost[1]),
+            wall_s,
+        ]
         values = header + [v for r in records for v in (r[0], r[2], r[3], -1 if r[4] is None else r[4])]
         self._records = []
         return values, records
@@ -498,17 +551,23 @@ class Rebalancer:
     def _absorb(self, rows: list[list[float]], records: list[tuple]) -> None:
         """Every rank's gathered rows of ``records``' steps into ``measures``, checked to be in step."""
         if len({(row[0], row[1]) for row in rows}) != 1:
-            raise RebalanceError(f"rebalance: ranks are out of step after optimizer step {self._step} (their steps "
-                                 "or splits differ): every rank must call compute() once per micro-step and "
-                                 "step_done() once per optimizer step")
+            raise RebalanceError(
+                f"rebalance: ranks are out of step after optimizer step {self._step} (their steps "
+                "or splits differ): every rank must call compute() once per micro-step and "
+                "step_done() once per optimizer step"
+            )
         self._window_first = records[0][0]
         self._boundary = max((int(row[2]), int(row[3])) for row in rows)
         for index, (step, split, _, _, _) in enumerate(records):
-            fields = [row[_HEADER + 4 * index:_HEADER + 4 * index + 4] for row in rows]
+            fields = [row[_HEADER + 4 * index : _HEADER + 4 * index + 4] for row in rows]
             peaks = [f[3] for f in fields]
-            measure = StepMeasure(step=step, batches=split, compute_s=tuple(float(f[1]) for f in fields),
-                                  sync_wait_s=tuple(float(f[2]) for f in fields),
-                                  peak_bytes=None if any(p < 0 for p in peaks) else tuple(int(p) for p in peaks))
+            measure = StepMeasure(
+                step=step,
+                batches=split,
+                compute_s=tuple(float(f[1]) for f in fields),
+                sync_wait_s=tuple(float(f[2]) for f in fields),
+                peak_bytes=None if any(p < 0 for p in peaks) else tuple(int(p) for p in peaks),
+            )
             self.measures.append(measure)
             if not self.switches and len(self._first_measures) < 100:
                 self._first_measures.append(measure)
@@ -571,20 +630,32 @@ class Rebalancer:
             self._watch_for_change(at_split)
             usable = self._usable()
             at_split = [m for m in usable if m.batches == split]
-        if len(at_split) < self.policy.min_points or len(self.switches) >= self.policy.max_switches or balanced(
-                usable, self.limits, current=split, multiple_of=self.multiple_of, policy=self.policy):
+        if (
+            len(at_split) < self.policy.min_points
+            or len(self.switches) >= self.policy.max_switches
+            or balanced(usable, self.limits, current=split, multiple_of=self.multiple_of, policy=self.policy)
+        ):
             return  # the same on every rank (gathered data): no decision, no agreement to gather
         acting_from = time.perf_counter()
         if not boundary_fresh:
             self._gather_steps()
             self._last_gather_step = self._step
             usable = self._usable()
-        decision = self._decide(usable, self.limits, current=split, multiple_of=self.multiple_of,
-                                min_batch=self.min_batch, policy=self.policy, rejected=self._recently_rejected())
+        decision = self._decide(
+            usable,
+            self.limits,
+            current=split,
+            multiple_of=self.multiple_of,
+            min_batch=self.min_batch,
+            policy=self.policy,
+            rejected=self._recently_rejected(),
+        )
         self._agree(decision)
         if decision is not None:
             self._verify = [m for m in usable if m.batches == split]
-            self._switch(decision.batches, decision.predicted_step_s, decision.current_step_s, decision.reason)
+            self._switch(
+                decision.batches, decision.predicted_step_s, decision.current_step_s, decision.reason
+            )
         self._acting_s = time.perf_counter() - acting_from
 
     def _maybe_agree_simulation(self) -> None:
@@ -601,7 +672,9 @@ class Rebalancer:
         log.info("rebalance: %s", self.simulate.describe())
 
     def _recently_rejected(self) -> frozenset[tuple[int, ...]]:
-        return frozenset(s for s, step in self._rejected.items() if self._step - step < self.policy.retry_after_steps)
+        return frozenset(
+            s for s, step in self._rejected.items() if self._step - step < self.policy.retry_after_steps
+        )
 
     def _judge(self, before: list[StepMeasure], after: list[StepMeasure], split: tuple[int, ...]) -> str:
         """Keep the switch to ``split``, measure on, or roll it back (``switch_verdict``)."""
@@ -613,8 +686,14 @@ class Rebalancer:
         previous = before[0].batches
         self._verify = None
         self._rejected[split] = self._step
-        log.warning("rebalance: step %d: %s measured %.4f s per step, not faster than %s's %.4f s: rolled back",
-                    self._step, list(split), after_s, list(previous), before_s)
+        log.warning(
+            "rebalance: step %d: %s measured %.4f s per step, not faster than %s's %.4f s: rolled back",
+            self._step,
+            list(split),
+            after_s,
+            list(previous),
+            before_s,
+        )
         self._switch(previous, before_s, after_s, "rollback")
         return verdict
 
@@ -626,18 +705,39 @@ class Rebalancer:
         if speeds_changed(earlier, window, self.policy):
             self._since_step = self._window_first - 1
             self._rejected.clear()
-            log.warning("rebalance: step %d: the ranks' compute times at %s changed (speeds changed under the "
-                        "job): re-balancing from the last %d steps", self._step, list(window[0].batches), len(window))
+            log.warning(
+                "rebalance: step %d: the ranks' compute times at %s changed (speeds changed under the "
+                "job): re-balancing from the last %d steps",
+                self._step,
+                list(window[0].batches),
+                len(window),
+            )
 
     def _switch(self, batches: tuple[int, ...], predicted_s: float, previous_s: float, kind: str) -> None:
         position = self._boundary
         self.sampler.switch_batches(batches, position)
         self._pending = position
         current = self.splits[-1]
-        self.switches.append(Switch(decided_at_step=self._step, position=position, batches=batches,
-                                    predicted_step_s=predicted_s, previous_step_s=previous_s, kind=kind))
-        log.info("rebalance: step %d: %s -> %s (%s; step %.4f s -> %.4f s) from position %s", self._step,
-                 list(current), list(batches), kind, previous_s, predicted_s, position)
+        self.switches.append(
+            Switch(
+                decided_at_step=self._step,
+                position=position,
+                batches=batches,
+                predicted_step_s=predicted_s,
+                previous_step_s=previous_s,
+                kind=kind,
+            )
+        )
+        log.info(
+            "rebalance: step %d: %s -> %s (%s; step %.4f s -> %.4f s) from position %s",
+            self._step,
+            list(current),
+            list(batches),
+            kind,
+            previous_s,
+            predicted_s,
+            position,
+        )
 
     def _gather_tensor(self, values: list[float], what: str) -> list[list[float]]:
         """Every rank's ``values`` (the same length on every rank), as float64 in one all-gather."""
@@ -653,7 +753,11 @@ class Rebalancer:
 
     def _collective_device(self) -> torch.device | None:
         """Where the gathered tensors live: the current CUDA device under NCCL, else the CPU."""
-        return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self._group) == "nccl" else None
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(self._group) == "nccl"
+            else None
+        )
 
     def _gather(self, payload: dict, what: str) -> list[dict]:
         if self.world_size == 1:
@@ -703,8 +807,12 @@ class Rebalancer:
             f"rebalance: {who} after optimizer step {self._step}: it died or hung ({what} failed on rank "
             f"{self.rank} within the re-balancer's {self.collective_timeout_s:g} s timeout: "
             f"{type(exc).__name__}: {first_line[:200]}); rank {self.rank} stops too"
-            + (f"; ended rank {', '.join(str(r) for r in ended)} through its watchdog, so that its node stops as well"
-               if ended else ""))
+            + (
+                f"; ended rank {', '.join(str(r) for r in ended)} through its watchdog, so that its node stops as well"
+                if ended
+                else ""
+            )
+        )
 
     def _agree(self, decision: Decision | None) -> None:
         """Every rank's decision must be the same; otherwise every rank raises (nobody waits forever)."""
@@ -716,8 +824,10 @@ class Rebalancer:
         everyone = self._gather({"decision": mine}, "re-balancing decisions")
         if any(g["decision"] != mine for g in everyone):
             detail = "; ".join(f"rank {r}: {g['decision'] or 'keep'}" for r, g in enumerate(everyone))
-            raise RebalanceError(f"rebalance: ranks reached different decisions after optimizer step {self._step} "
-                                 f"({detail}); they must all run the same code on the same gathered times")
+            raise RebalanceError(
+                f"rebalance: ranks reached different decisions after optimizer step {self._step} "
+                f"({detail}); they must all run the same code on the same gathered times"
+            )
 
     # --------------------------------------------------------------------------------- results
 
@@ -728,8 +838,13 @@ class Rebalancer:
         self._flush_posted()
         kept = {m.step for m in self.measures}
         measures = [m for m in self._first_measures if m.step not in kept] + self.measures
-        return build_report(self.splits, measures, self.switches, warmup_steps=self.policy.warmup_steps,
-                            watch_overhead=self._watch_overhead)
+        return build_report(
+            self.splits,
+            measures,
+            self.switches,
+            warmup_steps=self.policy.warmup_steps,
+            watch_overhead=self._watch_overhead,
+        )
 
     def feedback(self) -> tuple[Plan, dict]:
         """The updated plan (final batches, weights, ``measured`` section) and the measured profiles by cache
@@ -749,16 +864,32 @@ class Rebalancer:
             raise ConfigError("Rebalancer.feedback() needs the plan: build the re-balancer with from_plan()")
         kept = {m.step for m in self.measures}
         every = [m for m in self._first_measures if m.step not in kept] + self.measures
-        usable = [m for m in every if m.step > max(self.policy.warmup_steps, self._sample_agreed_step)] or every
+        usable = [
+            m for m in every if m.step > max(self.policy.warmup_steps, self._sample_agreed_step)
+        ] or every
         simulated = self.simulate.describe() if self.simulate is not None else None
         from planner.runtime.sync_feedback import sync_entry
 
         marks = job_marks(self._link())
         report = self.report()
-        sync = sync_entry(self.plan.comm, usable, report.batches_last, self.plan.accumulate,
-                          ", ".join(f"{name} {value}" for name, value in marks.items()), simulated)
-        section = measured_section(self.plan, usable, report, self.limits, prior_weight=self.policy.prior_weight,
-                                   simulated=simulated, marks=marks, sync=sync)
+        sync = sync_entry(
+            self.plan.comm,
+            usable,
+            report.batches_last,
+            self.plan.accumulate,
+            ", ".join(f"{name} {value}" for name, value in marks.items()),
+            simulated,
+        )
+        section = measured_section(
+            self.plan,
+            usable,
+            report,
+            self.limits,
+            prior_weight=self.policy.prior_weight,
+            simulated=simulated,
+            marks=marks,
+            sync=sync,
+        )
         profiles = {} if simulated else self._measured_profiles(usable, marks)
         return updated_plan(self.plan, section), profiles
 
@@ -771,8 +902,11 @@ class Rebalancer:
         try:
             return measured_profiles(self.plan, usable, prior_weight=self.policy.prior_weight, marks=marks)
         except WorkloadError as exc:
-            log.warning("rebalance: the measured profiles were not filed in the profile cache (the plan file still "
-                        "gets them): %s", exc)
+            log.warning(
+                "rebalance: the measured profiles were not filed in the profile cache (the plan file still "
+                "gets them): %s",
+                exc,
+            )
             return {}
 
     @staticmethod
@@ -784,7 +918,9 @@ class Rebalancer:
         try:
             path = file_job_sync(plan, cache_dir)
         except (WorkloadError, ConfigError) as exc:
-            log.warning("rebalance: the measured synchronisation was not filed (the plan file still has it): %s", exc)
+            log.warning(
+                "rebalance: the measured synchronisation was not filed (the plan file still has it): %s", exc
+            )
             return []
         return [path] if path is not None else []
 
@@ -820,7 +956,11 @@ class Rebalancer:
             fingerprint = measured_fingerprint(job)
             cache = ProfileCache(cache_dir)
             written.extend(
-                cache.put(key, profile, inputs=measured_key_inputs(job, profile.gpu, profile.amp, fingerprint=fingerprint))
+                cache.put(
+                    key,
+                    profile,
+                    inputs=measured_key_inputs(job, profile.gpu, profile.amp, fingerprint=fingerprint),
+                )
                 for key, profile in profiles.items()
             )
         return written

@@ -37,7 +37,9 @@ def default_store() -> Any | None:
         return None
 
 
-def missing_ranks(store: Any, prefix: str, rank: int, world_size: int, step: int, grace_s: float) -> list[int] | None:
+def missing_ranks(
+    store: Any, prefix: str, rank: int, world_size: int, step: int, grace_s: float
+) -> list[int] | None:
     """The ranks other than ``rank`` that did not mark the failure within ``grace_s``; None when the store
     cannot be reached.
 
@@ -47,7 +49,9 @@ def missing_ranks(store: Any, prefix: str, rank: int, world_size: int, step: int
     """
     if store is None:
         return None
-    previous = _lower_timeout(store, grace_s)  # a stopped (SIGSTOP) store host must not hold us for its timeout
+    previous = _lower_timeout(
+        store, grace_s
+    )  # a stopped (SIGSTOP) store host must not hold us for its timeout
     try:
         try:
             store.set(f"{prefix}/failed/{rank}", str(step))

@@ -47,8 +47,15 @@ from planner.runtime.rebalance_report import RebalanceReport
 from planner.runtime.weights import loss_weights
 from torchkit.step.fit import fit_memory
 
-__all__ = ["MEASURED_METHOD", "job_marks", "measured_fingerprint", "measured_profile_key", "measured_profiles",
-           "measured_section", "updated_plan"]
+__all__ = [
+    "MEASURED_METHOD",
+    "job_marks",
+    "measured_fingerprint",
+    "measured_profile_key",
+    "measured_profiles",
+    "measured_section",
+    "updated_plan",
+]
 
 #: the most steps ``measured.step_times`` lists (the latest); a long job's plan file stays small
 MAX_STEPS_LISTED = 500
@@ -94,8 +101,10 @@ def measured_profiles(
         points = _pooled_points(measures, ranks)
         time_fit = fit_rank_time(points, base.time_fit, prior_weight)
         marked = "".join(f", {name} {value}" for name, value in (marks or {}).items())
-        notes = [f"{gpu}: step time measured in a running job of {job.model} ({len(measures)} steps on "
-                 f"{len(ranks)} rank(s){marked})"]
+        notes = [
+            f"{gpu}: step time measured in a running job of {job.model} ({len(measures)} steps on "
+            f"{len(ranks)} rank(s){marked})"
+        ]
         peaks: dict[int, int] = {}
         for measure in measures:
             if measure.peak_bytes is not None:
@@ -105,13 +114,26 @@ def measured_profiles(
         memory = {}
         if len(peaks) >= 2:
             fitted = fit_memory(sorted(peaks.items()))
-            memory = {"memory_points": tuple(sorted(peaks.items())), "memory_fit": fitted.fit, "oom_batch": None}
-            notes.append(f"{gpu}: memory from the job's measured peak reserved bytes at batches {sorted(peaks)}")
+            memory = {
+                "memory_points": tuple(sorted(peaks.items())),
+                "memory_fit": fitted.fit,
+                "oom_batch": None,
+            }
+            notes.append(
+                f"{gpu}: memory from the job's measured peak reserved bytes at batches {sorted(peaks)}"
+            )
         else:
-            notes.append(f"{gpu}: memory curve from the plan's {base.method} profile (no peaks measured at two batches)")
+            notes.append(
+                f"{gpu}: memory curve from the plan's {base.method} profile (no peaks measured at two batches)"
+            )
         out[measured_profile_key(job, gpu, base.amp, fingerprint=fingerprint)] = dataclasses.replace(
-            base, method=MEASURED_METHOD, time_points=tuple((b, t) for b, t, _ in points), time_fit=time_fit,
-            notes=tuple(notes), **memory)
+            base,
+            method=MEASURED_METHOD,
+            time_points=tuple((b, t) for b, t, _ in points),
+            time_fit=time_fit,
+            notes=tuple(notes),
+            **memory,
+        )
     return out
 
 
@@ -136,8 +158,15 @@ def measured_section(
         points = median_points(measures, rank)
         fit = fit_rank_time(points, limits[rank].prior, prior_weight)
         peaks = sorted({(m.batches[rank], m.peak_bytes[rank]) for m in measures if m.peak_bytes is not None})
-        ranks.append(MeasuredRank(rank=rank, gpu=entry.gpu, time_points=tuple((b, t) for b, t, _ in points),
-                                  time_fit=fit, peak_reserved_points=tuple(peaks)))
+        ranks.append(
+            MeasuredRank(
+                rank=rank,
+                gpu=entry.gpu,
+                time_points=tuple((b, t) for b, t, _ in points),
+                time_fit=fit,
+                peak_reserved_points=tuple(peaks),
+            )
+        )
 
     def step_s(split: Sequence[int]) -> float | None:
         at = [m for m in measures if m.batches == tuple(split)]
@@ -187,9 +216,14 @@ def updated_plan(plan: Plan, section: MeasuredSection) -> Plan:
     times = [fit.predict_s(b) for fit, b in zip(fits, batches, strict=True)]
     idle = idle_fractions(times)
     ranks = tuple(
-        dataclasses.replace(entry, batch=batches[i], loss_weight=weights[i], predicted_step_time_s=times[i],
-                            idle_fraction=idle[i],
-                            predicted_memory_bytes=plan.profiles[entry.profile].memory_bytes(batches[i]))
+        dataclasses.replace(
+            entry,
+            batch=batches[i],
+            loss_weight=weights[i],
+            predicted_step_time_s=times[i],
+            idle_fraction=idle[i],
+            predicted_memory_bytes=plan.profiles[entry.profile].memory_bytes(batches[i]),
+        )
         for i, entry in enumerate(plan.ranks)
     )
     sync_s, sync_from = _exposed_sync_s(plan, section)
@@ -205,18 +239,35 @@ def updated_plan(plan: Plan, section: MeasuredSection) -> Plan:
     if section.simulated:
         what += f"; {section.simulated}"
     throughput = sum(batches) / step_time if step_time > 0 else 0.0
-    bound = sum(e.max_batch / fit.predict_s(e.max_batch) for e, fit in zip(plan.ranks, fits, strict=True)
-                if fit.predict_s(e.max_batch) > 0)
-    planned = PlannedFigures(batches=tuple(e.batch for e in plan.ranks), balance_efficiency=plan.balance_efficiency,
-                             alternatives=plan.alternatives, notes=plan.notes, warnings=plan.warnings)
-    moved = (f"what the plan said of its batches {list(planned.batches)} (throughput by mode, GPUs to drop, its "
-             "notes and warnings) is in measured.planned, not re-judged at the measured speeds (plan again to "
-             "compare options at them: batchplan plan --method auto reads what a real run measured)")
+    bound = sum(
+        e.max_batch / fit.predict_s(e.max_batch)
+        for e, fit in zip(plan.ranks, fits, strict=True)
+        if fit.predict_s(e.max_batch) > 0
+    )
+    planned = PlannedFigures(
+        batches=tuple(e.batch for e in plan.ranks),
+        balance_efficiency=plan.balance_efficiency,
+        alternatives=plan.alternatives,
+        notes=plan.notes,
+        warnings=plan.warnings,
+    )
+    moved = (
+        f"what the plan said of its batches {list(planned.batches)} (throughput by mode, GPUs to drop, its "
+        "notes and warnings) is in measured.planned, not re-judged at the measured speeds (plan again to "
+        "compare options at them: batchplan plan --method auto reads what a real run measured)"
+    )
     return plan.replace(
-        ranks=ranks, step_batch=sum(batches), global_batch=sum(batches) * plan.accumulate,
-        predicted_step_time_s=step_time, throughput_samples_per_s=throughput,
-        balance_efficiency=min(1.0, throughput / bound) if bound > 0 else 0.0, balance_efficiency_range=None,
-        alternatives=None, notes=(moved,), warnings=(what,), advice=(),
+        ranks=ranks,
+        step_batch=sum(batches),
+        global_batch=sum(batches) * plan.accumulate,
+        predicted_step_time_s=step_time,
+        throughput_samples_per_s=throughput,
+        balance_efficiency=min(1.0, throughput / bound) if bound > 0 else 0.0,
+        balance_efficiency_range=None,
+        alternatives=None,
+        notes=(moved,),
+        warnings=(what,),
+        advice=(),
         measured=dataclasses.replace(section, planned=planned),
         predicted_comm_time_s=sync_s if plan.predicted_comm_time_s is not None else None,
     )

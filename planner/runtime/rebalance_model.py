@@ -48,9 +48,25 @@ from planner.plan.sections import StepMeasure
 from torchkit.step.fit import AffineTimeFit
 
 __all__ = [
-    "Decision", "RankLimits", "RebalancePolicy", "StepMeasure", "NoiseThresholds", "balanced", "bounded_split", "decide",
-    "decision_fit", "fit_rank_time", "idle_fractions", "max_idle", "median_points", "memory_cap",
-    "speeds_changed", "split_step_s", "step_noise", "switch_verdict", "thresholds",
+    "Decision",
+    "RankLimits",
+    "RebalancePolicy",
+    "StepMeasure",
+    "NoiseThresholds",
+    "balanced",
+    "bounded_split",
+    "decide",
+    "decision_fit",
+    "fit_rank_time",
+    "idle_fractions",
+    "max_idle",
+    "median_points",
+    "memory_cap",
+    "speeds_changed",
+    "split_step_s",
+    "step_noise",
+    "switch_verdict",
+    "thresholds",
 ]
 
 
@@ -100,8 +116,14 @@ class RebalancePolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"RebalancePolicy.{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ConfigError(f"RebalancePolicy.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        if (
+            isinstance(self.warmup_steps, bool)
+            or not isinstance(self.warmup_steps, int)
+            or self.warmup_steps < 0
+        ):
+            raise ConfigError(
+                f"RebalancePolicy.warmup_steps must be an integer >= 0, got {self.warmup_steps!r}"
+            )
         for name in ("imbalance_threshold", "min_gain", "watch_cost_share"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"RebalancePolicy.{name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -181,7 +203,9 @@ def median_points(measures: Sequence[StepMeasure], rank: int) -> list[tuple[int,
     return [(b, statistics.median(ts), len(ts)) for b, ts in sorted(by_batch.items())]
 
 
-def fit_rank_time(points: Sequence[tuple[int, float, int]], prior: AffineTimeFit, prior_weight: float) -> AffineTimeFit:
+def fit_rank_time(
+    points: Sequence[tuple[int, float, int]], prior: AffineTimeFit, prior_weight: float
+) -> AffineTimeFit:
     """The refit of the module docstring for ``(batch, seconds, steps)`` points; t0, t1 clipped at 0."""
     b = np.array([p[0] for p in points], dtype=float)
     t = np.array([p[1] for p in points], dtype=float)
@@ -229,8 +253,6 @@ def memory_cap(limits: RankLimits, peaks: Sequence[tuple[int, int]], multiple_of
     return max(0, min(cap, fits // multiple_of * multiple_of))
 
 
-
-
 def step_noise(at_split: Sequence[StepMeasure]) -> float:
     """The largest rank's step-to-step spread (1.4826·MAD) at one split, as a share of the split's step (the
     slowest rank's median compute): the scale of an idle share and of a gain, which are shares of the step.
@@ -253,7 +275,9 @@ def thresholds(at_split: Sequence[StepMeasure], policy: RebalancePolicy) -> Nois
     floors, raised to ``noise_z`` standard errors of a difference of two medians of these steps."""
     noise = step_noise(at_split)
     margin = policy.noise_z * math.sqrt(2.0) * _MEDIAN_SE * noise / math.sqrt(len(at_split))
-    return NoiseThresholds(noise=noise, idle=max(policy.imbalance_threshold, margin), gain=max(policy.min_gain, margin))
+    return NoiseThresholds(
+        noise=noise, idle=max(policy.imbalance_threshold, margin), gain=max(policy.min_gain, margin)
+    )
 
 
 def split_step_s(at_split: Sequence[StepMeasure]) -> float:
@@ -280,7 +304,12 @@ def _round_down(value: float, multiple: int) -> int:
 
 
 def move_bounds(
-    current: Sequence[int], caps: Sequence[int], *, multiple_of: int, min_batch: int, factor: float,
+    current: Sequence[int],
+    caps: Sequence[int],
+    *,
+    multiple_of: int,
+    min_batch: int,
+    factor: float,
 ) -> tuple[list[int], list[int]]:
     """Per rank, the smallest and largest batch one switch may move to: within ``[b/factor, b·factor]``,
     at least ``min_batch``, at most the cap, multiples of ``multiple_of`` (the current batch always allowed
@@ -295,7 +324,11 @@ def move_bounds(
 
 
 def bounded_split(
-    fits: Sequence[AffineTimeFit], total: int, low: Sequence[int], high: Sequence[int], multiple_of: int,
+    fits: Sequence[AffineTimeFit],
+    total: int,
+    low: Sequence[int],
+    high: Sequence[int],
+    multiple_of: int,
 ) -> tuple[int, ...] | None:
     """The split of ``total`` samples within ``[low_i, high_i]`` whose slowest rank is fastest, or None.
 
@@ -325,8 +358,11 @@ def bounded_split(
         else:
             top = middle
     batches = fill(bottom)
-    heap = [(fit.predict_s(b + multiple_of), rank) for rank, (fit, b) in enumerate(zip(fits, batches, strict=True))
-            if b < high[rank]]
+    heap = [
+        (fit.predict_s(b + multiple_of), rank)
+        for rank, (fit, b) in enumerate(zip(fits, batches, strict=True))
+        if b < high[rank]
+    ]
     heapq.heapify(heap)
     left = total - sum(batches)
     while left > 0 and heap:
@@ -391,12 +427,18 @@ def decide(
     at_current = [m for m in measures if m.batches == current]
     caps = _caps(measures, limits, multiple_of)
     over_cap = any(b > c for b, c in zip(current, caps, strict=True))  # measured memory grew: no waiting
-    if not at_current or (not over_cap and (len(at_current) < policy.min_points or balanced(
-            measures, limits, current=current, multiple_of=multiple_of, policy=policy))):
+    if not at_current or (
+        not over_cap
+        and (
+            len(at_current) < policy.min_points
+            or balanced(measures, limits, current=current, multiple_of=multiple_of, policy=policy)
+        )
+    ):
         return None  # too few steps to tell, or balanced as measured within the noise: nothing to correct
     limit = thresholds(at_current, policy)
-    low, high = move_bounds(current, caps, multiple_of=multiple_of, min_batch=min_batch,
-                            factor=policy.max_move_factor)
+    low, high = move_bounds(
+        current, caps, multiple_of=multiple_of, min_batch=min_batch, factor=policy.max_move_factor
+    )
     # the refit must promise a gain beyond the noise of a difference of two medians; the bounded step from the
     # current split's steps alone (measured imbalanced beyond the noise; the verdict undoes a bad step) beyond
     # that of one median: identical ranks' noise does not move it, a small batch's fixed cost no longer locks
@@ -409,13 +451,21 @@ def decide(
         predicted = max(f.predict_s(b) for f, b in zip(fits, new, strict=True))
         now = max(f.predict_s(b) for f, b in zip(fits, current, strict=True))
         if over_cap or predicted < now * (1.0 - needed):
-            return Decision(batches=new, caps=caps, fits=fits, predicted_step_s=float(predicted),
-                            current_step_s=float(now), reason=reason)
+            return Decision(
+                batches=new,
+                caps=caps,
+                fits=fits,
+                predicted_step_s=float(predicted),
+                current_step_s=float(now),
+                reason=reason,
+            )
     return None
 
 
 def switch_verdict(
-    before: Sequence[StepMeasure], after: Sequence[StepMeasure], policy: RebalancePolicy,
+    before: Sequence[StepMeasure],
+    after: Sequence[StepMeasure],
+    policy: RebalancePolicy,
 ) -> tuple[str, float, float]:
     """``(verdict, before_s, after_s)`` of a switch, from the measured step times of the split before it and
     the one after (``split_step_s``): ``keep`` when the new split is faster; ``rollback`` when it is not and
@@ -433,13 +483,17 @@ def switch_verdict(
     return "rollback", before_s, after_s
 
 
-def speeds_changed(earlier: Sequence[StepMeasure], window: Sequence[StepMeasure], policy: RebalancePolicy) -> bool:
+def speeds_changed(
+    earlier: Sequence[StepMeasure], window: Sequence[StepMeasure], policy: RebalancePolicy
+) -> bool:
     """Whether some rank's compute at one split moved between ``earlier`` and ``window`` (both at the same
     split) by more than their noise allows: the speeds changed under the job."""
     if len(earlier) < policy.min_points or len(window) < policy.min_points:
         return False
     margin = max(thresholds(earlier, policy).idle, thresholds(window, policy).idle)
-    step = statistics.median(max(m.compute_s) for m in earlier)  # changes in shares of the step, as the margin
+    step = statistics.median(
+        max(m.compute_s) for m in earlier
+    )  # changes in shares of the step, as the margin
     for rank in range(len(window[0].compute_s)):
         before = statistics.median(m.compute_s[rank] for m in earlier)
         now = statistics.median(m.compute_s[rank] for m in window)

@@ -47,6 +47,7 @@ class RebalanceReport:
 
     def line(self, samples_once: bool) -> str:
         """The one summary line the examples print."""
+
         def idle(value: float | None) -> str:
             return "n/a" if value is None else f"{value:.3f}"
 
@@ -68,8 +69,9 @@ class RebalanceReport:
         )
 
 
-def _usable(measures: Sequence[StepMeasure], split: tuple[int, ...], since_step: int,
-            warmup_steps: int) -> list[StepMeasure]:
+def _usable(
+    measures: Sequence[StepMeasure], split: tuple[int, ...], since_step: int, warmup_steps: int
+) -> list[StepMeasure]:
     """The steps at ``split`` from ``since_step`` on (warm-up left out when other steps exist)."""
     candidates = [m for m in measures if m.batches == split and m.step >= since_step]
     return [m for m in candidates if m.step > warmup_steps] or candidates
@@ -100,15 +102,19 @@ def build_report(
     at_last = _usable(measures, last, run_start + 1, warmup_steps) or _usable(measures, last, 1, warmup_steps)
     compute_first, compute_last = _medians(at_first, "compute_s"), _medians(at_last, "compute_s")
     return RebalanceReport(
-        steps=len(splits), switches=tuple(switches),
+        steps=len(splits),
+        switches=tuple(switches),
         steps_to_balance=run_start if switches else 0,
         max_idle_first=None if compute_first is None else max_idle(compute_first),
         max_idle_last=None if compute_last is None else max_idle(compute_last),
-        batches_first=first, batches_last=last,
+        batches_first=first,
+        batches_last=last,
         step_compute_s_first=split_step_s(at_first) if at_first else None,
         step_compute_s_last=split_step_s(at_last) if at_last else None,
-        compute_s_last=compute_last, sync_wait_s_last=_medians(at_last, "sync_wait_s"),
-        watch_overhead=watch_overhead)
+        compute_s_last=compute_last,
+        sync_wait_s_last=_medians(at_last, "sync_wait_s"),
+        watch_overhead=watch_overhead,
+    )
 
 
 def samples_once(sampler: Any, taken: Sequence[Sequence[tuple[int, int, list[int]]]]) -> bool:
@@ -133,7 +139,7 @@ def samples_once(sampler: Any, taken: Sequence[Sequence[tuple[int, int, list[int
             orders[epoch] = sampler.epoch_order()
             sampler.set_epoch(current_epoch)
         joined = [i for _, indices in sorted(parts) for i in indices]
-        expected = orders[epoch][step * sampler.step_batch:(step + 1) * sampler.step_batch]
+        expected = orders[epoch][step * sampler.step_batch : (step + 1) * sampler.step_batch]
         epoch_seen = seen.setdefault(epoch, set())
         if joined != expected or epoch_seen & set(joined):
             return False

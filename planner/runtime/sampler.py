@@ -118,7 +118,11 @@ class PlannedBatchSampler(Sampler[list[int]]):
 
         optimizer_step = self.step_batch * self.accumulate
         if self.dataset_size < optimizer_step:
-            what = "one global batch" if self.accumulate == 1 else f"one optimizer step ({self.accumulate} micro-steps)"
+            what = (
+                "one global batch"
+                if self.accumulate == 1
+                else f"one optimizer step ({self.accumulate} micro-steps)"
+            )
             raise ConfigError(
                 f"the dataset has {self.dataset_size} samples, fewer than {what} of {optimizer_step} samples "
                 f"(batches {list(self.batches)}): use a larger dataset or plan a smaller global batch"
@@ -207,8 +211,14 @@ class PlannedBatchSampler(Sampler[list[int]]):
 
     def split_terms(self) -> SplitTerms:
         """What decides this rank's slices, as the plan gave them (before any re-balancing switch)."""
-        return SplitTerms(batches=self._schedule[0][1], accumulate=self.accumulate, dataset_size=self.dataset_size,
-                          shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last)
+        return SplitTerms(
+            batches=self._schedule[0][1],
+            accumulate=self.accumulate,
+            dataset_size=self.dataset_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=self.drop_last,
+        )
 
     def __iter__(self) -> Iterator[list[int]]:
         if not self._agreed and self.agree_on_first_use:

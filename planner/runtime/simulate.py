@@ -56,7 +56,9 @@ def parse_speeds(text: str, world_size: int, flag: str = "--simulate-speed") -> 
     except ValueError:
         raise ConfigError(f"{flag} {text!r} is invalid (use one factor per rank, e.g. 1,2,4)") from None
     if len(factors) != world_size:
-        raise ConfigError(f"{flag} {text!r} gives {len(factors)} factors for {world_size} ranks (give one per rank)")
+        raise ConfigError(
+            f"{flag} {text!r} gives {len(factors)} factors for {world_size} ranks (give one per rank)"
+        )
     if any(not 1 <= f < float("inf") for f in factors):
         raise ConfigError(f"{flag} {text!r}: every factor must be a number >= 1 (1 = this machine's speed)")
     return factors
@@ -91,10 +93,18 @@ class SimulatedSpeed:
         self.factors = tuple(float(f) for f in self.factors)
         self.changes = tuple(sorted((int(step), tuple(float(f) for f in fs)) for step, fs in self.changes))
         for factors in (self.factors, *(fs for _, fs in self.changes)):
-            if not factors or len(factors) != len(self.factors) or any(not 1 <= f < float("inf") for f in factors):
-                raise ConfigError(f"simulated speed factors must be one number >= 1 per rank, got {list(factors)}")
+            if (
+                not factors
+                or len(factors) != len(self.factors)
+                or any(not 1 <= f < float("inf") for f in factors)
+            ):
+                raise ConfigError(
+                    f"simulated speed factors must be one number >= 1 per rank, got {list(factors)}"
+                )
         if any(step < 1 for step, _ in self.changes):
-            raise ConfigError(f"a simulated speed change must start at optimizer step >= 1, got {list(self.changes)}")
+            raise ConfigError(
+                f"a simulated speed change must start at optimizer step >= 1, got {list(self.changes)}"
+            )
         if self.sample_s is not None and not 0 < self.sample_s < float("inf"):
             raise ConfigError(f"simulated per-sample time must be > 0 s, got {self.sample_s!r}")
 
@@ -114,7 +124,9 @@ class SimulatedSpeed:
     def agree(self, sample_s: float) -> None:
         """Set the shared per-sample time of speed 1 (the same value on every rank)."""
         if not sample_s >= 0:
-            raise ValueError(f"the agreed per-sample time must be >= 0, got {sample_s!r}")  # our own invariant
+            raise ValueError(
+                f"the agreed per-sample time must be >= 0, got {sample_s!r}"
+            )  # our own invariant
         self._agreed_sample_s = float(sample_s)
 
     def extra_s(self, rank: int, batch: int, step: int, real_s: float = 0.0) -> float:
@@ -138,8 +150,10 @@ class SimulatedSpeed:
         if self.sample_s is not None:
             per_sample = f"{self.sample_s * 1e3:g} ms/sample"
         elif self._agreed_sample_s is not None:
-            per_sample = (f"{self._agreed_sample_s * 1e3:.3g} ms/sample (measured after warm-up, agreed by all ranks; "
-                          "the real compute is part of it)")
+            per_sample = (
+                f"{self._agreed_sample_s * 1e3:.3g} ms/sample (measured after warm-up, agreed by all ranks; "
+                "the real compute is part of it)"
+            )
         else:
             per_sample = "a per-sample time measured after warm-up"
         changes = "".join(f", from step {step}: {list(fs)}" for step, fs in self.changes)

@@ -35,8 +35,9 @@ MIN_STEPS = 3
 """steps at the last split needed to measure there alone"""
 
 
-def measured_exposed(measures: Sequence[StepMeasure], split: Sequence[int], accumulate: int
-                     ) -> tuple[float, float, int] | None:
+def measured_exposed(
+    measures: Sequence[StepMeasure], split: Sequence[int], accumulate: int
+) -> tuple[float, float, int] | None:
     """(median exposed synchronisation per optimizer step, median compute of the slowest rank per
     micro-step, steps) of the steps at ``split`` (all steps where fewer than ``MIN_STEPS`` ran it); None
     when no step recorded a wait."""
@@ -53,11 +54,19 @@ def measured_exposed(measures: Sequence[StepMeasure], split: Sequence[int], accu
     return statistics.median(exposed), statistics.median(compute), len(steps)
 
 
-def job_sync_of(comm: CommSection | None, measures: Sequence[StepMeasure], split: Sequence[int],
-                accumulate: int, link: str) -> tuple[str, JobSync] | tuple[None, str]:
+def job_sync_of(
+    comm: CommSection | None,
+    measures: Sequence[StepMeasure],
+    split: Sequence[int],
+    accumulate: int,
+    link: str,
+) -> tuple[str, JobSync] | tuple[None, str]:
     """(ring shape, what the run measured) for the plan's ``comm`` section, or (None, why nothing)."""
     if comm is None:
-        return None, "the plan has no synchronisation model (no comm section) to check the measured waits against"
+        return (
+            None,
+            "the plan has no synchronisation model (no comm section) to check the measured waits against",
+        )
     if comm.num_ranks <= 1:
         return None, "one rank: nothing synchronised"
     measured = measured_exposed(measures, split, accumulate)
@@ -67,18 +76,31 @@ def job_sync_of(comm: CommSection | None, measures: Sequence[StepMeasure], split
     try:
         ring, buckets = section_ring(comm)
         predicted = exposed_sync_s(buckets, ring, compute_s=compute_s, backward_share=comm.backward_share)
-        slowdown = fit_slowdown(buckets, ring, compute_s=compute_s, backward_share=comm.backward_share,
-                                exposed_s=exposed_s)
-        sync = JobSync(slowdown=slowdown, measured_exposed_s=exposed_s, predicted_exposed_s=predicted,
-                       compute_s=compute_s, steps=steps, link=link,
-                       created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        slowdown = fit_slowdown(
+            buckets, ring, compute_s=compute_s, backward_share=comm.backward_share, exposed_s=exposed_s
+        )
+        sync = JobSync(
+            slowdown=slowdown,
+            measured_exposed_s=exposed_s,
+            predicted_exposed_s=predicted,
+            compute_s=compute_s,
+            steps=steps,
+            link=link,
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
     except ValueError as exc:
         return None, f"the plan's comm section cannot be priced ({type(exc).__name__}: {exc})"
     return comm.ring_shape, sync
 
 
-def sync_entry(comm: CommSection | None, measures: Sequence[StepMeasure], split: Sequence[int],
-               accumulate: int, link: str, simulated: str | None) -> FiledSync:
+def sync_entry(
+    comm: CommSection | None,
+    measures: Sequence[StepMeasure],
+    split: Sequence[int],
+    accumulate: int,
+    link: str,
+    simulated: str | None,
+) -> FiledSync:
     """The ``measured.sync`` of the written plan: the ring shape and what the run measured, or why nothing
     is filed (``ring_shape`` None)."""
     if simulated:
@@ -105,6 +127,10 @@ def file_job_sync(plan: Plan, cache_dir: str | os.PathLike | None) -> Path | Non
     shape, filed = measured.sync.ring_shape, measured.sync.filed
     if shape is None or filed is None:
         return None
-    inputs = sync_key_inputs(plan.job, fingerprint=measured_fingerprint(plan.job), gradient_bytes=comm.gradient_bytes,
-                             bucket_cap_mb=comm.bucket_cap_mb)
+    inputs = sync_key_inputs(
+        plan.job,
+        fingerprint=measured_fingerprint(plan.job),
+        gradient_bytes=comm.gradient_bytes,
+        bucket_cap_mb=comm.bucket_cap_mb,
+    )
     return store_job_sync(CacheStore(cache_dir), inputs, shape, filed)

@@ -154,7 +154,9 @@ class LossReduction(str, Enum):
     """a sum divided by a count taken over all ranks (``sum_loss_scale``; Hugging Face's ``num_items_in_batch``
     with ``average_tokens_across_devices``): every sample already counts the same; no per-rank weight"""
 
-    def __str__(self) -> str:  # the value, in f-strings too, on every Python (3.11 changed a mixed-in enum's format)
+    def __str__(
+        self,
+    ) -> str:  # the value, in f-strings too, on every Python (3.11 changed a mixed-in enum's format)
         return self.value
 
     @classmethod

@@ -35,7 +35,9 @@ def test_codec_readers_agree(bench_codec, plan_bytes):
     fields = bench_codec.reader("codec_decode")[0](plan_bytes)
     assert plan.world_size == 24 and len(plan.nodes) == 3
     assert fields.pop("extra", {}) == plan.extra == {}  # no newer writer's keys
-    assert fields == {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name not in ("advice", "extra")}
+    assert fields == {
+        f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name not in ("advice", "extra")
+    }
 
 
 @pytest.mark.parametrize("name", ["pydantic_plan", "pydantic_decode"])
@@ -45,9 +47,12 @@ def test_pydantic_reads_the_same_plan(bench_codec, plan_bytes, name):
     read, setup_s = bench_codec.reader(name)
     got = read(plan_bytes)
     assert setup_s > 0
-    assert dataclasses.asdict(got) == dataclasses.asdict(plan)  # every field; the profiles' classes are pydantic's
+    assert dataclasses.asdict(got) == dataclasses.asdict(
+        plan
+    )  # every field; the profiles' classes are pydantic's
     assert {key: type(profile.memory_fit) for key, profile in got.profiles.items()} == {
-        key: type(profile.memory_fit) for key, profile in plan.profiles.items()}
+        key: type(profile.memory_fit) for key, profile in plan.profiles.items()
+    }
 
 
 def test_pydantic_plan_checks_the_identities(bench_codec, plan_bytes):

@@ -14,8 +14,9 @@ COUNT_FILE_VAR = "BATCHPLAN_TEST_FACTORY_COUNT"
 
 
 def _net() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                               torch.nn.Linear(8, 2))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 2)
+    )
 
 
 def moves_the_working_directory() -> torch.nn.Module:

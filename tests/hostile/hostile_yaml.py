@@ -21,12 +21,16 @@ def _bomb_levels(indent: str, entry: Callable[[str, str], str]) -> str:
 
 def alias_bomb_node_names() -> str:
     """Every node's name one level of the bomb."""
-    return "nodes:\n" + _bomb_levels("  ", lambda anchor, value: f"- {{name: &{anchor} {value}, gpus: [{{type: T4}}]}}")
+    return "nodes:\n" + _bomb_levels(
+        "  ", lambda anchor, value: f"- {{name: &{anchor} {value}, gpus: [{{type: T4}}]}}"
+    )
 
 
 def alias_bomb_gpu_counts() -> str:
     """Every GPU entry's count one level of the bomb."""
-    return "nodes:\n  - name: n\n    gpus:\n" + _bomb_levels("      ", lambda a, v: f"- {{type: T4, count: &{a} {v}}}")
+    return "nodes:\n  - name: n\n    gpus:\n" + _bomb_levels(
+        "      ", lambda a, v: f"- {{type: T4, count: &{a} {v}}}"
+    )
 
 
 def alias_bomb_gpu_types() -> str:
@@ -48,7 +52,8 @@ def flow_list_under_nodes(num_bytes: int = 16 * 2**20 - 64) -> str:
 def nodes_of(num_nodes: int, gpus_per_node: int, gpu_type: str = "T4") -> str:
     """``num_nodes`` nodes of ``gpus_per_node`` GPUs each, one line a node."""
     return "nodes:\n" + "".join(
-        f"  - {{name: n{i}, gpus: [{{type: {gpu_type}, count: {gpus_per_node}}}]}}\n" for i in range(num_nodes)
+        f"  - {{name: n{i}, gpus: [{{type: {gpu_type}, count: {gpus_per_node}}}]}}\n"
+        for i in range(num_nodes)
     )
 
 

@@ -13,8 +13,15 @@ import sys
 from pathlib import Path
 
 #: the variables a node's environment sets (DESIGN.md: --emit env)
-ENV_NAMES = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "MASTER_ADDR",
-             "MASTER_PORT")
+ENV_NAMES = (
+    "CUDA_DEVICE_ORDER",
+    "CUDA_VISIBLE_DEVICES",
+    "NNODES",
+    "NODE_RANK",
+    "NPROC_PER_NODE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 _FAKE_TORCHRUN = """#!{python}
 import json, os, sys
@@ -32,15 +39,18 @@ class Sandbox:
         self.bin.mkdir(parents=True, exist_ok=True)
         self.record = root / "torchrun-calls.jsonl"
         fake = self.bin / "torchrun"
-        fake.write_text(_FAKE_TORCHRUN.format(python=sys.executable, record=str(self.record), names=ENV_NAMES))
+        fake.write_text(
+            _FAKE_TORCHRUN.format(python=sys.executable, record=str(self.record), names=ENV_NAMES)
+        )
         fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
 
     def bash(self, script: str) -> subprocess.CompletedProcess[str]:
         """Run ``script`` with bash in the sandbox, the fake torchrun first on PATH, no inherited job env."""
         env = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
         env["PATH"] = f"{self.bin}{os.pathsep}{env.get('PATH', '')}"
-        return subprocess.run(["bash", "-c", script], cwd=self.root, env=env, capture_output=True, text=True,
-                              timeout=60)
+        return subprocess.run(
+            ["bash", "-c", script], cwd=self.root, env=env, capture_output=True, text=True, timeout=60
+        )
 
     def calls(self) -> list[dict]:
         if not self.record.exists():

@@ -20,8 +20,13 @@ from tests.planner.cli_helpers import assert_user_error, run_cli
 
 @pytest.mark.parametrize(
     ("field", "limit"),
-    [("imgsz", MAX_IMAGE_SIDE), ("seq_len", MAX_SEQ_LEN), ("vocab_size", MAX_VOCAB_SIZE),
-     ("multiple_of", MAX_BATCH_ARGUMENT), ("min_batch", MAX_BATCH_ARGUMENT)],
+    [
+        ("imgsz", MAX_IMAGE_SIDE),
+        ("seq_len", MAX_SEQ_LEN),
+        ("vocab_size", MAX_VOCAB_SIZE),
+        ("multiple_of", MAX_BATCH_ARGUMENT),
+        ("min_batch", MAX_BATCH_ARGUMENT),
+    ],
 )
 def test_a_size_one_past_its_limit_is_refused_and_the_limit_accepted(field, limit) -> None:
     JobSpec(model="pkg.mod:factory", **{field: limit})
@@ -32,8 +37,10 @@ def test_a_size_one_past_its_limit_is_refused_and_the_limit_accepted(field, limi
 
 @pytest.mark.parametrize(
     ("shape", "words"),
-    [((3, 2**31, 2**31), f"each dimension at most {MAX_INPUT_DIM}"),
-     ((3, 2**20, 2**20), f"at most {MAX_SAMPLE_ELEMENTS} values")],
+    [
+        ((3, 2**31, 2**31), f"each dimension at most {MAX_INPUT_DIM}"),
+        ((3, 2**20, 2**20), f"at most {MAX_SAMPLE_ELEMENTS} values"),
+    ],
 )
 def test_an_input_shape_too_large_for_a_sample_is_refused(shape, words) -> None:
     with pytest.raises(JobFieldError, match=words):
@@ -42,8 +49,12 @@ def test_an_input_shape_too_large_for_a_sample_is_refused(shape, words) -> None:
 
 @pytest.mark.parametrize(
     "flags",
-    [("--imgsz", str(2**31)), ("--input-shape", f"3,{2**31},{2**31}"), ("--seq-len", str(2**40)),
-     ("--imgsz", str(10**400))],
+    [
+        ("--imgsz", str(2**31)),
+        ("--input-shape", f"3,{2**31},{2**31}"),
+        ("--seq-len", str(2**40)),
+        ("--imgsz", str(10**400)),
+    ],
 )
 def test_the_cli_refuses_huge_sizes_in_one_line(tmp_path, flags) -> None:
     result = run_cli("profile", "--gpu", "T4", "--model", "resnet18", *flags, "--no-cache", cwd=tmp_path)

@@ -26,8 +26,18 @@ nodes:
 
 
 def _plan(tmp_path: Path, cache: Path) -> dict:
-    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", cache, *MODEL,
-                     "--json", "--no-write", cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        tmp_path / "two.yaml",
+        "--cache-dir",
+        cache,
+        *MODEL,
+        "--json",
+        "--no-write",
+        cwd=tmp_path,
+    )
     assert_ok(result)
     return parse_json_stdout(result)
 
@@ -63,7 +73,9 @@ def _tamper_a100(entries: dict[str, dict], edit: Callable[[dict, dict[str, dict]
 
 
 def _negative_bytes_per_sample(entry: dict, _) -> dict:
-    entry["profile"]["memory_fit"]["bytes_per_sample"] = -abs(entry["profile"]["memory_fit"]["bytes_per_sample"])
+    entry["profile"]["memory_fit"]["bytes_per_sample"] = -abs(
+        entry["profile"]["memory_fit"]["bytes_per_sample"]
+    )
     return entry
 
 
@@ -159,16 +171,34 @@ def test_a_directory_at_an_entry_path_is_a_one_line_error(clean, tmp_path) -> No
     (tmp_path / "two.yaml").write_text(TWO_TYPES)
     cache = tmp_path / "cache"
     (cache / f"{entries['T4']['key']}.json").mkdir(parents=True)
-    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", cache, *MODEL,
-                     "--no-write", cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        tmp_path / "two.yaml",
+        "--cache-dir",
+        cache,
+        *MODEL,
+        "--no-write",
+        cwd=tmp_path,
+    )
     assert_user_error(result, 2, f"{entries['T4']['key']}.json", "directory")
 
 
 def test_a_regular_file_as_cache_dir_is_a_one_line_error(tmp_path) -> None:
     (tmp_path / "two.yaml").write_text(TWO_TYPES)
     (tmp_path / "not-a-dir").write_text("x")
-    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", tmp_path / "not-a-dir",
-                     *MODEL, "--no-write", cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        tmp_path / "two.yaml",
+        "--cache-dir",
+        tmp_path / "not-a-dir",
+        *MODEL,
+        "--no-write",
+        cwd=tmp_path,
+    )
     assert_user_error(result, 2, "--cache-dir", "not-a-dir", "not a directory")
 
 
@@ -198,14 +228,27 @@ def _five_times_larger_and_slower(entry: dict, _) -> dict:
 
 
 def _plan_verified(tmp_path: Path, cache: Path) -> dict:
-    result = run_cli("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--cache-dir", cache, *MODEL,
-                     "--json", "--no-write", "--verify-cache", cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        tmp_path / "two.yaml",
+        "--cache-dir",
+        cache,
+        *MODEL,
+        "--json",
+        "--no-write",
+        "--verify-cache",
+        cwd=tmp_path,
+    )
     assert_ok(result)
     return parse_json_stdout(result)
 
 
 @pytest.mark.slow  # estimates several GPU types
-def test_a_plausible_forgery_is_trusted_unless_verified_then_refused_with_both_figures(clean, tmp_path) -> None:
+def test_a_plausible_forgery_is_trusted_unless_verified_then_refused_with_both_figures(
+    clean, tmp_path
+) -> None:
     _, clean_plan, entries = clean
     cache, a100_path = _cache_with_a_tampered_a100(tmp_path, entries, _five_times_larger_and_slower)
 
@@ -229,6 +272,9 @@ def test_a_plausible_forgery_is_trusted_unless_verified_then_refused_with_both_f
 
 def test_verify_cache_without_a_cache_is_a_one_line_error(tmp_path) -> None:
     (tmp_path / "two.yaml").write_text(TWO_TYPES)
-    for command in (("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--no-write"), ("profile", "--gpu", "T4")):
+    for command in (
+        ("plan", "--no-ray", "--cluster", tmp_path / "two.yaml", "--no-write"),
+        ("profile", "--gpu", "T4"),
+    ):
         result = run_cli(*command, *MODEL, "--no-cache", "--verify-cache", cwd=tmp_path)
         assert_user_error(result, 2, "--verify-cache", "--no-cache")

@@ -34,17 +34,29 @@ def _limited_cli(*args, cwd: Path) -> subprocess.CompletedProcess[str]:
     """``batchplan ARGS`` with its address space capped, so a failure to check a limit cannot hurt the machine."""
 
     def cap_memory() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (SUBPROCESS_ADDRESS_SPACE_BYTES, SUBPROCESS_ADDRESS_SPACE_BYTES))
+        resource.setrlimit(
+            resource.RLIMIT_AS, (SUBPROCESS_ADDRESS_SPACE_BYTES, SUBPROCESS_ADDRESS_SPACE_BYTES)
+        )
 
-    return subprocess.run([sys.executable, "-m", "planner.cli.main", *map(str, args)], cwd=cwd, env=cli_env(),
-                          capture_output=True, text=True, timeout=120, preexec_fn=cap_memory)
+    return subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", *map(str, args)],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=cap_memory,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("count", [1_000_000_000_000, 5_000_000, 257])
 def test_a_huge_gpu_count_is_refused_before_any_gpu_is_built(tmp_path, count) -> None:
     path = _config(tmp_path, _one_node(f"{{type: T4, count: {count}}}"))
-    for command in (("devices", "--cluster", path), ("plan", "--no-ray", "--cluster", path, "--model", "resnet18")):
+    for command in (
+        ("devices", "--cluster", path),
+        ("plan", "--no-ray", "--cluster", path, "--model", "resnet18"),
+    ):
         assert_user_error(_limited_cli(*command, cwd=tmp_path), 2, "count", "256")
 
 
@@ -92,11 +104,22 @@ def test_a_huge_exponent_float_is_out_of_range_not_a_string(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("memory_mib", 10**40), ("fp16_tflops", "1.0e+308"), ("bandwidth_gb_s", "1e300"), ("fp32_tflops", ".inf")],
+    [
+        ("memory_mib", 10**40),
+        ("fp16_tflops", "1.0e+308"),
+        ("bandwidth_gb_s", "1e300"),
+        ("fp32_tflops", ".inf"),
+    ],
 )
 def test_config_gpu_types_with_absurd_figures_are_refused(tmp_path, field, value) -> None:
-    entry = {"name": "MY-GPU", "memory_mib": 24576, "fp16_tflops": 71, "bf16_tflops": 71, "fp32_tflops": 35.6,
-             "bandwidth_gb_s": 936}
+    entry = {
+        "name": "MY-GPU",
+        "memory_mib": 24576,
+        "fp16_tflops": 71,
+        "bf16_tflops": 71,
+        "fp32_tflops": 35.6,
+        "bandwidth_gb_s": 936,
+    }
     entry[field] = value
     fields = ", ".join(f"{k}: {v}" for k, v in entry.items())
     path = _config(tmp_path, f"gpu_types:\n  - {{{fields}}}\n" + _one_node("{type: MY-GPU}"))

@@ -46,8 +46,18 @@ def clean(place: Path) -> tuple[dict, dict[str, dict], dict]:
 
 
 def _plan_run(place: Path, *args, env: dict | None = None):
-    return run_cli("plan", "--no-ray", "--cluster", place / "two.yaml", *MODEL, "--json", "--no-write", *args,
-                   cwd=place, env=env)
+    return run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        place / "two.yaml",
+        *MODEL,
+        "--json",
+        "--no-write",
+        *args,
+        cwd=place,
+        env=env,
+    )
 
 
 def _plan(place: Path, cache: Path) -> dict:
@@ -128,8 +138,9 @@ def test_another_user_s_home_under_sudo_without_h_is_refused(place: Path, clean)
     assert_user_error(result, 2, str(home), "owned by uid 65534 (nobody)", "sudo -H")
 
 
-def test_an_entry_others_can_write_in_root_s_cache_is_ignored_reported_and_profiled_again(place: Path, clean,
-                                                                                          tmp_path: Path) -> None:
+def test_an_entry_others_can_write_in_root_s_cache_is_ignored_reported_and_profiled_again(
+    place: Path, clean, tmp_path: Path
+) -> None:
     clean_plan, entries, forged = clean
     cache = place / "roots-cache"
     cache.mkdir()

@@ -42,8 +42,9 @@ def _env(tmpdir: Path, **extra: str) -> dict[str, str]:
 
 def test_plan_does_not_join_a_cluster_another_user_planted_and_says_so(planted, tmp_path: Path) -> None:
     place, address = planted
-    result = run_cli_process("plan", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path, env=_env(place),
-                             timeout=300)
+    result = run_cli_process(
+        "plan", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path, env=_env(place), timeout=300
+    )
     assert "Traceback" not in result.stderr, describe(result)
     assert "found a running Ray cluster" not in result.stderr, describe(result)
     [said] = [line for line in result.stderr.splitlines() if line.startswith("not joining the Ray cluster")]
@@ -51,27 +52,53 @@ def test_plan_does_not_join_a_cluster_another_user_planted_and_says_so(planted, 
     assert f"give --address {address} once you know whose it is" in said, said
     assert "starting an embedded local Ray on 127.0.0.1" in result.stderr, describe(result)
     # the embedded Ray is root's own, on this GPU-less machine: no usable GPU, said in one line (exit 1)
-    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith("error: no usable GPU"), \
-        describe(result)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(
+        "error: no usable GPU"
+    ), describe(result)
 
 
 def test_address_auto_refuses_the_planted_file_in_one_line(planted, tmp_path: Path) -> None:
     place, address = planted
-    result = run_cli_process("plan", "--address", "auto", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path,
-                     env=_env(place), timeout=120)
-    assert_user_error(result, 2, "--address auto does not use the Ray address file", "writable by every user",
-                      f"--address {address}")
+    result = run_cli_process(
+        "plan",
+        "--address",
+        "auto",
+        *TINY_MODEL,
+        "--no-cache",
+        "--no-write",
+        cwd=tmp_path,
+        env=_env(place),
+        timeout=120,
+    )
+    assert_user_error(
+        result,
+        2,
+        "--address auto does not use the Ray address file",
+        "writable by every user",
+        f"--address {address}",
+    )
 
 
 def test_under_sudo_even_root_s_own_address_file_is_not_used(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("sudo makes root: the case needs the test to run as root (CI does)")
-    private = Path(tempfile.mkdtemp(prefix="bpsudo", dir="/tmp"))  # root's, 0700: a file here is root's to trust
+    private = Path(
+        tempfile.mkdtemp(prefix="bpsudo", dir="/tmp")
+    )  # root's, 0700: a file here is root's to trust
     try:
         (private / "ray").mkdir()
         (private / "ray" / "ray_current_cluster").write_text("127.0.0.1:6379")
-        result = run_cli_process("plan", "--address", "auto", *TINY_MODEL, "--no-cache", "--no-write", cwd=tmp_path,
-                         env=_env(private, SUDO_UID="65534", SUDO_USER="nobody"), timeout=120)
+        result = run_cli_process(
+            "plan",
+            "--address",
+            "auto",
+            *TINY_MODEL,
+            "--no-cache",
+            "--no-write",
+            cwd=tmp_path,
+            env=_env(private, SUDO_UID="65534", SUDO_USER="nobody"),
+            timeout=120,
+        )
         assert_user_error(result, 2, "batchplan runs under sudo")
     finally:
         import shutil

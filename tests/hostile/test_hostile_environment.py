@@ -26,8 +26,17 @@ nodes:
 
 def _plan(cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     (cwd / "three.yaml").write_text(THREE_NODES)
-    return run_cli("plan", "--cluster", "three.yaml", *TINY_MODEL, "--no-cache", "--no-write", cwd=cwd, env=env,
-                   timeout=120)
+    return run_cli(
+        "plan",
+        "--cluster",
+        "three.yaml",
+        *TINY_MODEL,
+        "--no-cache",
+        "--no-write",
+        cwd=cwd,
+        env=env,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("variable", ["RAY_TMPDIR", "TMPDIR"])
@@ -38,16 +47,22 @@ def test_a_temporary_directory_too_long_for_ray_s_sockets_is_one_line(tmp_path: 
     if variable == "TMPDIR":
         env.pop("RAY_TMPDIR")
     result = _plan(tmp_path, env)
-    assert_user_error(result, 2, f"Ray's temporary directory {long_dir}/ray (from {variable}) is too long",
-                      "over the 107 a Unix socket allows", "RAY_TMPDIR=/tmp")
+    assert_user_error(
+        result,
+        2,
+        f"Ray's temporary directory {long_dir}/ray (from {variable}) is too long",
+        "over the 107 a Unix socket allows",
+        "RAY_TMPDIR=/tmp",
+    )
 
 
 @pytest.fixture
 def full_dir() -> Iterator[Path]:
     """A 1 MiB tmpfs, filled, at a short path (root only: CI runs as root; elsewhere skipped with the reason)."""
     where = Path(tempfile.mkdtemp(prefix="bpfull", dir="/tmp"))
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True,
-                             text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         where.rmdir()
         pytest.skip(f"a full file system needs a tmpfs mount, refused here: {mounted.stderr.strip()}")
@@ -61,5 +76,9 @@ def full_dir() -> Iterator[Path]:
 
 def test_a_full_temporary_directory_is_one_line_before_ray_starts(tmp_path: Path, full_dir: Path) -> None:
     result = _plan(tmp_path, {"RAY_TMPDIR": str(full_dir)})
-    assert_user_error(result, 2, f"Ray's temporary directory {full_dir}/ray (from RAY_TMPDIR) has 0.0 MiB",
-                      "set RAY_TMPDIR to another directory")
+    assert_user_error(
+        result,
+        2,
+        f"Ray's temporary directory {full_dir}/ray (from RAY_TMPDIR) has 0.0 MiB",
+        "set RAY_TMPDIR to another directory",
+    )

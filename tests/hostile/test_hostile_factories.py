@@ -33,8 +33,15 @@ def _model(name: str) -> tuple[str, str]:
 def test_a_factory_that_changes_directory_cannot_move_the_plan(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_cli("plan", *ARGS, *_model("moves_the_working_directory"), "-o", "plan.json", cwd=tmp_path,
-                     env={"BATCHPLAN_TEST_ELSEWHERE": str(elsewhere)})
+    result = run_cli(
+        "plan",
+        *ARGS,
+        *_model("moves_the_working_directory"),
+        "-o",
+        "plan.json",
+        cwd=tmp_path,
+        env={"BATCHPLAN_TEST_ELSEWHERE": str(elsewhere)},
+    )
     assert_ok(result)
     assert (tmp_path / "plan.json").is_file() and not (elsewhere / "plan.json").exists()
     assert "--plan plan.json" in result.stdout  # the launch lines keep the path as it was given
@@ -42,15 +49,27 @@ def test_a_factory_that_changes_directory_cannot_move_the_plan(tmp_path: Path) -
 
 def test_a_thread_the_factory_leaves_running_does_not_keep_the_run_alive(tmp_path: Path) -> None:
     # the timeout is the test: on 173e00e the process never ended (the thread sleeps an hour)
-    result = run_cli("plan", *ARGS, *_model("leaves_a_thread_running"), "--no-write", cwd=tmp_path, timeout=180,
-                     console_script=True)
+    result = run_cli(
+        "plan",
+        *ARGS,
+        *_model("leaves_a_thread_running"),
+        "--no-write",
+        cwd=tmp_path,
+        timeout=180,
+        console_script=True,
+    )
     assert_ok(result)
-    assert "thread(s) still running (factory-thread" in result.stderr and "exiting without waiting" in result.stderr
+    assert (
+        "thread(s) still running (factory-thread" in result.stderr
+        and "exiting without waiting" in result.stderr
+    )
 
 
 def test_a_keyboard_interrupt_from_the_factory_is_not_reported_as_ctrl_c(tmp_path: Path) -> None:
     result = run_cli("plan", *ARGS, *_model("raises_keyboard_interrupt"), "--no-write", cwd=tmp_path)
-    last = assert_user_error(result, 2, "raised KeyboardInterrupt('from the factory') with no Ctrl-C or signal")
+    last = assert_user_error(
+        result, 2, "raised KeyboardInterrupt('from the factory') with no Ctrl-C or signal"
+    )
     assert "Ctrl-C)" not in last
 
 
@@ -68,7 +87,9 @@ def test_escape_sequences_in_a_factory_s_error_are_shown_escaped(tmp_path: Path)
 
 def test_the_factory_runs_at_most_twice_in_one_plan(tmp_path: Path) -> None:
     count = tmp_path / "count"
-    result = run_cli("plan", *ARGS, *_model("counted"), "--no-write", cwd=tmp_path, env={COUNT_FILE_VAR: str(count)})
+    result = run_cli(
+        "plan", *ARGS, *_model("counted"), "--no-write", cwd=tmp_path, env={COUNT_FILE_VAR: str(count)}
+    )
     assert_ok(result)
     # the template (on the meta device) and the gradient layout's meta build; it ran 6 times for 3 GPU types
     assert len(count.read_text()) <= 2, count.read_text()
@@ -85,23 +106,41 @@ def test_a_stdout_that_cannot_encode_the_tables_gets_escapes(tmp_path: Path) -> 
 
 def test_a_closed_stdout_is_one_line(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "planner.cli.main", "plan", *ARGS, *_model("counted"), "--no-write"]
-    result = subprocess.run(argv, cwd=tmp_path, env=cli_env({COUNT_FILE_VAR: str(tmp_path / "count")}),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120,
-                            preexec_fn=lambda: os.close(1))
+    result = subprocess.run(
+        argv,
+        cwd=tmp_path,
+        env=cli_env({COUNT_FILE_VAR: str(tmp_path / "count")}),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
         "error: stdout is closed: batchplan prints its result there (redirect it, e.g. > plan.txt or > /dev/null, "
-        "rather than closing it)"]
+        "rather than closing it)"
+    ]
 
 
-@pytest.mark.parametrize(("output", "words"), [
-    ("a" * 300 + ".json", ("File name too long",)),
-    ("a" * 245 + ".json", ("over what the file system holds",)),
-    ("newdir/", ("-o newdir/ is a directory", "newdir/plan.json")),
-])
+@pytest.mark.parametrize(
+    ("output", "words"),
+    [
+        ("a" * 300 + ".json", ("File name too long",)),
+        ("a" * 245 + ".json", ("over what the file system holds",)),
+        ("newdir/", ("-o newdir/ is a directory", "newdir/plan.json")),
+    ],
+)
 def test_an_output_path_the_file_system_cannot_take_is_one_line(tmp_path: Path, output: str, words) -> None:
-    result = run_cli("plan", *ARGS, *_model("counted"), "-o", output, cwd=tmp_path,
-                     env={COUNT_FILE_VAR: str(tmp_path / "count")})
+    result = run_cli(
+        "plan",
+        *ARGS,
+        *_model("counted"),
+        "-o",
+        output,
+        cwd=tmp_path,
+        env={COUNT_FILE_VAR: str(tmp_path / "count")},
+    )
     assert_user_error(result, 2, *words)
     assert not (tmp_path / "newdir").exists(), describe(result)
     assert not list(tmp_path.glob("*.json")), json.dumps(os.listdir(tmp_path))

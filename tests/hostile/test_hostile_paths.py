@@ -38,14 +38,28 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     where = tmp_path_factory.mktemp("warm")
     (where / "two.yaml").write_text(TWO_NODES)
     cache = where / "cache"
-    assert_ok(run_cli("plan", "--no-ray", "--cluster", where / "two.yaml", "--cache-dir", cache, *TINY_MODEL,
-                      "--no-write", cwd=where))
+    assert_ok(
+        run_cli(
+            "plan",
+            "--no-ray",
+            "--cluster",
+            where / "two.yaml",
+            "--cache-dir",
+            cache,
+            *TINY_MODEL,
+            "--no-write",
+            cwd=where,
+        )
+    )
     return where / "two.yaml", cache
 
 
-def _plan(cwd: Path, config: Path, cache: Path | str, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
-    return run_cli("plan", "--no-ray", "--cluster", config, "--cache-dir", cache, *TINY_MODEL, *args, cwd=cwd,
-                   **kwargs)
+def _plan(
+    cwd: Path, config: Path, cache: Path | str, *args: str, **kwargs
+) -> subprocess.CompletedProcess[str]:
+    return run_cli(
+        "plan", "--no-ray", "--cluster", config, "--cache-dir", cache, *TINY_MODEL, *args, cwd=cwd, **kwargs
+    )
 
 
 def _no_temporary_files(directory: Path) -> None:
@@ -59,13 +73,17 @@ def test_a_world_writable_cache_directory_is_refused(warm, tmp_path) -> None:
         shared = place / "shared"
         shutil.copytree(cache, shared)
         shared.chmod(0o777)
-        assert_user_error(_plan(tmp_path, config, shared, "--no-write"), 2, str(shared), "writable by every user")
+        assert_user_error(
+            _plan(tmp_path, config, shared, "--no-write"), 2, str(shared), "writable by every user"
+        )
 
 
 def test_a_dangling_link_as_cache_dir_is_one_line(warm, tmp_path) -> None:
     config, _ = warm
     (tmp_path / "cache").symlink_to(tmp_path / "missing" / "cache")
-    assert_user_error(_plan(tmp_path, config, tmp_path / "cache", "--no-write"), 2, "symbolic link", "does not exist")
+    assert_user_error(
+        _plan(tmp_path, config, tmp_path / "cache", "--no-write"), 2, "symbolic link", "does not exist"
+    )
     assert (tmp_path / "cache").is_symlink() and not (tmp_path / "missing").exists()
 
 
@@ -95,9 +113,26 @@ def test_a_full_disk_leaves_the_old_plan_as_it_was(warm, tmp_path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT_BYTES, FILE_SIZE_LIMIT_BYTES))
 
     result = subprocess.run(
-        [sys.executable, "-m", "planner.cli.main", "plan", "--no-ray", "--cluster", str(config), "--cache-dir",
-         str(cache), *TINY_MODEL, "-o", str(old)],
-        cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size,
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "plan",
+            "--no-ray",
+            "--cluster",
+            str(config),
+            "--cache-dir",
+            str(cache),
+            *TINY_MODEL,
+            "-o",
+            str(old),
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit_file_size,
     )
     assert_user_error(result, 2, "cannot write the plan", "File too large")
     assert old.read_text() == '{"an": "old plan"}\n'
@@ -109,9 +144,26 @@ def test_stdout_on_a_full_device_is_one_line(warm, tmp_path) -> None:
     config, cache = warm
     with open("/dev/full", "w") as full:
         result = subprocess.run(
-            [sys.executable, "-m", "planner.cli.main", "plan", "--no-ray", "--cluster", str(config), "--cache-dir",
-             str(cache), *TINY_MODEL, "--json", "--no-write"],
-            cwd=tmp_path, env=cli_env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "planner.cli.main",
+                "plan",
+                "--no-ray",
+                "--cluster",
+                str(config),
+                "--cache-dir",
+                str(cache),
+                *TINY_MODEL,
+                "--json",
+                "--no-write",
+            ],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
         )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "Exception ignored" not in result.stderr, result.stderr
@@ -174,18 +226,39 @@ def test_dev_stdout_writes_through_a_pipe_and_refuses_a_regular_file(warm, tmp_p
     with out.open("w") as handle:
         before = os.fstat(handle.fileno()).st_ino
         result = subprocess.run(
-            [sys.executable, "-m", "planner.cli.main", "plan", "--no-ray", "--cluster", str(config), "--cache-dir",
-             str(cache), *TINY_MODEL, "-o", "/dev/stdout", "--json"],
-            cwd=tmp_path, env=cli_env(), stdout=handle, stderr=subprocess.PIPE, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "planner.cli.main",
+                "plan",
+                "--no-ray",
+                "--cluster",
+                str(config),
+                "--cache-dir",
+                str(cache),
+                *TINY_MODEL,
+                "-o",
+                "/dev/stdout",
+                "--json",
+            ],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=handle,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
         )
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and "stdout" in line, result.stderr
     # not replaced (the same file), no plan written into it: it holds --json's error document, nothing else
     assert out.stat().st_ino == before
-    assert json.loads(out.read_text()) == {"schema": "batchplan/error@1", "command": "plan",
-                                           "error": line.removeprefix("error: "), "exit_code": 2}
+    assert json.loads(out.read_text()) == {
+        "schema": "batchplan/error@1",
+        "command": "plan",
+        "error": line.removeprefix("error: "),
+        "exit_code": 2,
+    }
     _no_temporary_files(tmp_path)
-
 
 
 def test_the_cache_is_created_private_whatever_the_umask(tmp_path) -> None:

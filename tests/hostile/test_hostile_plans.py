@@ -28,8 +28,21 @@ PLAN_PATH = "out dir/my plan.json"
 def planned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A real 3-node plan written with a script path and a plan path that both hold a space."""
     where = tmp_path_factory.mktemp("base_plan")
-    result = run_cli("plan", "--no-ray", "--cluster", DEMO_MIXED, "--no-cache", *TINY_MODEL, "--global-batch", "480",
-                     "--script", SCRIPT, "-o", PLAN_PATH, cwd=where)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        DEMO_MIXED,
+        "--no-cache",
+        *TINY_MODEL,
+        "--global-batch",
+        "480",
+        "--script",
+        SCRIPT,
+        "-o",
+        PLAN_PATH,
+        cwd=where,
+    )
     assert_ok(result)
     return json.loads((where / PLAN_PATH).read_text())
 
@@ -74,7 +87,9 @@ def _inject_torchrun_line(plan: dict, cmd: str) -> None:
 def _inject_script(plan: dict, cmd: str) -> None:
     # what today's writer stores for --script 'x.py; CMD': the script unquoted in every line
     for node in plan["nodes"]:
-        node["torchrun"] = node["torchrun"].replace(shlex.quote(SCRIPT), SCRIPT).replace(SCRIPT, f"x.py; {cmd} #")
+        node["torchrun"] = (
+            node["torchrun"].replace(shlex.quote(SCRIPT), SCRIPT).replace(SCRIPT, f"x.py; {cmd} #")
+        )
     plan["launch"]["script"] = f"x.py; {cmd} #"
 
 
@@ -96,7 +111,9 @@ def test_a_plan_that_would_run_a_command_is_refused_and_nothing_runs(planned, tm
     path = _write(tmp_path, plan)
     sandbox = Sandbox(tmp_path / "sandbox")
 
-    env_runs = [run_cli("show", path, "--emit", "env", *node, cwd=tmp_path) for node in ((), ("--node-rank", "0"))]
+    env_runs = [
+        run_cli("show", path, "--emit", "env", *node, cwd=tmp_path) for node in ((), ("--node-rank", "0"))
+    ]
     table_run = run_cli("show", path, cwd=tmp_path)
     for i, env_run in enumerate(env_runs):
         sandbox.bash(f"set -a; . {shlex.quote(str(_write(tmp_path, env_run.stdout, f'env{i}.sh')))}")
@@ -113,12 +130,16 @@ def test_a_plan_that_would_run_a_command_is_refused_and_nothing_runs(planned, tm
 
 def test_control_characters_in_any_string_are_refused(planned, tmp_path) -> None:
     """An ANSI escape in a warning or a newline in a GPU name would forge lines of the table."""
-    for edit in (lambda p: p["warnings"].append("\x1b[2J\x1b[Hall good"),
-                 lambda p: p["ranks"][0].__setitem__("gpu", "T4\nrank 9 fake"),
-                 lambda p: p["excluded"].append({"node": "n", "device_index": None, "gpu": None, "reason": "\r"})):
+    for edit in (
+        lambda p: p["warnings"].append("\x1b[2J\x1b[Hall good"),
+        lambda p: p["ranks"][0].__setitem__("gpu", "T4\nrank 9 fake"),
+        lambda p: p["excluded"].append({"node": "n", "device_index": None, "gpu": None, "reason": "\r"}),
+    ):
         plan = copy.deepcopy(planned)
         edit(plan)
-        line = assert_user_error(run_cli("show", _write(tmp_path, plan), cwd=tmp_path), 2, "control character")
+        line = assert_user_error(
+            run_cli("show", _write(tmp_path, plan), cwd=tmp_path), 2, "control character"
+        )
         assert "\x1b" not in line
 
 
@@ -137,7 +158,9 @@ def test_launch_lines_and_env_keep_paths_with_spaces_as_one_word(planned, tmp_pa
     calls = sandbox.calls()
     assert [c["argv"][-3:] for c in calls] == [[SCRIPT, "--plan", PLAN_PATH]] * 3
     assert [c["argv"][c["argv"].index("--node-rank") + 1] for c in calls] == ["0", "1", "2"]
-    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in calls] == [n["cuda_visible_devices"] for n in planned["nodes"]]
+    assert [c["env"]["CUDA_VISIBLE_DEVICES"] for c in calls] == [
+        n["cuda_visible_devices"] for n in planned["nodes"]
+    ]
     assert [n["torchrun"] for n in planned["nodes"]] == lines  # plan.json holds the very lines printed
 
 
@@ -149,13 +172,21 @@ def test_emit_env_for_one_node_exports_what_torchrun_needs(planned, tmp_path) ->
         assert_ok(result)
         env_file = _write(tmp_path, result.stdout, "env.sh")
         # plain `.` (no set -a): the lines export themselves; then a launcher started from that shell sees them
-        ran = sandbox.bash(f'. {shlex.quote(str(env_file))} && torchrun --nnodes "$NNODES" {shlex.quote(SCRIPT)}')
+        ran = sandbox.bash(
+            f'. {shlex.quote(str(env_file))} && torchrun --nnodes "$NNODES" {shlex.quote(SCRIPT)}'
+        )
         assert_ok(ran)
     calls = sandbox.calls()
     node = planned["nodes"][1]
-    expected = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": node["cuda_visible_devices"], "NNODES": "3",
-                "NODE_RANK": "1", "NPROC_PER_NODE": str(node["nproc_per_node"]),
-                "MASTER_ADDR": planned["launch"]["master_addr"], "MASTER_PORT": "29500"}
+    expected = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": node["cuda_visible_devices"],
+        "NNODES": "3",
+        "NODE_RANK": "1",
+        "NPROC_PER_NODE": str(node["nproc_per_node"]),
+        "MASTER_ADDR": planned["launch"]["master_addr"],
+        "MASTER_PORT": "29500",
+    }
     assert [c["env"] for c in calls] == [expected, expected]
     assert calls[0]["argv"] == ["--nnodes", "3", SCRIPT]
     assert node["env"] == expected  # plan.json holds each node's environment too
@@ -166,7 +197,9 @@ def test_emit_env_on_a_multi_node_plan_asks_which_node(planned, tmp_path) -> Non
     line = assert_user_error(run_cli("show", path, "--emit", "env", cwd=tmp_path), 2, "--node", "--node-rank")
     for name in ("node-a100", "node-v100", "node-t4"):
         assert name in line
-    assert_user_error(run_cli("show", path, "--emit", "env", "--node", "nope", cwd=tmp_path), 2, "nope", "node-t4")
+    assert_user_error(
+        run_cli("show", path, "--emit", "env", "--node", "nope", cwd=tmp_path), 2, "nope", "node-t4"
+    )
     assert_user_error(run_cli("show", path, "--emit", "env", "--node-rank", "3", cwd=tmp_path), 2, "0..2")
 
 
@@ -179,6 +212,7 @@ def _set(path: tuple, value) -> Callable[[dict], None]:
         for key in path[:-1]:
             target = target[key]
         target[path[-1]] = value
+
     return edit
 
 
@@ -192,6 +226,7 @@ def _accumulate(value: int) -> Callable[[dict], None]:
     def edit(plan: dict) -> None:
         plan["accumulate"] = value
         plan["global_batch"] = plan["step_batch"] * value
+
     return edit
 
 
@@ -217,10 +252,16 @@ NUMERIC_CASES: dict[str, tuple[Callable[[dict], None], str]] = {
     "world size 0": (_no_ranks, "world_size"),
     "nproc_per_node contradicts the ranks": (_more_procs, "nproc_per_node"),
     "duplicate local_rank": (_duplicate_local_rank, "local_rank"),
-    "NaN in a profile fit": (lambda p: next(iter(p["profiles"].values()))["memory_fit"].__setitem__(
-        "bytes_per_sample", float("nan")), "NaN"),
-    "negative bytes per sample": (lambda p: next(iter(p["profiles"].values()))["memory_fit"].__setitem__(
-        "bytes_per_sample", -1.0), "memory_fit"),
+    "NaN in a profile fit": (
+        lambda p: next(iter(p["profiles"].values()))["memory_fit"].__setitem__(
+            "bytes_per_sample", float("nan")
+        ),
+        "NaN",
+    ),
+    "negative bytes per sample": (
+        lambda p: next(iter(p["profiles"].values()))["memory_fit"].__setitem__("bytes_per_sample", -1.0),
+        "memory_fit",
+    ),
 }
 
 
@@ -248,7 +289,9 @@ def test_the_plan_as_saved_passes_all_three(planned, tmp_path) -> None:
 
 
 def test_a_deeply_nested_plan_is_an_error_naming_the_limit(planned, tmp_path) -> None:
-    text = json.dumps(planned).replace('"job": {', '"job": {"deep": ' + "[" * 100_000 + "]" * 100_000 + ", ", 1)
+    text = json.dumps(planned).replace(
+        '"job": {', '"job": {"deep": ' + "[" * 100_000 + "]" * 100_000 + ", ", 1
+    )
     path = _write(tmp_path, text)
     assert_user_error(run_cli("show", path, cwd=tmp_path), 2, "nested", "limit")
     with pytest.raises(ConfigError, match="nested .* limit"):
@@ -274,7 +317,10 @@ def _job(field: str, value) -> Callable[[dict], None]:
 CRASH_CASES: dict[str, tuple[Callable[[dict], None], str]] = {
     "alternatives a string": (_set(("alternatives",), "fast"), "alternatives must be dict/null"),
     "alternatives an int": (_set(("alternatives",), 3), "alternatives must be dict/null"),
-    "alternatives of strings": (_set(("alternatives",), {"balanced": "1000"}), "alternatives['balanced'] must be"),
+    "alternatives of strings": (
+        _set(("alternatives",), {"balanced": "1000"}),
+        "alternatives['balanced'] must be",
+    ),
     "notes an int": (_set(("notes",), 7), "notes must be list"),
     "a note an int": (_set(("notes",), [7]), "notes[0] must be a string"),
     "job.input_shape an int": (_job("input_shape", 5), "job.input_shape must be a list"),
@@ -287,12 +333,24 @@ CRASH_CASES: dict[str, tuple[Callable[[dict], None], str]] = {
     "speed_factor 0": (_set(("ranks", 0, "speed_factor"), 0), "speed_factor must be"),
     "idle_fraction a string": (_set(("ranks", 0, "idle_fraction"), "0.5"), "idle_fraction must be"),
     "node env of numbers": (_set(("nodes", 0, "env"), {"NODE_RANK": 0}), "env must map names to strings"),
-    "excluded gpu an int": (lambda p: p["excluded"].append({"node": "n", "device_index": 0, "gpu": 4, "reason": "x"}),
-                            "excluded[0].gpu must be str/null"),
-    "a profile's notes an int": (lambda p: next(iter(p["profiles"].values())).__setitem__("notes", 3), "notes must be"),
-    "a point above its own range": (_set(("balance_efficiency_range",), [0.1, 0.2]), "outside its own expected range"),
-    "a rank time off its profile": (lambda p: p["ranks"][0].__setitem__(
-        "predicted_step_time_s", p["ranks"][0]["predicted_step_time_s"] * 2), "ranks[0].predicted_step_time_s"),
+    "excluded gpu an int": (
+        lambda p: p["excluded"].append({"node": "n", "device_index": 0, "gpu": 4, "reason": "x"}),
+        "excluded[0].gpu must be str/null",
+    ),
+    "a profile's notes an int": (
+        lambda p: next(iter(p["profiles"].values())).__setitem__("notes", 3),
+        "notes must be",
+    ),
+    "a point above its own range": (
+        _set(("balance_efficiency_range",), [0.1, 0.2]),
+        "outside its own expected range",
+    ),
+    "a rank time off its profile": (
+        lambda p: p["ranks"][0].__setitem__(
+            "predicted_step_time_s", p["ranks"][0]["predicted_step_time_s"] * 2
+        ),
+        "ranks[0].predicted_step_time_s",
+    ),
 }
 
 
@@ -313,7 +371,9 @@ def test_plans_that_crashed_show_and_emit_env_are_one_line_errors(planned, tmp_p
     assert shown == f"error: {refused.value}"
 
 
-def test_a_plan_written_with_its_index_and_then_tampered_is_refused_by_every_rank_as_by_show(planned, tmp_path):
+def test_a_plan_written_with_its_index_and_then_tampered_is_refused_by_every_rank_as_by_show(
+    planned, tmp_path
+):
     """The index beside a plan (``plan.json.index``) lets a rank read only its part; a plan edited after it was
     written no longer matches it, and every rank reports what ``show`` reports."""
     from planner.plan.io import write_plan
@@ -331,7 +391,9 @@ def test_a_plan_written_with_its_index_and_then_tampered_is_refused_by_every_ran
 
 
 @pytest.mark.slow  # a subprocess reads a 128 MiB plan
-def test_a_small_plan_padded_to_the_size_limit_costs_memory_of_a_few_times_its_size(planned, tmp_path) -> None:
+def test_a_small_plan_padded_to_the_size_limit_costs_memory_of_a_few_times_its_size(
+    planned, tmp_path
+) -> None:
     """127 MiB of spaces inside a valid plan cost 2.4 GiB to read (a regular expression and an int64 per byte
     for the nesting count); now the nesting is counted on the quotes and brackets alone."""
     import subprocess
@@ -344,9 +406,18 @@ def test_a_small_plan_padded_to_the_size_limit_costs_memory_of_a_few_times_its_s
     path.write_text(text[:-1] + " " * (MAX_PLAN_BYTES - len(text) - 16) + "}")
     # the child's own peak (VmHWM, KiB): ru_maxrss would include the RSS its parent had when it forked, and a
     # test process that has run other tests may be past the bound by itself
-    code = ("import sys; from planner.plan.io import load_plan; load_plan(sys.argv[1]); "
-            "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys; from planner.plan.io import load_plan; load_plan(sys.argv[1]); "
+        "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     peak_mib = int(done.stdout.strip()) / 1024
-    assert peak_mib < 6 * MAX_PLAN_BYTES / 2**20, f"{peak_mib:.0f} MiB to read a {MAX_PLAN_BYTES >> 20} MiB plan"
+    assert peak_mib < 6 * MAX_PLAN_BYTES / 2**20, (
+        f"{peak_mib:.0f} MiB to read a {MAX_PLAN_BYTES >> 20} MiB plan"
+    )

@@ -54,7 +54,7 @@ nodes:
 
 #: a user module: the first probe to build its model records its pid and hangs; every import of it records
 #: the import path it was imported under
-USER_MODULE = '''
+USER_MODULE = """
 import json as _json, os, sys, time
 from pathlib import Path
 from tests.planner.tiny_models import convnet
@@ -79,15 +79,15 @@ def hang_once():
         os.close(fd)
         time.sleep(3600)
     return convnet()
-'''
+"""
 
 #: a json.py in the working directory: if a process ever imports it instead of the standard library's, it says so
-SHADOW_JSON = '''
+SHADOW_JSON = """
 import os
 open(os.path.join(os.environ["HOSTILE_MARKS"], "SHADOWED-" + str(os.getpid())), "w").close()
 from importlib import import_module as _im
 raise ImportError("the json.py of the working directory was imported instead of the standard library")
-'''
+"""
 
 MODEL = ("--model", "usermod:hang_once", "--input-shape", "3,32,32")
 
@@ -115,8 +115,12 @@ class Run:
         script = shutil.which("batchplan", path=str(Path(sys.executable).parent)) or shutil.which("batchplan")
         assert script is not None, "the batchplan console script is not installed (pip install -e .)"
         self.proc = subprocess.Popen(
-            [script, *args], cwd=self.cwd, env=cli_env(env),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [script, *args],
+            cwd=self.cwd,
+            env=cli_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     def wait_for_hung_probe(self) -> int:
@@ -130,7 +134,9 @@ class Run:
             time.sleep(0.5)
         self.proc.kill()
         out, err = self.proc.communicate()
-        raise AssertionError(f"no probe hung (exit {self.proc.returncode})\n--- stdout\n{out}\n--- stderr\n{err}")
+        raise AssertionError(
+            f"no probe hung (exit {self.proc.returncode})\n--- stdout\n{out}\n--- stderr\n{err}"
+        )
 
     def finish(self, timeout_s: float = 240.0) -> subprocess.CompletedProcess[str]:
         out, err = self.proc.communicate(timeout=timeout_s)
@@ -143,8 +149,9 @@ class Run:
             try:
                 if proc.pid == os.getpid():
                     continue
-                ours = str(self.ray_tmp) in " ".join(proc.info["cmdline"] or ()) or \
-                    proc.environ().get("RAY_TMPDIR") == str(self.ray_tmp)
+                ours = str(self.ray_tmp) in " ".join(proc.info["cmdline"] or ()) or proc.environ().get(
+                    "RAY_TMPDIR"
+                ) == str(self.ray_tmp)
                 if ours and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -188,15 +195,28 @@ def _start(runs: list[Run], tmp_path: Path, *args: str, hang: bool = True, shado
 def test_json_stdout_survives_a_probe_killed_mid_profile(runs, tmp_path, command) -> None:
     extra = ("--no-write",) if command == "plan" else ()
     # one raylet per node (--raylet-cap 3): with the default single raylet the killed probe answers for all
-    run = _start(runs, tmp_path, command, "--cluster", "three.yaml", *MODEL, "--no-cache", "--json",
-                 "--raylet-cap", "3", *extra)
+    run = _start(
+        runs,
+        tmp_path,
+        command,
+        "--cluster",
+        "three.yaml",
+        *MODEL,
+        "--no-cache",
+        "--json",
+        "--raylet-cap",
+        "3",
+        *extra,
+    )
     os.kill(run.wait_for_hung_probe(), signal.SIGKILL)
     result = run.finish()
     assert result.returncode in (0, 1), describe(result)
     assert "Traceback" not in result.stderr, describe(result)
     doc = parse_json_stdout(result)
     plan = doc if command == "plan" else doc["plan"]
-    assert len({r["node"] for r in plan["ranks"]}) == 2  # the killed probe's node is left out, the rest planned
+    assert (
+        len({r["node"] for r in plan["ranks"]}) == 2
+    )  # the killed probe's node is left out, the rest planned
     assert "(raylet)" not in result.stdout and "\x1b[" not in result.stdout
 
 
@@ -262,12 +282,25 @@ def test_a_killed_driver_leaves_no_ray_process_behind(runs, tmp_path) -> None:
 @pytest.mark.parametrize("command", ["plan", "preflight"])
 def test_user_code_is_searched_after_the_standard_library_and_announced(runs, tmp_path, command) -> None:
     extra = ("--no-write",) if command == "plan" else ()
-    run = _start(runs, tmp_path, command, "--cluster", "three.yaml", *MODEL, "--no-cache", "--json", *extra,
-                 hang=False, shadow_json=True)
+    run = _start(
+        runs,
+        tmp_path,
+        command,
+        "--cluster",
+        "three.yaml",
+        *MODEL,
+        "--no-cache",
+        "--json",
+        *extra,
+        hang=False,
+        shadow_json=True,
+    )
     result = run.finish()
     assert_ok(result, 0 if command == "plan" else result.returncode)
     doc = parse_json_stdout(result)
-    assert not list(run.marks.glob("SHADOWED-*")), "a json.py in the working directory replaced the standard library"
+    assert not list(run.marks.glob("SHADOWED-*")), (
+        "a json.py in the working directory replaced the standard library"
+    )
     imports = [json.loads(line) for line in (run.marks / "imports.jsonl").read_text().splitlines()]
     assert len({i["pid"] for i in imports}) >= 2  # the driver and at least one probe imported the user module
     stdlib = os.path.dirname(os.__file__)

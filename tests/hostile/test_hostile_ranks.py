@@ -35,8 +35,9 @@ STEPS = 8
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(),
-                               torch.nn.Linear(8, 1)).double()
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+    ).double()
 
 
 def _fault(kind: str, out_dir: str) -> None:
@@ -63,8 +64,14 @@ def _worker(rank: int, out_dir: str, kind: str, victim: int) -> None:
     sampler = PlannedBatchSampler(20 * STEP_BATCH, [r["batch"] for r in plan["ranks"]], rank, seed=5)
     model = DistributedDataParallel(_model())  # broadcast_buffers=True: BatchNorm's statistics from rank 0
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    rebalancer = Rebalancer.from_plan(plan, sampler, model, policy=RebalancePolicy(), collective_timeout_s=TIMEOUT_S,
-                                      simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S))
+    rebalancer = Rebalancer.from_plan(
+        plan,
+        sampler,
+        model,
+        policy=RebalancePolicy(),
+        collective_timeout_s=TIMEOUT_S,
+        simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S),
+    )
     generator = torch.Generator().manual_seed(rank)
     result = {"error": None, "error_at": None, "steps": 0}
     try:
@@ -89,7 +96,9 @@ def _worker(rank: int, out_dir: str, kind: str, victim: int) -> None:
 @pytest.mark.parametrize("kind, victim", [("hang", 0), ("stop", 1), ("die", 2)])
 def test_every_other_rank_ends_within_the_rebalancers_timeout_naming_the_rank(tmp_path, kind, victim) -> None:
     survivors = [r for r in range(WORLD_SIZE) if r != victim]
-    with GlooRanks(_worker, str(tmp_path), kind, victim, world_size=WORLD_SIZE, log_dir=tmp_path / "logs") as ranks:
+    with GlooRanks(
+        _worker, str(tmp_path), kind, victim, world_size=WORLD_SIZE, log_dir=tmp_path / "logs"
+    ) as ranks:
         ranks.wait(200, ranks=survivors)
         ranks.kill(victim)  # SIGKILL ends a stopped process too
     assert all(code is not None for code in ranks.exitcodes), ranks.describe()
@@ -98,7 +107,8 @@ def test_every_other_rank_ends_within_the_rebalancers_timeout_naming_the_rank(tm
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         error = result["error"]
         assert error is not None, f"rank {rank} did not fail: {result}"
-        assert "\n" not in error and error.startswith(f"rebalance: rank {victim} stopped answering after optimizer "
-                                                      f"step {FAULT_STEP}"), error
+        assert "\n" not in error and error.startswith(
+            f"rebalance: rank {victim} stopped answering after optimizer step {FAULT_STEP}"
+        ), error
         assert f"rank {rank} stops too" in error
         assert result["error_at"] - fault_at < TIMEOUT_S + 10, (rank, result["error_at"] - fault_at, error)

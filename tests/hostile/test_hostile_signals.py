@@ -38,15 +38,25 @@ LEFT_AFTER_EXIT_S = 10.0
 
 #: modules of the standard library the watchdog imports, shadowed in the working directory: each leaves a mark
 SHADOWED = ("uuid", "signal", "subprocess", "contextlib")
-SHADOW = '''
+SHADOW = """
 import os
 open(os.path.join(os.environ["HOSTILE_MARKS"], "SHADOWED-{name}-" + str(os.getpid())), "w").close()
 raise ImportError("the {name}.py of the working directory was imported instead of the standard library")
-'''
+"""
 
 
 def _plan_args() -> tuple[str, ...]:
-    return ("plan", "--cluster", "three.yaml", "--model", "resnet18", "--imgsz", "32", "--no-cache", "--no-write")
+    return (
+        "plan",
+        "--cluster",
+        "three.yaml",
+        "--model",
+        "resnet18",
+        "--imgsz",
+        "32",
+        "--no-cache",
+        "--no-write",
+    )
 
 
 class _Watched:
@@ -69,7 +79,9 @@ class _Watched:
         self.run.proc.wait(timeout=timeout_s)
         self.reader.join(timeout=10)
         out = self.run.proc.stdout.read()
-        return subprocess.CompletedProcess(self.run.proc.args, self.run.proc.returncode, out, "".join(self.lines))
+        return subprocess.CompletedProcess(
+            self.run.proc.args, self.run.proc.returncode, out, "".join(self.lines)
+        )
 
 
 def test_sigint_and_sigterm_at_random_moments_of_start_up_leave_nothing_running(tmp_path) -> None:

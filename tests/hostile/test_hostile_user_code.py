@@ -12,7 +12,7 @@ import pytest
 from planner.job import DEFAULT_USER_CODE_TIMEOUT_S, JobFieldError, JobSpec
 from tests.planner.cli_helpers import assert_ok, assert_user_error, check_profile, parse_json_stdout, run_cli
 
-USER_MODULE = '''
+USER_MODULE = """
 import sys
 from tests.planner.tiny_models import convnet
 
@@ -33,7 +33,7 @@ def talks():
     print("hello from the factory")
     sys.stdout.write("no newline, then a brace {")
     return convnet()
-'''
+"""
 EXITS_ON_IMPORT = "import sys\nsys.exit(7)\n"
 MODEL = ("--input-shape", "3,32,32", "--no-cache")
 
@@ -49,7 +49,11 @@ def workdir(tmp_path):
 @pytest.mark.parametrize("model", ["usermod:exits", "exitmod:factory"])
 @pytest.mark.parametrize("command", ["profile", "plan"])
 def test_sys_exit_in_user_code_is_one_line_and_exit_2(workdir, model, command) -> None:
-    where = ("--gpu", "T4") if command == "profile" else ("--no-ray", "--cluster", workdir / "one.yaml", "--no-write")
+    where = (
+        ("--gpu", "T4")
+        if command == "profile"
+        else ("--no-ray", "--cluster", workdir / "one.yaml", "--no-write")
+    )
     result = run_cli(command, *where, "--model", model, *MODEL, cwd=workdir)
     line = assert_user_error(result, 2, "sys.exit(7)")
     assert model.partition(":")[0] in line
@@ -63,8 +67,18 @@ def test_what_a_factory_prints_goes_to_stderr_under_profile_json(workdir) -> Non
 
 
 def test_what_a_factory_prints_goes_to_stderr_under_plan_json(workdir) -> None:
-    result = run_cli("plan", "--no-ray", "--cluster", workdir / "one.yaml", "--model", "usermod:talks", *MODEL,
-                     "--json", "--no-write", cwd=workdir)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        workdir / "one.yaml",
+        "--model",
+        "usermod:talks",
+        *MODEL,
+        "--json",
+        "--no-write",
+        cwd=workdir,
+    )
     assert_ok(result)
     assert json.loads(result.stdout)["schema"] == "batchplan/plan@1"
     assert "hello from the factory" in result.stderr
@@ -73,9 +87,23 @@ def test_what_a_factory_prints_goes_to_stderr_under_plan_json(workdir) -> None:
 @pytest.mark.slow  # waits out the 2 s user-code time limit
 @pytest.mark.parametrize("command", ["profile", "plan"])
 def test_a_factory_that_hangs_is_stopped_after_the_user_code_timeout(workdir, command) -> None:
-    where = ("--gpu", "T4") if command == "profile" else ("--no-ray", "--cluster", workdir / "one.yaml", "--no-write")
-    result = run_cli(command, *where, "--model", "usermod:hangs", *MODEL, "--user-code-timeout", "2", "--json",
-                     cwd=workdir, timeout=240)
+    where = (
+        ("--gpu", "T4")
+        if command == "profile"
+        else ("--no-ray", "--cluster", workdir / "one.yaml", "--no-write")
+    )
+    result = run_cli(
+        command,
+        *where,
+        "--model",
+        "usermod:hangs",
+        *MODEL,
+        "--user-code-timeout",
+        "2",
+        "--json",
+        cwd=workdir,
+        timeout=240,
+    )
     assert_user_error(result, 2, "usermod:hangs", "2 s", "--user-code-timeout")
 
 

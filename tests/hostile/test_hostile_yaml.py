@@ -48,7 +48,10 @@ def test_an_over_the_limit_config_is_refused_on_the_event_stream(tmp_path, case)
 def test_the_cli_refuses_an_alias_bomb_in_one_line(tmp_path, case) -> None:
     path = tmp_path / "cluster.yaml"
     path.write_text(OVER_THE_LIMIT[case][0]())
-    for command in (("devices", "--cluster", path), ("plan", "--no-ray", "--cluster", path, "--model", "resnet18")):
+    for command in (
+        ("devices", "--cluster", path),
+        ("plan", "--no-ray", "--cluster", path, "--model", "resnet18"),
+    ):
         assert_user_error(_limited_cli(*command, cwd=tmp_path), 2, "aliases", "limit")
 
 
@@ -101,8 +104,9 @@ def test_entry_limits_name_the_place() -> None:
 
 
 def test_a_total_counts_the_default_where_the_key_is_absent() -> None:
-    limits = DocumentLimits(total=TotalLimit(entries="g[]", key="count", default=1, limit=3, max_each=3,
-                                              what="GPUs"))
+    limits = DocumentLimits(
+        total=TotalLimit(entries="g[]", key="count", default=1, limit=3, max_each=3, what="GPUs")
+    )
     parse_yaml_text("g: [{count: 2}, {type: x}]\n", "t.yaml", limits=limits)
     with pytest.raises(ConfigError, match="more than 3 GPUs"):
         parse_yaml_text("g: [{count: 2}, {type: x}, {}]\n", "t.yaml", limits=limits)

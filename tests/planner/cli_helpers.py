@@ -151,8 +151,12 @@ def assert_user_error(result: CliRun | subprocess.CompletedProcess[str], code: i
 def assert_error_document(result: CliRun | subprocess.CompletedProcess[str], code: int, line: str) -> dict:
     """stdout is exactly the ``--json`` error document (``planner.cli.json_error``) of the stderr ``line``."""
     doc = parse_json_stdout(result)
-    assert doc == {"schema": ERROR_SCHEMA, "command": doc.get("command"), "error": line.removeprefix("error: "),
-                   "exit_code": code}, describe(result)
+    assert doc == {
+        "schema": ERROR_SCHEMA,
+        "command": doc.get("command"),
+        "error": line.removeprefix("error: "),
+        "exit_code": code,
+    }, describe(result)
     return doc
 
 
@@ -187,7 +191,9 @@ def check_preflight(doc: Any) -> dict:
     assert isinstance(doc["checks"], list) and doc["checks"]
     for check in doc["checks"]:
         assert set(check) - {"fix"} == {"name", "ok", "detail"}, check
-        assert "fix" not in check or (not check["ok"] and isinstance(check["fix"], str) and check["fix"]), check
+        assert "fix" not in check or (not check["ok"] and isinstance(check["fix"], str) and check["fix"]), (
+            check
+        )
         assert isinstance(check["name"], str) and check["name"]
         assert isinstance(check["ok"], bool)
         assert isinstance(check["detail"], str) and check["detail"]

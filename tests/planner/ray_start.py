@@ -61,8 +61,17 @@ class RayStartCluster:
         self.address = f"127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen] = []
         try:
-            self._start(["--head", "--port", str(self.port), "--include-dashboard", "false",
-                         "--dashboard-port", str(free_port())])
+            self._start(
+                [
+                    "--head",
+                    "--port",
+                    str(self.port),
+                    "--include-dashboard",
+                    "false",
+                    "--dashboard-port",
+                    str(free_port()),
+                ]
+            )
             self._wait_for_nodes(1)
             for _ in range(num_workers):
                 self._start(["--address", self.address])
@@ -82,34 +91,70 @@ class RayStartCluster:
         dropped = ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k not in dropped}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-        env.update(self.env(), RAY_AUTH_MODE="token" if self.auth else "disabled", RAY_USAGE_STATS_ENABLED="0")
+        env.update(
+            self.env(), RAY_AUTH_MODE="token" if self.auth else "disabled", RAY_USAGE_STATS_ENABLED="0"
+        )
         return env
 
     def _start(self, role: list[str]) -> None:
-        ports = ["--node-manager-port", "--object-manager-port", "--metrics-export-port",
-                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"]
-        command = [sys.executable, "-m", "tests.planner.ray_start", "start", "--block", *role, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                   "--num-gpus", "0", "--disable-usage-stats",
-                   "--object-store-memory", str(80 * 2**20)]
+        ports = [
+            "--node-manager-port",
+            "--object-manager-port",
+            "--metrics-export-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+        ]
+        command = [
+            sys.executable,
+            "-m",
+            "tests.planner.ray_start",
+            "start",
+            "--block",
+            *role,
+            "--node-ip-address",
+            "127.0.0.1",
+            "--num-cpus",
+            "1",
+            "--num-gpus",
+            "0",
+            "--disable-usage-stats",
+            "--object-store-memory",
+            str(80 * 2**20),
+        ]
         for flag in ports:
             command += [flag, str(free_port())]
         log = open(self.root / f"ray-start-{len(self.processes)}.log", "w")  # noqa: SIM115 (closed with the process)
-        self.processes.append(subprocess.Popen(command, env=self._ray_env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                               start_new_session=True))
+        self.processes.append(
+            subprocess.Popen(
+                command,
+                env=self._ray_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.root,
+                start_new_session=True,
+            )
+        )
 
     def _wait_for_nodes(self, count: int) -> None:
         """Until ``ray list nodes``-style status shows ``count`` alive nodes (asked with the token)."""
-        probe = ("import ray, sys; ray.init(address=sys.argv[1], _node_ip_address='127.0.0.1', logging_level='ERROR', log_to_driver=False); "
-                 "print(sum(1 for n in ray.nodes() if n['Alive']))")
+        probe = (
+            "import ray, sys; ray.init(address=sys.argv[1], _node_ip_address='127.0.0.1', logging_level='ERROR', log_to_driver=False); "
+            "print(sum(1 for n in ray.nodes() if n['Alive']))"
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             for process in self.processes:
                 if process.poll() is not None:
                     raise RuntimeError(f"`ray start` exited with {process.returncode}: {self.logs()}")
             # a driver keeps 127.0.0.1 under this variable (it starts no node, so the refusal does not apply)
-            result = subprocess.run([sys.executable, "-c", probe, self.address],
-                                    env={**self._ray_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-                                    capture_output=True, text=True, timeout=START_TIMEOUT_S)
+            result = subprocess.run(
+                [sys.executable, "-c", probe, self.address],
+                env={**self._ray_env(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+                capture_output=True,
+                text=True,
+                timeout=START_TIMEOUT_S,
+            )
             if result.returncode == 0 and result.stdout.strip().isdigit() and int(result.stdout) >= count:
                 return
             time.sleep(1.0)

@@ -30,11 +30,18 @@ def _serve() -> None:
 
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"node_ip_address": "127.0.0.1", "num_cpus": 1, "num_gpus": 0,
-                        "object_store_memory": 80 * 2**20, "include_dashboard": False},
+        head_node_args={
+            "node_ip_address": "127.0.0.1",
+            "num_cpus": 1,
+            "num_gpus": 0,
+            "object_store_memory": 80 * 2**20,
+            "include_dashboard": False,
+        },
     )
     write_ray_address(cluster.address)  # where `ray start --head` leaves it (under this process's TMPDIR)
-    ray.init(address=cluster.address, _node_ip_address="127.0.0.1", logging_level="ERROR", log_to_driver=False)
+    ray.init(
+        address=cluster.address, _node_ip_address="127.0.0.1", logging_level="ERROR", log_to_driver=False
+    )
     node_id = ray.get_runtime_context().get_node_id()
     ray.shutdown()
     sys.stdout.write(json.dumps({"address": cluster.address, "node_id": node_id}) + "\n")
@@ -56,8 +63,12 @@ class RunningRay:
         env.pop("RAY_ADDRESS", None)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.planner.running_ray"], cwd=REPO_ROOT, env=env, text=True,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "tests.planner.running_ray"],
+            cwd=REPO_ROOT,
+            env=env,
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
         line = self.process.stdout.readline()
         if not line:

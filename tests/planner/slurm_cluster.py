@@ -53,10 +53,14 @@ SLURM_TEST_NODES = (SlurmNode("gpu-a", "a100", 2), SlurmNode("gpu-b", "t4", 1))
 
 def require_slurm() -> None:
     """Skip without SLURM's binaries or munge's key, unless in CI, where they must be there."""
-    missing = [b for b in BINARIES if shutil.which(b) is None] + ([] if MUNGE_KEY.exists() else [str(MUNGE_KEY)])
+    missing = [b for b in BINARIES if shutil.which(b) is None] + (
+        [] if MUNGE_KEY.exists() else [str(MUNGE_KEY)]
+    )
     if not missing:
         return
-    reason = f"SLURM is not installed here ({', '.join(missing)} missing; apt-get install slurmctld slurmd munge)"
+    reason = (
+        f"SLURM is not installed here ({', '.join(missing)} missing; apt-get install slurmctld slurmd munge)"
+    )
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason}: .ci/run installs it, so in CI this is a failure")
     pytest.skip(reason)
@@ -74,9 +78,19 @@ class SlurmCluster:
         self.processes: list[tuple[str, subprocess.Popen]] = []
         try:
             self._write_config()
-            self._start("munged", ["munged", "-F", "-f", f"--socket={self.munge_socket}",
-                                   f"--key-file={MUNGE_KEY}", f"--pid-file={self.root}/munged.pid",
-                                   f"--seed-file={self.root}/munged.seed", f"--log-file={self.root}/munged.log"])
+            self._start(
+                "munged",
+                [
+                    "munged",
+                    "-F",
+                    "-f",
+                    f"--socket={self.munge_socket}",
+                    f"--key-file={MUNGE_KEY}",
+                    f"--pid-file={self.root}/munged.pid",
+                    f"--seed-file={self.root}/munged.seed",
+                    f"--log-file={self.root}/munged.log",
+                ],
+            )
             self._wait_for(lambda: self.munge_socket.exists(), "munged's socket")
             self._start("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
             self._wait_for(lambda: self._run("scontrol", "ping").returncode == 0, "slurmctld")
@@ -105,21 +119,35 @@ class SlurmCluster:
             "ClusterName=bptest",
             f"SlurmctldHost={self.host}(127.0.0.1)",
             f"SlurmctldPort={free_port()}",
-            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge",
-            "SlurmUser=root", "SlurmdUser=root",
-            f"StateSaveLocation={self.root}/state", f"SlurmdSpoolDir={self.root}/spool-%n",
-            f"SlurmctldPidFile={self.root}/slurmctld.pid", f"SlurmdPidFile={self.root}/slurmd-%n.pid",
-            f"SlurmctldLogFile={self.root}/slurmctld.log", f"SlurmdLogFile={self.root}/slurmd-%n.log",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "GresTypes=gpu",
-            "ReturnToService=2", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none", "SchedulerType=sched/builtin",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={self.root}/state",
+            f"SlurmdSpoolDir={self.root}/spool-%n",
+            f"SlurmctldPidFile={self.root}/slurmctld.pid",
+            f"SlurmdPidFile={self.root}/slurmd-%n.pid",
+            f"SlurmctldLogFile={self.root}/slurmctld.log",
+            f"SlurmdLogFile={self.root}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            "GresTypes=gpu",
+            "ReturnToService=2",
+            "MpiDefault=none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SchedulerType=sched/builtin",
         ]
         gres = ["AutoDetect=off"]
         for node in self.nodes:
             entries = ",".join(f"gpu:{gres_type}:{count}" for gres_type, count in node.gres)
-            lines.append(f"NodeName={node.name} NodeAddr=127.0.0.1 NodeHostname={self.host} Port={free_port()} "
-                         f"CPUs=2 RealMemory=4000 Gres={entries} State=UNKNOWN")
+            lines.append(
+                f"NodeName={node.name} NodeAddr=127.0.0.1 NodeHostname={self.host} Port={free_port()} "
+                f"CPUs=2 RealMemory=4000 Gres={entries} State=UNKNOWN"
+            )
             index = 0
             for gres_type, count in node.gres:
                 for _ in range(count):
@@ -134,11 +162,23 @@ class SlurmCluster:
 
     def _start(self, name: str, argv: list[str]) -> None:
         log = open(self.root / f"{name}.out", "w")  # noqa: SIM115 (lives as long as the daemon)
-        self.processes.append((name, subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                                                      env={**os.environ, **self.env()})))
+        self.processes.append(
+            (
+                name,
+                subprocess.Popen(
+                    argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.root,
+                    env={**os.environ, **self.env()},
+                ),
+            )
+        )
 
     def _run(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, env={**os.environ, **self.env()})
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=30, env={**os.environ, **self.env()}
+        )
 
     def _all_idle(self) -> bool:
         result = self._run("sinfo", "-N", "-h", "-o", "%N %t")

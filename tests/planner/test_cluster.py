@@ -192,8 +192,9 @@ def test_gpu_type_clashing_with_the_catalog_is_an_error(tmp_path: Path) -> None:
     text = CUSTOM.replace("name: MY-GPU", "name: T4")
     with pytest.raises(
         # the nodes still name MY-GPU: that is the second of the problems reported together
-        ConfigError, match=r"lab\.yaml: 2 problems: \[1\] gpu_types\[0\]\.name: GPU type 'T4' clashes with catalog "
-        r"type T4 .*; \[2\] nodes\[0\]\.gpus\[0\]\.type: GPU type 'my-gpu' is not in the catalog"
+        ConfigError,
+        match=r"lab\.yaml: 2 problems: \[1\] gpu_types\[0\]\.name: GPU type 'T4' clashes with catalog "
+        r"type T4 .*; \[2\] nodes\[0\]\.gpus\[0\]\.type: GPU type 'my-gpu' is not in the catalog",
     ):
         load_cluster(write(tmp_path, text))
 
@@ -261,7 +262,10 @@ BAD_CONFIGS = [
         node_b_gpu("{type: T4, count: true}"),
         r"nodes\[1\]\.gpus\[0\]\.count: expected an integer, got bool True",
     ),
-    (node_b_gpu("{type: T4, count: 300}"), r"nodes\[1\]\.gpus\[0\]\.count: must be at most 256, got int 300 \(a node holds at most 256"),
+    (
+        node_b_gpu("{type: T4, count: 300}"),
+        r"nodes\[1\]\.gpus\[0\]\.count: must be at most 256, got int 300 \(a node holds at most 256",
+    ),
     # fractions and memory
     (
         node_b_gpu("{type: T4, utilization: 1.5}"),

@@ -67,7 +67,8 @@ class Item:
     share: Annotated[float, Meta(gt=0, le=1, description="be a share in (0, 1]")] = 1.0
     note: str | None = field(default=None, metadata=OMIT_DEFAULT)
     env: Annotated[dict[str, str], Meta(description="map names to strings")] | None = field(
-        default=None, metadata=OMIT_DEFAULT)
+        default=None, metadata=OMIT_DEFAULT
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,9 +89,15 @@ class Doc:
 
 
 def _doc(**changes: Any) -> dict:
-    doc = {"version": "doc@1", "colour": "red", "items": [{"name": "a", "count": 2, "share": 0.5}],
-           "shape": {"kind": "circle", "radius": 2.0}, "settings": {"size": 3, "dims": [1, 2]},
-           "rates": {"x": 1.5}, "lines": ["one"]}
+    doc = {
+        "version": "doc@1",
+        "colour": "red",
+        "items": [{"name": "a", "count": 2, "share": 0.5}],
+        "shape": {"kind": "circle", "radius": 2.0},
+        "settings": {"size": 3, "dims": [1, 2]},
+        "rates": {"x": 1.5},
+        "lines": ["one"],
+    }
     doc.update(changes)
     return doc
 
@@ -125,24 +132,48 @@ def test_a_field_in_the_program_only_is_neither_written_nor_read() -> None:
 
 CASES = {
     "a wrong kind": (_doc(rates="fast"), "doc.json: rates must be dict/null, got 'fast' (write it again)"),
-    "a dict value of the wrong kind": (_doc(rates={"x": 1.0, "y": "2"}), "doc.json: rates['y'] must be a rate"),
+    "a dict value of the wrong kind": (
+        _doc(rates={"x": 1.0, "y": "2"}),
+        "doc.json: rates['y'] must be a rate",
+    ),
     "a bound": (_doc(items=[{"name": "a", "count": 11}]), "doc.json: items[0].count must be <= 10, got 11"),
-    "a description": (_doc(items=[{"name": "a", "count": 1, "share": 0}]),
-                      "doc.json: items[0].share must be a share in (0, 1], got 0"),
+    "a description": (
+        _doc(items=[{"name": "a", "count": 1, "share": 0}]),
+        "doc.json: items[0].share must be a share in (0, 1], got 0",
+    ),
     "a pattern": (_doc(items=[{"name": "A", "count": 1}]), "items[0].name must match '^[a-z]+$', got 'A'"),
-    "inside a described field": (_doc(items=[{"name": "a", "count": 1, "env": {"K": 1}}]),
-                                 "items[0].env must map names to strings, got {'K': 1}"),
+    "inside a described field": (
+        _doc(items=[{"name": "a", "count": 1, "env": {"K": 1}}]),
+        "items[0].env must map names to strings, got {'K': 1}",
+    ),
     "a described element": (_doc(lines=["a", 7]), "doc.json: lines[1] must be a string, got 7"),
-    "a missing field": ({k: v for k, v in _doc().items() if k != "shape"}, "doc.json lacks the field 'shape'"),
+    "a missing field": (
+        {k: v for k, v in _doc().items() if k != "shape"},
+        "doc.json lacks the field 'shape'",
+    ),
     "a missing field inside": (_doc(items=[{"name": "a"}]), "doc.json: items[0] lacks the field 'count'"),
     "an enum": (_doc(colour="green"), "doc.json: colour must be one of red, blue, got 'green'"),
     "a literal": (_doc(version="doc@2"), "doc.json: version must be one of doc@1, got 'doc@2'"),
-    "a tag": (_doc(shape={"kind": "hexagon"}), "doc.json: shape: kind 'hexagon' is not one of square, circle"),
-    "a record's own rule": (_doc(settings={"size": 0}), "doc.json: settings.size 0 is invalid (use an integer >= 1)"),
-    "its words for a wrong kind": (_doc(settings={"dims": ["3"]}), "doc.json: settings.dims ('3',) is invalid"),
-    "an unknown key where forbidden": (_doc(settings={"sise": 2}), "doc.json: settings has unknown fields ['sise']"),
-    "a cross-field rule": (_doc(items=[{"name": "a", "count": 10}, {"name": "b", "count": 3}]),
-                           "doc.json: items hold more than 12 things"),
+    "a tag": (
+        _doc(shape={"kind": "hexagon"}),
+        "doc.json: shape: kind 'hexagon' is not one of square, circle",
+    ),
+    "a record's own rule": (
+        _doc(settings={"size": 0}),
+        "doc.json: settings.size 0 is invalid (use an integer >= 1)",
+    ),
+    "its words for a wrong kind": (
+        _doc(settings={"dims": ["3"]}),
+        "doc.json: settings.dims ('3',) is invalid",
+    ),
+    "an unknown key where forbidden": (
+        _doc(settings={"sise": 2}),
+        "doc.json: settings has unknown fields ['sise']",
+    ),
+    "a cross-field rule": (
+        _doc(items=[{"name": "a", "count": 10}, {"name": "b", "count": 3}]),
+        "doc.json: items hold more than 12 things",
+    ),
     "a bool for an int": (_doc(items=[{"name": "a", "count": True}]), "items[0].count must be int, got True"),
 }
 
@@ -158,23 +189,26 @@ def test_a_broken_document_is_one_error_naming_the_path_the_rule_and_the_value(c
     assert str(converted.value) == str(raised.value)  # from bytes or from memory: the same words
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    (b'{"version": NaN}', "NaN is not a number batchplan accepts"),
-    (b'{"version": 1e400}', "overflows"),
-    (b'{"version": "doc@1"', "not valid JSON"),
-    (b'[' * 40 + b']' * 40, "nested 40 levels deep, over the limit of 32"),
-    (b'{"version": "\\u001b[2J"}', "control character"),
-    (b'{"version": "\\ud800"}', "lone surrogate"),
-    ('{"version": "\u0085"}'.encode(), "control character"),
-    (b'{"version": "a\\tb"}', "control character"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (b'{"version": NaN}', "NaN is not a number batchplan accepts"),
+        (b'{"version": 1e400}', "overflows"),
+        (b'{"version": "doc@1"', "not valid JSON"),
+        (b"[" * 40 + b"]" * 40, "nested 40 levels deep, over the limit of 32"),
+        (b'{"version": "\\u001b[2J"}', "control character"),
+        (b'{"version": "\\ud800"}', "lone surrogate"),
+        ('{"version": "\u0085"}'.encode(), "control character"),
+        (b'{"version": "a\\tb"}', "control character"),
+    ],
+)
 def test_text_that_is_not_strict_json_is_named_by_the_strict_parser(text: bytes, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         decode(Doc, text, where="doc.json", fix="write it again")
 
 
 def test_escapes_that_are_text_read_as_text() -> None:
-    text = "caf\u00e9 \U0001f600 a\\nb \"q\" /"  # json.dumps escapes them: \u00e9, a surrogate pair, \\, \"
+    text = 'caf\u00e9 \U0001f600 a\\nb "q" /'  # json.dumps escapes them: \u00e9, a surrogate pair, \\, \"
     assert _read(_doc(lines=[text])).lines == (text,)
 
 
@@ -195,18 +229,23 @@ def test_a_flattened_record_is_written_into_its_owner_and_read_back_from_its_key
     filed = Filed(shape="a;b", measured=Measured(slowdown=2.0, steps=3))
     assert encode(filed) == {"shape": "a;b", "slowdown": 2.0, "steps": 3}
     assert convert(Filed, encode(filed), where="x") == filed
-    assert decode(Filed, b'{"shape": null, "why": "simulated"}', where="x", fix="") == Filed(shape=None, why="simulated")
+    assert decode(Filed, b'{"shape": null, "why": "simulated"}', where="x", fix="") == Filed(
+        shape=None, why="simulated"
+    )
     with pytest.raises(ConfigError, match=r"x: slowdown must be > 0, got 0"):
         decode(Filed, b'{"shape": "a", "slowdown": 0, "steps": 1}', where="x", fix="")
     with pytest.raises(ConfigError, match=r"x lacks the field 'steps'"):
         decode(Filed, b'{"shape": "a", "slowdown": 1}', where="x", fix="")
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    (b'{"name": "a", "count": 11}', "item.json: count must be <= 10, got 11 (write it again)"),
-    (b'{"name": "a", "count": "2"}', "item.json: count must be int, got '2' (write it again)"),
-    (b'{"name": "a"}', "item.json lacks the field 'count' (write it again)"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (b'{"name": "a", "count": 11}', "item.json: count must be <= 10, got 11 (write it again)"),
+        (b'{"name": "a", "count": "2"}', "item.json: count must be int, got '2' (write it again)"),
+        (b'{"name": "a"}', "item.json lacks the field 'count' (write it again)"),
+    ],
+)
 def test_a_record_msgspec_reads_alone_names_its_wrong_field_not_bad_json(text: bytes, words: str) -> None:
     # Item keeps, forbids and skips no key, so msgspec reads it whole; its ValidationError is a DecodeError too,
     # which once made every wrong value "not valid JSON"

@@ -34,30 +34,46 @@ class RealNodesBackend(LocalBackend):
 @pytest.fixture
 def cluster(tmp_path):
     path = tmp_path / "two-real.yaml"
-    path.write_text(yaml.safe_dump({"nodes": [{"name": "node-a", "gpus": [{"type": "T4", "count": 2}]},
-                                              {"name": "node-b", "gpus": [{"type": "A10", "count": 1}]}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "nodes": [
+                    {"name": "node-a", "gpus": [{"type": "T4", "count": 2}]},
+                    {"name": "node-b", "gpus": [{"type": "A10", "count": 1}]},
+                ]
+            }
+        )
+    )
     return load_cluster(path)
 
 
 @without_cuda
 def test_auto_on_a_real_node_without_cuda_estimates_with_a_note(cluster, tmp_path):
     cache = ProfileCache(tmp_path / "profiles")
-    outcome = run_plan(JobSpec(**JOB), RealNodesBackend(cluster), cluster.catalog, options=DriverOptions(cache=cache))
+    outcome = run_plan(
+        JobSpec(**JOB), RealNodesBackend(cluster), cluster.catalog, options=DriverOptions(cache=cache)
+    )
     plan = outcome.plan
     assert plan.world_size == 3 and outcome.profile_calls == 2
     for rank in plan.ranks:
         profile = plan.profiles[rank.profile]
         assert profile.method == "estimate"
-        assert any(n.startswith(f"{rank.gpu}: no free GPU of this type to measure on (CUDA cannot use device")
-                   for n in profile.notes)
+        assert any(
+            n.startswith(f"{rank.gpu}: no free GPU of this type to measure on (CUDA cannot use device")
+            for n in profile.notes
+        )
         assert cache.path_for(rank.profile).is_file()  # filed under the estimate's key
 
 
 @without_cuda
 def test_measure_on_a_real_node_without_cuda_is_an_error_naming_the_setting(cluster):
     with pytest.raises(FieldError, match=r"^method measure needs a CUDA GPU of type T4 \(device 0\)") as info:
-        run_plan(JobSpec(**JOB, method="measure"), RealNodesBackend(cluster), cluster.catalog,
-                 options=DriverOptions())
+        run_plan(
+            JobSpec(**JOB, method="measure"),
+            RealNodesBackend(cluster),
+            cluster.catalog,
+            options=DriverOptions(),
+        )
     assert info.value.field == "method"
 
 
@@ -84,7 +100,9 @@ def test_the_driver_names_settings_by_field_and_the_cli_by_flag():
 
     by_field, by_flag = warnings(), warnings(name_of=flag_of)
     assert len(by_field) == len(by_flag) == 2
-    assert by_field[0].endswith("cores; lower workers_per_rank") and by_flag[0].endswith("cores; lower --workers")
+    assert by_field[0].endswith("cores; lower workers_per_rank") and by_flag[0].endswith(
+        "cores; lower --workers"
+    )
     assert by_field[1].endswith("; min_free_memory_fraction, max_utilization_fraction)")
     assert by_flag[1].endswith("; --min-memory-fraction, --max-utilization)")
     assert not any("--" in w for w in by_field)
@@ -106,11 +124,14 @@ def test_auto_on_a_node_whose_torch_has_no_cuda_is_cached_as_the_estimate_it_is(
     second = run_plan(JobSpec(**JOB), TorchWithoutCudaBackend(cluster), cluster.catalog, options=options)
     assert (first.profile_calls, second.profile_calls) == (2, 0)  # the second run finds both estimates
     for node in ("node-a", "node-b"):
-        [line] = [w for w in second.plan.warnings if w.startswith(f"{node}: torch 2.13.0+cpu there is a build")]
+        [line] = [
+            w for w in second.plan.warnings if w.startswith(f"{node}: torch 2.13.0+cpu there is a build")
+        ]
         assert "its GPUs are estimated, not measured" in line
     assert [r.batch for r in second.plan.ranks] == [r.batch for r in first.plan.ranks]
-    estimate = run_plan(JobSpec(**JOB, method="estimate"), TorchWithoutCudaBackend(cluster), cluster.catalog,
-                        options=options)
+    estimate = run_plan(
+        JobSpec(**JOB, method="estimate"), TorchWithoutCudaBackend(cluster), cluster.catalog, options=options
+    )
     assert estimate.profile_calls == 0 and set(estimate.plan.profiles) == set(second.plan.profiles)
 
 
@@ -119,6 +140,8 @@ def test_auto_where_torch_has_cuda_but_cannot_use_it_still_estimates_each_run(cl
     """The limitation left (planner.obtain.lookup): a node whose probe cannot tell in advance."""
     cache = ProfileCache(tmp_path / "profiles")
     options = DriverOptions(cache=cache)
-    calls = [run_plan(JobSpec(**JOB), RealNodesBackend(cluster), cluster.catalog, options=options).profile_calls
-             for _ in range(2)]
+    calls = [
+        run_plan(JobSpec(**JOB), RealNodesBackend(cluster), cluster.catalog, options=options).profile_calls
+        for _ in range(2)
+    ]
     assert calls == [2, 2]

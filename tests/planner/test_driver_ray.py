@@ -21,9 +21,14 @@ from planner.profiles.cache import ProfileCache
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-JOB = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=1536, multiple_of=8)
+JOB = JobSpec(
+    model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=1536, multiple_of=8
+)
 HANGING_JOB = JobSpec(
-    model="tests.planner.tiny_models:hang_where_marked", input_shape=(3, 32, 32), global_batch=1536, multiple_of=8
+    model="tests.planner.tiny_models:hang_where_marked",
+    input_shape=(3, 32, 32),
+    global_batch=1536,
+    multiple_of=8,
 )
 MIXED = {
     "name": "three-mixed",
@@ -33,7 +38,10 @@ MIXED = {
         {"name": "n-t4", "gpus": [{"type": "T4", "count": 2}]},
     ],
 }
-SAME_TYPE = {"name": "three-t4", "nodes": [{"name": f"t4-{i}", "gpus": [{"type": "T4", "count": 2}]} for i in range(3)]}
+SAME_TYPE = {
+    "name": "three-t4",
+    "nodes": [{"name": f"t4-{i}", "gpus": [{"type": "T4", "count": 2}]} for i in range(3)],
+}
 
 
 def _config(tmp_path: Path, data: dict):
@@ -85,7 +93,9 @@ def test_three_nodes_of_one_type_are_profiled_once_and_cached(ray_cluster, tmp_p
     assert first.profile_calls == 1
     assert [e.item for e in events if e.stage == "profile" and e.status == "done"] == ["T4"]
     assert len(list((tmp_path / "cache").glob("*.json"))) == 1
-    second = plan_with_ray(JOB, cluster=cluster, options=DriverOptions(cache=ProfileCache(tmp_path / "cache")))
+    second = plan_with_ray(
+        JOB, cluster=cluster, options=DriverOptions(cache=ProfileCache(tmp_path / "cache"))
+    )
     assert second.profile_calls == 0
     assert _comparable(encode(second.plan)) == _comparable(encode(first.plan))
     # the profiling probe imported torch for its fake passes; from the cache no probe needs it
@@ -94,8 +104,12 @@ def test_three_nodes_of_one_type_are_profiled_once_and_cached(ray_cluster, tmp_p
     # each fake pass the probe ran reached the driver as it finished, as --no-ray prints them (it said nothing
     # between "estimating T4" and "profiled T4")
     progress = [e for e in events if e.status == "progress"]
-    assert [e.detail["message"].split(" (")[0] for e in progress][:3] == [f"fake pass {i} of 3 done" for i in (1, 2, 3)]
-    assert all(e.stage == "profile" and e.item == "T4" and e.detail["node"].startswith("t4-") for e in progress)
+    assert [e.detail["message"].split(" (")[0] for e in progress][:3] == [
+        f"fake pass {i} of 3 done" for i in (1, 2, 3)
+    ]
+    assert all(
+        e.stage == "profile" and e.item == "T4" and e.detail["node"].startswith("t4-") for e in progress
+    )
     done = next(i for i, e in enumerate(events) if e.status == "done" and e.stage == "profile")
     assert all(events.index(e) < done for e in progress)
 
@@ -132,7 +146,9 @@ def test_probe_killed_mid_profile_excludes_its_node_and_plans_the_rest(hang_mark
 
             threading.Thread(target=kill, daemon=True).start()
 
-    outcome = plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(), on_event=kill_when_profiling)
+    outcome = plan_with_ray(
+        HANGING_JOB, cluster=cluster, options=DriverOptions(), on_event=kill_when_profiling
+    )
     plan = encode(outcome.plan)
     [dead] = killed
     assert dead == "n-a100"
@@ -149,7 +165,9 @@ HUNG_PROBE_TIMEOUT_S = 60
 
 def test_hung_probe_times_out_and_is_excluded(hang_marker, tmp_path):
     cluster = _config(tmp_path, MIXED)
-    outcome = plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=HUNG_PROBE_TIMEOUT_S))
+    outcome = plan_with_ray(
+        HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=HUNG_PROBE_TIMEOUT_S)
+    )
     assert "timed out" in outcome.failed_nodes["n-a100"]
     assert {r["node"] for r in encode(outcome.plan)["ranks"]} == {"n-v100", "n-t4"}
     assert any("timed out" in e["reason"] for e in encode(outcome.plan)["excluded"] if e["node"] == "n-a100")
@@ -158,14 +176,18 @@ def test_hung_probe_times_out_and_is_excluded(hang_marker, tmp_path):
 def test_hung_probe_with_require_all_nodes_fails_with_exit_code_1(hang_marker, tmp_path):
     cluster = _config(tmp_path, MIXED)
     with pytest.raises(InfeasiblePlanError, match="n-a100.*timed out") as info:
-        plan_with_ray(HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=15, require_all_nodes=True))
+        plan_with_ray(
+            HANGING_JOB, cluster=cluster, options=DriverOptions(profile_timeout_s=15, require_all_nodes=True)
+        )
     assert info.value.exit_code == 1
 
 
 def test_more_simulated_nodes_than_raylets_share_probes_and_plan_the_same(ray_cluster, tmp_path):
     five = {
         "name": "five",
-        "nodes": [{"name": f"n{i}", "gpus": [{"type": ("T4", "A10", "L4")[i % 3], "count": 1}]} for i in range(5)],
+        "nodes": [
+            {"name": f"n{i}", "gpus": [{"type": ("T4", "A10", "L4")[i % 3], "count": 1}]} for i in range(5)
+        ],
     }
     cluster = _config(tmp_path, five)
     with_ray = plan_with_ray(JOB, cluster=cluster, options=DriverOptions())

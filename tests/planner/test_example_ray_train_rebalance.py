@@ -22,10 +22,27 @@ def test_ray_train_workers_rebalance_and_the_driver_keeps_what_they_measured(tmp
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(wrong_plan(2.0)))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "examples" / "ray_train.py"), "--plan", str(plan_path), "--steps", "12",
-         "--match", "rank", "--rebalance", "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3",
-         "--cache-dir", str(tmp_path / "cache")],
-        cwd=REPO, capture_output=True, text=True, timeout=400,
+        [
+            sys.executable,
+            str(REPO / "examples" / "ray_train.py"),
+            "--plan",
+            str(plan_path),
+            "--steps",
+            "12",
+            "--match",
+            "rank",
+            "--rebalance",
+            "--simulate-speed",
+            "1,2,4",
+            "--simulate-sample-ms",
+            "3",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("rebalance:")]
@@ -38,4 +55,6 @@ def test_ray_train_workers_rebalance_and_the_driver_keeps_what_they_measured(tmp
     updated = json.loads(plan_path.read_text())
     assert [r["batch"] for r in updated["ranks"]] == batches_last
     assert updated["measured"]["batches_first"] == [24, 24, 8]
-    assert not list((tmp_path / "cache").glob("*.json"))  # a simulated run files no profile (they would poison)
+    assert not list(
+        (tmp_path / "cache").glob("*.json")
+    )  # a simulated run files no profile (they would poison)

@@ -27,7 +27,9 @@ LINE = re.compile(
     r"step_compute_s_first=(?P<sfirst>[\d.]+) step_compute_s_last=(?P<slast>[\d.]+) max_idle_first=(?P<first>[\d.]+) "
     r"max_idle_last=(?P<last>[\d.]+) batches_first=\[(?P<bfirst>[\d, ]+)\] batches_last=\[(?P<blast>[\d, ]+)\] "
     r"samples_once=(?P<once>true|false) rollbacks=(?P<rollbacks>\d+) compute_s_last=\[(?P<compute>[\d., ]+)\] "
-    r"sync_wait_s_last=\[(?P<wait>[\d., ]+)\] watch_overhead=(?P<watch>[\d.]+%|n/a)$", re.MULTILINE)
+    r"sync_wait_s_last=\[(?P<wait>[\d., ]+)\] watch_overhead=(?P<watch>[\d.]+%|n/a)$",
+    re.MULTILINE,
+)
 
 
 def test_rebalance_corrects_a_two_times_wrong_plan_and_writes_what_it_measured(tmp_path):
@@ -37,9 +39,25 @@ def test_rebalance_corrects_a_two_times_wrong_plan_and_writes_what_it_measured(t
     plan_path.write_text(json.dumps(plan))
     cache = tmp_path / "cache"
     logs = tmp_path / "logs"
-    result = torchrun(EXAMPLE, "--plan", plan_path, "--steps", "14", "--dataset-size", "560", "--rebalance",
-                      "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--cache-dir", cache, nproc=3,
-                      log_dir=logs, cwd=tmp_path)
+    result = torchrun(
+        EXAMPLE,
+        "--plan",
+        plan_path,
+        "--steps",
+        "14",
+        "--dataset-size",
+        "560",
+        "--rebalance",
+        "--simulate-speed",
+        "1,2,4",
+        "--simulate-sample-ms",
+        "3",
+        "--cache-dir",
+        cache,
+        nproc=3,
+        log_dir=logs,
+        cwd=tmp_path,
+    )
     stdout = rank_logs(logs)
     assert result.returncode == 0, describe_torchrun(result, logs)
 
@@ -76,7 +94,9 @@ def _simulated_step(speeds, batches) -> float:
 
 
 @pytest.mark.parametrize("speeds, steps", [((4, 2, 1), 30), ((1, 2, 4), 40)], ids=["4,2,1", "1,2,4"])
-def test_measured_mode_ends_at_least_as_good_as_it_started_with_batches_ordered_by_speed(tmp_path, speeds, steps):
+def test_measured_mode_ends_at_least_as_good_as_it_started_with_batches_ordered_by_speed(
+    tmp_path, speeds, steps
+):
     """README's lab plan ([3, 11, 34]) without --simulate-sample-ms: the per-sample time is measured after the
     warm-up. It ended worse than it started (max idle 0.575 -> 0.756, once at [1, 1, 46]): the speed-1 rank cost
     only its real compute per sample, and a sleep's lateness on a loaded machine made every sleeping rank look
@@ -85,9 +105,22 @@ def test_measured_mode_ends_at_least_as_good_as_it_started_with_batches_ordered_
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(make_plan((3, 11, 34))))
     logs = tmp_path / "logs"
-    result = torchrun(EXAMPLE, "--plan", plan_path, "--steps", str(steps), "--rebalance",
-                      "--simulate-speed", ",".join(map(str, speeds)), "--write-plan", tmp_path / "trained.json",
-                      nproc=3, log_dir=logs, cwd=tmp_path, deadline_s=240)
+    result = torchrun(
+        EXAMPLE,
+        "--plan",
+        plan_path,
+        "--steps",
+        str(steps),
+        "--rebalance",
+        "--simulate-speed",
+        ",".join(map(str, speeds)),
+        "--write-plan",
+        tmp_path / "trained.json",
+        nproc=3,
+        log_dir=logs,
+        cwd=tmp_path,
+        deadline_s=240,
+    )
     stdout = rank_logs(logs)
     assert result.returncode == 0, describe_torchrun(result, logs)
     match = LINE.search(stdout)
@@ -109,7 +142,10 @@ def test_simulate_speed_with_the_wrong_number_of_ranks_is_one_line_and_exit_2(tm
     plan_path.write_text(json.dumps(wrong_plan(2.0)))
     result = subprocess.run(
         [sys.executable, str(EXAMPLE), "--plan", str(plan_path), "--rebalance", "--simulate-speed", "1,2"],
-        capture_output=True, text=True, timeout=120, env=torchrun_env(RANK="0", WORLD_SIZE="3", LOCAL_RANK="0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=torchrun_env(RANK="0", WORLD_SIZE="3", LOCAL_RANK="0"),
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error: --simulate-speed '1,2' gives 2 factors")
@@ -130,11 +166,28 @@ def test_a_rank_that_hangs_or_is_killed_mid_run_ends_the_job_within_60_s_naming_
 
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(wrong_plan(2.0)))
-    command = torchrun_command(EXAMPLE, "--plan", plan_path, "--steps", "400", "--dataset-size", "560", "--rebalance",
-                               "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--no-feedback",
-                               "--collective-timeout", "15", nproc=3, log_dir=tmp_path / "logs")
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=torchrun_env(),
-                           cwd=tmp_path)
+    command = torchrun_command(
+        EXAMPLE,
+        "--plan",
+        plan_path,
+        "--steps",
+        "400",
+        "--dataset-size",
+        "560",
+        "--rebalance",
+        "--simulate-speed",
+        "1,2,4",
+        "--simulate-sample-ms",
+        "3",
+        "--no-feedback",
+        "--collective-timeout",
+        "15",
+        nproc=3,
+        log_dir=tmp_path / "logs",
+    )
+    job = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=torchrun_env(), cwd=tmp_path
+    )
     pid = None
     try:
         logs = tmp_path / "logs"
@@ -162,11 +215,15 @@ def test_a_rank_that_hangs_or_is_killed_mid_run_ends_the_job_within_60_s_naming_
     assert "Traceback" not in errors
     if kind == "hang":
         lines = [x for x in errors.splitlines() if x.startswith("error: rebalance:")]
-        assert 1 <= len(lines) <= 2, errors[-3000:]  # one line from each survivor that timed out before torchrun
+        assert 1 <= len(lines) <= 2, errors[
+            -3000:
+        ]  # one line from each survivor that timed out before torchrun
         assert all("rank 2 stopped answering" in x for x in lines), lines
         reporters = [re.search(r"failed on rank (\d+)", x) for x in lines]
         assert all(reporters), lines
-        assert len({m.group(1) for m in reporters}) == len(lines) and "2" not in {m.group(1) for m in reporters}
+        assert len({m.group(1) for m in reporters}) == len(lines) and "2" not in {
+            m.group(1) for m in reporters
+        }
     else:
         assert "rank: 2" in launcher_err  # torchrun's summary names the rank it saw die
 
@@ -178,7 +235,11 @@ def _rank_pid(rank: int, plan_path) -> int | None:
     for process in psutil.process_iter(["cmdline"]):
         try:
             cmdline = process.info["cmdline"] or []
-            if str(EXAMPLE) in cmdline and str(plan_path) in cmdline and process.environ().get("RANK") == str(rank):
+            if (
+                str(EXAMPLE) in cmdline
+                and str(plan_path) in cmdline
+                and process.environ().get("RANK") == str(rank)
+            ):
                 return process.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -201,15 +262,49 @@ def test_a_stopped_rank_alone_on_its_node_ends_that_node_too(tmp_path):
     jobs = []
     for node_rank, nproc in ((0, 2), (1, 1)):
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node_rank),
-            "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(port),
-            "--log-dir", str(tmp_path / f"logs{node_rank}"), "--redirects", "3",
-            str(EXAMPLE), "--plan", str(plan_path), "--steps", "400", "--dataset-size", "560", "--rebalance",
-            "--simulate-speed", "1,2,4", "--simulate-sample-ms", "3", "--no-feedback",
-            "--collective-timeout", str(timeout_s),
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node_rank),
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            "--log-dir",
+            str(tmp_path / f"logs{node_rank}"),
+            "--redirects",
+            "3",
+            str(EXAMPLE),
+            "--plan",
+            str(plan_path),
+            "--steps",
+            "400",
+            "--dataset-size",
+            "560",
+            "--rebalance",
+            "--simulate-speed",
+            "1,2,4",
+            "--simulate-sample-ms",
+            "3",
+            "--no-feedback",
+            "--collective-timeout",
+            str(timeout_s),
         ]
-        jobs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=torchrun_env(), cwd=tmp_path))
+        jobs.append(
+            subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=torchrun_env(),
+                cwd=tmp_path,
+            )
+        )
     pid = None
     ended: dict[int, float] = {}
     try:

@@ -24,7 +24,13 @@ from torchkit.errors import ConfigError, UserError
 
 def test_defaults_are_valid_and_documented_values():
     job = JobSpec(model="resnet50")
-    assert (job.amp, job.optimizer, job.mode, job.method, job.fit) == ("auto", "sgd", "balanced", "auto", "affine")
+    assert (job.amp, job.optimizer, job.mode, job.method, job.fit) == (
+        "auto",
+        "sgd",
+        "balanced",
+        "auto",
+        "affine",
+    )
     assert job.fraction == DEFAULT_FRACTION == 0.60
     assert (job.global_batch, job.multiple_of, job.min_batch, job.gpus) == (None, 1, 1, "all")
     # a shared machine's defaults (planner.probing.busy): the seed's 20% free memory, at most half busy
@@ -111,7 +117,9 @@ def test_global_batch_must_be_a_multiple_of_multiple_of_and_the_error_names_the_
     message = str(info.value)
     assert message.startswith("global_batch 100 is invalid")
     assert "multiple of multiple_of 8" in message
-    assert info.value.render(lambda f: "--" + f.replace("_", "-")).startswith("--global-batch 100 is invalid (it must be a multiple of --multiple-of 8")
+    assert info.value.render(lambda f: "--" + f.replace("_", "-")).startswith(
+        "--global-batch 100 is invalid (it must be a multiple of --multiple-of 8"
+    )
     assert "try 96 or 104" in message
 
 
@@ -156,8 +164,14 @@ def test_amp_for_bf16_on_a_gpu_without_bf16_is_a_config_error_with_the_fix(catal
 
 
 def test_to_json_is_plain_json_with_every_field():
-    job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=512,
-                  multiple_of=8, amp="fp16", optimizer="adamw")
+    job = JobSpec(
+        model="tests.planner.tiny_models:convnet",
+        input_shape=(3, 32, 32),
+        global_batch=512,
+        multiple_of=8,
+        amp="fp16",
+        optimizer="adamw",
+    )
     data = encode(job)
     assert set(data) == set(JobSpec.__dataclass_fields__)
     assert data["input_shape"] == [3, 32, 32]
@@ -237,10 +251,13 @@ def test_channels_last_and_the_time_model_are_part_of_an_estimated_profiles_key(
     gpu = catalog.get("T4")
 
     def key(job: JobSpec, method: str = "estimate", time_model: str = "tm1") -> str:
-        return key_of_inputs(job_key_inputs(job, gpu, method=method, fingerprint="f", torch_version="2",
-                                            time_model=time_model))
+        return key_of_inputs(
+            job_key_inputs(job, gpu, method=method, fingerprint="f", torch_version="2", time_model=time_model)
+        )
 
     nchw, nhwc = JobSpec(model="resnet50"), JobSpec(model="resnet50", channels_last=True)
     assert key(nchw) != key(nhwc)
     assert key(nchw) != key(nchw, time_model="tm2")  # a new calibration is a new estimate
-    assert key(nchw, "measure") == key(nchw, "measure", time_model="tm2")  # a measurement does not depend on it
+    assert key(nchw, "measure") == key(
+        nchw, "measure", time_model="tm2"
+    )  # a measurement does not depend on it

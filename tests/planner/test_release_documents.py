@@ -36,7 +36,11 @@ def test_every_rank_of_a_released_plan_reads_its_part(path: Path) -> None:
     document = json.loads(path.read_text())
     for entry in document["ranks"]:
         mine = load_rank_plan(path, rank=entry["rank"], env={})
-        assert (mine.batch, mine.loss_weight, mine.gpu) == (entry["batch"], entry["loss_weight"], entry["gpu"])
+        assert (mine.batch, mine.loss_weight, mine.gpu) == (
+            entry["batch"],
+            entry["loss_weight"],
+            entry["gpu"],
+        )
         assert list(mine.batches) == [r["batch"] for r in document["ranks"]]
 
 
@@ -65,7 +69,9 @@ def test_every_entry_of_the_release_is_found_and_trusted_through_the_store(relea
     assert store.read(GRADIENTS, layout.stem) == (3456, 128, 128, 128, 73728, 256, 256, 256, 2560, 40)
     [network] = (release_cache / "links").glob("*.json")
     link = store.read(LINKS, network.stem)
-    assert link is not None and link.name == "network" and link.bus_bytes_per_s == pytest.approx(1.8e9, rel=0.01)
+    assert (
+        link is not None and link.name == "network" and link.bus_bytes_per_s == pytest.approx(1.8e9, rel=0.01)
+    )
     [sync] = (release_cache / "sync").glob("*.json")
     [(shape, measured)] = store.read(SYNC, sync.stem).items()
     assert shape.startswith("node-ax2;") and measured.slowdown > 1

@@ -42,7 +42,9 @@ def planned(request) -> Planned:
     start = time.perf_counter()
     outcome = plan_without_ray(JOB, cluster)
     seconds = time.perf_counter() - start
-    print(f"\n{request.param}: {len(cluster.nodes)} nodes, {cluster.num_gpus} GPUs planned in {seconds:.2f} s")
+    print(
+        f"\n{request.param}: {len(cluster.nodes)} nodes, {cluster.num_gpus} GPUs planned in {seconds:.2f} s"
+    )
     return Planned(cluster=cluster, outcome=outcome, seconds=seconds)
 
 
@@ -65,7 +67,10 @@ def test_every_gpu_is_a_rank_or_excluded_with_a_reason(planned):
     assert all(reason.strip() for reason in excluded.values())
     for inventory in planned.outcome.inventories:
         for index in inventory.selection.selected:
-            assert (inventory.name, index) in ranks or (inventory.name, index) in excluded, (inventory.name, index)
+            assert (inventory.name, index) in ranks or (inventory.name, index) in excluded, (
+                inventory.name,
+                index,
+            )
     every_gpu = {(node.name, g.index) for node in planned.cluster.nodes for g in node.gpus}
     assert ranks | set(excluded) == every_gpu
 
@@ -75,7 +80,9 @@ def test_nodes_and_ranks_agree_with_the_cluster(planned):
     order = [n.name for n in planned.cluster.nodes]
     # ranks are numbered node by node in config order, local ranks counting up
     assert [r["rank"] for r in plan["ranks"]] == list(range(plan["world_size"]))
-    assert [order.index(r["node"]) for r in plan["ranks"]] == sorted(order.index(r["node"]) for r in plan["ranks"])
+    assert [order.index(r["node"]) for r in plan["ranks"]] == sorted(
+        order.index(r["node"]) for r in plan["ranks"]
+    )
     for node in plan["nodes"]:
         local = [r for r in plan["ranks"] if r["node"] == node["name"]]
         assert [r["local_rank"] for r in local] == list(range(node["nproc_per_node"]))
@@ -96,7 +103,9 @@ def test_every_rank_fits_its_memory_budget(planned):
 
 def test_each_gpu_type_is_profiled_once(planned):
     selected_types = {
-        inventory.gpu_type(index) for inventory in planned.outcome.inventories for index in inventory.selection.selected
+        inventory.gpu_type(index)
+        for inventory in planned.outcome.inventories
+        for index in inventory.selection.selected
     }
     assert planned.outcome.profile_calls == len(selected_types)
     assert {p["gpu"] for p in planned.plan["profiles"].values()} == selected_types

@@ -44,10 +44,14 @@ def test_a_private_directory_and_its_own_files_are_trusted(private: Path) -> Non
     assert read_trusted(private / "no" / "such" / "dir.json", max_bytes=10, **WHAT) is None
 
 
-@pytest.mark.parametrize(("mode", "who"), [(0o775, "its group"), (0o777, "every user"), (0o1777, "every user")])
+@pytest.mark.parametrize(
+    ("mode", "who"), [(0o775, "its group"), (0o777, "every user"), (0o1777, "every user")]
+)
 def test_a_directory_others_can_write_is_refused_sticky_or_not(private: Path, mode: int, who: str) -> None:
     private.chmod(mode)
-    with pytest.raises(UntrustedPathError, match=f"the test cache {private} is writable by {who} .*\\(the fix\\)$"):
+    with pytest.raises(
+        UntrustedPathError, match=f"the test cache {private} is writable by {who} .*\\(the fix\\)$"
+    ):
         trusted_dir(private, **WHAT)
 
 
@@ -55,7 +59,9 @@ def test_a_directory_above_others_can_write_is_refused_unless_sticky(private: Pa
     inner = private / "cache"
     inner.mkdir()
     private.chmod(0o777)
-    with pytest.raises(UntrustedPathError, match=f"{inner}/entry.json: {private} above it is writable by every") as raised:
+    with pytest.raises(
+        UntrustedPathError, match=f"{inner}/entry.json: {private} above it is writable by every"
+    ) as raised:
         read_trusted(inner / "entry.json", max_bytes=10, **WHAT)
     assert raised.value.in_directory and raised.value.path == str(private)
     private.chmod(0o1777)  # /tmp's mode: no one else may rename or remove what is ours
@@ -77,8 +83,11 @@ def test_links_fifos_and_directories_are_not_entries(private: Path, tmp_path: Pa
     (private / "link.json").symlink_to(tmp_path / "elsewhere")
     os.mkfifo(private / "fifo.json")  # opened without blocking: nobody writes it
     (private / "dir.json").mkdir()
-    for name, problem in (("link.json", "is a symbolic link"), ("fifo.json", "is not a regular file"),
-                          ("dir.json", "is not a regular file")):
+    for name, problem in (
+        ("link.json", "is a symbolic link"),
+        ("fifo.json", "is not a regular file"),
+        ("dir.json", "is not a regular file"),
+    ):
         with pytest.raises(UntrustedPathError, match=problem):
             read_trusted(private / name, max_bytes=10, **WHAT)
 

@@ -8,17 +8,20 @@ import pytest
 from torchkit.terminal_text import printable
 
 
-@pytest.mark.parametrize(("text", "shown"), [
-    ("A100-SXM4-80GB", "A100-SXM4-80GB"),
-    ("ok\x1b[2J", "ok\\x1b[2J"),
-    ("boom\nerror: forged", "boom\\nerror: forged"),
-    ("T4\u202eevil", "T4\\u202eevil"),
-    ("zero\u200bwidth", "zero\\u200bwidth"),
-    ("bell\x07\x7f\x9b", "bell\\x07\\x7f\\x9b"),
-    ("lone \udcff", "lone \\udcff"),
-    ("para\u2029graph", "para\\u2029graph"),
-    ("µs ± σ × 2", "µs ± σ × 2"),
-])
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("A100-SXM4-80GB", "A100-SXM4-80GB"),
+        ("ok\x1b[2J", "ok\\x1b[2J"),
+        ("boom\nerror: forged", "boom\\nerror: forged"),
+        ("T4\u202eevil", "T4\\u202eevil"),
+        ("zero\u200bwidth", "zero\\u200bwidth"),
+        ("bell\x07\x7f\x9b", "bell\\x07\\x7f\\x9b"),
+        ("lone \udcff", "lone \\udcff"),
+        ("para\u2029graph", "para\\u2029graph"),
+        ("µs ± σ × 2", "µs ± σ × 2"),
+    ],
+)
 def test_printable_escapes_what_could_act_on_a_terminal_and_nothing_else(text: str, shown: str) -> None:
     assert printable(text) == shown
 

@@ -71,7 +71,13 @@ FLASH_MAX_HEAD_DIM = 256
 
 
 def cuda_sdpa_backend(
-    *, dtype_bits: int, head_dim_qk: int, head_dim_v: int, ndim: int, has_mask: bool, mask_needs_grad: bool,
+    *,
+    dtype_bits: int,
+    head_dim_qk: int,
+    head_dim_v: int,
+    ndim: int,
+    has_mask: bool,
+    mask_needs_grad: bool,
     gqa: bool,
 ) -> SdpaBackend:
     """The kernel CUDA's SDPA dispatcher picks (see the module docstring for the rules and their source).
@@ -112,7 +118,9 @@ def _make_fused_function(torch: Any) -> Any:
         """Flash / memory-efficient attention: saves q, k, v, out, logsumexp (+ mask, + RNG state)."""
 
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, mask: Any, dropout_p: float, is_causal: bool, scale: Any) -> Any:
+        def forward(
+            ctx: Any, q: Any, k: Any, v: Any, mask: Any, dropout_p: float, is_causal: bool, scale: Any
+        ) -> Any:
             out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
             )
@@ -136,17 +144,27 @@ def _make_fused_function(torch: Any) -> Any:
 
 def _cuda_sdpa(torch: Any, ledger: AttentionLedger, fused: Any) -> Any:
     def scaled_dot_product_attention(
-        query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
-        scale: float | None = None, enable_gqa: bool = False,
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
     ) -> Any:
         dtype = _autocast_dtype(torch)
         if dtype is not None and query.is_floating_point():
             query, key, value = (t.to(dtype) for t in (query, key, value))
         gqa = query.dim() == 4 and key.dim() == 4 and query.shape[1] != key.shape[1]
         backend = cuda_sdpa_backend(
-            dtype_bits=query.element_size() * 8, head_dim_qk=int(query.shape[-1]), head_dim_v=int(value.shape[-1]),
-            ndim=min(query.dim(), key.dim(), value.dim()), has_mask=attn_mask is not None,
-            mask_needs_grad=bool(attn_mask is not None and attn_mask.requires_grad), gqa=gqa,
+            dtype_bits=query.element_size() * 8,
+            head_dim_qk=int(query.shape[-1]),
+            head_dim_v=int(value.shape[-1]),
+            ndim=min(query.dim(), key.dim(), value.dim()),
+            has_mask=attn_mask is not None,
+            mask_needs_grad=bool(attn_mask is not None and attn_mask.requires_grad),
+            gqa=gqa,
         )
         ledger.calls[backend] += 1
         ledger.dropout_calls += dropout_p > 0
@@ -155,7 +173,9 @@ def _cuda_sdpa(torch: Any, ledger: AttentionLedger, fused: Any) -> Any:
                 query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
             )[0]
         if attn_mask is not None and attn_mask.dtype == torch.bool:  # convert_boolean_attn_mask
-            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf")
+            )
         elif attn_mask is not None:
             attn_mask = attn_mask.to(query.dtype)
         return fused.apply(query, key, value, attn_mask, float(dropout_p), bool(is_causal), scale)

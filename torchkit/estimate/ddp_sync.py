@@ -61,7 +61,6 @@ FIRST_BUCKET_BYTES = 1 * MIB
 """``dist._DEFAULT_FIRST_BUCKET_BYTES``: the first (last-ready) bucket's limit with the default cap"""
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class Bucket:
     """One DDP gradient bucket."""
@@ -74,8 +73,9 @@ class Bucket:
     """share of all gradient bytes produced when this bucket's last gradient is ready (in (0, 1])"""
 
 
-def ddp_buckets(grad_bytes: Sequence[int], bucket_cap_mb: float | None = None, *,
-                ready_order: Sequence[int] | None = None) -> tuple[Bucket, ...]:
+def ddp_buckets(
+    grad_bytes: Sequence[int], bucket_cap_mb: float | None = None, *, ready_order: Sequence[int] | None = None
+) -> tuple[Bucket, ...]:
     """DDP's buckets, in the order their all-reduces launch, for parameters whose gradients have
     ``grad_bytes`` (registration order; parameters without a gradient left out by the caller).
 
@@ -124,9 +124,13 @@ class LinkCost:
 
     def __post_init__(self) -> None:
         if not (self.bus_bytes_per_s > 0 and math.isfinite(self.bus_bytes_per_s)):
-            raise ValueError(f"link {self.name}: bus bandwidth must be finite and > 0, got {self.bus_bytes_per_s!r}")
+            raise ValueError(
+                f"link {self.name}: bus bandwidth must be finite and > 0, got {self.bus_bytes_per_s!r}"
+            )
         if not (self.step_latency_s >= 0 and math.isfinite(self.step_latency_s)):
-            raise ValueError(f"link {self.name}: step latency must be finite and >= 0, got {self.step_latency_s!r}")
+            raise ValueError(
+                f"link {self.name}: step latency must be finite and >= 0, got {self.step_latency_s!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,8 +192,14 @@ class SyncTimeline:
     """max(0, end_K - backward end): what the step pays"""
 
 
-def sync_timeline(buckets: Sequence[Bucket], ring: RingCost, *, backward_start_s: float,
-                  backward_s: float, overlap_efficiency: float = 1.0) -> SyncTimeline:
+def sync_timeline(
+    buckets: Sequence[Bucket],
+    ring: RingCost,
+    *,
+    backward_start_s: float,
+    backward_s: float,
+    overlap_efficiency: float = 1.0,
+) -> SyncTimeline:
     """The bucket schedule on one communication stream (module docstring, "Overlap").
 
     ``overlap_efficiency`` e in [0, 1]: the speed of the communication while the backward pass still runs,
@@ -216,27 +226,50 @@ def sync_timeline(buckets: Sequence[Bucket], ring: RingCost, *, backward_start_s
         starts.append(start)
         ends.append(end)
     exposed = max(0.0, (ends[-1] if ends else backward_end) - backward_end)
-    return SyncTimeline(bucket_start_s=tuple(starts), bucket_end_s=tuple(ends), backward_end_s=backward_end,
-                        allreduce_total_s=total, exposed_s=exposed)
+    return SyncTimeline(
+        bucket_start_s=tuple(starts),
+        bucket_end_s=tuple(ends),
+        backward_end_s=backward_end,
+        allreduce_total_s=total,
+        exposed_s=exposed,
+    )
 
 
-def exposed_sync_s(buckets: Sequence[Bucket], ring: RingCost, *, compute_s: float, backward_share: float,
-                   overlap_efficiency: float = 1.0) -> float:
+def exposed_sync_s(
+    buckets: Sequence[Bucket],
+    ring: RingCost,
+    *,
+    compute_s: float,
+    backward_share: float,
+    overlap_efficiency: float = 1.0,
+) -> float:
     """Exposed synchronisation of a step whose slowest rank computes for ``compute_s`` (forward + backward),
     ``backward_share`` of it backward (``sync_timeline`` for ``overlap_efficiency``)."""
     if ring.num_ranks <= 1 or not buckets:
         return 0.0
     backward_s = compute_s * backward_share
-    return sync_timeline(buckets, ring, backward_start_s=compute_s - backward_s, backward_s=backward_s,
-                         overlap_efficiency=overlap_efficiency).exposed_s
+    return sync_timeline(
+        buckets,
+        ring,
+        backward_start_s=compute_s - backward_s,
+        backward_s=backward_s,
+        overlap_efficiency=overlap_efficiency,
+    ).exposed_s
 
 
 SLOWDOWN_RANGE = (1e-3, 1e4)
 """the slowdowns ``fit_slowdown`` searches: a measurement that needs more is clamped to the range's end"""
 
 
-def fit_slowdown(buckets: Sequence[Bucket], ring: RingCost, *, compute_s: float, backward_share: float,
-                 exposed_s: float, resolution_s: float = 1e-4) -> float:
+def fit_slowdown(
+    buckets: Sequence[Bucket],
+    ring: RingCost,
+    *,
+    compute_s: float,
+    backward_share: float,
+    exposed_s: float,
+    resolution_s: float = 1e-4,
+) -> float:
     """The ring slowdown k (``RingCost.slowdown``, relative to ``ring``'s own) with which the model's exposed
     synchronisation at the measured ``compute_s`` and ``backward_share`` equals the measured ``exposed_s``.
 
@@ -251,8 +284,14 @@ def fit_slowdown(buckets: Sequence[Bucket], ring: RingCost, *, compute_s: float,
     target_s = max(exposed_s, resolution_s)
 
     def gap(k: float) -> float:
-        scaled = RingCost(num_ranks=ring.num_ranks, num_nodes=ring.num_nodes, intra=ring.intra,
-                          network=ring.network, base_latency_s=ring.base_latency_s, slowdown=ring.slowdown * k)
+        scaled = RingCost(
+            num_ranks=ring.num_ranks,
+            num_nodes=ring.num_nodes,
+            intra=ring.intra,
+            network=ring.network,
+            base_latency_s=ring.base_latency_s,
+            slowdown=ring.slowdown * k,
+        )
         return exposed_sync_s(buckets, scaled, compute_s=compute_s, backward_share=backward_share) - target_s
 
     if exposed_s < resolution_s and gap(1.0) <= 0:

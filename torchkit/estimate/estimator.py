@@ -129,7 +129,12 @@ def check_estimator_torch(version: str | None = None) -> None:
 
 
 def estimate_step(
-    workload: Any, batch: int, *, amp: AmpMode = "off", optimizer: OptimizerName = "sgd", target: AttentionTarget = "cuda"
+    workload: Any,
+    batch: int,
+    *,
+    amp: AmpMode = "off",
+    optimizer: OptimizerName = "sgd",
+    target: AttentionTarget = "cuda",
 ) -> StepEstimate:
     """One fake pass: memory, FLOPs and bytes of a training step of ``workload`` at ``batch`` for ``target``.
 
@@ -159,8 +164,18 @@ def estimate_step(
         tracker.register(model.parameters(), MemoryCategory.PARAMETERS)
         tracker.register(model.buffers(), MemoryCategory.BUFFERS)
         tracker.register(torch.utils._pytree.tree_flatten((inputs, targets))[0], MemoryCategory.INPUTS)
-        attention = _run_fake_training(workload, batch, model, opt, inputs, targets, amp=amp, target=target,
-                                       tracker=tracker, recorder=recorder)
+        attention = _run_fake_training(
+            workload,
+            batch,
+            model,
+            opt,
+            inputs,
+            targets,
+            amp=amp,
+            target=target,
+            tracker=tracker,
+            recorder=recorder,
+        )
         num_params = sum(p.numel() for p in params)
         del model, opt, inputs, targets, params
     result = tracker.result(from_iteration=1)
@@ -204,8 +219,19 @@ def _memory_tracker(recorder: OpCostRecorder) -> Any:
     )
 
 
-def _run_fake_training(workload: Any, batch: int, model: Any, opt: Any, inputs: Any, targets: Any, *,
-                       amp: AmpMode, target: AttentionTarget, tracker: Any, recorder: OpCostRecorder) -> Any:
+def _run_fake_training(
+    workload: Any,
+    batch: int,
+    model: Any,
+    opt: Any,
+    inputs: Any,
+    targets: Any,
+    *,
+    amp: AmpMode,
+    target: AttentionTarget,
+    tracker: Any,
+    recorder: OpCostRecorder,
+) -> Any:
     """The training iterations on fake tensors, watched by ``tracker`` and ``recorder``, with attention priced
     as on ``target``; returns the attention ledger (its CUDA attention calls).
 
@@ -252,7 +278,9 @@ def _fake_trainable_params(workload: Any, model: Any) -> list:
     from torch._subclasses.fake_tensor import FakeTensor
 
     params = [p for p in model.parameters() if p.requires_grad]
-    real = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if not isinstance(t, FakeTensor)]
+    real = [
+        n for n, t in [*model.named_parameters(), *model.named_buffers()] if not isinstance(t, FakeTensor)
+    ]
     if real:
         raise WorkloadError(
             f"model {workload.name!r} holds real tensors ({', '.join(real[:3])}...) the estimator cannot use "
@@ -381,8 +409,11 @@ def backward_share(
     from torchkit.estimate.roofline import kernels_time_s
     from torchkit.estimate.time_model import constants_for
 
-    options = {"amp": estimate.amp, "channels_last": channels_last,
-               "constants": constants if constants is not None else constants_for(gpu)}
+    options = {
+        "amp": estimate.amp,
+        "channels_last": channels_last,
+        "constants": constants if constants is not None else constants_for(gpu),
+    }
     forward = [k for k in estimate.kernels if k.phase == "forward"]
     backward = [k for k in estimate.kernels if k.phase == "backward"]
     if not forward or not backward:
@@ -467,8 +498,11 @@ def curves_from_estimates(
         breakdown_bytes=dict(ordered[-1].breakdown_bytes),
         num_fake_passes=num_fake_passes,
         floor_device_bytes=floor,
-        backward_shares=tuple((e.batch, share) for e in ordered
-                              if (share := backward_share(e, gpu, channels_last=channels_last)) is not None),
+        backward_shares=tuple(
+            (e.batch, share)
+            for e in ordered
+            if (share := backward_share(e, gpu, channels_last=channels_last)) is not None
+        ),
     )
 
 

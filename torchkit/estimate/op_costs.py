@@ -131,7 +131,9 @@ def _conv_backward_flops(func: Any, args: tuple, kwargs: dict) -> int:
     transposed = bool(args[7] if len(args) > 7 else kwargs.get("transposed", False))
     mask = args[10] if len(args) > 10 else kwargs.get("output_mask", (True, True, True))
     spatial = x.shape[2:] if transposed else grad_out.shape[2:]
-    forward = 2 * int(x.shape[0]) * math.prod(int(s) for s in spatial) * math.prod(int(s) for s in weight.shape)
+    forward = (
+        2 * int(x.shape[0]) * math.prod(int(s) for s in spatial) * math.prod(int(s) for s in weight.shape)
+    )
     return forward * (int(bool(mask[0])) + int(bool(mask[1])))
 
 
@@ -217,8 +219,12 @@ def _per_step_kernels(cost: KernelCost, func: Any, args: tuple) -> list[KernelCo
         return [cost]
     steps = max(1, int(args[0].shape[0]))  # ATen passes the input time-major whatever batch_first says
     share = KernelCost(
-        name=cost.name, flops=cost.flops // steps, bytes_moved=cost.bytes_moved // steps,
-        compute=cost.compute, kind=cost.kind, phase=cost.phase,
+        name=cost.name,
+        flops=cost.flops // steps,
+        bytes_moved=cost.bytes_moved // steps,
+        compute=cost.compute,
+        kind=cost.kind,
+        phase=cost.phase,
     )
     return [share] * steps
 

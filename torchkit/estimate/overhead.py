@@ -162,8 +162,12 @@ def _cpu_conv_backward_bytes(args: tuple) -> int:
     needs_input_grad = bool(output_mask[0])
     if grad_out.dim() >= 3 and grad_out.shape[-1] < w.shape[-1] and _cpu_narrow_backward_uses_gemm():
         threads = min(torch.get_num_threads(), int(x.shape[0]))  # one image per thread at a time
-        columns = int(w.shape[1]) * math.prod(int(k) for k in w.shape[2:]) * math.prod(
-            int(o) for o in grad_out.shape[2:]) * x.element_size()  # one image's im2col (w.shape[1]: C/groups)
+        columns = (
+            int(w.shape[1])
+            * math.prod(int(k) for k in w.shape[2:])
+            * math.prod(int(o) for o in grad_out.shape[2:])
+            * x.element_size()
+        )  # one image's im2col (w.shape[1]: C/groups)
         return max(threads * (CPU_GEMM_BWD_WEIGHTS_BUFFERS_PER_THREAD * gw + columns), gx)
     if not needs_input_grad:
         return max(gy, gw)

@@ -27,7 +27,9 @@ _FORWARD = "mkldnn_rnn_layer"
 
 
 @functools.lru_cache(maxsize=64)
-def _measured_bytes(steps: int, batch: int, in_features: int, hidden: int, has_biases: bool, dtype: Any) -> int:
+def _measured_bytes(
+    steps: int, batch: int, in_features: int, hidden: int, has_biases: bool, dtype: Any
+) -> int:
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -55,14 +57,18 @@ SAMPLE_STATE_ELEMENTS = 65536
 4 KiB page alignment of its buffers moves the extrapolation by ~1-2% at most"""
 
 
-def workspace_bytes(steps: int, batch: int, in_features: int, hidden: int, has_biases: bool, dtype: Any) -> int:
+def workspace_bytes(
+    steps: int, batch: int, in_features: int, hidden: int, has_biases: bool, dtype: Any
+) -> int:
     """oneDNN's training workspace of one LSTM layer call, ``ws(T, B) = a·T·B + b·B + c·T + d``, solved from
     four real calls at T in {1, 2} and B in {Bs, 2·Bs} (Bs = max(64, 65536 / hidden))."""
     key = (in_features, hidden, has_biases, dtype)
     bs = max(64, SAMPLE_STATE_ELEMENTS // max(hidden, 1))
     if steps <= 2 and batch <= 2 * bs or steps * batch <= bs:
         return _measured_bytes(steps, batch, *key)  # as cheap as the samples, and exact
-    w11, w12, w21, w22 = (_measured_bytes(t, b, *key) for t, b in ((1, bs), (1, 2 * bs), (2, bs), (2, 2 * bs)))
+    w11, w12, w21, w22 = (
+        _measured_bytes(t, b, *key) for t, b in ((1, bs), (1, 2 * bs), (2, bs), (2, 2 * bs))
+    )
     a = (w22 - w21 - w12 + w11) / bs
     b = (w12 - w11) / bs - a
     c = w21 - w11 - a * bs

@@ -106,7 +106,7 @@ def streaming_bytes_per_s(dram_bytes_per_s: float, sm_bytes_per_s: float) -> flo
     if math.isinf(sm_bytes_per_s):
         return dram_bytes_per_s
     p = STREAMING_SOFTMIN_POWER
-    return (dram_bytes_per_s ** -p + sm_bytes_per_s ** -p) ** (-1.0 / p)
+    return (dram_bytes_per_s**-p + sm_bytes_per_s**-p) ** (-1.0 / p)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,13 +221,15 @@ class PlacedTable:
             raise ConfigError(f"{gpu.name} has no bf16 support (use --amp fp16 or off)")
         tf32 = cc_major(gpu) >= 8
         bf16_peak = float(gpu.bf16_tflops) * 1e12 if gpu.supports_bf16 else 1.0
-        peaks = np.array([
-            gpu.fp16_tflops * 1e12,
-            bf16_peak,
-            gpu.fp16_tflops * 1e12 / 2 if tf32 else gpu.fp32_tflops * 1e12,  # TF32 tensor cores
-            gpu.fp32_tflops * 1e12,
-            np.inf,
-        ])
+        peaks = np.array(
+            [
+                gpu.fp16_tflops * 1e12,
+                bf16_peak,
+                gpu.fp16_tflops * 1e12 / 2 if tf32 else gpu.fp32_tflops * 1e12,  # TF32 tensor cores
+                gpu.fp32_tflops * 1e12,
+                np.inf,
+            ]
+        )
         native_nhwc = (kind <= KernelClass.BF16) | ((kind == KernelClass.CONV32) & tf32)
         return cls(
             kernel_class=kind,
@@ -247,22 +249,33 @@ class PlacedTable:
         """Step time with constants ``c`` (the module docstring). ``memory_traffic``: the share of the
         memory-class kernels' bytes a fusing software stack still moves (1: eager PyTorch);
         ``cuda_graphs``: the stack replays CUDA graphs, so no per-operator CPU dispatch bounds the step."""
-        effs = np.array([
-            c.tensor_core_efficiency,
-            c.tensor_core_efficiency,
-            c.tf32_efficiency if self.tf32 else c.fp32_efficiency,
-            c.fp32_efficiency,
-            1.0,
-        ])
+        effs = np.array(
+            [
+                c.tensor_core_efficiency,
+                c.tensor_core_efficiency,
+                c.tf32_efficiency if self.tf32 else c.fp32_efficiency,
+                c.fp32_efficiency,
+                1.0,
+            ]
+        )
         # a kernel never beats its peak, however the grouped factor came out
-        eff = np.minimum(1.0, effs[self.kernel_class] * np.where(self.grouped, c.grouped_conv_efficiency, 1.0))
+        eff = np.minimum(
+            1.0, effs[self.kernel_class] * np.where(self.grouped, c.grouped_conv_efficiency, 1.0)
+        )
         compute_s = self.flops_at_peak_s / eff
-        bandwidth = streaming_bytes_per_s(c.bandwidth_efficiency * self.bandwidth_bytes_per_s,
-                                          c.sm_stream_bytes_per_flop * self.fp32_flops_per_s)
-        moved = self.bytes_moved * np.where(self.is_memory, memory_traffic, 1.0) if memory_traffic != 1.0 \
+        bandwidth = streaming_bytes_per_s(
+            c.bandwidth_efficiency * self.bandwidth_bytes_per_s,
+            c.sm_stream_bytes_per_flop * self.fp32_flops_per_s,
+        )
+        moved = (
+            self.bytes_moved * np.where(self.is_memory, memory_traffic, 1.0)
+            if memory_traffic != 1.0
             else self.bytes_moved
+        )
         memory_s = moved / bandwidth
-        convert_s = np.where(self.layout_mismatch, c.layout_conversion_factor * self.bytes_moved / bandwidth, 0.0)
+        convert_s = np.where(
+            self.layout_mismatch, c.layout_conversion_factor * self.bytes_moved / bandwidth, 0.0
+        )
         per_kernel_s = np.maximum(compute_s, memory_s) + convert_s + c.kernel_launch_s
         gpu_s = float(np.dot(self.count, per_kernel_s))
         return gpu_s if cuda_graphs else max(gpu_s, self.num_kernels * c.eager_dispatch_s)

@@ -54,6 +54,7 @@ def architecture(gpu: GpuSpec) -> str:
     """The architecture group of ``gpu`` (``unknown`` for a compute capability not listed)."""
     return ARCH_BY_COMPUTE_CAPABILITY.get(str(gpu.compute_capability), "unknown")
 
+
 PRIOR_CONSTANTS = TimeConstants(
     tensor_core_efficiency=0.75,  # PyTorch's own roofline: torch/utils/_runtime_estimation.py "Uses 75% of theoretical peak"
     tf32_efficiency=0.75,  # same source
@@ -125,8 +126,11 @@ class TimeModel:
         in_gpu = gpu.name in self.calibrated_gpus
         if gpu.name in self.gpu_log_sigma:
             kinds = "; ".join(self.gpu_kinds.get(gpu.name, ()))
-            how = (f"cross-validated error of its {arch} eager rows" if self.arch_eager_rows.get(arch)
-                   else f"no eager {arch} rows: error of an architecture seen only in another stack")
+            how = (
+                f"cross-validated error of its {arch} eager rows"
+                if self.arch_eager_rows.get(arch)
+                else f"no eager {arch} rows: error of an architecture seen only in another stack"
+            )
             return TimeUncertainty(
                 log_sigma=self.gpu_log_sigma[gpu.name],
                 calibrated_gpu=True,
@@ -135,8 +139,11 @@ class TimeModel:
                 reason=f"{how}; its rows: {kinds}",
             )
         if arch in self.arch_log_sigma:
-            how = (f"cross-validated error on {self.arch_eager_rows.get(arch, 0)} eager {arch} rows"
-                   if self.arch_eager_rows.get(arch) else f"{arch} seen only in other stacks than eager PyTorch")
+            how = (
+                f"cross-validated error on {self.arch_eager_rows.get(arch, 0)} eager {arch} rows"
+                if self.arch_eager_rows.get(arch)
+                else f"{arch} seen only in other stacks than eager PyTorch"
+            )
             return TimeUncertainty(
                 log_sigma=math.hypot(self.arch_log_sigma[arch], self.type_log_sigma),
                 calibrated_gpu=in_gpu,
@@ -161,7 +168,9 @@ def _constants(data: dict, where: str) -> TimeConstants:
             continue  # a constant added later (files written before it still read): its default
         value = entry.get("value") if isinstance(entry, dict) else entry
         if not isinstance(value, int | float) or not value > 0 or isinstance(value, bool):
-            raise ConfigError(f"{where}: {name} must be a positive number (regenerate with python bench/calibrate_time.py)")
+            raise ConfigError(
+                f"{where}: {name} must be a positive number (regenerate with python bench/calibrate_time.py)"
+            )
         values[name] = float(value)
     return TimeConstants(**values)
 
@@ -205,7 +214,9 @@ def _load(path: str) -> TimeModel:
         raw = p.read_bytes()
         data = json.loads(raw)
     except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"cannot read time model {p}: {e} (regenerate it with python bench/calibrate_time.py)") from e
+        raise ConfigError(
+            f"cannot read time model {p}: {e} (regenerate it with python bench/calibrate_time.py)"
+        ) from e
     name = p.name if p == DEFAULT_TIME_MODEL_PATH else str(p)
     return time_model_from_json(data, name, identity=hashlib.sha256(raw).hexdigest()[:12])
 
@@ -219,7 +230,9 @@ def load_time_model(path: str | os.PathLike[str] | None = None) -> TimeModel:
     """
     chosen = path or os.environ.get(TIME_MODEL_ENV) or DEFAULT_TIME_MODEL_PATH
     if path is None and os.environ.get(TIME_MODEL_ENV) and not Path(chosen).is_file():
-        raise ConfigError(f"{TIME_MODEL_ENV}={chosen} is not a file (unset it, or point it at a time_model.json)")
+        raise ConfigError(
+            f"{TIME_MODEL_ENV}={chosen} is not a file (unset it, or point it at a time_model.json)"
+        )
     return _load(str(chosen))
 
 

@@ -113,7 +113,11 @@ def parse_gpu_spec(name: str, data: Any, where: ConfigLocation) -> GpuSpec:
         None
         if bf16_raw is None
         else expect_number(
-            bf16_raw, where.key("bf16_tflops"), positive=True, maximum=MAX_TFLOPS, hint="null if the GPU has no BF16"
+            bf16_raw,
+            where.key("bf16_tflops"),
+            positive=True,
+            maximum=MAX_TFLOPS,
+            hint="null if the GPU has no BF16",
         )
     )
     fp32 = expect_number(entry["fp32_tflops"], where.key("fp32_tflops"), positive=True, maximum=MAX_TFLOPS)
@@ -335,8 +339,13 @@ def _load_catalog_file(path: Path) -> GpuCatalog:
     if data is None:
         raise top.error("is empty (expected a mapping with a gpus: section)")
     # links: the intra-node link defaults, read by torchkit.hardware.links
-    expect_mapping(data, top, required={"gpus": "a mapping of GPU type name -> entry"}, optional=("links",),
-                   what="a mapping")
+    expect_mapping(
+        data,
+        top,
+        required={"gpus": "a mapping of GPU type name -> entry"},
+        optional=("links",),
+        what="a mapping",
+    )
     entries = data["gpus"]
     gpus_where = top.key("gpus")
     if not isinstance(entries, dict) or not entries:

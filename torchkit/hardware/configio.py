@@ -201,13 +201,20 @@ def expect_str(value: Any, where: ConfigLocation) -> str:
     text = value.strip()
     found = next((c for c in text if needs_escaping(c)), None)
     if found is not None:
-        raise where.error(f"'{printable(text, max_chars=80)}' holds the character {printable(found)} (a name or "
-                          "source is one line of visible text: remove it)")
+        raise where.error(
+            f"'{printable(text, max_chars=80)}' holds the character {printable(found)} (a name or "
+            "source is one line of visible text: remove it)"
+        )
     return text
 
 
 def expect_int(
-    value: Any, where: ConfigLocation, *, minimum: int | None = None, maximum: int | None = None, hint: str = ""
+    value: Any,
+    where: ConfigLocation,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    hint: str = "",
 ) -> int:
     """An integer (not a bool, not a float) in ``[minimum, maximum]``."""
     suffix = f" ({hint})" if hint else ""

@@ -244,7 +244,10 @@ def select_gpus(
 
 
 def _checked_breaches(
-    stats: Sequence[GpuStats], request: SelectSpec, spec: str, min_free_memory_fraction: float,
+    stats: Sequence[GpuStats],
+    request: SelectSpec,
+    spec: str,
+    min_free_memory_fraction: float,
     max_utilization_fraction: float,
 ) -> dict[int, list[str]]:
     """Each GPU's threshold breaches, after checking that the indices are unique and every named one exists."""
@@ -269,7 +272,10 @@ def _checked_breaches(
 
 
 def _selection(
-    stats: Sequence[GpuStats], request: SelectSpec, selected: list[int], breaches: dict[int, list[str]],
+    stats: Sequence[GpuStats],
+    request: SelectSpec,
+    selected: list[int],
+    breaches: dict[int, list[str]],
     warnings: list[str],
 ) -> GpuSelection:
     """``selected`` with every other GPU skipped and its reason."""
@@ -287,8 +293,9 @@ def _selection(
         else:
             reason = "less idle than the GPUs picked"
         skipped_list.append((s.index, reason))
-    return GpuSelection(selected=tuple(selected), skipped=tuple(skipped_list), busy=tuple(busy),
-                        warnings=tuple(warnings))
+    return GpuSelection(
+        selected=tuple(selected), skipped=tuple(skipped_list), busy=tuple(busy), warnings=tuple(warnings)
+    )
 
 
 def _shortfall_message(

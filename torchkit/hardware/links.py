@@ -60,6 +60,8 @@ class LinkFigures:
     step_latency_s: float
     """NCCL's hardware latency of one ring step over this kind of link"""
     source: str
+
+
 #: the PCIe generation assumed for a GPU type the link catalog does not list
 UNLISTED_PCIE_GEN = 4
 #: most a bus bandwidth in the catalog may claim, GB/s (NVLink 5 is 1,800 GB/s)
@@ -97,25 +99,40 @@ class GpuLinks:
         if kind == "nvlink":
             if self.nvlink_bus_gb_s is None:
                 raise ValueError(f"{gpu} has no NVLink figure in the link catalog (it is a PCIe card)")
-            return LinkFigures(name="nvlink", bus_gb_s=self.nvlink_bus_gb_s, step_latency_s=NCCL_NVLINK_STEP_S,
-                            source=f"catalog: {gpu} NVLink {self.nvlink_bus_gb_s:g} GB/s ({self.nvlink_source})")
+            return LinkFigures(
+                name="nvlink",
+                bus_gb_s=self.nvlink_bus_gb_s,
+                step_latency_s=NCCL_NVLINK_STEP_S,
+                source=f"catalog: {gpu} NVLink {self.nvlink_bus_gb_s:g} GB/s ({self.nvlink_source})",
+            )
         width = "" if lanes == 16 else f" x{lanes}"
         bus = self.pcie_bus_gb_s * lanes / 16
         pcie = f"PCIe Gen{self.pcie_gen}{width} {bus:g} GB/s ({self.pcie_source}" + (
-            f"; x{lanes} of the x16 figure {self.pcie_bus_gb_s:g}: bandwidth goes with the lanes)" if width else ")")
+            f"; x{lanes} of the x16 figure {self.pcie_bus_gb_s:g}: bandwidth goes with the lanes)"
+            if width
+            else ")"
+        )
         name = f"pcie{self.pcie_gen}" + (f"x{lanes}" if width else "")
         if kind == "nvlink-bridge":
             if self.nvlink_bridge_bus_gb_s is None:
                 raise ValueError(f"{gpu} takes no NVLink bridge in the link catalog")
             if ranks == 2:
-                return LinkFigures(name="nvlink-bridge", bus_gb_s=self.nvlink_bridge_bus_gb_s,
-                                   step_latency_s=NCCL_NVLINK_STEP_S,
-                                   source=f"catalog: {gpu} on one NVLink bridge {self.nvlink_bridge_bus_gb_s:g} GB/s "
-                                          f"({self.nvlink_bridge_source})")
-            return LinkFigures(name=f"nvlink-bridge+{name}", bus_gb_s=bus,
-                               step_latency_s=(NCCL_NVLINK_STEP_S + NCCL_PCIE_STEP_S) / 2,
-                               source=f"catalog: {gpu} pairs on NVLink bridges, {pcie} between the pairs")
-        return LinkFigures(name=name, bus_gb_s=bus, step_latency_s=NCCL_PCIE_STEP_S, source=f"catalog: {gpu} {pcie}")
+                return LinkFigures(
+                    name="nvlink-bridge",
+                    bus_gb_s=self.nvlink_bridge_bus_gb_s,
+                    step_latency_s=NCCL_NVLINK_STEP_S,
+                    source=f"catalog: {gpu} on one NVLink bridge {self.nvlink_bridge_bus_gb_s:g} GB/s "
+                    f"({self.nvlink_bridge_source})",
+                )
+            return LinkFigures(
+                name=f"nvlink-bridge+{name}",
+                bus_gb_s=bus,
+                step_latency_s=(NCCL_NVLINK_STEP_S + NCCL_PCIE_STEP_S) / 2,
+                source=f"catalog: {gpu} pairs on NVLink bridges, {pcie} between the pairs",
+            )
+        return LinkFigures(
+            name=name, bus_gb_s=bus, step_latency_s=NCCL_PCIE_STEP_S, source=f"catalog: {gpu} {pcie}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,8 +146,12 @@ class LinkCatalog:
         if gpu in self.gpus:
             return self.gpus[gpu]
         bus, source = self.pcie_bus_gb_s[UNLISTED_PCIE_GEN]
-        return GpuLinks(pcie_gen=UNLISTED_PCIE_GEN, pcie_bus_gb_s=bus, nvlink_bus_gb_s=None,
-                        pcie_source=f"{gpu} is not in the link catalog: PCIe Gen{UNLISTED_PCIE_GEN} assumed; {source}")
+        return GpuLinks(
+            pcie_gen=UNLISTED_PCIE_GEN,
+            pcie_bus_gb_s=bus,
+            nvlink_bus_gb_s=None,
+            pcie_source=f"{gpu} is not in the link catalog: PCIe Gen{UNLISTED_PCIE_GEN} assumed; {source}",
+        )
 
     def default_link(self, gpu: str) -> LinkFigures:
         links = self.for_gpu(gpu)
@@ -138,20 +159,32 @@ class LinkCatalog:
 
 
 def _parse(data: Any, where: ConfigLocation) -> LinkCatalog:
-    section = expect_mapping(data, where, required={"pcie": "PCIe generation -> {bus_gb_s, source}",
-                                                     "gpus": "GPU type -> {pcie_gen, nvlink_bus_gb_s, source}"})
+    section = expect_mapping(
+        data,
+        where,
+        required={
+            "pcie": "PCIe generation -> {bus_gb_s, source}",
+            "gpus": "GPU type -> {pcie_gen, nvlink_bus_gb_s, source}",
+        },
+    )
     pcie: dict[int, tuple[float, str]] = {}
     for gen, entry in section["pcie"].items():
         at = where.key("pcie").key(gen)
         expect_int(gen, at, minimum=1, maximum=9)
         expect_mapping(entry, at, required={"bus_gb_s": "GB/s", "source": "where the figure comes from"})
-        pcie[gen] = (expect_number(entry["bus_gb_s"], at.key("bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S),
-                     " ".join(str(entry["source"]).split()))
+        pcie[gen] = (
+            expect_number(entry["bus_gb_s"], at.key("bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S),
+            " ".join(str(entry["source"]).split()),
+        )
     gpus: dict[str, GpuLinks] = {}
     for name, entry in section["gpus"].items():
         at = where.key("gpus").key(name)
-        expect_mapping(entry, at, required={"pcie_gen": "e.g. pcie_gen: 4"},
-                       optional=("nvlink_bus_gb_s", "pcie_bus_gb_s", "nvlink_bridge_bus_gb_s", "source"))
+        expect_mapping(
+            entry,
+            at,
+            required={"pcie_gen": "e.g. pcie_gen: 4"},
+            optional=("nvlink_bus_gb_s", "pcie_bus_gb_s", "nvlink_bridge_bus_gb_s", "source"),
+        )
         bridge = entry.get("nvlink_bridge_bus_gb_s")
         gen = expect_int(entry["pcie_gen"], at.key("pcie_gen"), minimum=1, maximum=9)
         if gen not in pcie:
@@ -161,17 +194,31 @@ def _parse(data: Any, where: ConfigLocation) -> LinkCatalog:
         nvlink = entry.get("nvlink_bus_gb_s")
         gpus[name] = GpuLinks(
             pcie_gen=gen,
-            pcie_bus_gb_s=(pcie[gen][0] if own_pcie is None else
-                           expect_number(own_pcie, at.key("pcie_bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S)),
+            pcie_bus_gb_s=(
+                pcie[gen][0]
+                if own_pcie is None
+                else expect_number(own_pcie, at.key("pcie_bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S)
+            ),
             pcie_source=pcie[gen][1] if own_pcie is None else source,
-            nvlink_bus_gb_s=(None if nvlink is None else
-                             expect_number(nvlink, at.key("nvlink_bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S)),
+            nvlink_bus_gb_s=(
+                None
+                if nvlink is None
+                else expect_number(nvlink, at.key("nvlink_bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S)
+            ),
             nvlink_source=source if nvlink is not None else "",
-            nvlink_bridge_bus_gb_s=(None if bridge is None else expect_number(
-                bridge, at.key("nvlink_bridge_bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S)),
-            nvlink_bridge_source=source if bridge is not None else "")
+            nvlink_bridge_bus_gb_s=(
+                None
+                if bridge is None
+                else expect_number(
+                    bridge, at.key("nvlink_bridge_bus_gb_s"), positive=True, maximum=MAX_BUS_GB_S
+                )
+            ),
+            nvlink_bridge_source=source if bridge is not None else "",
+        )
     if UNLISTED_PCIE_GEN not in pcie:
-        raise where.key("pcie").error(f"needs a Gen{UNLISTED_PCIE_GEN} entry (the default of unlisted GPU types)")
+        raise where.key("pcie").error(
+            f"needs a Gen{UNLISTED_PCIE_GEN} entry (the default of unlisted GPU types)"
+        )
     return LinkCatalog(gpus=gpus, pcie_bus_gb_s=pcie)
 
 

@@ -29,7 +29,6 @@ from typing import Any
 LOGGER = logging.getLogger(__name__)
 
 
-
 class NvmlUnavailableError(RuntimeError):
     """NVML cannot be used on this machine (no pynvml, no NVIDIA driver, driver not loaded); the message says
     why and what to do."""

@@ -176,7 +176,9 @@ class _LimitCounter:
     def alias(self, event: yaml.AliasEvent) -> None:
         self.aliases += 1
         if self.aliases > MAX_YAML_ALIASES:
-            raise YamlLimitError(f"uses more than {MAX_YAML_ALIASES} aliases, over the limit of {MAX_YAML_ALIASES}")
+            raise YamlLimitError(
+                f"uses more than {MAX_YAML_ALIASES} aliases, over the limit of {MAX_YAML_ALIASES}"
+            )
         if self.stack and self.stack[-1].is_mapping and self.stack[-1].expecting_key:
             self.stack[-1].key = "?"
         self.add(self.anchors.get(event.anchor, 1))
@@ -191,9 +193,15 @@ class _LimitCounter:
         path = _child_path(parent)
         is_mapping = isinstance(event, yaml.MappingStartEvent)
         total = self.total
-        self.stack.append(_Collection(path=path, is_mapping=is_mapping, anchor=event.anchor,
-                                      limit=self.max_entries.get(path, self.default_max_entries),
-                                      counted=total.default if total and is_mapping and path == total.entries else None))
+        self.stack.append(
+            _Collection(
+                path=path,
+                is_mapping=is_mapping,
+                anchor=event.anchor,
+                limit=self.max_entries.get(path, self.default_max_entries),
+                counted=total.default if total and is_mapping and path == total.entries else None,
+            )
+        )
 
     def end(self) -> None:
         """The innermost collection closes: its total's share summed, then counted once, whole, in its parent."""
@@ -208,7 +216,9 @@ class _LimitCounter:
                 )
         if done.anchor is not None:
             self.anchors[done.anchor] = done.expanded_units
-        self.total_units -= done.expanded_units - 1  # its parts were counted as they came; count it once, whole
+        self.total_units -= (
+            done.expanded_units - 1
+        )  # its parts were counted as they came; count it once, whole
         self.add(done.expanded_units)
 
 
@@ -224,8 +234,9 @@ def _events(text: str, max_depth: int) -> Iterator[yaml.Event]:
 
 
 def _too_deep(max_depth: int) -> YamlLimitError:
-    return YamlLimitError(f"nested more than {max_depth} levels deep, over the limit of {max_depth} (a config needs "
-                          "about 5)")
+    return YamlLimitError(
+        f"nested more than {max_depth} levels deep, over the limit of {max_depth} (a config needs about 5)"
+    )
 
 
 def _plain_int(text: str, max_each: int) -> int:

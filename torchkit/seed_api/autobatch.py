@@ -272,8 +272,18 @@ def _device_memory(device: torch.device) -> tuple[Any, int, int, int, str]:
     return accelerator, index, total, available, label
 
 
-def _choose_and_log(outcomes, *, total: int, available: int, fraction: float, fit: FitMethod, dataset_size: int,
-                    multiple_of: int, batch_size: int, label: str) -> int:
+def _choose_and_log(
+    outcomes,
+    *,
+    total: int,
+    available: int,
+    fraction: float,
+    fit: FitMethod,
+    dataset_size: int,
+    multiple_of: int,
+    batch_size: int,
+    label: str,
+) -> int:
     """The batch chosen from the probes' outcomes (``choose_batch``), with the seed's log lines."""
     choice = choose_batch(
         [o.batch for o in outcomes],
@@ -361,23 +371,50 @@ def autobatch(
     accelerator, index, total, available, label = _device_memory(device)
     batches = probe_list(total, dataset_size)
     try:
-        probes = _set_up_probes(model, device, accelerator, imgsz=imgsz, make_batch=make_batch,
-                                optimizer=optimizer, max_num_obj=max_num_obj, label=label, batch_size=batch_size)
+        probes = _set_up_probes(
+            model,
+            device,
+            accelerator,
+            imgsz=imgsz,
+            make_batch=make_batch,
+            optimizer=optimizer,
+            max_num_obj=max_num_obj,
+            label=label,
+            batch_size=batch_size,
+        )
         if probes is None:
             return batch_size
         measure, cleanup = probes
         outcomes = run_probes(batches, measure, cleanup=cleanup)
         del measure, cleanup, probes
-        return _choose_and_log(outcomes, total=total, available=available, fraction=fraction, fit=fit,
-                               dataset_size=dataset_size, multiple_of=multiple_of, batch_size=batch_size, label=label)
+        return _choose_and_log(
+            outcomes,
+            total=total,
+            available=available,
+            fraction=fraction,
+            fit=fit,
+            dataset_size=dataset_size,
+            multiple_of=multiple_of,
+            batch_size=batch_size,
+            label=label,
+        )
     finally:
         gc.collect()
         accelerator.empty_cache()
 
 
-def _set_up_probes(model: torch.nn.Module, device, accelerator, *, imgsz: int,
-                   make_batch: Callable[[int], Any] | None, optimizer: OptimizerName | None, max_num_obj: int,
-                   label: str, batch_size: int) -> tuple[Callable[[int], int], Callable[[], None]] | None:
+def _set_up_probes(
+    model: torch.nn.Module,
+    device,
+    accelerator,
+    *,
+    imgsz: int,
+    make_batch: Callable[[int], Any] | None,
+    optimizer: OptimizerName | None,
+    max_num_obj: int,
+    label: str,
+    batch_size: int,
+) -> tuple[Callable[[int], int], Callable[[], None]] | None:
     """``measure`` and ``cleanup`` of the probes (``_gpu_measure``) on a deepcopy of ``model`` in train mode;
     None, with the seed's warning that ``batch_size`` is used, when they cannot be set up (seed §1.2 step 9).
 
@@ -512,7 +549,13 @@ def estimate_batch(
         )
     log.info(
         "%sestimated batch-size %d for %s on %s (%s, %s): %.2fG predicted of %.2fG",
-        PREFIX, choice.batch, workload.name, spec.name, amp, optimizer,
-        choice.predicted_bytes / GIB, spec.memory_bytes / GIB,
+        PREFIX,
+        choice.batch,
+        workload.name,
+        spec.name,
+        amp,
+        optimizer,
+        choice.predicted_bytes / GIB,
+        spec.memory_bytes / GIB,
     )
     return choice.batch

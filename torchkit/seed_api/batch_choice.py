@@ -202,7 +202,9 @@ def check_options(
         )
 
 
-def _usable_points(batches, peaks, total_bytes) -> tuple[list[tuple[int, float]], list[DroppedPoint], list[int]]:
+def _usable_points(
+    batches, peaks, total_bytes
+) -> tuple[list[tuple[int, float]], list[DroppedPoint], list[int]]:
     """The (batch, peak) points a fit can use, the points dropped with why, and the batches whose probe failed."""
     dropped: list[DroppedPoint] = []
     points: list[tuple[int, float]] = []
@@ -227,8 +229,14 @@ def _usable_points(batches, peaks, total_bytes) -> tuple[list[tuple[int, float]]
     return points, dropped, failed
 
 
-def _below_ceiling(points, ceiling: int, budget: float, available_bytes: float, first_fit: int,
-                   predict: Callable[[float], float]) -> tuple[int, Callable[[float], float], str]:
+def _below_ceiling(
+    points,
+    ceiling: int,
+    budget: float,
+    available_bytes: float,
+    first_fit: int,
+    predict: Callable[[float], float],
+) -> tuple[int, Callable[[float], float], str]:
     """The batch below an out-of-memory ``ceiling`` the fit wrongly allowed, the curve used and why."""
     # The fit says `ceiling` fits within fraction × available, yet it ran out of the whole available
     # memory: memory grows faster than fitted above the last probe that ran. Read the batch off the chord
@@ -333,7 +341,9 @@ def _seed_points(batches, mems, total_gib: float) -> tuple[list[tuple[int, float
         if m is None:
             dropped.append(DroppedPoint(batch=b, value=math.nan, reason="probe failed"))
         elif not 0 < m < total_gib:
-            dropped.append(DroppedPoint(batch=b, value=m * GIB, reason=f"{m:.3f}G not in (0, {total_gib:.2f}G)"))
+            dropped.append(
+                DroppedPoint(batch=b, value=m * GIB, reason=f"{m:.3f}G not in (0, {total_gib:.2f}G)")
+            )
         elif i == 0 or mems[i - 1] is None or m > mems[i - 1]:  # compared with the previous *raw* result
             xy.append((b, m))
         else:
@@ -371,8 +381,9 @@ def _seed_batch(p: np.ndarray, loglog: bool, target_gib: float) -> int:
         return int((target_gib - p[1]) / p[0])
 
 
-def _seed_fallback(error: str, curve: MemoryFit | None, *, name: str, default_batch: int, used, dropped,
-                   budget_bytes: int) -> BatchChoice:
+def _seed_fallback(
+    error: str, curve: MemoryFit | None, *, name: str, default_batch: int, used, dropped, budget_bytes: int
+) -> BatchChoice:
     """The seed's answer when its arithmetic fails: the default batch, with its "error detected" warning."""
     return BatchChoice(
         batch=default_batch,
@@ -415,8 +426,15 @@ def _choose_seed(
         p, curve = _seed_polyfit(xy, loglog)
         b = _seed_batch(p, loglog, f * fraction)
     except (TypeError, ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
-        return _seed_fallback(str(exc), curve, name=name, default_batch=default_batch, used=used, dropped=dropped,
-                              budget_bytes=memory_budget_bytes(fraction, available_bytes))
+        return _seed_fallback(
+            str(exc),
+            curve,
+            name=name,
+            default_batch=default_batch,
+            used=used,
+            dropped=dropped,
+            budget_bytes=memory_budget_bytes(fraction, available_bytes),
+        )
 
     limited_by: LimitedBy = "budget"
     ceiling = None

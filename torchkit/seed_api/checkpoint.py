@@ -68,8 +68,7 @@ def _torch_nn_classes(names: list[str]) -> list[type]:
     allowed = []
     for name in names:
         obj = _resolve_global(name)
-        if (isinstance(obj, type) and issubclass(obj, nn.Module)
-                and obj.__module__.startswith("torch.nn.")):
+        if isinstance(obj, type) and issubclass(obj, nn.Module) and obj.__module__.startswith("torch.nn."):
             allowed.append(obj)
     return allowed
 
@@ -121,8 +120,10 @@ def _to_half(obj: Any) -> Any:
             p.requires_grad = False
         return obj
     if isinstance(obj, Mapping):
-        return {k: v.half() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                for k, v in obj.items()}
+        return {
+            k: v.half() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+            for k, v in obj.items()
+        }
     return obj
 
 
@@ -140,8 +141,9 @@ def _atomic_save(obj: Any, path: Path) -> None:
         raise
 
 
-def strip_optimizer(f: str | os.PathLike = "best.pt", s: str | os.PathLike = "",
-                    updates: dict[str, Any] | None = None) -> dict[str, Any]:
+def strip_optimizer(
+    f: str | os.PathLike = "best.pt", s: str | os.PathLike = "", updates: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Turn a training checkpoint into an inference one: EMA weights (if any) as ``model``, in FP16, without
     optimizer/EMA/scaler state; save it to ``s`` (or over ``f``).
 
@@ -195,7 +197,10 @@ def convert_optimizer_state_dict_to_fp16(state_dict: dict[str, Any]) -> dict[str
     """
     for state in state_dict["state"].values():
         for key, value in state.items():
-            if key not in FP32_OPTIMIZER_STATE_KEYS and isinstance(value, torch.Tensor) \
-                    and value.dtype is torch.float32:
+            if (
+                key not in FP32_OPTIMIZER_STATE_KEYS
+                and isinstance(value, torch.Tensor)
+                and value.dtype is torch.float32
+            ):
                 state[key] = value.half()
     return state_dict

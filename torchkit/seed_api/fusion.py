@@ -25,7 +25,9 @@ _ConvNd = nn.Conv1d | nn.Conv2d | nn.Conv3d
 _ConvTransposeNd = nn.ConvTranspose1d | nn.ConvTranspose2d | nn.ConvTranspose3d
 
 
-def _bn_scale_shift(bn: nn.modules.batchnorm._BatchNorm, num_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _bn_scale_shift(
+    bn: nn.modules.batchnorm._BatchNorm, num_channels: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel ``(s, t)`` with ``bn(y) = y·s + t`` in eval mode, in float32 (float64 if the BN is)."""
     if bn.running_mean is None or bn.running_var is None:
         raise ValueError(

@@ -75,13 +75,13 @@ def copy_attr(a: Any, b: Any, include: Collection[str] = (), exclude: Collection
         setattr(a, key, value)
 
 
-def intersect_dicts(da: Mapping[str, Any], db: Mapping[str, Any], exclude: Collection[str] = ()) -> dict[str, Any]:
+def intersect_dicts(
+    da: Mapping[str, Any], db: Mapping[str, Any], exclude: Collection[str] = ()
+) -> dict[str, Any]:
     """Items of ``da`` whose key is in ``db`` with a value of the same ``.shape`` and contains none of the
     ``exclude`` substrings (values from ``da``)."""
     return {
-        k: v
-        for k, v in da.items()
-        if k in db and all(x not in k for x in exclude) and v.shape == db[k].shape
+        k: v for k, v in da.items() if k in db and all(x not in k for x in exclude) and v.shape == db[k].shape
     }
 
 
@@ -108,8 +108,14 @@ def _inductor_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def attempt_compile(model: nn.Module, device: torch.device | str, imgsz: int = 640, use_autocast: bool = False,
-                    warmup: bool = False, mode: bool | str = "default") -> nn.Module:
+def attempt_compile(
+    model: nn.Module,
+    device: torch.device | str,
+    imgsz: int = 640,
+    use_autocast: bool = False,
+    warmup: bool = False,
+    mode: bool | str = "default",
+) -> nn.Module:
     """``torch.compile(model, mode=mode, backend="inductor")``, or ``model`` unchanged with a logged reason.
 
     Args:
@@ -130,8 +136,9 @@ def attempt_compile(model: nn.Module, device: torch.device | str, imgsz: int = 6
     if not mode:
         return model
     if not hasattr(torch, "compile"):
-        LOGGER.warning("compile: torch.compile is not available in torch %s, continuing uncompiled",
-                       torch.__version__)
+        LOGGER.warning(
+            "compile: torch.compile is not available in torch %s, continuing uncompiled", torch.__version__
+        )
         return model
     mode = "default" if mode is True else mode
     device = torch.device(device)
@@ -166,10 +173,12 @@ def attempt_compile(model: nn.Module, device: torch.device | str, imgsz: int = 6
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as e:
-        LOGGER.warning("compile: warmup of the compiled model failed, continuing uncompiled: %s: %s",
-                       type(e).__name__, e)
+        LOGGER.warning(
+            "compile: warmup of the compiled model failed, continuing uncompiled: %s: %s", type(e).__name__, e
+        )
         return model
     t_warm = time.perf_counter() - t1
-    LOGGER.info("compile: complete in %.1fs (compile %.1fs + warmup %.1fs)", t_compile + t_warm, t_compile,
-                t_warm)
+    LOGGER.info(
+        "compile: complete in %.1fs (compile %.1fs + warmup %.1fs)", t_compile + t_warm, t_compile, t_warm
+    )
     return compiled

@@ -103,8 +103,10 @@ def autocast(enabled: bool | torch.dtype, device: str | torch.device = "cuda") -
         from torchkit.versions import TORCH_2_5
 
         if not TORCH_2_5:
-            LOGGER.warning("autocast: MPS autocast needs torch>=2.5 (have %s); running without autocast",
-                           torch.__version__)
+            LOGGER.warning(
+                "autocast: MPS autocast needs torch>=2.5 (have %s); running without autocast",
+                torch.__version__,
+            )
             return torch.amp.autocast("cpu", enabled=False)
 
     return torch.amp.autocast(device_type, enabled=bool(enabled), **kwargs)

@@ -114,8 +114,11 @@ def _loss_envelope_gib(op: Any, x: torch.Tensor, max_num_obj: int) -> float:
     """
     strides, names = getattr(op, "stride", None), getattr(op, "names", None)
     if strides is None or names is None:
-        LOGGER.warning("profile_ops: max_num_obj=%d given but %s has no 'stride'/'names'; loss memory not added",
-                       max_num_obj, type(op).__name__)
+        LOGGER.warning(
+            "profile_ops: max_num_obj=%d given but %s has no 'stride'/'names'; loss memory not added",
+            max_num_obj,
+            type(op).__name__,
+        )
         return 0.0
     strides = strides.tolist() if isinstance(strides, torch.Tensor) else list(strides)
     anchors = sum((x.shape[-1] / s) * (x.shape[-2] / s) for s in strides)
@@ -128,13 +131,18 @@ def _op_gflops(op: Any, x: torch.Tensor) -> float:
     try:
         return count_forward_flops(op, (x,)) / 1e9
     except Exception as e:
-        LOGGER.warning("profile_ops: could not count FLOPs of %s, reporting 0: %s: %s",
-                       type(op).__name__, type(e).__name__, e)
+        LOGGER.warning(
+            "profile_ops: could not count FLOPs of %s, reporting 0: %s: %s",
+            type(op).__name__,
+            type(e).__name__,
+            e,
+        )
         return 0.0
 
 
-def _profile_one(x: torch.Tensor, op: Any, n: int, device: torch.device, accelerator: Any,
-                 max_num_obj: int) -> list[Any]:
+def _profile_one(
+    x: torch.Tensor, op: Any, n: int, device: torch.device, accelerator: Any, max_num_obj: int
+) -> list[Any]:
     """One row ``[params, GFLOPs, mem_GiB, fwd_ms, bwd_ms, in_shape, out_shape]``; raises on failure."""
     forward_s = backward_s = 0.0
     memory_bytes = 0
@@ -159,8 +167,9 @@ def _profile_one(x: torch.Tensor, op: Any, n: int, device: torch.device, acceler
         forward_s += t1 - t0
         backward_s += t2 - t1
     if backward_error is not None:
-        LOGGER.warning("profile_ops: backward of %s failed, backward time is NaN: %s",
-                       type(op).__name__, backward_error)
+        LOGGER.warning(
+            "profile_ops: backward of %s failed, backward time is NaN: %s", type(op).__name__, backward_error
+        )
     flops = _op_gflops(op, x)  # after the timed runs: an op that fails is reported once, by the caller
     mem_gib = memory_bytes / GIB
     if max_num_obj and accelerator is not None:
@@ -169,8 +178,13 @@ def _profile_one(x: torch.Tensor, op: Any, n: int, device: torch.device, acceler
     return [params, flops, mem_gib, forward_s * 1000 / n, backward_s * 1000 / n, _shape(x), out_shape]
 
 
-def profile_ops(input: torch.Tensor | Sequence[torch.Tensor], ops: Any, n: int = 10,
-                device: torch.device | str | None = None, max_num_obj: int = 0) -> list[list[Any] | None]:
+def profile_ops(
+    input: torch.Tensor | Sequence[torch.Tensor],
+    ops: Any,
+    n: int = 10,
+    device: torch.device | str | None = None,
+    max_num_obj: int = 0,
+) -> list[list[Any] | None]:
     """Profile each op in ``ops`` on each tensor in ``input``: forward and backward time, peak reserved
     memory, FLOPs.
 
@@ -193,8 +207,10 @@ def profile_ops(input: torch.Tensor | Sequence[torch.Tensor], ops: Any, n: int =
         from torchkit.seed_api.device import select_device
 
         device = select_device(device, verbose=False)
-    LOGGER.info(f"{'Params':>12s}{'GFLOPs':>12s}{'GPU_mem (GiB)':>14s}{'forward (ms)':>14s}"
-                f"{'backward (ms)':>14s}{'input':>24s}{'output':>24s}")
+    LOGGER.info(
+        f"{'Params':>12s}{'GFLOPs':>12s}{'GPU_mem (GiB)':>14s}{'forward (ms)':>14s}"
+        f"{'backward (ms)':>14s}{'input':>24s}{'output':>24s}"
+    )
     accelerator = _accelerator(device)
     gc.collect()
     if accelerator is not None:
@@ -213,15 +229,24 @@ def profile_ops(input: torch.Tensor | Sequence[torch.Tensor], ops: Any, n: int =
             try:
                 row = _profile_one(x, op, n, device, accelerator, max_num_obj)
                 params, flops, mem, t_fwd, t_bwd, s_in, s_out = row
-                LOGGER.info(f"{params:12}{flops:12.4g}{mem:>14.3f}{t_fwd:14.4g}{t_bwd:14.4g}"
-                            f"{s_in!s:>24s}{s_out!s:>24s}")
+                LOGGER.info(
+                    f"{params:12}{flops:12.4g}{mem:>14.3f}{t_fwd:14.4g}{t_bwd:14.4g}"
+                    f"{s_in!s:>24s}{s_out!s:>24s}"
+                )
                 results.append(row)
             except Exception as e:
                 if is_out_of_memory_error(e):
-                    LOGGER.info("profile_ops: out of memory for input %s: %s", _shape(x), str(e).split("\n")[0])
+                    LOGGER.info(
+                        "profile_ops: out of memory for input %s: %s", _shape(x), str(e).split("\n")[0]
+                    )
                 else:
-                    LOGGER.warning("profile_ops: %s failed on input %s: %s: %s", type(op).__name__, _shape(x),
-                                   type(e).__name__, e)
+                    LOGGER.warning(
+                        "profile_ops: %s failed on input %s: %s: %s",
+                        type(op).__name__,
+                        _shape(x),
+                        type(e).__name__,
+                        e,
+                    )
                 results.append(None)
             finally:
                 x.grad = None

@@ -58,8 +58,9 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
     return _attention_flops(query_shape, key_shape, value_shape)
 
 
-def _cpu_sdpa_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
-                             **kwargs) -> int:
+def _cpu_sdpa_backward_flops(
+    grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs
+) -> int:
     # dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K, dK = dSᵀ·Q: twice the forward's products
     return 2 * _attention_flops(query_shape, key_shape, value_shape)
 
@@ -91,7 +92,9 @@ def _fake_copy(model: nn.Module, fake_mode: Any) -> nn.Module:
     """
     memo: dict[int, Any] = {}
     for param in model.parameters():
-        memo[id(param)] = nn.Parameter(fake_mode.from_tensor(param.detach()), requires_grad=param.requires_grad)
+        memo[id(param)] = nn.Parameter(
+            fake_mode.from_tensor(param.detach()), requires_grad=param.requires_grad
+        )
     for buffer in model.buffers():
         memo[id(buffer)] = fake_mode.from_tensor(buffer)
     return copy.deepcopy(model, memo)
@@ -117,8 +120,9 @@ def count_forward_flops(fn: Callable[..., Any], inputs: Sequence[Any]) -> int:
             target(*fake_inputs)
         return counter.get_total_flops()
     except Exception as e:  # fake tensors cannot run data-dependent code; counting for real is exact too
-        LOGGER.info("FLOPs: fake-tensor count failed (%s: %s); counting with a real forward",
-                    type(e).__name__, e)
+        LOGGER.info(
+            "FLOPs: fake-tensor count failed (%s: %s); counting with a real forward", type(e).__name__, e
+        )
     target = copy.deepcopy(fn) if isinstance(fn, nn.Module) else fn
     with torch.no_grad(), flop_counter() as counter:
         target(*inputs)
@@ -150,17 +154,26 @@ def get_flops(model: nn.Module, imgsz: int | Sequence[int] = 640, *, inputs: Any
         if inputs is None:
             param = next(model.parameters(), None)
             if param is None or param.dim() < 2:
-                raise ValueError("cannot infer the input channels (the first parameter is not a weight "
-                                 "matrix); pass inputs=")
+                raise ValueError(
+                    "cannot infer the input channels (the first parameter is not a weight "
+                    "matrix); pass inputs="
+                )
             height, width = (imgsz, imgsz) if isinstance(imgsz, int | float) else tuple(imgsz)
-            inputs = (torch.empty(1, param.shape[1], int(height), int(width), dtype=param.dtype,
-                                  device=param.device),)
+            inputs = (
+                torch.empty(
+                    1, param.shape[1], int(height), int(width), dtype=param.dtype, device=param.device
+                ),
+            )
         elif not isinstance(inputs, tuple | list):
             inputs = (inputs,)
         return count_forward_flops(model, inputs) / 1e9
     except Exception as e:
-        LOGGER.warning("get_flops: could not count FLOPs of %s, reporting 0.0: %s: %s",
-                       type(model).__name__, type(e).__name__, e)
+        LOGGER.warning(
+            "get_flops: could not count FLOPs of %s, reporting 0.0: %s: %s",
+            type(model).__name__,
+            type(e).__name__,
+            e,
+        )
         return 0.0
 
 
@@ -173,24 +186,31 @@ def _model_name(model: nn.Module) -> str:
 
 
 def _log_layer_table(layers: dict[str, nn.Module]) -> None:
-    LOGGER.info(f"{'layer':>5}{'name':>40}{'type':>20}{'gradient':>10}{'parameters':>12}{'shape':>20}"
-                f"{'mu':>10}{'sigma':>10}{'dtype':>15}")
+    LOGGER.info(
+        f"{'layer':>5}{'name':>40}{'type':>20}{'gradient':>10}{'parameters':>12}{'shape':>20}"
+        f"{'mu':>10}{'sigma':>10}{'dtype':>15}"
+    )
     for i, (name, module) in enumerate(layers.items()):
         name = name.replace("module_list.", "")
         kind = type(module).__name__
         params = list(module.named_parameters(recurse=False))
         if not params:
-            LOGGER.info(f"{i:>5g}{name:>40}{kind:>20}{False!r:>10}{0:>12g}{'[]':>20}{'-':>10}{'-':>10}{'-':>15}")
+            LOGGER.info(
+                f"{i:>5g}{name:>40}{kind:>20}{False!r:>10}{0:>12g}{'[]':>20}{'-':>10}{'-':>10}{'-':>15}"
+            )
         for pname, p in params:
             values = p.detach().float()
             sigma = values.std().item() if p.numel() > 1 else 0.0  # std of one element is NaN
-            LOGGER.info(f"{i:>5g}{f'{name}.{pname}':>40}{kind:>20}{p.requires_grad!r:>10}{p.numel():>12g}"
-                        f"{str(list(p.shape)):>20}{values.mean().item():>10.3g}{sigma:>10.3g}"
-                        f"{str(p.dtype).replace('torch.', ''):>15}")
+            LOGGER.info(
+                f"{i:>5g}{f'{name}.{pname}':>40}{kind:>20}{p.requires_grad!r:>10}{p.numel():>12g}"
+                f"{str(list(p.shape)):>20}{values.mean().item():>10.3g}{sigma:>10.3g}"
+                f"{str(p.dtype).replace('torch.', ''):>15}"
+            )
 
 
-def model_info(model: nn.Module, detailed: bool = False, verbose: bool = True,
-               imgsz: int | Sequence[int] = 640) -> tuple[int, int, int, float] | None:
+def model_info(
+    model: nn.Module, detailed: bool = False, verbose: bool = True, imgsz: int | Sequence[int] = 640
+) -> tuple[int, int, int, float] | None:
     """Log a one-line summary of ``model`` (and, if ``detailed``, one line per parameter of each leaf layer).
 
     Summary: ``"{Name} summary{ (fused)}: {layers:,} layers, {params:,} parameters, {grads:,} gradients, {X.X}
@@ -211,8 +231,10 @@ def model_info(model: nn.Module, detailed: bool = False, verbose: bool = True,
     is_fused = getattr(model, "is_fused", None)
     fused = " (fused)" if callable(is_fused) and is_fused() else ""
     flops_text = f", {flops:.1f} GFLOPs" if flops else ""
-    LOGGER.info(f"{_model_name(model)} summary{fused}: {len(layers):,} layers, {n_params:,} parameters, "
-                f"{n_grads:,} gradients{flops_text}")
+    LOGGER.info(
+        f"{_model_name(model)} summary{fused}: {len(layers):,} layers, {n_params:,} parameters, "
+        f"{n_grads:,} gradients{flops_text}"
+    )
     return len(layers), n_params, n_grads, flops
 
 
@@ -228,8 +250,10 @@ def model_info_for_loggers(trainer: Any) -> dict[str, float | int]:
     """
     args = trainer.args
     if getattr(args, "profile", False):
-        LOGGER.warning("model_info_for_loggers: ONNX/TensorRT profiling (args.profile) is not available in "
-                       "torchkit; reporting PyTorch figures only")
+        LOGGER.warning(
+            "model_info_for_loggers: ONNX/TensorRT profiling (args.profile) is not available in "
+            "torchkit; reporting PyTorch figures only"
+        )
     results: dict[str, float | int] = {
         "model/parameters": get_num_params(trainer.model),
         "model/GFLOPs": round(get_flops(trainer.model, getattr(args, "imgsz", 640)), 3),

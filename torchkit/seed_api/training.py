@@ -124,7 +124,9 @@ class ModelEMA:
         if not self.enabled:
             return
         self.updates += 1
-        weight = 1 - self.decay(self.updates)  # lerp(ema, model, w) = (1 − w)·ema + w·model = d·ema + (1−d)·model
+        weight = 1 - self.decay(
+            self.updates
+        )  # lerp(ema, model, w) = (1 − w)·ema + w·model = d·ema + (1−d)·model
         ema_tensors, model_tensors = self._pairs(model)
         if not ema_tensors:
             return
@@ -134,7 +136,9 @@ class ModelEMA:
         else:
             torch._foreach_lerp_(ema_tensors, model_tensors, weight)
 
-    def update_attr(self, model: nn.Module, include: Collection[str] = (), exclude: Collection[str] = ()) -> None:
+    def update_attr(
+        self, model: nn.Module, include: Collection[str] = (), exclude: Collection[str] = ()
+    ) -> None:
         """Copy non-private attributes of the unwrapped ``model`` onto the EMA (see ``copy_attr``)."""
         if self.enabled:
             copy_attr(self.ema, unwrap_model(model), include, exclude)
@@ -162,8 +166,12 @@ class EarlyStopping:
         if fitness is None:
             return False
         if not math.isfinite(fitness):
-            LOGGER.warning("EarlyStopping: fitness is %s at epoch %d; nothing after a best of NaN or inf counts "
-                           "as an improvement", fitness, epoch)
+            LOGGER.warning(
+                "EarlyStopping: fitness is %s at epoch %d; nothing after a best of NaN or inf counts "
+                "as an improvement",
+                fitness,
+                epoch,
+            )
         if fitness > self.best_fitness or self.best_fitness == 0:
             self.best_epoch = epoch
             self.best_fitness = fitness

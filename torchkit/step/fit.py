@@ -117,7 +117,9 @@ class FitResult:
     """used points further than OUTLIER_RELATIVE_TOLERANCE from the fit (reported, still used)"""
 
 
-def clean_increasing(points: Sequence[tuple[int, float]]) -> tuple[list[tuple[int, float]], list[DroppedPoint]]:
+def clean_increasing(
+    points: Sequence[tuple[int, float]],
+) -> tuple[list[tuple[int, float]], list[DroppedPoint]]:
     """Sort points by batch and drop those that break monotonic growth.
 
     A training step never needs less memory for a larger batch; a point that does (caching allocator reuse,
@@ -128,11 +130,15 @@ def clean_increasing(points: Sequence[tuple[int, float]]) -> tuple[list[tuple[in
     dropped: list[DroppedPoint] = []
     for batch, value in points:
         if batch <= 0 or not math.isfinite(value) or value <= 0:
-            dropped.append(DroppedPoint(batch=int(batch), value=float(value), reason="not a positive finite point"))
+            dropped.append(
+                DroppedPoint(batch=int(batch), value=float(value), reason="not a positive finite point")
+            )
             continue
         if batch in by_batch:
             dropped.append(
-                DroppedPoint(batch=int(batch), value=float(min(value, by_batch[batch])), reason="duplicate batch")
+                DroppedPoint(
+                    batch=int(batch), value=float(min(value, by_batch[batch])), reason="duplicate batch"
+                )
             )
             value = max(value, by_batch[batch])
         by_batch[int(batch)] = float(value)
@@ -159,7 +165,9 @@ def _outliers(points: Sequence[tuple[int, float]], predict) -> tuple[DroppedPoin
         if abs(predicted - value) > OUTLIER_RELATIVE_TOLERANCE * abs(value):
             found.append(
                 DroppedPoint(
-                    batch=batch, value=value, reason=f"{abs(predicted - value) / value:.0%} off the fit ({predicted:.4g})"
+                    batch=batch,
+                    value=value,
+                    reason=f"{abs(predicted - value) / value:.0%} off the fit ({predicted:.4g})",
                 )
             )
     return tuple(found)
@@ -186,16 +194,24 @@ def fit_memory(points: Sequence[tuple[int, float]], kind: MemoryFitKind = "affin
         else:
             slope, intercept = np.polyfit(batches, values, 1)
             fit = AffineMemoryFit(intercept_bytes=float(intercept), bytes_per_sample=float(slope))
-        return FitResult(fit=fit, used_points=tuple(kept), dropped=tuple(dropped),
-                         outliers=_outliers(kept, fit.predict_bytes))
+        return FitResult(
+            fit=fit,
+            used_points=tuple(kept),
+            dropped=tuple(dropped),
+            outliers=_outliers(kept, fit.predict_bytes),
+        )
     if kind == "loglog":
         if len(kept) == 1:
             fit = LogLogMemoryFit(log_slope=1.0, log_intercept=float(math.log(values[0] / batches[0])))
         else:
             slope, intercept = np.polyfit(np.log(batches), np.log(values), 1)
             fit = LogLogMemoryFit(log_slope=float(slope), log_intercept=float(intercept))
-        return FitResult(fit=fit, used_points=tuple(kept), dropped=tuple(dropped),
-                         outliers=_outliers(kept, fit.predict_bytes))
+        return FitResult(
+            fit=fit,
+            used_points=tuple(kept),
+            dropped=tuple(dropped),
+            outliers=_outliers(kept, fit.predict_bytes),
+        )
     raise ValueError(f"unknown memory fit kind {kind!r} (use 'affine' or 'loglog')")
 
 
@@ -225,13 +241,19 @@ def fit_time(points: Sequence[tuple[int, float]]) -> FitResult:
         if slope < 0:
             fit = AffineTimeFit(intercept_s=float(times.mean()), s_per_sample=0.0)
         elif intercept < 0:
-            fit = AffineTimeFit(intercept_s=0.0, s_per_sample=float(np.dot(batches, times) / np.dot(batches, batches)))
+            fit = AffineTimeFit(
+                intercept_s=0.0, s_per_sample=float(np.dot(batches, times) / np.dot(batches, batches))
+            )
         else:
             fit = AffineTimeFit(intercept_s=float(intercept), s_per_sample=float(slope))
-    return FitResult(fit=fit, used_points=tuple(usable), dropped=dropped, outliers=_outliers(usable, fit.predict_s))
+    return FitResult(
+        fit=fit, used_points=tuple(usable), dropped=dropped, outliers=_outliers(usable, fit.predict_s)
+    )
 
 
-def max_batch_within(fit: MemoryFit, budget_bytes: float, multiple_of: int = 1, upper: int | None = None) -> int:
+def max_batch_within(
+    fit: MemoryFit, budget_bytes: float, multiple_of: int = 1, upper: int | None = None
+) -> int:
     """Largest batch b (a multiple of ``multiple_of``, at most ``upper``) with ``fit(b) <= budget_bytes``; 0 if none."""
     if multiple_of < 1:
         raise ValueError(f"multiple_of must be >= 1, got {multiple_of}")

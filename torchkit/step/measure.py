@@ -154,15 +154,21 @@ def measure_curve(
         gc.collect()
         torch.cuda.empty_cache()
     if not memory:
-        raise RuntimeError(f"not even batch {start_batches[0]} fits on {device}: free memory or use a smaller input")
+        raise RuntimeError(
+            f"not even batch {start_batches[0]} fits on {device}: free memory or use a smaller input"
+        )
     return MeasuredCurve(
-        memory_points=tuple(memory), time_points=tuple(times), oom_batch=oom_batch, allocated_points=tuple(allocated),
+        memory_points=tuple(memory),
+        time_points=tuple(times),
+        oom_batch=oom_batch,
+        allocated_points=tuple(allocated),
         backward_shares=tuple(shares),
     )
 
 
-def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, repeats: int
-                   ) -> tuple[int, int, list[float], list[float]]:
+def _measure_batch(
+    model, opt, inputs, targets, loss_fn, *, amp: str, device, repeats: int
+) -> tuple[int, int, list[float], list[float]]:
     """Peak reserved and allocated bytes of two training iterations, then ``repeats`` timed iterations: their
     seconds and backward shares (``PhaseTimer``; its events cost microseconds of a step's milliseconds)."""
     import torch
@@ -172,7 +178,9 @@ def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, re
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     # two iterations: the second one has the optimizer state of a real training loop
-    run_training_iterations(model, opt, inputs, targets, loss_fn, amp=amp, num_iterations=2, device_type="cuda")
+    run_training_iterations(
+        model, opt, inputs, targets, loss_fn, amp=amp, num_iterations=2, device_type="cuda"
+    )
     torch.cuda.synchronize(device)
     peak_reserved = torch.cuda.max_memory_reserved(device)
     peak_allocated = torch.cuda.max_memory_allocated(device)
@@ -180,8 +188,9 @@ def _measure_batch(model, opt, inputs, targets, loss_fn, *, amp: str, device, re
     phases = PhaseTimer(device)
     for _ in range(repeats):
         start = time.perf_counter()
-        run_training_iterations(model, opt, inputs, targets, loss_fn, amp=amp, hooks=phases, num_iterations=1,
-                                device_type="cuda")
+        run_training_iterations(
+            model, opt, inputs, targets, loss_fn, amp=amp, hooks=phases, num_iterations=1, device_type="cuda"
+        )
         torch.cuda.synchronize(device)
         samples.append(time.perf_counter() - start)
     return peak_reserved, peak_allocated, samples, phases.backward_shares()

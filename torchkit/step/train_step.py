@@ -168,7 +168,15 @@ def run_training_iterations(
     for index in range(first, num_iterations):
         hooks.iteration(index)
         train_step(
-            model, optimizer, inputs, targets, loss_fn, amp=amp, hooks=hooks, device_type=device_type, forward=call_model
+            model,
+            optimizer,
+            inputs,
+            targets,
+            loss_fn,
+            amp=amp,
+            hooks=hooks,
+            device_type=device_type,
+            forward=call_model,
         )
 
 

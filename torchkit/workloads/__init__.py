@@ -30,7 +30,9 @@ _DEFINED_IN: dict[str, tuple[str, ...]] = {
     "registry": ("WORKLOAD_NAMES", "DEFAULT_IMGSZ", "DEFAULT_SEQ_LEN", "LIBRARY_PREFIXES"),
     "inputs": ("INPUT_DTYPES", "USER_INPUT_LOSS", "InputSpec"),
 }
-_EXPORTS: dict[str, str] = {name: f"{__name__}.{module}" for module, names in _DEFINED_IN.items() for name in names}
+_EXPORTS: dict[str, str] = {
+    name: f"{__name__}.{module}" for module, names in _DEFINED_IN.items() for name in names
+}
 
 __all__ = sorted(_EXPORTS)
 

@@ -43,7 +43,9 @@ def _image_workload(entry: BuiltinModel, size: int) -> Workload:
             from torchkit.workloads import vit
 
             if size % vit.PATCH_SIZE:
-                raise WorkloadError(f"{name} needs an image size divisible by 16, got {size} (use e.g. --imgsz 224)")
+                raise WorkloadError(
+                    f"{name} needs an image size divisible by 16, got {size} (use e.g. --imgsz 224)"
+                )
             build, title = _factory(entry, size), "ViT-B/16"
         return Workload(
             name=name,
@@ -101,7 +103,9 @@ def _gpt2_workload(entry: BuiltinModel, seq_len: int | None, input_shape: tuple[
                 f"(use --seq-len N or --input-shape N, N <= {gpt2.MAX_POSITIONS})"
             )
         if seq_len is not None and int(input_shape[0]) != seq_len:
-            raise WorkloadError(f"{name}: --seq-len {seq_len} and --input-shape {tuple(input_shape)} disagree")
+            raise WorkloadError(
+                f"{name}: --seq-len {seq_len} and --input-shape {tuple(input_shape)} disagree"
+            )
         seq_len = int(input_shape[0])
     length = entry.default_size if seq_len is None else int(seq_len)
     if not 1 <= length <= gpt2.MAX_POSITIONS:

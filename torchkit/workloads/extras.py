@@ -45,8 +45,11 @@ def extra_hint(extra: str = EXTRA) -> str:
     except (importlib.metadata.PackageNotFoundError, ValueError):
         return by_name
     url = origin.get("url", "") if isinstance(origin, dict) else ""
-    editable = isinstance(origin, dict) and isinstance(origin.get("dir_info"), dict) and \
-        origin["dir_info"].get("editable") is True
+    editable = (
+        isinstance(origin, dict)
+        and isinstance(origin.get("dir_info"), dict)
+        and origin["dir_info"].get("editable") is True
+    )
     if editable and url.startswith("file:"):
         checkout = urllib.request.url2pathname(urllib.parse.urlparse(url).path)
         return f"pip install -e {shlex.quote(f'{checkout}[{extra}]')}"
@@ -115,5 +118,7 @@ def _torchvision_trouble() -> str:
     except Exception as e:
         import torch
 
-        return f"torchvision {version} cannot import beside torch {torch.__version__} ({type(e).__name__}: {e})"
+        return (
+            f"torchvision {version} cannot import beside torch {torch.__version__} ({type(e).__name__}: {e})"
+        )
     return ""

@@ -96,13 +96,21 @@ def model_identity(model: torch.nn.Module) -> dict[str, Any]:
         cls = type(module)
         forwards.setdefault(_path(cls), code_digest(cls.forward))
         entry: dict[str, Any] = {"name": name, "type": _path(cls), "attributes": module_attributes(module)}
-        hooks = {table: [callable_identity(h) for h in getattr(module, table, {}).values()] for table in HOOK_TABLES}
+        hooks = {
+            table: [callable_identity(h) for h in getattr(module, table, {}).values()]
+            for table in HOOK_TABLES
+        }
         hooks = {table: found for table, found in hooks.items() if found}
         if hooks:
             entry["hooks"] = hooks
         modules.append(entry)
-    return {"printout": str(model), "parameters": params, "buffers": buffers, "forward": forwards,
-            "modules": modules}
+    return {
+        "printout": str(model),
+        "parameters": params,
+        "buffers": buffers,
+        "forward": forwards,
+        "modules": modules,
+    }
 
 
 @functools.cache
@@ -150,7 +158,10 @@ def value_identity(value: Any, depth: int = 0) -> Any:
     if isinstance(value, set | frozenset):
         return sorted((value_identity(v, depth + 1) for v in value), key=repr)
     if isinstance(value, dict):
-        return [[str(k), value_identity(v, depth + 1)] for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))]
+        return [
+            [str(k), value_identity(v, depth + 1)]
+            for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))
+        ]
     if callable(value):
         return callable_identity(value, depth + 1)
     return ["object", _path(type(value))]
@@ -159,15 +170,24 @@ def value_identity(value: Any, depth: int = 0) -> Any:
 def callable_identity(fn: Callable[..., Any], depth: int = 0) -> Any:
     """Where a callable comes from and what it does: module, qualified name, code, and what it closes over."""
     if isinstance(fn, functools.partial):
-        return ["partial", callable_identity(fn.func, depth + 1), value_identity(list(fn.args), depth + 1),
-                value_identity(dict(fn.keywords), depth + 1)]
+        return [
+            "partial",
+            callable_identity(fn.func, depth + 1),
+            value_identity(list(fn.args), depth + 1),
+            value_identity(dict(fn.keywords), depth + 1),
+        ]
     if isinstance(fn, types.MethodType):
         return ["method", callable_identity(fn.__func__, depth + 1), _path(type(fn.__self__))]
     if isinstance(fn, types.FunctionType):
         cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
-        return ["function", _path(fn), code_digest(fn), value_identity(cells, depth + 1),
-                value_identity(list(fn.__defaults__ or ()), depth + 1),
-                value_identity(dict(fn.__kwdefaults__ or {}), depth + 1)]
+        return [
+            "function",
+            _path(fn),
+            code_digest(fn),
+            value_identity(cells, depth + 1),
+            value_identity(list(fn.__defaults__ or ()), depth + 1),
+            value_identity(dict(fn.__kwdefaults__ or {}), depth + 1),
+        ]
     if isinstance(fn, type):
         return ["class", _path(fn)]
     if isinstance(fn, torch.nn.Module):

@@ -33,7 +33,9 @@ def hf_workload(spec: str, arch: str, *, seq_len: int | None, input_shape: tuple
     from torchkit.workloads.workload import Workload
 
     transformers = import_library("transformers", model=spec)
-    import_library("transformers.modeling_utils", model=spec)  # lazy in transformers; where a broken torchvision shows
+    import_library(
+        "transformers.modeling_utils", model=spec
+    )  # lazy in transformers; where a broken torchvision shows
     config = _config(transformers, spec, arch)
     model_class = _model_class(transformers, config, spec)
     max_len = _max_positions(config)
@@ -44,13 +46,21 @@ def hf_workload(spec: str, arch: str, *, seq_len: int | None, input_shape: tuple
 
     def make_batch(batch: int):
         ids = torch.randint(0, vocab, (batch, length))
-        labels = torch.randint(0, num_labels, (batch,)) if classify else torch.randint(0, vocab, (batch, length))
-        return {"input_ids": ids, "attention_mask": torch.ones(batch, length, dtype=torch.int64), "labels": labels}, None
+        labels = (
+            torch.randint(0, num_labels, (batch,)) if classify else torch.randint(0, vocab, (batch, length))
+        )
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones(batch, length, dtype=torch.int64),
+            "labels": labels,
+        }, None
 
     def build() -> torch.nn.Module:
         model = model_class(config)
         if "input_ids" not in inspect.signature(model.forward).parameters:
-            raise WorkloadError(f"model {spec!r} ({model_class.__name__}) takes no input_ids (only text models are supported)")
+            raise WorkloadError(
+                f"model {spec!r} ({model_class.__name__}) takes no input_ids (only text models are supported)"
+            )
         return model
 
     return Workload(
@@ -69,11 +79,15 @@ def _config(transformers, spec: str, arch: str):
     path = Path(arch)
     if arch.endswith(".json") or os.sep in arch or path.is_dir():
         if not path.exists():
-            raise WorkloadError(f"model {spec!r}: {arch} does not exist (give a config.json or hf:ARCH such as hf:gpt2)")
+            raise WorkloadError(
+                f"model {spec!r}: {arch} does not exist (give a config.json or hf:ARCH such as hf:gpt2)"
+            )
         try:
             return transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
         except Exception as e:
-            raise WorkloadError(f"model {spec!r}: {arch} is not a Hugging Face config: {type(e).__name__}: {e}") from e
+            raise WorkloadError(
+                f"model {spec!r}: {arch} is not a Hugging Face config: {type(e).__name__}: {e}"
+            ) from e
     model_class = _named_model_class(transformers, arch)
     if model_class is not None:  # a class name as config.json's "architectures" lists it (GPT2LMHeadModel)
         config = model_class.config_class()
@@ -103,7 +117,12 @@ def _named_model_class(transformers, name: str):
     except Exception:  # transformers' lazy module raises when an optional backend of that class is missing
         return None
     base = getattr(transformers, "PreTrainedModel", None)
-    if isinstance(candidate, type) and base is not None and issubclass(candidate, base) and candidate.config_class:
+    if (
+        isinstance(candidate, type)
+        and base is not None
+        and issubclass(candidate, base)
+        and candidate.config_class
+    ):
         return candidate
     return None
 
@@ -119,7 +138,7 @@ def _model_class(transformers, config, spec: str):
             return mapping[type(config)]
     raise WorkloadError(
         f"model {spec!r}: {config.model_type} has no causal-LM, masked-LM or sequence-classification head "
-        "(name one in the config's \"architectures\")"
+        '(name one in the config\'s "architectures")'
     )
 
 
@@ -131,14 +150,22 @@ def _max_positions(config) -> int | None:
     return None
 
 
-def _sequence_length(spec: str, seq_len: int | None, input_shape: tuple[int, ...] | None, max_len: int | None) -> int:
+def _sequence_length(
+    spec: str, seq_len: int | None, input_shape: tuple[int, ...] | None, max_len: int | None
+) -> int:
     if input_shape is not None:
         if len(input_shape) != 1:
-            raise WorkloadError(f"model {spec!r} takes token sequences: use --seq-len N, not --input-shape {input_shape}")
+            raise WorkloadError(
+                f"model {spec!r} takes token sequences: use --seq-len N, not --input-shape {input_shape}"
+            )
         if seq_len is not None and int(input_shape[0]) != seq_len:
-            raise WorkloadError(f"model {spec!r}: --seq-len {seq_len} and --input-shape {tuple(input_shape)} disagree")
+            raise WorkloadError(
+                f"model {spec!r}: --seq-len {seq_len} and --input-shape {tuple(input_shape)} disagree"
+            )
         seq_len = int(input_shape[0])
     length = int(seq_len) if seq_len is not None else min(max_len or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     if length < 1 or (max_len is not None and length > max_len):
-        raise WorkloadError(f"model {spec!r}: sequence length {length} is outside 1..{max_len} (use --seq-len {max_len})")
+        raise WorkloadError(
+            f"model {spec!r}: sequence length {length} is outside 1..{max_len} (use --seq-len {max_len})"
+        )
     return length

@@ -31,9 +31,13 @@ def image_size(
     if input_shape is not None:
         shape = tuple(int(d) for d in input_shape)
         if len(shape) != 3 or shape[0] != 3:
-            raise WorkloadError(f"model {model!r} takes RGB images: use --input-shape 3,H,W or --imgsz N, not {shape}")
+            raise WorkloadError(
+                f"model {model!r} takes RGB images: use --input-shape 3,H,W or --imgsz N, not {shape}"
+            )
         if imgsz is not None and shape[1:] != (imgsz, imgsz):
-            raise WorkloadError(f"model {model!r}: --imgsz {imgsz} and --input-shape {shape} disagree (give one)")
+            raise WorkloadError(
+                f"model {model!r}: --imgsz {imgsz} and --input-shape {shape} disagree (give one)"
+            )
         return shape[1], shape[2]
     return (int(imgsz), int(imgsz)) if imgsz is not None else default
 
@@ -85,7 +89,10 @@ def timm_workload(spec: str, name: str, *, imgsz: int | None, input_shape: tuple
         return timm.create_model(name, **kwargs)
 
     return classifier_workload(
-        name=spec, size=size, num_classes=num_classes, build=build,
+        name=spec,
+        size=size,
+        num_classes=num_classes,
+        build=build,
         description=f"timm {name} at {size[0]}x{size[1]}, {num_classes} classes, cross-entropy (fresh weights)",
     )
 
@@ -102,7 +109,9 @@ def torchvision_workload(spec: str, name: str, *, imgsz: int | None, input_shape
         )
     size = image_size(spec, (TORCHVISION_IMGSZ, TORCHVISION_IMGSZ), imgsz, input_shape)
     return classifier_workload(
-        name=spec, size=size, num_classes=TORCHVISION_NUM_CLASSES,
+        name=spec,
+        size=size,
+        num_classes=TORCHVISION_NUM_CLASSES,
         build=lambda: models.get_model(name, weights=None),
         description=f"torchvision {name} at {size[0]}x{size[1]}, {TORCHVISION_NUM_CLASSES} classes, cross-entropy "
         "(fresh weights)",

@@ -43,9 +43,13 @@ class InputSpec:
 
     def __post_init__(self) -> None:
         if not self.shape or any(isinstance(d, bool) or int(d) <= 0 for d in self.shape):
-            raise WorkloadError(f"input shape {self.shape} must be positive dimensions (e.g. --input-shape 3,224,224)")
+            raise WorkloadError(
+                f"input shape {self.shape} must be positive dimensions (e.g. --input-shape 3,224,224)"
+            )
         if self.dtype not in INPUT_DTYPES:
-            raise WorkloadError(f"input dtype {self.dtype!r} is unknown (use one of {', '.join(INPUT_DTYPES)})")
+            raise WorkloadError(
+                f"input dtype {self.dtype!r} is unknown (use one of {', '.join(INPUT_DTYPES)})"
+            )
         if self.dtype in INT_DTYPES and (self.vocab_size is None or self.vocab_size < 1):
             raise WorkloadError(
                 f"integer inputs ({self.dtype}) need their range: give --vocab-size N (token ids in [0, N))"
@@ -63,7 +67,9 @@ class InputSpec:
     def make(self, batch: int) -> torch.Tensor:
         """A random batch ``[batch, *shape]`` of this input."""
         if self.is_tokens:
-            return torch.randint(0, int(self.vocab_size or 1), (batch, *self.shape), dtype=INT_DTYPES[self.dtype])
+            return torch.randint(
+                0, int(self.vocab_size or 1), (batch, *self.shape), dtype=INT_DTYPES[self.dtype]
+            )
         return torch.randn(batch, *self.shape, dtype=FLOAT_DTYPES[self.dtype])
 
     def describe(self) -> str:

@@ -51,30 +51,90 @@ class LibrarySource:
 
 _RESNETS = "torchkit.workloads.resnet"
 BUILTINS: tuple[BuiltinModel, ...] = (
-    BuiltinModel(name="resnet18", family="classifier", input="image", default_size=224, factory=f"{_RESNETS}:resnet18"),
-    BuiltinModel(name="resnet50", family="classifier", input="image", default_size=224, factory=f"{_RESNETS}:resnet50"),
-    BuiltinModel(name="resnext101-32x4d", family="classifier", input="image", default_size=224,
-                 factory=f"{_RESNETS}:resnext101_32x4d"),
-    BuiltinModel(name="se-resnext101-32x4d", family="classifier", input="image", default_size=224,
-                 factory=f"{_RESNETS}:se_resnext101_32x4d"),
-    BuiltinModel(name="yolo-n", family="yolo", input="image", default_size=640,
-                 factory="torchkit.workloads.yolo:yolo_detector", factory_args=("n",)),
-    BuiltinModel(name="yolo-s", family="yolo", input="image", default_size=640,
-                 factory="torchkit.workloads.yolo:yolo_detector", factory_args=("s",)),
-    BuiltinModel(name="vit-b16", family="vit", input="image", default_size=224, factory="torchkit.workloads.vit:vit_b16"),
-    BuiltinModel(name="gpt2-small", family="gpt2", input="tokens", default_size=1024,
-                 factory="torchkit.workloads.gpt2:gpt2_small"),
+    BuiltinModel(
+        name="resnet18", family="classifier", input="image", default_size=224, factory=f"{_RESNETS}:resnet18"
+    ),
+    BuiltinModel(
+        name="resnet50", family="classifier", input="image", default_size=224, factory=f"{_RESNETS}:resnet50"
+    ),
+    BuiltinModel(
+        name="resnext101-32x4d",
+        family="classifier",
+        input="image",
+        default_size=224,
+        factory=f"{_RESNETS}:resnext101_32x4d",
+    ),
+    BuiltinModel(
+        name="se-resnext101-32x4d",
+        family="classifier",
+        input="image",
+        default_size=224,
+        factory=f"{_RESNETS}:se_resnext101_32x4d",
+    ),
+    BuiltinModel(
+        name="yolo-n",
+        family="yolo",
+        input="image",
+        default_size=640,
+        factory="torchkit.workloads.yolo:yolo_detector",
+        factory_args=("n",),
+    ),
+    BuiltinModel(
+        name="yolo-s",
+        family="yolo",
+        input="image",
+        default_size=640,
+        factory="torchkit.workloads.yolo:yolo_detector",
+        factory_args=("s",),
+    ),
+    BuiltinModel(
+        name="vit-b16",
+        family="vit",
+        input="image",
+        default_size=224,
+        factory="torchkit.workloads.vit:vit_b16",
+    ),
+    BuiltinModel(
+        name="gpt2-small",
+        family="gpt2",
+        input="tokens",
+        default_size=1024,
+        factory="torchkit.workloads.gpt2:gpt2_small",
+    ),
 )
 LIBRARY_SOURCES: tuple[LibrarySource, ...] = (
-    LibrarySource(prefix="timm:", distribution="timm", forms=("timm:NAME",), example="resnet18", input="image",
-                  builder="torchkit.workloads.image_models:timm_workload"),
-    LibrarySource(prefix="torchvision:", distribution="torchvision", forms=("torchvision:NAME",),
-                  example="mobilenet_v3_small", input="image",
-                  builder="torchkit.workloads.image_models:torchvision_workload"),
-    LibrarySource(prefix="hf:", distribution="transformers", forms=("hf:ARCH", "hf:config.json"), example="gpt2",
-                  input="tokens", builder="torchkit.workloads.hf_models:hf_workload"),
-    LibrarySource(prefix="ultralytics:", distribution="ultralytics", forms=("ultralytics:FILE.yaml",),
-                  example="yolov8n.yaml", input="image", builder="torchkit.workloads.ultralytics_models:ultralytics_workload"),
+    LibrarySource(
+        prefix="timm:",
+        distribution="timm",
+        forms=("timm:NAME",),
+        example="resnet18",
+        input="image",
+        builder="torchkit.workloads.image_models:timm_workload",
+    ),
+    LibrarySource(
+        prefix="torchvision:",
+        distribution="torchvision",
+        forms=("torchvision:NAME",),
+        example="mobilenet_v3_small",
+        input="image",
+        builder="torchkit.workloads.image_models:torchvision_workload",
+    ),
+    LibrarySource(
+        prefix="hf:",
+        distribution="transformers",
+        forms=("hf:ARCH", "hf:config.json"),
+        example="gpt2",
+        input="tokens",
+        builder="torchkit.workloads.hf_models:hf_workload",
+    ),
+    LibrarySource(
+        prefix="ultralytics:",
+        distribution="ultralytics",
+        forms=("ultralytics:FILE.yaml",),
+        example="yolov8n.yaml",
+        input="image",
+        builder="torchkit.workloads.ultralytics_models:ultralytics_workload",
+    ),
 )
 USER_FORM = "package.module:factory"
 

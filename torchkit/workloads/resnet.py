@@ -66,7 +66,9 @@ class Bottleneck(nn.Module):
         se: bool = False,
     ) -> None:
         super().__init__()
-        width = channels * width_per_group // 64 * groups  # torchvision: int(planes * base_width / 64) * groups
+        width = (
+            channels * width_per_group // 64 * groups
+        )  # torchvision: int(planes * base_width / 64) * groups
         self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.conv2 = nn.Conv2d(width, width, 3, stride, 1, groups=groups, bias=False)
@@ -106,7 +108,9 @@ class ResNet(nn.Module):
         se: bool = False,
     ) -> None:
         super().__init__()
-        extra = {"groups": groups, "width_per_group": width_per_group, "se": se} if block is Bottleneck else {}
+        extra = (
+            {"groups": groups, "width_per_group": width_per_group, "se": se} if block is Bottleneck else {}
+        )
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)

@@ -58,7 +58,9 @@ def get_workload(
         )
     entry = builtin_model(name)
     if entry is None:
-        raise WorkloadError(f"unknown workload {name!r} (known: {', '.join(WORKLOAD_NAMES)}; or {other_sources()})")
+        raise WorkloadError(
+            f"unknown workload {name!r} (known: {', '.join(WORKLOAD_NAMES)}; or {other_sources()})"
+        )
     from torchkit.workloads.builtin import builtin_workload
 
     return builtin_workload(entry, imgsz=imgsz, input_shape=input_shape, seq_len=seq_len)
@@ -94,9 +96,14 @@ def _check_options(
 
 
 def _library_workload(
-    name: str, source: LibrarySource, *, imgsz: int | None, input_shape: tuple[int, ...] | None, seq_len: int | None
+    name: str,
+    source: LibrarySource,
+    *,
+    imgsz: int | None,
+    input_shape: tuple[int, ...] | None,
+    seq_len: int | None,
 ) -> Workload:
-    target = name[len(source.prefix):]
+    target = name[len(source.prefix) :]
     if not target:
         raise WorkloadError(
             f"model {name!r} names no model after {source.prefix!r} (e.g. {source.prefix}{source.example})"

@@ -30,7 +30,9 @@ DEFAULT_IMGSZ = 640
 """Ultralytics' default training size"""
 
 
-def ultralytics_workload(spec: str, yaml_name: str, *, imgsz: int | None, input_shape: tuple[int, ...] | None):
+def ultralytics_workload(
+    spec: str, yaml_name: str, *, imgsz: int | None, input_shape: tuple[int, ...] | None
+):
     """The workload of ``ultralytics:FILE.yaml`` at ``imgsz``."""
     from torchkit.workloads import yolo as dense
     from torchkit.workloads.workload import Workload
@@ -49,7 +51,9 @@ def ultralytics_workload(spec: str, yaml_name: str, *, imgsz: int | None, input_
         for branch in branches:
             feats = branch["feats"]
             strides = tuple(size // int(f.shape[2]) for f in feats)
-            total = total + dense.dense_detection_loss(branch["boxes"], branch["scores"], feats, targets, strides)
+            total = total + dense.dense_detection_loss(
+                branch["boxes"], branch["scores"], feats, targets, strides
+            )
         return total
 
     with contextlib.redirect_stdout(sys.stderr):
@@ -91,7 +95,9 @@ def _check_yaml(spec: str, yaml_name: str, tasks) -> str:
             "ultralytics/cfg/models, e.g. yolov8n.yaml, yolo11n.yaml)"
         ) from e
     if task != "detect":
-        raise WorkloadError(f"model {spec!r} is a {task} model; only detection YAMLs (task detect) are supported")
+        raise WorkloadError(
+            f"model {spec!r} is a {task} model; only detection YAMLs (task detect) are supported"
+        )
     return yaml_name
 
 
@@ -100,10 +106,14 @@ def _image_size(spec: str, imgsz: int | None, input_shape: tuple[int, ...] | Non
     if input_shape is not None:
         shape = tuple(int(d) for d in input_shape)
         if len(shape) != 3 or shape[0] != 3 or shape[1] != shape[2]:
-            raise WorkloadError(f"model {spec!r} takes square RGB images: use --imgsz N, not --input-shape {shape}")
+            raise WorkloadError(
+                f"model {spec!r} takes square RGB images: use --imgsz N, not --input-shape {shape}"
+            )
         size = shape[1]
     if size % 32 or size < 32:
-        raise WorkloadError(f"model {spec!r} needs an image size divisible by 32 (its largest stride), got {size}")
+        raise WorkloadError(
+            f"model {spec!r} needs an image size divisible by 32 (its largest stride), got {size}"
+        )
     return size
 
 

@@ -40,8 +40,14 @@ def user_workload(
 
 
 @functools.lru_cache(maxsize=4)
-def _workload_of(factory: Callable[[], Any], spec: str, input_shape: tuple[int, ...] | None, seq_len: int | None,
-                 vocab_size: int | None, input_dtype: str | None):
+def _workload_of(
+    factory: Callable[[], Any],
+    spec: str,
+    input_shape: tuple[int, ...] | None,
+    seq_len: int | None,
+    vocab_size: int | None,
+    input_dtype: str | None,
+):
     from torchkit.workloads.construct import template_for
     from torchkit.workloads.workload import Workload, check_model
 
@@ -106,8 +112,9 @@ def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
     except WorkloadError:
         raise
     except _ExitCalled as e:
-        raise WorkloadError(f"factory {spec!r} called os._exit({e.code!r}) (it must return the model, not end the "
-                            "process)") from None
+        raise WorkloadError(
+            f"factory {spec!r} called os._exit({e.code!r}) (it must return the model, not end the process)"
+        ) from None
     except SystemExit as e:  # contained: the exit code is the user's, not batchplan's
         raise WorkloadError(
             f"factory {spec!r} called sys.exit({e.code!r}) (it must return the model, not exit)"
@@ -117,7 +124,9 @@ def _call_factory(factory: Callable[[], Any], spec: str) -> Any:
             f"factory {spec!r} failed: {type(e).__name__}: {e} (it must build the model with no arguments)"
         ) from e
     if not isinstance(model, Workload | torch.nn.Module):
-        raise WorkloadError(f"factory {spec!r} returned {type(model).__name__}, not an nn.Module or a Workload")
+        raise WorkloadError(
+            f"factory {spec!r} returned {type(model).__name__}, not an nn.Module or a Workload"
+        )
     return model
 
 

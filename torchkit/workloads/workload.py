@@ -70,7 +70,9 @@ def model_template(workload: Workload) -> torch.nn.Module:
             "(it must build the model with no arguments)"
         ) from e
     if not isinstance(model, torch.nn.Module):
-        raise WorkloadError(f"model factory of {workload.name!r} returned {type(model).__name__}, not an nn.Module")
+        raise WorkloadError(
+            f"model factory of {workload.name!r} returned {type(model).__name__}, not an nn.Module"
+        )
     return model
 
 
@@ -127,7 +129,9 @@ def _input_mismatch(workload: Workload, e: Exception, inputs: Any) -> str:
         if not inputs.is_tokens and ("indices" in text or "Long" in text or "Int" in text):
             fix = "it takes integer token ids: give --seq-len N --vocab-size V, or --input-dtype int64 --vocab-size V"
         elif inputs.is_tokens:
-            fix = "it takes floating-point inputs: drop --vocab-size and give --input-shape (and --input-dtype)"
+            fix = (
+                "it takes floating-point inputs: drop --vocab-size and give --input-shape (and --input-dtype)"
+            )
         else:
             fix = "give the dtype it expects with --input-dtype"
         return f"model {workload.name!r} cannot take input dtype {inputs.dtype} ({inputs.describe()}): {cause} ({fix})"

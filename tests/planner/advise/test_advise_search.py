@@ -25,8 +25,18 @@ EPOCH = 1_281_167
 
 
 def _offers(entries: list[dict], networks: dict[str, dict]):
-    full = [{"max_nodes": 1, "price_per_node_hour": 1.0, "network": "net", "source": "test", "date": "2026-11-09",
-             "gpus_per_node": 1, **e} for e in entries]
+    full = [
+        {
+            "max_nodes": 1,
+            "price_per_node_hour": 1.0,
+            "network": "net",
+            "source": "test",
+            "date": "2026-11-09",
+            "gpus_per_node": 1,
+            **e,
+        }
+        for e in entries
+    ]
     return parse_offers({"networks": networks, "offers": full}, "test-offers.yaml")
 
 
@@ -44,13 +54,16 @@ def context(cache):
 @pytest.fixture(scope="module")
 def batch_context(cache):
     offers = _offers([{"name": f"o{i}", "gpu": t} for i, t in enumerate(TYPES)], {"net": {"gbps": 10}})
-    return AdviseContext(JobSpec(model="resnet50", global_batch=512), offers, epoch_samples=EPOCH, cache=cache)
+    return AdviseContext(
+        JobSpec(model="resnet50", global_batch=512), offers, epoch_samples=EPOCH, cache=cache
+    )
 
 
 def _run(context, offers, max_gpus=16, filters=Filters(), prune=True):
     ctx = context.with_offers(offers)
-    candidates = enumerate_candidates(offers, [o for o in offers.offers if ctx.holds_job(o) is None],
-                                      max_gpus=max_gpus)
+    candidates = enumerate_candidates(
+        offers, [o for o in offers.offers if ctx.holds_job(o) is None], max_gpus=max_gpus
+    )
     return ctx, candidates, search(ctx, candidates, filters, prune=prune)
 
 
@@ -58,22 +71,32 @@ def _points(result):
     return [(p.candidate.label, p.time_per_epoch_s, p.cost_per_epoch_usd) for p in result.front]
 
 
-offer_entry = st.fixed_dictionaries({
-    "gpu": st.sampled_from(TYPES),
-    "gpus_per_node": st.sampled_from((1, 2, 4, 8)),
-    "max_nodes": st.integers(1, 4),
-    "price_per_node_hour": st.sampled_from((0.0, 0.35, 1.29, 2.69, 8.0, 21.96, 55.04)),
-    "network": st.sampled_from(("a", "b")),
-})
+offer_entry = st.fixed_dictionaries(
+    {
+        "gpu": st.sampled_from(TYPES),
+        "gpus_per_node": st.sampled_from((1, 2, 4, 8)),
+        "max_nodes": st.integers(1, 4),
+        "price_per_node_hour": st.sampled_from((0.0, 0.35, 1.29, 2.69, 8.0, 21.96, 55.04)),
+        "network": st.sampled_from(("a", "b")),
+    }
+)
 
 
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(entries=st.lists(offer_entry, min_size=2, max_size=5),
-       gbps=st.tuples(st.sampled_from((1, 10, 100, 400)), st.sampled_from((1, 10, 100, 400))))
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    entries=st.lists(offer_entry, min_size=2, max_size=5),
+    gbps=st.tuples(st.sampled_from((1, 10, 100, 400)), st.sampled_from((1, 10, 100, 400))),
+)
 def test_the_pruned_front_is_the_brute_force_front(context, entries, gbps):
-    offers = _offers([{**e, "name": f"o{i}"} for i, e in enumerate(entries)],
-                     {"a": {"gbps": gbps[0]}, "b": {"gbps": gbps[1], "latency_us": 50}})
+    offers = _offers(
+        [{**e, "name": f"o{i}"} for i, e in enumerate(entries)],
+        {"a": {"gbps": gbps[0]}, "b": {"gbps": gbps[1], "latency_us": 50}},
+    )
     _, candidates, pruned = _run(context, offers, max_gpus=12)
     _, _, brute = _run(context, offers, max_gpus=12, prune=False)
     assert _points(pruned) == _points(brute)
@@ -83,11 +106,17 @@ def test_the_pruned_front_is_the_brute_force_front(context, entries, gbps):
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(entries=st.lists(offer_entry, min_size=2, max_size=3))
 def test_with_a_global_batch_the_pruned_front_is_the_brute_force_front(batch_context, entries):
-    offers = _offers([{**e, "name": f"o{i}", "max_nodes": min(e["max_nodes"], 2)} for i, e in enumerate(entries)],
-                     {"a": {"gbps": 100}, "b": {"gbps": 1}})
+    offers = _offers(
+        [{**e, "name": f"o{i}", "max_nodes": min(e["max_nodes"], 2)} for i, e in enumerate(entries)],
+        {"a": {"gbps": 100}, "b": {"gbps": 1}},
+    )
     _, _, pruned = _run(batch_context, offers, max_gpus=8)
     _, _, brute = _run(batch_context, offers, max_gpus=8, prune=False)
     assert _points(pruned) == _points(brute)
@@ -96,10 +125,19 @@ def test_with_a_global_batch_the_pruned_front_is_the_brute_force_front(batch_con
 
 
 def _nodes_offers(gbps: float, latency_us: float):
-    return _offers([
-        {"name": "one", "gpu": "A100-SXM4-80GB", "max_nodes": 8, "price_per_node_hour": 1.39},
-        {"name": "eight", "gpu": "A100-SXM4-80GB", "gpus_per_node": 8, "max_nodes": 2, "price_per_node_hour": 22.32},
-    ], {"net": {"gbps": gbps, "latency_us": latency_us}})
+    return _offers(
+        [
+            {"name": "one", "gpu": "A100-SXM4-80GB", "max_nodes": 8, "price_per_node_hour": 1.39},
+            {
+                "name": "eight",
+                "gpu": "A100-SXM4-80GB",
+                "gpus_per_node": 8,
+                "max_nodes": 2,
+                "price_per_node_hour": 22.32,
+            },
+        ],
+        {"net": {"gbps": gbps, "latency_us": latency_us}},
+    )
 
 
 def test_over_1_gbps_no_multi_node_point_is_faster_than_the_best_single_node(context):
@@ -150,15 +188,33 @@ def test_a_global_batch_no_candidate_reaches_is_a_rejection_with_the_allocators_
 
 
 def test_a_searched_plan_is_the_plan_of_the_candidates_cluster_config(context, cache):
-    offers = _offers([
-        {"name": "a100", "gpu": "A100-SXM4-80GB", "gpus_per_node": 2, "max_nodes": 2, "price_per_node_hour": 3},
-        {"name": "t4", "gpu": "T4", "gpus_per_node": 2, "max_nodes": 1, "price_per_node_hour": 1, "intra": "pcie"},
-    ], {"net": {"gbps": 25, "latency_us": 20}})
+    offers = _offers(
+        [
+            {
+                "name": "a100",
+                "gpu": "A100-SXM4-80GB",
+                "gpus_per_node": 2,
+                "max_nodes": 2,
+                "price_per_node_hour": 3,
+            },
+            {
+                "name": "t4",
+                "gpu": "T4",
+                "gpus_per_node": 2,
+                "max_nodes": 1,
+                "price_per_node_hour": 1,
+                "intra": "pcie",
+            },
+        ],
+        {"net": {"gbps": 25, "latency_us": 20}},
+    )
     ctx, candidates, _ = _run(context, offers)
     for candidate in candidates:
         ours = ctx.evaluate(candidate).plan
         theirs = plan_without_ray(ctx.job, candidate.cluster(offers), options=DriverOptions(cache=cache)).plan
-        assert [(r.node, r.gpu, r.batch) for r in ours.ranks] == [(r.node, r.gpu, r.batch) for r in theirs.ranks]
+        assert [(r.node, r.gpu, r.batch) for r in ours.ranks] == [
+            (r.node, r.gpu, r.batch) for r in theirs.ranks
+        ]
         assert ours.throughput_samples_per_s == theirs.throughput_samples_per_s
         assert ours.predicted_comm_time_s == theirs.predicted_comm_time_s
 
@@ -167,8 +223,10 @@ def test_a_searched_plan_prices_an_exposed_sync_as_the_plan_line_does(context, c
     """Where the all-reduce is not hidden (a slow network), its exposed part depends on how much of the step is
     backward: advise takes its GPU types' share as the driver does, so the point's figures are its plan
     line's (they differed: 52,345 vs 51,699 samples/s, sync 12% vs 13%, on the README's example)."""
-    offers = _offers([{"name": "h100", "gpu": "H100-SXM5-80GB", "gpus_per_node": 8, "max_nodes": 2}],
-                     {"net": {"gbps": 100, "latency_us": 14}})
+    offers = _offers(
+        [{"name": "h100", "gpu": "H100-SXM5-80GB", "gpus_per_node": 8, "max_nodes": 2}],
+        {"net": {"gbps": 100, "latency_us": 14}},
+    )
     ctx, candidates, _ = _run(context, offers)
     two_nodes = next(c for c in candidates if c.num_nodes == 2)
     ours = ctx.evaluate(two_nodes).plan
@@ -184,9 +242,12 @@ def test_the_front_is_the_undominated_points_fastest_first(context):
     _, _, result = _run(context, _nodes_offers(10, 30), prune=False)
     front = pareto_front(result.evaluated)
     for p in result.evaluated:
-        dominated = any(q.time_per_epoch_s <= p.time_per_epoch_s and q.cost_per_epoch_usd <= p.cost_per_epoch_usd
-                        and (q.time_per_epoch_s, q.cost_per_epoch_usd) != (p.time_per_epoch_s, p.cost_per_epoch_usd)
-                        for q in result.evaluated)
+        dominated = any(
+            q.time_per_epoch_s <= p.time_per_epoch_s
+            and q.cost_per_epoch_usd <= p.cost_per_epoch_usd
+            and (q.time_per_epoch_s, q.cost_per_epoch_usd) != (p.time_per_epoch_s, p.cost_per_epoch_usd)
+            for q in result.evaluated
+        )
         assert (p in front) == (not dominated)
     assert [p.time_per_epoch_s for p in front] == sorted(p.time_per_epoch_s for p in front)
 
@@ -197,11 +258,15 @@ def test_a_point_carries_its_time_range_and_says_when_its_gpu_is_uncalibrated(co
         low, high = point.time_per_epoch_range_s
         assert low < point.time_per_epoch_s < high
     assert context.uncalibrated(result.front[0].candidate) == []  # A100-SXM4-80GB has calibration rows
-    t4 = _offers([{"name": "t", "gpu": "T4"}], {"net": {"gbps": 10}})  # Turing has rows (issue #32), the T4 none
-    line, = context.with_offers(t4).uncalibrated(enumerate_candidates(t4, t4.offers, max_gpus=1)[0])
+    t4 = _offers(
+        [{"name": "t", "gpu": "T4"}], {"net": {"gbps": 10}}
+    )  # Turing has rows (issue #32), the T4 none
+    (line,) = context.with_offers(t4).uncalibrated(enumerate_candidates(t4, t4.offers, max_gpus=1)[0])
     assert line.startswith("T4: no calibration rows")
     h100 = _offers([{"name": "h", "gpu": "H100-SXM5-80GB"}], {"net": {"gbps": 10}})  # MLPerf rows: calibrated
-    assert context.with_offers(h100).uncalibrated(enumerate_candidates(h100, h100.offers, max_gpus=1)[0]) == []
+    assert (
+        context.with_offers(h100).uncalibrated(enumerate_candidates(h100, h100.offers, max_gpus=1)[0]) == []
+    )
 
 
 def test_an_offer_whose_gpu_cannot_hold_the_minimum_batch_is_ruled_out(context):

@@ -55,10 +55,16 @@ def splittable(cap, k: int, min_batch: int, step_batch: int, mode: str) -> bool:
 
 
 def same(a: Allocation, b: Allocation) -> bool:
-    return (np.array_equal(a.batches, b.batches) and np.array_equal(a.included, b.included)
-            and a.excluded_reasons == b.excluded_reasons and a.accumulate == b.accumulate
-            and a.step_time_s == b.step_time_s and a.advice == b.advice and a.alternatives == b.alternatives
-            and np.array_equal(a.rank_step_time_s, b.rank_step_time_s))
+    return (
+        np.array_equal(a.batches, b.batches)
+        and np.array_equal(a.included, b.included)
+        and a.excluded_reasons == b.excluded_reasons
+        and a.accumulate == b.accumulate
+        and a.step_time_s == b.step_time_s
+        and a.advice == b.advice
+        and a.alternatives == b.alternatives
+        and np.array_equal(a.rank_step_time_s, b.rank_step_time_s)
+    )
 
 
 @st.composite
@@ -76,25 +82,41 @@ def clusters(draw, max_ranks: int = 8, max_cap: int = 40):
 
 @pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters(), k=st.sampled_from([1, 2, 4, 8]), min_batch=st.integers(1, 10),
-       mode=st.sampled_from(["balanced", "max", "uniform"]),
-       global_batch=st.one_of(st.none(), st.integers(1, 400)),
-       labelled=st.booleans())
-def test_allocation_respects_bounds_sums_and_is_deterministic(cluster, k, min_batch, mode, global_batch,
-                                                                labelled):
+@given(
+    cluster=clusters(),
+    k=st.sampled_from([1, 2, 4, 8]),
+    min_batch=st.integers(1, 10),
+    mode=st.sampled_from(["balanced", "max", "uniform"]),
+    global_batch=st.one_of(st.none(), st.integers(1, 400)),
+    labelled=st.booleans(),
+)
+def test_allocation_respects_bounds_sums_and_is_deterministic(
+    cluster, k, min_batch, mode, global_batch, labelled
+):
     cap, t0, t1 = cluster
     groups = [f"type{c % 3}" for c in cap] if labelled else None
     lo = min_units(min_batch, k) * k
     try:
-        result = allocate(cap, t0, t1, mode=mode, global_batch=global_batch, multiple_of=k,
-                          min_batch=min_batch, groups=groups)
+        result = allocate(
+            cap,
+            t0,
+            t1,
+            mode=mode,
+            global_batch=global_batch,
+            multiple_of=k,
+            min_batch=min_batch,
+            groups=groups,
+        )
     except InfeasiblePlanError as error:
         if all(c // k * k < lo for c in cap):
             assert "no rank can run the minimum batch" in str(error)
         else:
             assert global_batch is not None
-            assert not any(splittable(cap, k, min_batch, global_batch // a, mode)
-                           for a in range(1, global_batch + 1) if global_batch % a == 0)
+            assert not any(
+                splittable(cap, k, min_batch, global_batch // a, mode)
+                for a in range(1, global_batch + 1)
+                if global_batch % a == 0
+            )
             assert "nearest valid global batch sizes" in str(error)
         return
     included = np.array([c // k * k >= lo for c in cap])
@@ -115,12 +137,16 @@ def test_allocation_respects_bounds_sums_and_is_deterministic(cluster, k, min_ba
         # takes less time per global batch; max (memory first) takes the smallest
         total_s = result.accumulate * result.step_time_s
         if mode == "max":
-            assert not any(splittable(cap, k, min_batch, global_batch // a, mode)
-                           for a in range(1, result.accumulate) if global_batch % a == 0)
+            assert not any(
+                splittable(cap, k, min_batch, global_batch // a, mode)
+                for a in range(1, result.accumulate)
+                if global_batch % a == 0
+            )
         for a in range(1, global_batch + 1) if mode != "max" else ():
             if global_batch % a == 0 and splittable(cap, k, min_batch, global_batch // a, mode):
-                other = allocate(cap, t0, t1, mode=mode, global_batch=global_batch // a, multiple_of=k,
-                                 min_batch=min_batch)
+                other = allocate(
+                    cap, t0, t1, mode=mode, global_batch=global_batch // a, multiple_of=k, min_batch=min_batch
+                )
                 assert total_s <= a * other.accumulate * other.step_time_s * (1 + 1e-9), (a, other.accumulate)
     if mode == "uniform":
         assert len(set(b[included].tolist())) == 1
@@ -134,17 +160,23 @@ def test_allocation_respects_bounds_sums_and_is_deterministic(cluster, k, min_ba
     assert np.all((result.idle_fraction >= -1e-12) & (result.idle_fraction < 1))
     assert set(result.alternatives) <= ALTERNATIVE_KEYS
     assert result.alternatives[mode] == pytest.approx(result.throughput_samples_per_s)
-    again = allocate(cap, t0, t1, mode=mode, global_batch=global_batch, multiple_of=k, min_batch=min_batch,
-                     groups=groups)
+    again = allocate(
+        cap, t0, t1, mode=mode, global_batch=global_batch, multiple_of=k, min_batch=min_batch, groups=groups
+    )
     assert same(result, again)
 
 
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None)
-@given(cluster=clusters(max_ranks=4, max_cap=24), k=st.sampled_from([1, 2, 4]), min_batch=st.integers(1, 6),
-       global_batch=st.integers(1, 120))
-def test_balanced_with_global_batch_reaches_the_exhaustive_minimum_step_time(cluster, k, min_batch,
-                                                                             global_batch):
+@given(
+    cluster=clusters(max_ranks=4, max_cap=24),
+    k=st.sampled_from([1, 2, 4]),
+    min_batch=st.integers(1, 6),
+    global_batch=st.integers(1, 120),
+)
+def test_balanced_with_global_batch_reaches_the_exhaustive_minimum_step_time(
+    cluster, k, min_batch, global_batch
+):
     cap, t0, t1 = cluster
     try:
         result = allocate(cap, t0, t1, global_batch=global_batch, multiple_of=k, min_batch=min_batch)
@@ -252,8 +284,10 @@ def test_comparison_with_uniform_is_a_note_not_advice():
 def test_uniform_left_out_says_why():
     result = allocate([100, 100, 100], [0.01] * 3, [0.001] * 3, global_batch=200)
     assert "uniform" not in result.alternatives
-    assert ("'uniform' (plain DDP) is not compared: global batch 200 does not split into 3 equal per-rank "
-            "batches (a multiple of 3 would, e.g. 198 or 201)") in result.notes
+    assert (
+        "'uniform' (plain DDP) is not compared: global batch 200 does not split into 3 equal per-rank "
+        "batches (a multiple of 3 would, e.g. 198 or 201)"
+    ) in result.notes
 
 
 def test_balance_efficiency_below_one_with_no_idle_rank_is_explained():
@@ -271,12 +305,18 @@ def test_balance_efficiency_lost_to_the_exposed_sync_is_explained():
     result = allocate([100, 100], [0.0, 0.0], [0.001, 0.001], sync=lambda _ranks, _t: 0.02)
     assert np.all(result.idle_fraction == 0) and result.balance_efficiency == pytest.approx(100 / 120)
     note = next(n for n in result.notes if n.startswith("balance efficiency"))
-    assert note == ("balance efficiency 0.83 with no rank waiting: the bound (1.00) is every GPU running alone at its "
-                    "cap with no gradient sync; here the exposed gradient sync is 17% of the step")
+    assert note == (
+        "balance efficiency 0.83 with no rank waiting: the bound (1.00) is every GPU running alone at its "
+        "cap with no gradient sync; here the exposed gradient sync is 17% of the step"
+    )
     # a rank 1-2% idle (as a table shows it) still gets its note
-    slightly = allocate([100, 100], [0.0, 0.0], [0.001, 0.00099], global_batch=100, sync=lambda _ranks, _t: 0.02)
+    slightly = allocate(
+        [100, 100], [0.0, 0.0], [0.001, 0.00099], global_batch=100, sync=lambda _ranks, _t: 0.02
+    )
     assert 0.005 <= slightly.idle_fraction.max() < 0.05
-    assert any(n.startswith("balance efficiency") and "no rank waiting more than 1%" in n for n in slightly.notes)
+    assert any(
+        n.startswith("balance efficiency") and "no rank waiting more than 1%" in n for n in slightly.notes
+    )
 
 
 def test_global_batch_that_fits_in_one_step_needs_no_accumulation():
@@ -286,19 +326,29 @@ def test_global_batch_that_fits_in_one_step_needs_no_accumulation():
 
 def test_infeasible_global_batch_names_the_nearest_valid_sizes():
     # caps 8 and 8 as multiples of 4: a step holds 8, 12 or 16 samples; 50 is no multiple of 4, 52 = 4·13
-    with pytest.raises(InfeasiblePlanError, match=r"global batch 50 .*nearest valid global batch sizes: 48 or 56"):
+    with pytest.raises(
+        InfeasiblePlanError, match=r"global batch 50 .*nearest valid global batch sizes: 48 or 56"
+    ):
         allocate([10, 10], [0.1, 0.1], [0.01, 0.01], global_batch=50, multiple_of=4)
 
 
 def test_global_batch_below_one_minimal_step_names_the_smallest_valid_size():
-    with pytest.raises(InfeasiblePlanError, match=r"nearest valid global batch sizes: 8 \(nothing smaller works\)"):
+    with pytest.raises(
+        InfeasiblePlanError, match=r"nearest valid global batch sizes: 8 \(nothing smaller works\)"
+    ):
         allocate([8, 8], [0.1, 0.1], [0.01, 0.01], global_batch=6, min_batch=4)
 
 
 def test_uniform_global_batch_must_split_into_equal_rank_batches():
-    with pytest.raises(InfeasiblePlanError, match=r"3 equal batches .* nearest valid global batch sizes: 9 or 12"):
+    with pytest.raises(
+        InfeasiblePlanError, match=r"3 equal batches .* nearest valid global batch sizes: 9 or 12"
+    ):
         allocate([4, 4, 4], [0.1] * 3, [0.01] * 3, mode="uniform", global_batch=10)
-    assert allocate([4, 4, 4], [0.1] * 3, [0.01] * 3, mode="uniform", global_batch=24).batches.tolist() == [4, 4, 4]
+    assert allocate([4, 4, 4], [0.1] * 3, [0.01] * 3, mode="uniform", global_batch=24).batches.tolist() == [
+        4,
+        4,
+        4,
+    ]
 
 
 def test_rank_below_minimum_batch_is_excluded_with_the_reason():
@@ -311,14 +361,19 @@ def test_rank_below_minimum_batch_is_excluded_with_the_reason():
 def test_exclusion_reason_explains_rounding_to_the_multiple():
     result = allocate([7, 64], [0.01] * 2, [0.001] * 2, min_batch=1, multiple_of=8)
     assert result.excluded_reasons == {
-        0: "fits at most 7 samples < minimum batch 8 (min_batch 1 rounded up to a multiple of 8)"}
-    assert allocate([0, 5], [0.01] * 2, [0.001] * 2).excluded_reasons == {0: "does not fit a single sample < "
-                                                                           "minimum batch 1"}
+        0: "fits at most 7 samples < minimum batch 8 (min_batch 1 rounded up to a multiple of 8)"
+    }
+    assert allocate([0, 5], [0.01] * 2, [0.001] * 2).excluded_reasons == {
+        0: "does not fit a single sample < minimum batch 1"
+    }
 
 
 def test_all_ranks_excluded_is_infeasible_with_a_fix():
-    with pytest.raises(InfeasiblePlanError, match=r"no rank can run the minimum batch 16: the largest cap is "
-                                                  r"12 samples \(rank 1\); lower min_batch"):
+    with pytest.raises(
+        InfeasiblePlanError,
+        match=r"no rank can run the minimum batch 16: the largest cap is "
+        r"12 samples \(rank 1\); lower min_batch",
+    ):
         allocate([3, 12], [0.01] * 2, [0.001] * 2, min_batch=16)
 
 
@@ -360,8 +415,10 @@ def test_throughput_mode_without_global_batch_can_stop_below_the_caps():
     result = allocate([1000, 20], [0.01, 0.4], [0.001, 0.005])
     assert result.batches.tolist() == [490, 20]
     assert result.step_time_s == pytest.approx(0.5)
-    assert result.throughput_samples_per_s > allocate([1000, 20], [0.01, 0.4], [0.001, 0.005],
-                                                      mode="max").throughput_samples_per_s
+    assert (
+        result.throughput_samples_per_s
+        > allocate([1000, 20], [0.01, 0.4], [0.001, 0.005], mode="max").throughput_samples_per_s
+    )
 
 
 def test_advice_says_which_slow_group_to_drop_and_by_how_much():
@@ -388,20 +445,32 @@ def test_advice_to_drop_many_groups_names_the_few_kept_and_lists_with_commas():
     t1 = [0.001] * 2 + [0.02] * 6
     groups = ["A", "A", "B", "B", "C", "C", "D", "D"]
     sentence = next(a for a in allocate(cap, t0, t1, groups=groups).advice if "faster" in a)
-    assert sentence.startswith("keeping only the 2 A ranks (ranks 0-1) and dropping the other 6 would be "), sentence
+    assert sentence.startswith("keeping only the 2 A ranks (ranks 0-1) and dropping the other 6 would be "), (
+        sentence
+    )
     cap3, t03, t13 = cap[:2] + cap[4:], t0[:2] + [1.0, 1.0, 0.02, 0.02], t1[:2] + [0.02, 0.02, 0.001, 0.001]
-    sentence = next(a for a in allocate(cap3, t03, t13, groups=["A", "A", "C", "C", "E", "E"]).advice
-                    if a.startswith("dropping"))
+    sentence = next(
+        a
+        for a in allocate(cap3, t03, t13, groups=["A", "A", "C", "C", "E", "E"]).advice
+        if a.startswith("dropping")
+    )
     assert sentence.startswith("dropping the 2 C ranks (ranks 2-3) would be "), sentence
     from planner.allocate.advice import _describe
 
-    listed = _describe(np.arange(6), np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 2]), np.array(["A", "B", "C"]))
+    listed = _describe(
+        np.arange(6), np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 2]), np.array(["A", "B", "C"])
+    )
     assert listed == "the 2 A, 2 B and 2 C ranks (ranks 0-5)"
 
 
 def test_advice_with_global_batch_compares_time_per_global_batch():
-    result = allocate([256, 256, 64], [0.02, 0.02, 1.0], [0.001, 0.001, 0.02], global_batch=1024,
-                      groups=["A100", "A100", "K80"])
+    result = allocate(
+        [256, 256, 64],
+        [0.02, 0.02, 1.0],
+        [0.001, 0.001, 0.02],
+        global_batch=1024,
+        groups=["A100", "A100", "K80"],
+    )
     sentence = next(a for a in result.advice if a.startswith("dropping"))
     assert "s per global batch of 1024" in sentence and "ranks 2" not in sentence and "(rank 2)" in sentence
 
@@ -422,8 +491,10 @@ def test_default_groups_fall_back_to_time_profiles_when_caps_all_differ():
 
 def test_too_many_labelled_groups_are_not_compared_and_a_note_says_so():
     result = allocate([64] * 40, [0.02] * 40, [0.001] * 40, groups=list(range(40)))
-    assert result.notes == ("no advice on dropping GPU groups: the ranks form 40 groups (more than 32); pass "
-                             "groups= (e.g. the GPU type per rank) to compare them",)
+    assert result.notes == (
+        "no advice on dropping GPU groups: the ranks form 40 groups (more than 32); pass "
+        "groups= (e.g. the GPU type per rank) to compare them",
+    )
 
 
 def test_no_advice_when_nothing_is_clearly_faster():
@@ -461,26 +532,45 @@ def test_demo_mix_a100_v100_t4_balanced_beats_uniform():
 # ------------------------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"max_batch": [8, 8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1, 0.1]},
-     r"time_intercept_s must be a 1-D sequence with one value per rank \(2 ranks\)"),
-    ({"max_batch": [8, -1], "time_intercept_s": [0.1, 0.1], "time_per_sample_s": [0.1, 0.1]},
-     r"max_batch\[1\] = -1"),
-    ({"max_batch": [8.5], "time_intercept_s": [0.1], "time_per_sample_s": [0.1]}, "whole numbers"),
-    ({"max_batch": [8], "time_intercept_s": [float("nan")], "time_per_sample_s": [0.1]},
-     r"time_intercept_s\[0\] = nan"),
-    ({"max_batch": [8, 8], "time_intercept_s": [0.1, 0.0], "time_per_sample_s": [0.1, 0.0]},
-     "rank 1 has step time 0"),
-    ({"max_batch": [], "time_intercept_s": [], "time_per_sample_s": []}, "no rank"),
-    ({"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "mode": "fast"},
-     "mode 'fast' is not one of balanced, max, uniform"),
-    ({"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "multiple_of": 0},
-     "multiple_of must be an integer ≥ 1"),
-    ({"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "global_batch": 2.5},
-     "global_batch must be an integer"),
-    ({"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "groups": ["a", "b"]},
-     "groups must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"max_batch": [8, 8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1, 0.1]},
+            r"time_intercept_s must be a 1-D sequence with one value per rank \(2 ranks\)",
+        ),
+        (
+            {"max_batch": [8, -1], "time_intercept_s": [0.1, 0.1], "time_per_sample_s": [0.1, 0.1]},
+            r"max_batch\[1\] = -1",
+        ),
+        ({"max_batch": [8.5], "time_intercept_s": [0.1], "time_per_sample_s": [0.1]}, "whole numbers"),
+        (
+            {"max_batch": [8], "time_intercept_s": [float("nan")], "time_per_sample_s": [0.1]},
+            r"time_intercept_s\[0\] = nan",
+        ),
+        (
+            {"max_batch": [8, 8], "time_intercept_s": [0.1, 0.0], "time_per_sample_s": [0.1, 0.0]},
+            "rank 1 has step time 0",
+        ),
+        ({"max_batch": [], "time_intercept_s": [], "time_per_sample_s": []}, "no rank"),
+        (
+            {"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "mode": "fast"},
+            "mode 'fast' is not one of balanced, max, uniform",
+        ),
+        (
+            {"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "multiple_of": 0},
+            "multiple_of must be an integer ≥ 1",
+        ),
+        (
+            {"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "global_batch": 2.5},
+            "global_batch must be an integer",
+        ),
+        (
+            {"max_batch": [8], "time_intercept_s": [0.1], "time_per_sample_s": [0.1], "groups": ["a", "b"]},
+            "groups must be",
+        ),
+    ],
+)
 def test_bad_input_is_a_config_error_that_names_the_field(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         allocate(**kwargs)

@@ -71,8 +71,7 @@ def test_sync_moves_the_throughput_optimum_towards_bigger_steps():
     plain = allocate(cap, t0, t1)
     synced = allocate(cap, t0, t1, sync=lambda _r, _t: 1.0)
     assert synced.step_batch > plain.step_batch
-    assert synced.throughput_samples_per_s == pytest.approx(
-        synced.step_batch / (synced.compute_time_s + 1.0))
+    assert synced.throughput_samples_per_s == pytest.approx(synced.step_batch / (synced.compute_time_s + 1.0))
 
 
 def test_options_are_priced_with_the_sync_of_their_own_ranks():

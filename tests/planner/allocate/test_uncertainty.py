@@ -17,7 +17,9 @@ def _eff(t1, cap, batches, factor):
 
 
 def test_without_uncertainty_the_range_is_the_point() -> None:
-    lo, hi = balance_efficiency_range([0, 0], [0.01, 0.02], [100, 100], [100, 50], [True, True], [0, 0], ["a", "b"])
+    lo, hi = balance_efficiency_range(
+        [0, 0], [0.01, 0.02], [100, 100], [100, 50], [True, True], [0, 0], ["a", "b"]
+    )
     assert lo == hi == pytest.approx(_eff([0.01, 0.02], [100, 100], [100, 50], [1, 1]))
 
 
@@ -32,14 +34,18 @@ def test_each_gpu_type_is_off_by_its_sigma_in_either_direction() -> None:
 
 def test_ranks_of_one_type_share_their_error_and_measured_types_have_none() -> None:
     t1, cap, batches = [0.01, 0.01, 0.02], [100, 100, 100], [100, 100, 50]
-    lo, hi = balance_efficiency_range([0, 0, 0], t1, cap, batches, [True] * 3, [0.3, 0.3, 0.0], ["a", "a", "m"])
+    lo, hi = balance_efficiency_range(
+        [0, 0, 0], t1, cap, batches, [True] * 3, [0.3, 0.3, 0.0], ["a", "a", "m"]
+    )
     corners = [_eff(t1, cap, batches, [math.exp(x * 0.3)] * 2 + [1.0]) for x in (-1, 1)]
     nominal = _eff(t1, cap, batches, [1.0] * 3)  # the predicted point is always inside the range
     assert lo == pytest.approx(min([*corners, nominal])) and hi == pytest.approx(max([*corners, nominal]))
 
 
 def test_excluded_ranks_do_not_count() -> None:
-    lo, hi = balance_efficiency_range([0, 0], [0.01, 5.0], [100, 0], [100, 0], [True, False], [0.1, 0.5], ["a", "b"])
+    lo, hi = balance_efficiency_range(
+        [0, 0], [0.01, 5.0], [100, 0], [100, 0], [True, False], [0.1, 0.5], ["a", "b"]
+    )
     assert lo == hi == pytest.approx(1.0)
 
 
@@ -47,7 +53,9 @@ def test_many_types_use_the_one_off_corners() -> None:
     n = 14  # more than MAX_ENUMERATED_TYPES
     t1 = [0.01 * (1 + i / n) for i in range(n)]
     batches = [round(100 / (1 + i / n)) for i in range(n)]
-    lo, hi = balance_efficiency_range([0] * n, t1, [200] * n, batches, [True] * n, [0.1] * n, [str(i) for i in range(n)])
+    lo, hi = balance_efficiency_range(
+        [0] * n, t1, [200] * n, batches, [True] * n, [0.1] * n, [str(i) for i in range(n)]
+    )
     assert 0 < lo < hi <= 1.0
 
 

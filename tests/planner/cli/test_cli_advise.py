@@ -41,8 +41,17 @@ def workdir(tmp_path_factory):
 
 
 def _advise(workdir, *extra, **kwargs):
-    return run_cli("advise", "--offers", "offers.yaml", *TINY_MODEL, "--cache-dir", "cache", *extra, cwd=workdir,
-                   **kwargs)
+    return run_cli(
+        "advise",
+        "--offers",
+        "offers.yaml",
+        *TINY_MODEL,
+        "--cache-dir",
+        "cache",
+        *extra,
+        cwd=workdir,
+        **kwargs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +66,28 @@ def test_json_gives_the_front_with_counts_and_plan_lines(picked):
     assert doc["schema"] == "batchplan/advise@1"
     # big: 0-2 nodes, small: 0-3 (at most 16 GPUs), cheap: 1-3 on its own network
     assert doc["candidates"] == 3 * 4 - 1 + 3
-    assert 1 <= doc["evaluated"] <= doc["candidates"] and doc["evaluated"] + doc["pruned"] == doc["candidates"]
+    assert (
+        1 <= doc["evaluated"] <= doc["candidates"] and doc["evaluated"] + doc["pruned"] == doc["candidates"]
+    )
     front = doc["front"]
     assert front and [p["rank"] for p in front] == list(range(1, len(front) + 1))
     for point in front:
-        for key in ("cluster", "gpus", "time_per_epoch_s", "cost_per_epoch_usd", "samples_per_s", "plan_command",
-                    "time_per_epoch_range_s", "uncalibrated", "cluster_file"):
+        for key in (
+            "cluster",
+            "gpus",
+            "time_per_epoch_s",
+            "cost_per_epoch_usd",
+            "samples_per_s",
+            "plan_command",
+            "time_per_epoch_range_s",
+            "uncalibrated",
+            "cluster_file",
+        ):
             assert key in point
         assert point["time_per_epoch_s"] == pytest.approx(50000 / point["samples_per_s"])
-        assert point["cost_per_epoch_usd"] == pytest.approx(point["time_per_epoch_s"] * point["price_per_hour_usd"] / 3600)
+        assert point["cost_per_epoch_usd"] == pytest.approx(
+            point["time_per_epoch_s"] * point["price_per_hour_usd"] / 3600
+        )
         assert shlex.split(point["plan_command"])[:2] == ["batchplan", "plan"]
     times = [p["time_per_epoch_s"] for p in front]
     costs = [p["cost_per_epoch_usd"] for p in front]
@@ -109,29 +131,39 @@ def test_plot_writes_a_png(workdir):
     assert (workdir / "front.png").read_bytes().startswith(PNG_MAGIC)
 
 
-@pytest.mark.parametrize(("offers", "words"), [
-    (OFFERS.replace("max_nodes: 2", "max_nodez: 2"), ("offers.yaml: offers[0].max_nodez", "unknown key")),
-    (OFFERS.replace("network: slow", "network: fast"), ("offers[2].network", "not one of networks")),
-    (OFFERS.replace("gpu: T4", "gpu: T9"), ("offers[1].gpu", "T9")),
-])
+@pytest.mark.parametrize(
+    ("offers", "words"),
+    [
+        (OFFERS.replace("max_nodes: 2", "max_nodez: 2"), ("offers.yaml: offers[0].max_nodez", "unknown key")),
+        (OFFERS.replace("network: slow", "network: fast"), ("offers[2].network", "not one of networks")),
+        (OFFERS.replace("gpu: T4", "gpu: T9"), ("offers[1].gpu", "T9")),
+    ],
+)
 def test_a_bad_offers_file_is_one_error_line_and_exit_2(tmp_path, offers, words):
     (tmp_path / "offers.yaml").write_text(offers)
     assert_user_error(_advise(tmp_path), 2, *words)
     assert not (tmp_path / "advise-clusters").exists()
 
 
-@pytest.mark.parametrize(("flags", "words"), [
-    (("--max-gpus", "0"), ("--max-gpus 0",)),
-    (("--deadline", "-1"), ("--deadline",)),
-    (("--epoch-samples", "0"), ("--epoch-samples",)),
-    (("--gpus", "0"), ("--gpus", "whole rented nodes")),
-])
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (("--max-gpus", "0"), ("--max-gpus 0",)),
+        (("--deadline", "-1"), ("--deadline",)),
+        (("--epoch-samples", "0"), ("--epoch-samples",)),
+        (("--gpus", "0"), ("--gpus", "whole rented nodes")),
+    ],
+)
 def test_bad_flags_are_one_error_line_and_exit_2(workdir, flags, words):
     assert_user_error(_advise(workdir, *flags), 2, *words)
 
 
 def test_a_missing_offers_file_and_a_pick_past_the_front_are_exit_2(tmp_path, workdir):
-    assert_user_error(run_cli("advise", "--offers", "none.yaml", *TINY_MODEL, cwd=tmp_path), 2, "none.yaml",
-                      "does not exist")
+    assert_user_error(
+        run_cli("advise", "--offers", "none.yaml", *TINY_MODEL, cwd=tmp_path),
+        2,
+        "none.yaml",
+        "does not exist",
+    )
     assert_user_error(_advise(workdir, "--pick", "99", "-o", "never.json"), 2, "--pick 99")
     assert not (workdir / "never.json").exists()

@@ -152,8 +152,21 @@ def test_explicit_select_is_shown_as_picked(four_gpus, capsys):
 
 
 def test_an_unmet_selection_is_a_warning_not_a_failure(four_gpus, capsys):
-    assert main(["devices", "--json", "--select", "-1,-1,-1,-1", "--min-memory-fraction", "0.3",
-                 "--max-utilization", "1"]) == 0
+    assert (
+        main(
+            [
+                "devices",
+                "--json",
+                "--select",
+                "-1,-1,-1,-1",
+                "--min-memory-fraction",
+                "0.3",
+                "--max-utilization",
+                "1",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     [node] = json.loads(captured.out)["nodes"]
     assert node["selected"] == []

@@ -33,11 +33,14 @@ def _error(err: str) -> str:
     return line
 
 
-@pytest.mark.parametrize("wrong, meant", [
-    ("--global_batch", "did you mean --global-batch? "),
-    ("--noray", "did you mean --no-ray? "),
-    ("--batch-size", "did you mean --global-batch or --min-batch? "),
-])
+@pytest.mark.parametrize(
+    "wrong, meant",
+    [
+        ("--global_batch", "did you mean --global-batch? "),
+        ("--noray", "did you mean --no-ray? "),
+        ("--batch-size", "did you mean --global-batch or --min-batch? "),
+    ],
+)
 def test_a_wrong_flag_gets_the_flag_meant_and_the_commands_own_help(capsys, wrong, meant):
     code, out, err = _run(capsys, ["plan", "--cluster", str(DEMO_MIXED), "--model", "resnet18", wrong, "8"])
     assert (code, out) == (2, "")
@@ -59,12 +62,27 @@ def test_profile_refuses_a_misspelt_built_in_at_once_with_the_close_matches(caps
     monkeypatch.setattr(profile, "_gather", no_work)
     code, _, err = _run(capsys, ["profile", "--gpu", "T4", "--model", "resnet51"])
     assert code == 2
-    assert "error: --model 'resnet51' is not a built-in workload (did you mean resnet50 or resnet18?" in _error(err)
+    assert (
+        "error: --model 'resnet51' is not a built-in workload (did you mean resnet50 or resnet18?"
+        in _error(err)
+    )
 
 
 def test_profile_says_which_user_code_it_imports_before_it_runs_it(capsys, tmp_path):
-    code, _, err = _run(capsys, ["profile", "--gpu", "T4", "--model", "tests.planner.tiny_models:convnet",
-                                 "--input-shape", "3,32,32", "--cache-dir", str(tmp_path)])
+    code, _, err = _run(
+        capsys,
+        [
+            "profile",
+            "--gpu",
+            "T4",
+            "--model",
+            "tests.planner.tiny_models:convnet",
+            "--input-shape",
+            "3,32,32",
+            "--cache-dir",
+            str(tmp_path),
+        ],
+    )
     assert code == 0, err
     first = err.splitlines()[0]
     assert first.startswith("user code: importing module 'tests.planner.tiny_models' (from ")
@@ -77,7 +95,10 @@ def test_show_of_a_cluster_config_advises_planning_it_not_overwriting_it(capsys,
     code, _, err = _run(capsys, ["show", str(config)])
     line = _error(err)
     assert code == 2 and f"-o {config}" not in line
-    assert f"a cluster config rather than a plan: plan it with batchplan plan --cluster {config} -o plan.json" in line
+    assert (
+        f"a cluster config rather than a plan: plan it with batchplan plan --cluster {config} -o plan.json"
+        in line
+    )
 
 
 def test_no_gpu_and_no_cluster_named_suggests_a_simulated_cluster(capsys, monkeypatch):
@@ -108,11 +129,28 @@ def test_a_range_the_figures_cannot_show_is_not_printed(capsys):
 
 def test_advise_with_an_empty_front_ends_with_an_error_line(capsys, tmp_path):
     offers = tmp_path / "offers.yaml"
-    offers.write_text("networks: {eth: {gbps: 10}}\noffers:\n  - {name: a, gpu: T4, gpus_per_node: 1, max_nodes: 1, "
-                      "price_per_node_hour: 5, network: eth, source: test, date: 2026-11-09}\n")
-    code, out, err = _run(capsys, ["advise", "--offers", str(offers), "--model", "tests.planner.tiny_models:convnet",
-                                   "--input-shape", "3,32,32", "--budget-per-hour", "1", "--cache-dir",
-                                   str(tmp_path / "cache"), "--write-clusters", str(tmp_path / "clusters")])
+    offers.write_text(
+        "networks: {eth: {gbps: 10}}\noffers:\n  - {name: a, gpu: T4, gpus_per_node: 1, max_nodes: 1, "
+        "price_per_node_hour: 5, network: eth, source: test, date: 2026-11-09}\n"
+    )
+    code, out, err = _run(
+        capsys,
+        [
+            "advise",
+            "--offers",
+            str(offers),
+            "--model",
+            "tests.planner.tiny_models:convnet",
+            "--input-shape",
+            "3,32,32",
+            "--budget-per-hour",
+            "1",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--write-clusters",
+            str(tmp_path / "clusters"),
+        ],
+    )
     assert code == 1
     assert "rejected 1:" in out and "over --budget-per-hour 1" in out  # the result says why
     assert _error(err).startswith("error: no candidate cluster of these offers can run the job (1 left out")
@@ -126,13 +164,30 @@ def test_ctrl_c_during_a_fake_pass_ends_at_the_error_line(tmp_path):
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(
-        "import atexit, sys\natexit.register(lambda: sys.stderr.write('interpreter teardown ran\\n'))\n")
+        "import atexit, sys\natexit.register(lambda: sys.stderr.write('interpreter teardown ran\\n'))\n"
+    )
     env = cli_env()
     env["PYTHONPATH"] = os.pathsep.join((str(hooks), env["PYTHONPATH"]))
     process = subprocess.Popen(
-        [sys.executable, "-m", "planner.cli.main", "plan", "--cluster", str(DEMO_MIXED), "--model", "resnet50",
-         "--no-ray", "--no-cache", "--no-write"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "plan",
+            "--cluster",
+            str(DEMO_MIXED),
+            "--model",
+            "resnet50",
+            "--no-ray",
+            "--no-cache",
+            "--no-write",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         seen = ""
@@ -151,9 +206,15 @@ def test_ctrl_c_during_a_fake_pass_ends_at_the_error_line(tmp_path):
 @pytest.mark.slow  # a Python that imports torch (and Ray): about 2 s on an idle machine, over the unmarked budget
 @pytest.mark.parametrize("script", ["train_ddp.py", "ray_train.py"])
 def test_the_examples_help_says_what_they_do_in_whole_sentences(script):
-    done = subprocess.run([sys.executable, str(REPO_ROOT / "examples" / script), "--help"], capture_output=True,
-                          text=True, timeout=120, env=cli_env({"COLUMNS": "80"}))
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env({"COLUMNS": "80"}),
+    )
     assert done.returncode == 0, done.stderr
     description = " ".join(done.stdout.split("\n\n")[1].split())
-    assert description.startswith("Train with the batches of a plan") and description.endswith("one big batch.")
-
+    assert description.startswith("Train with the batches of a plan") and description.endswith(
+        "one big batch."
+    )

@@ -28,22 +28,32 @@ def _the_error_line(err: str) -> str:
     return line.removeprefix("error: ")
 
 
-@pytest.mark.parametrize("argv, code, command", [
-    (["plan", "--json", "--cluster", NO_SUCH_CONFIG, "--model", "resnet18", "--no-write"], 2, "plan"),
-    (["preflight", "--json", "--cluster", NO_SUCH_CONFIG, "--model", "resnet18"], 2, "preflight"),
-    (["profile", "--json", "--gpu", "NO-SUCH-GPU", "--model", "resnet18"], 2, "profile"),
-    (["plan", "--json", "--cluster", NO_SUCH_CONFIG], 2, "plan"),  # argparse: --model missing
-    (["plan", "--json", "--model", "resnet18", "--imgsz", "2147483648"], 2, "plan"),
-])
+@pytest.mark.parametrize(
+    "argv, code, command",
+    [
+        (["plan", "--json", "--cluster", NO_SUCH_CONFIG, "--model", "resnet18", "--no-write"], 2, "plan"),
+        (["preflight", "--json", "--cluster", NO_SUCH_CONFIG, "--model", "resnet18"], 2, "preflight"),
+        (["profile", "--json", "--gpu", "NO-SUCH-GPU", "--model", "resnet18"], 2, "profile"),
+        (["plan", "--json", "--cluster", NO_SUCH_CONFIG], 2, "plan"),  # argparse: --model missing
+        (["plan", "--json", "--model", "resnet18", "--imgsz", "2147483648"], 2, "plan"),
+    ],
+)
 def test_a_failure_under_json_is_one_error_document_and_one_error_line(capsys, argv, code, command) -> None:
     returned, out, err = _run(capsys, argv)
     assert returned == code
     doc = json.loads(out)
-    assert doc == {"schema": ERROR_SCHEMA, "command": command, "error": _the_error_line(err), "exit_code": code}
+    assert doc == {
+        "schema": ERROR_SCHEMA,
+        "command": command,
+        "error": _the_error_line(err),
+        "exit_code": code,
+    }
 
 
 def test_without_json_a_failure_leaves_stdout_empty(capsys) -> None:
-    returned, out, err = _run(capsys, ["plan", "--cluster", NO_SUCH_CONFIG, "--model", "resnet18", "--no-write"])
+    returned, out, err = _run(
+        capsys, ["plan", "--cluster", NO_SUCH_CONFIG, "--model", "resnet18", "--no-write"]
+    )
     assert (returned, out) == (2, "")
     assert NO_SUCH_CONFIG in _the_error_line(err)
 
@@ -57,8 +67,12 @@ def test_an_infeasible_plan_under_json_is_an_error_document_with_exit_1(capsys, 
     monkeypatch.setattr(plan, "run", infeasible)
     returned, out, err = _run(capsys, ["plan", "--json", "--model", "resnet18", "--no-write"])
     assert returned == 1
-    assert json.loads(out) == {"schema": ERROR_SCHEMA, "command": "plan",
-                               "error": "nothing fits (lower --multiple-of)", "exit_code": 1}
+    assert json.loads(out) == {
+        "schema": ERROR_SCHEMA,
+        "command": "plan",
+        "error": "nothing fits (lower --multiple-of)",
+        "exit_code": 1,
+    }
     assert _the_error_line(err) == "nothing fits (lower --multiple-of)"
 
 
@@ -88,5 +102,9 @@ def test_a_bug_under_json_still_gives_a_document_and_its_traceback(capsys, monke
     with pytest.raises(RuntimeError, match="an invariant broke"):
         cli_main.main(["plan", "--json", "--model", "resnet18", "--no-write"])
     doc = json.loads(capsys.readouterr().out)
-    assert doc == {"schema": ERROR_SCHEMA, "command": "plan", "error": "internal error: RuntimeError: an invariant broke",
-                   "exit_code": 1}
+    assert doc == {
+        "schema": ERROR_SCHEMA,
+        "command": "plan",
+        "error": "internal error: RuntimeError: an invariant broke",
+        "exit_code": 1,
+    }

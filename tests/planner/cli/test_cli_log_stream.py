@@ -26,9 +26,14 @@ def _run_with_closed_stderr(tmp_path, *args: str) -> tuple[int, str]:
     out_path = tmp_path / "stdout.txt"
     try:
         with open(out_path, "w") as out:
-            done = subprocess.run([sys.executable, "-m", "planner.cli.main", *args], cwd=tmp_path,
-                                  env=cli_env({"BATCHPLAN_CACHE_DIR": str(tmp_path / "cache")}),
-                                  stdout=out, stderr=write_end, timeout=300)
+            done = subprocess.run(
+                [sys.executable, "-m", "planner.cli.main", *args],
+                cwd=tmp_path,
+                env=cli_env({"BATCHPLAN_CACHE_DIR": str(tmp_path / "cache")}),
+                stdout=out,
+                stderr=write_end,
+                timeout=300,
+            )
     finally:
         os.close(write_end)
     return done.returncode, out_path.read_text()
@@ -43,8 +48,18 @@ def _stale_plan(tmp_path):
 @pytest.mark.slow
 def test_a_closed_stderr_still_writes_the_plan_without_ray(tmp_path) -> None:
     stale = _stale_plan(tmp_path)
-    code, out = _run_with_closed_stderr(tmp_path, "plan", "--cluster", str(DEMO_MIXED), *TINY_MODEL,
-                                        "--global-batch", "96", "--no-ray", "-o", str(stale))
+    code, out = _run_with_closed_stderr(
+        tmp_path,
+        "plan",
+        "--cluster",
+        str(DEMO_MIXED),
+        *TINY_MODEL,
+        "--global-batch",
+        "96",
+        "--no-ray",
+        "-o",
+        str(stale),
+    )
     assert code == 0, out
     plan = check_plan(json.loads(stale.read_text()))
     assert plan["global_batch"] == 96
@@ -55,8 +70,18 @@ def test_a_closed_stderr_still_writes_the_plan_without_ray(tmp_path) -> None:
 @pytest.mark.ray
 def test_a_closed_stderr_still_writes_the_plan_with_ray(tmp_path) -> None:
     stale = _stale_plan(tmp_path)
-    code, out = _run_with_closed_stderr(tmp_path, "plan", "--cluster", str(DEMO_MIXED), *TINY_MODEL,
-                                        "--global-batch", "96", "-o", str(stale), "--json")
+    code, out = _run_with_closed_stderr(
+        tmp_path,
+        "plan",
+        "--cluster",
+        str(DEMO_MIXED),
+        *TINY_MODEL,
+        "--global-batch",
+        "96",
+        "-o",
+        str(stale),
+        "--json",
+    )
     assert code == 0, out
     assert check_plan(json.loads(out)) == check_plan(json.loads(stale.read_text()))
     assert json.loads(stale.read_text())["global_batch"] == 96
@@ -72,8 +97,9 @@ class _ClosedPipe:
         raise BrokenPipeError(32, "Broken pipe")
 
 
-def test_in_process_a_closed_stderr_changes_neither_the_result_nor_the_exit_code(tmp_path, monkeypatch,
-                                                                                 capsys) -> None:
+def test_in_process_a_closed_stderr_changes_neither_the_result_nor_the_exit_code(
+    tmp_path, monkeypatch, capsys
+) -> None:
     from planner.cli import plan
 
     def logs_then_writes(args):

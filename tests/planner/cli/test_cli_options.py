@@ -15,7 +15,10 @@ from planner.job import JobFieldError, JobSpec
 def test_every_job_field_error_is_shown_with_the_flag_the_user_typed():
     with pytest.raises(JobFieldError) as info:
         JobSpec(model="m", global_batch=100, multiple_of=8)
-    assert info.value.render(flag_of) == "--global-batch 100 is invalid (it must be a multiple of --multiple-of 8: try 96 or 104)"
+    assert (
+        info.value.render(flag_of)
+        == "--global-batch 100 is invalid (it must be a multiple of --multiple-of 8: try 96 or 104)"
+    )
     with pytest.raises(JobFieldError) as info:
         JobSpec(model="m", min_free_memory_fraction=2.0)
     assert info.value.render(flag_of).startswith("--min-memory-fraction 2.0 is invalid")
@@ -27,7 +30,11 @@ def test_a_job_field_error_survives_pickling_as_it_crosses_ray():
     with pytest.raises(JobFieldError) as info:
         JobSpec(model="m", mode="fast")
     again = pickle.loads(pickle.dumps(info.value))
-    assert (again.field, str(again), again.render(flag_of)) == ("mode", str(info.value), info.value.render(flag_of))
+    assert (again.field, str(again), again.render(flag_of)) == (
+        "mode",
+        str(info.value),
+        info.value.render(flag_of),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- parse_input_shape
@@ -83,8 +90,14 @@ def test_every_job_field_is_a_flag_with_the_specs_default_and_choices():
         assert action.option_strings == [flag_of(spec_field.name)]
         wanted = None if spec_field.default is dataclasses.MISSING else spec_field.default
         assert action.default == wanted, spec_field.name
-    choices = {"amp": AMP_CHOICES, "optimizer": OPTIMIZERS, "mode": MODES, "method": METHODS, "fit": FIT_KINDS,
-               "input_dtype": INPUT_DTYPES}
+    choices = {
+        "amp": AMP_CHOICES,
+        "optimizer": OPTIMIZERS,
+        "mode": MODES,
+        "method": METHODS,
+        "fit": FIT_KINDS,
+        "input_dtype": INPUT_DTYPES,
+    }
     for name, values in choices.items():
         assert tuple(actions[name].choices) == tuple(values), name
     assert typing.get_args(typing.get_type_hints(JobSpec)["input_dtype"])  # a Literal, not a bare str
@@ -97,9 +110,12 @@ def test_the_parsed_default_flags_are_the_default_job():
 
     args = build_parser().parse_args(["plan", "--model", "resnet18"])
     assert job_from_args(args) == JobSpec(model="resnet18")
-    args = build_parser().parse_args(["profile", "--model", "m:f", "--input-shape", "3x8x8", "--method", "estimate",
-                                      "--channels-last"])
-    assert job_from_args(args) == JobSpec(model="m:f", input_shape=(3, 8, 8), method="estimate", channels_last=True)
+    args = build_parser().parse_args(
+        ["profile", "--model", "m:f", "--input-shape", "3x8x8", "--method", "estimate", "--channels-last"]
+    )
+    assert job_from_args(args) == JobSpec(
+        model="m:f", input_shape=(3, 8, 8), method="estimate", channels_last=True
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,8 +139,9 @@ def test_a_field_without_a_cli_form_gets_its_flag_from_the_field_alone():
     add_spec_flags(parser.add_argument_group("x"), Spec, {})
     helps = {a.dest: a.help for a in parser._actions}
     assert helps["bucket_cap_mib"] == "DDP's gradient bucket size, MiB (default 25)"
-    assert spec_from_args(Spec, {}, parser.parse_args(["--bucket-cap-mib", "50", "--flavour", "b", "--quiet"])) == (
-        Spec(bucket_cap_mib=50, flavour="b", quiet=True))
+    assert spec_from_args(
+        Spec, {}, parser.parse_args(["--bucket-cap-mib", "50", "--flavour", "b", "--quiet"])
+    ) == (Spec(bucket_cap_mib=50, flavour="b", quiet=True))
 
 
 def test_profile_refuses_the_flags_that_only_shape_a_plan_and_keeps_their_defaults():
@@ -132,10 +149,19 @@ def test_profile_refuses_the_flags_that_only_shape_a_plan_and_keeps_their_defaul
 
     actions = _job_actions("profile")
     planning_only = {name for name, form in JOB_FLAG_FORMS.items() if form.planning_only}
-    assert planning_only == {"mode", "global_batch", "min_batch", "gpus", "min_free_memory_fraction",
-                             "max_utilization_fraction", "bucket_cap_mb"}
+    assert planning_only == {
+        "mode",
+        "global_batch",
+        "min_batch",
+        "gpus",
+        "min_free_memory_fraction",
+        "max_utilization_fraction",
+        "bucket_cap_mb",
+    }
     for name in planning_only:
-        assert actions[name].help == "==SUPPRESS==" and actions[name].default == getattr(JobSpec(model="m"), name)
+        assert actions[name].help == "==SUPPRESS==" and actions[name].default == getattr(
+            JobSpec(model="m"), name
+        )
 
 
 def test_preflight_thresholds_are_flags_of_their_type():
@@ -153,10 +179,22 @@ def test_spec_argv_spells_a_job_that_the_flags_read_back() -> None:
     from planner.cli.spec_flags import spec_argv
     from planner.job import JobSpec
 
-    jobs = [JobSpec(model="resnet50"),
-            JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=96,
-                    multiple_of=8, amp="bf16", optimizer="adamw", channels_last=True, fraction=0.5, mode="max",
-                    method="estimate", bucket_cap_mb=50.0)]
+    jobs = [
+        JobSpec(model="resnet50"),
+        JobSpec(
+            model="tests.planner.tiny_models:convnet",
+            input_shape=(3, 32, 32),
+            global_batch=96,
+            multiple_of=8,
+            amp="bf16",
+            optimizer="adamw",
+            channels_last=True,
+            fraction=0.5,
+            mode="max",
+            method="estimate",
+            bucket_cap_mb=50.0,
+        ),
+    ]
     for job in jobs:
         argv = spec_argv(job, JOB_FLAG_FORMS)
         assert argv[:2] == ["--model", job.model]

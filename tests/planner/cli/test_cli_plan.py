@@ -27,7 +27,14 @@ from tests.planner.cli_helpers import (
 )
 
 README_COMMAND = [
-    "batchplan", "plan", "--cluster", "cluster_configs/demo-mixed.yaml", "--model", "resnet50", "--global-batch", "768",
+    "batchplan",
+    "plan",
+    "--cluster",
+    "cluster_configs/demo-mixed.yaml",
+    "--model",
+    "resnet50",
+    "--global-batch",
+    "768",
 ]
 
 
@@ -57,8 +64,13 @@ def test_readme_main_command_plans_the_demo_cluster_through_ray(tmp_path: Path) 
     argv = readme_batchplan_command()[1:]
     config_at = argv.index("--cluster") + 1
     argv[config_at] = str(REPO_ROOT / argv[config_at])  # the README runs from the repository root
-    result = run_cli(*argv, cwd=tmp_path, env={"BATCHPLAN_CACHE_DIR": str(tmp_path / "cache")},
-                     console_script=True, timeout=600)
+    result = run_cli(
+        *argv,
+        cwd=tmp_path,
+        env={"BATCHPLAN_CACHE_DIR": str(tmp_path / "cache")},
+        console_script=True,
+        timeout=600,
+    )
     assert_ok(result)
 
     plan = check_plan(json.loads((tmp_path / "plan.json").read_text()))
@@ -97,8 +109,17 @@ def test_readme_main_command_plans_the_demo_cluster_through_ray(tmp_path: Path) 
 def test_json_plot_and_output_file_agree(tmp_path: Path, cache_dir: Path) -> None:
     out = tmp_path / "out" / "my-plan.json"
     picture = tmp_path / "pictures" / "plan.png"
-    result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--global-batch", "512", "--json", "-o", out,
-                     "--plot", picture, cwd=tmp_path)
+    result = run_cli(
+        *_no_ray(DEMO_MIXED, cache_dir),
+        "--global-batch",
+        "512",
+        "--json",
+        "-o",
+        out,
+        "--plot",
+        picture,
+        cwd=tmp_path,
+    )
     assert_ok(result)
     plan = check_plan(parse_json_stdout(result))
     assert json.loads(out.read_text()) == plan, "the file holds exactly the plan printed"
@@ -152,8 +173,17 @@ def test_table_on_stdout_and_plan_json_in_the_working_directory(tmp_path: Path, 
 
 def test_emit_env_prints_one_nodes_export_lines(tmp_path: Path, cache_dir: Path) -> None:
     for node_rank, name in enumerate(["node-a100", "node-v100", "node-t4"]):
-        result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--emit", "env", "--node", name, "--master-port", "29611",
-                         "--no-write", cwd=tmp_path)
+        result = run_cli(
+            *_no_ray(DEMO_MIXED, cache_dir),
+            "--emit",
+            "env",
+            "--node",
+            name,
+            "--master-port",
+            "29611",
+            "--no-write",
+            cwd=tmp_path,
+        )
         assert_ok(result)
         assert not (tmp_path / "plan.json").exists(), "--no-write"
         header, *lines = result.stdout.splitlines()
@@ -174,7 +204,9 @@ def test_emit_env_prints_one_nodes_export_lines(tmp_path: Path, cache_dir: Path)
         }
 
 
-def test_emit_env_without_a_node_on_a_multi_node_plan_names_the_flags(tmp_path: Path, cache_dir: Path) -> None:
+def test_emit_env_without_a_node_on_a_multi_node_plan_names_the_flags(
+    tmp_path: Path, cache_dir: Path
+) -> None:
     result = run_cli(*_no_ray(DEMO_MIXED, cache_dir), "--emit", "env", "--no-write", cwd=tmp_path)
     assert_user_error(result, 2, "--node NAME", "--node-rank N", "node-a100", "node-t4")
 
@@ -182,7 +214,9 @@ def test_emit_env_without_a_node_on_a_multi_node_plan_names_the_flags(tmp_path: 
 def test_gpus_minus_one_twice_picks_the_two_idle_cards(tmp_path: Path, cache_dir: Path) -> None:
     """shared-node.yaml: 4 × RTX A6000, GPU 2 half full and GPU 3 busy; ``--gpus -1,-1`` (argv rewriting lets a
     value start with '-') plans on the two idle ones and says why the others were left out."""
-    result = run_cli(*_no_ray(SHARED_NODE, cache_dir), "--gpus", "-1,-1", "--json", "--no-write", cwd=tmp_path)
+    result = run_cli(
+        *_no_ray(SHARED_NODE, cache_dir), "--gpus", "-1,-1", "--json", "--no-write", cwd=tmp_path
+    )
     assert_ok(result)
     plan = check_plan(parse_json_stdout(result))
     assert plan["job"]["gpus"] == "-1,-1"

@@ -57,7 +57,9 @@ def test_title_names_model_and_cluster_and_legends_sit_outside_the_bars(plan: Pl
     try:
         fig.canvas.draw()
         title = fig._suptitle.get_text()
-        assert title.startswith("tests.planner.tiny_models:convnet on demo-mixed (balanced): 6 ranks, global batch 768")
+        assert title.startswith(
+            "tests.planner.tiny_models:convnet on demo-mixed (balanced): 6 ranks, global batch 768"
+        )
         renderer = fig.canvas.get_renderer()
         for ax in fig.axes[:3]:
             legend = ax.get_legend()
@@ -97,8 +99,10 @@ def test_the_exposed_sync_is_drawn_and_named_where_the_step_line_includes_it(tmp
         ax_time = fig.axes[2]
         _, labels = ax_time.get_legend_handles_labels()
         assert f"exposed sync {format_ms(sync_s)} ms (every rank waits)" in labels
-        assert (f"step {format_ms(step_s)} ms = slowest compute {format_ms(slowest_s)} + sync {format_ms(sync_s)}"
-                in labels)
+        assert (
+            f"step {format_ms(step_s)} ms = slowest compute {format_ms(slowest_s)} + sync {format_ms(sync_s)}"
+            in labels
+        )
         sync_bars = [p for p in ax_time.patches if p.get_hatch() == "//"]
         assert len(sync_bars) == len(synced.ranks)
         for bar in sync_bars:  # from the slowest compute to the step line, on every row
@@ -147,8 +151,19 @@ def test_a_large_cluster_gets_one_bar_per_gpu_type() -> None:
 @pytest.mark.slow
 def test_plot_files_are_written_and_the_profile_title_names_the_model(tmp_path: Path) -> None:
     picture = tmp_path / "plan.png"
-    result = run_cli("plan", "--no-ray", "--cluster", DEMO_MIXED, *TINY_MODEL, "--cache-dir", tmp_path / "cache",
-                     "--no-write", "--plot", picture, cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        DEMO_MIXED,
+        *TINY_MODEL,
+        "--cache-dir",
+        tmp_path / "cache",
+        "--no-write",
+        "--plot",
+        picture,
+        cwd=tmp_path,
+    )
     assert_ok(result)
     assert is_png(picture)
 
@@ -164,13 +179,23 @@ def test_plot_files_are_written_and_the_profile_title_names_the_model(tmp_path: 
     from planner.cli.plot import plot_profile
     from planner.profiles.profile import DeviceProfile
 
-    profile = DeviceProfile.from_points(gpu="T4", method="estimate", amp="fp16",
-                                        memory_points=[(1, 2**30), (8, 2 * 2**30), (32, 5 * 2**30)],
-                                        time_points=[(1, 0.01), (8, 0.02), (32, 0.05)])
+    profile = DeviceProfile.from_points(
+        gpu="T4",
+        method="estimate",
+        amp="fp16",
+        memory_points=[(1, 2**30), (8, 2 * 2**30), (32, 5 * 2**30)],
+        time_points=[(1, 0.01), (8, 0.02), (32, 0.05)],
+    )
     Figure.savefig = spy
     try:
-        plot_profile(profile, budget_bytes=9 * 2**30, total_bytes=15 * 2**30, chosen_batch=30,
-                     path=str(tmp_path / "curve.png"), model="resnet50")
+        plot_profile(
+            profile,
+            budget_bytes=9 * 2**30,
+            total_bytes=15 * 2**30,
+            chosen_batch=30,
+            path=str(tmp_path / "curve.png"),
+            model="resnet50",
+        )
     finally:
         Figure.savefig = original
     assert titles == ["resnet50 on T4: memory per step (fp16, estimated)"]

@@ -27,10 +27,18 @@ from tests.planner.cli_helpers import (
 #: the checks of a run that produced a plan with a global batch, in order
 #: the checks of a go, in order; "user_code" first: the runs below build a user factory (TINY_MODEL)
 ALL_CHECKS = [
-    "user_code", "cluster_reachable", "nodes_present", "gpus_present", "idle_thresholds", "versions_consistent",
-    "plan_feasible", "min_batch_fits", "global_batch_reachable", "imbalance", "slow_gpus_worth_it",
+    "user_code",
+    "cluster_reachable",
+    "nodes_present",
+    "gpus_present",
+    "idle_thresholds",
+    "versions_consistent",
+    "plan_feasible",
+    "min_batch_fits",
+    "global_batch_reachable",
+    "imbalance",
+    "slow_gpus_worth_it",
 ]
-
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +55,9 @@ def _failed(doc: dict) -> list[str]:
 
 
 def test_homogeneous_cluster_with_a_reachable_global_batch_is_go(tmp_path: Path, cache_dir: Path) -> None:
-    result = run_cli(*_preflight(HOMOGENEOUS, cache_dir, "--global-batch", "256", "-o", "go-plan.json"),
-                     cwd=tmp_path)
+    result = run_cli(
+        *_preflight(HOMOGENEOUS, cache_dir, "--global-batch", "256", "-o", "go-plan.json"), cwd=tmp_path
+    )
     assert_ok(result, 0)
     lines = result.stdout.splitlines()
     assert lines[-1] == "preflight: go"
@@ -61,8 +70,20 @@ def test_homogeneous_cluster_with_a_reachable_global_batch_is_go(tmp_path: Path,
 
 
 def test_json_go_carries_the_plan(tmp_path: Path, cache_dir: Path) -> None:
-    result = run_cli(*_preflight(HOMOGENEOUS, cache_dir, "--global-batch", "256", "--expect-gpus", "16",
-                                 "--expect-nodes", "2", "--json"), cwd=tmp_path)
+    result = run_cli(
+        *_preflight(
+            HOMOGENEOUS,
+            cache_dir,
+            "--global-batch",
+            "256",
+            "--expect-gpus",
+            "16",
+            "--expect-nodes",
+            "2",
+            "--json",
+        ),
+        cwd=tmp_path,
+    )
     assert_ok(result, 0)
     doc = check_preflight(parse_json_stdout(result))
     assert doc["ok"] is True and _failed(doc) == []
@@ -72,8 +93,20 @@ def test_json_go_carries_the_plan(tmp_path: Path, cache_dir: Path) -> None:
 
 
 def test_zero_imbalance_allowed_on_a_mixed_cluster_is_no_go(tmp_path: Path, cache_dir: Path) -> None:
-    result = run_cli(*_preflight(DEMO_MIXED, cache_dir, "--global-batch", "512", "--max-imbalance", "0", "--json",
-                                 "-o", "never.json"), cwd=tmp_path)
+    result = run_cli(
+        *_preflight(
+            DEMO_MIXED,
+            cache_dir,
+            "--global-batch",
+            "512",
+            "--max-imbalance",
+            "0",
+            "--json",
+            "-o",
+            "never.json",
+        ),
+        cwd=tmp_path,
+    )
     assert_ok(result, 1)
     doc = check_preflight(parse_json_stdout(result))
     assert doc["ok"] is False and _failed(doc) == ["imbalance"]
@@ -123,6 +156,7 @@ def test_bad_input_with_json_still_exits_2_without_a_document(tmp_path: Path) ->
 
 
 def test_a_missing_cluster_file_with_json_exits_2(tmp_path: Path) -> None:
-    result = run_cli("preflight", "--no-ray", "--cluster", tmp_path / "gone.yaml", *TINY_MODEL, "--json",
-                     cwd=tmp_path)
+    result = run_cli(
+        "preflight", "--no-ray", "--cluster", tmp_path / "gone.yaml", *TINY_MODEL, "--json", cwd=tmp_path
+    )
     assert_user_error(result, 2, str(tmp_path / "gone.yaml"))

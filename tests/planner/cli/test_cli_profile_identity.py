@@ -40,8 +40,21 @@ CHECKPOINTED = "checkpoint(block, x, use_reentrant=False)"
 
 
 def _profile(tmp_path: Path) -> tuple[dict, str]:
-    result = run_cli("profile", "--cache-dir", tmp_path / "cache", "--gpu", "T4", "--model", "edited_model:build",
-                     "--input-shape", "256", "--amp", "off", "--json", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--gpu",
+        "T4",
+        "--model",
+        "edited_model:build",
+        "--input-shape",
+        "256",
+        "--amp",
+        "off",
+        "--json",
+        cwd=tmp_path,
+    )
     assert_ok(result)
     return check_profile(parse_json_stdout(result)), result.stderr
 

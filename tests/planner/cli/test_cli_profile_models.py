@@ -26,8 +26,9 @@ def test_profile_json_of_a_library_model_on_a_t4(case: ModelCase, tmp_path: Path
     model = case.name_with(write_tiny_gpt2_config(tmp_path))
     # importing a library's torch stack (a CUDA torch and torchvision in CI's timm stage) and estimating takes
     # minutes on a loaded 2-core machine: a wide limit, only against a hang
-    result = run_cli_process("profile", "--model", model, *case.flags(), "--gpu", "T4", "--json", cwd=tmp_path,
-                             timeout=900)
+    result = run_cli_process(
+        "profile", "--model", model, *case.flags(), "--gpu", "T4", "--json", cwd=tmp_path, timeout=900
+    )
     assert_ok(result)
     doc = check_profile(parse_json_stdout(result))
     assert doc["job"]["model"] == model
@@ -39,15 +40,41 @@ def test_profile_json_of_a_library_model_on_a_t4(case: ModelCase, tmp_path: Path
 
 @pytest.mark.slow
 def test_token_ids_for_a_float_model_and_floats_for_a_token_model_name_the_dtype(tmp_path: Path) -> None:
-    result = run_cli("profile", "--model", "tests.planner.tiny_models:lstm_classifier", "--input-shape", "32",
-                     "--gpu", "T4", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--model",
+        "tests.planner.tiny_models:lstm_classifier",
+        "--input-shape",
+        "32",
+        "--gpu",
+        "T4",
+        cwd=tmp_path,
+    )
     assert_user_error(result, 2, "input dtype float32", "--seq-len N --vocab-size V")
-    result = run_cli("profile", "--model", "tests.planner.tiny_models:convnet", "--input-shape", "3,32,32",
-                     "--vocab-size", "100", "--gpu", "T4", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--model",
+        "tests.planner.tiny_models:convnet",
+        "--input-shape",
+        "3,32,32",
+        "--vocab-size",
+        "100",
+        "--gpu",
+        "T4",
+        cwd=tmp_path,
+    )
     assert_user_error(result, 2, "input dtype int64", "--input-shape")
 
 
 def test_seq_len_for_a_factory_needs_the_vocabulary(tmp_path: Path) -> None:
-    result = run_cli("profile", "--model", "tests.planner.tiny_models:lstm_classifier", "--seq-len", "32",
-                     "--gpu", "T4", cwd=tmp_path)
+    result = run_cli(
+        "profile",
+        "--model",
+        "tests.planner.tiny_models:lstm_classifier",
+        "--seq-len",
+        "32",
+        "--gpu",
+        "T4",
+        cwd=tmp_path,
+    )
     assert_user_error(result, 2, "--vocab-size")

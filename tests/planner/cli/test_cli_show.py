@@ -26,8 +26,23 @@ from torchkit.hardware.catalog import load_catalog
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """A plan saved by ``batchplan plan ... -o plans/demo.json`` (and that run, whose stdout is the table)."""
     where = tmp_path_factory.mktemp("saved_plan")
-    result = run_cli("plan", "--no-ray", "--cluster", DEMO_MIXED, "--no-cache", *TINY_MODEL, "--global-batch", "480",
-                     "--multiple-of", "8", "--script", "train_ddp.py", "-o", "plans/demo.json", cwd=where)
+    result = run_cli(
+        "plan",
+        "--no-ray",
+        "--cluster",
+        DEMO_MIXED,
+        "--no-cache",
+        *TINY_MODEL,
+        "--global-batch",
+        "480",
+        "--multiple-of",
+        "8",
+        "--script",
+        "train_ddp.py",
+        "-o",
+        "plans/demo.json",
+        cwd=where,
+    )
     assert_ok(result)
     return where / "plans" / "demo.json", result
 
@@ -64,10 +79,16 @@ def test_show_emit_env_gives_each_node_its_launch_environment(saved) -> None:
         result = run_cli("show", path, "--emit", "env", "--node", node["name"], cwd=path.parent)
         assert_ok(result)
         lines = result.stdout.splitlines()
-        assert lines[0].startswith(f"# batchplan: environment of node {node['name']} (node rank {node['node_rank']}")
+        assert lines[0].startswith(
+            f"# batchplan: environment of node {node['name']} (node rank {node['node_rank']}"
+        )
         assert lines[1:] == [
-            "export CUDA_DEVICE_ORDER=PCI_BUS_ID", "export CUDA_VISIBLE_DEVICES=0,1", "export NNODES=3",
-            f"export NODE_RANK={node['node_rank']}", "export NPROC_PER_NODE=2", "export MASTER_ADDR=node-a100",
+            "export CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            "export CUDA_VISIBLE_DEVICES=0,1",
+            "export NNODES=3",
+            f"export NODE_RANK={node['node_rank']}",
+            "export NPROC_PER_NODE=2",
+            "export MASTER_ADDR=node-a100",
             "export MASTER_PORT=29500",
         ]
 
@@ -110,9 +131,24 @@ def test_catalog_json_lists_every_canonical_type(tmp_path: Path) -> None:
     assert set(doc) == {"schema", "gpus"} and doc["schema"] == "batchplan/catalog@1"
     names = [gpu["name"] for gpu in doc["gpus"]]
     assert names == list(load_catalog().names())
-    canonical = {"T4", "V100-SXM2-16GB", "V100-SXM2-32GB", "A10", "A10G", "A100-SXM4-40GB", "A100-SXM4-80GB", "L4",
-                 "L40S", "H100-SXM5-80GB", "H100-PCIe-80GB", "H200-SXM-141GB", "RTX-2080Ti", "RTX-3090", "RTX-4090",
-                 "RTX-A6000"}
+    canonical = {
+        "T4",
+        "V100-SXM2-16GB",
+        "V100-SXM2-32GB",
+        "A10",
+        "A10G",
+        "A100-SXM4-40GB",
+        "A100-SXM4-80GB",
+        "L4",
+        "L40S",
+        "H100-SXM5-80GB",
+        "H100-PCIe-80GB",
+        "H200-SXM-141GB",
+        "RTX-2080Ti",
+        "RTX-3090",
+        "RTX-4090",
+        "RTX-A6000",
+    }
     assert canonical <= set(names)
     for gpu in doc["gpus"]:
         assert isinstance(gpu["memory_bytes"], int) and gpu["memory_bytes"] > 0

@@ -36,7 +36,10 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
 def test_a_signal_swallowed_in_a_finaliser_still_unwinds_the_run(name: str) -> None:
-    done = subprocess.run([sys.executable, "-c", SCRIPT.format(name=name)], capture_output=True, text=True,
-                          timeout=120)
-    assert done.stdout.strip() == f"unwound by {int(getattr(__import__('signal'), name))}", done.stdout + done.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(name=name)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip() == f"unwound by {int(getattr(__import__('signal'), name))}", (
+        done.stdout + done.stderr
+    )
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

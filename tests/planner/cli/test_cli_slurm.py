@@ -30,13 +30,25 @@ from tests.planner.slurm_cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
-FAKE_TORCHRUN = '#!/bin/sh\necho "node=$SLURM_NODEID host=$SLURMD_NODENAME cvd=$CUDA_VISIBLE_DEVICES args=$*"\n'
+FAKE_TORCHRUN = (
+    '#!/bin/sh\necho "node=$SLURM_NODEID host=$SLURMD_NODENAME cvd=$CUDA_VISIBLE_DEVICES args=$*"\n'
+)
 
 
-def test_preflight_of_a_partition_plans_its_nodes_by_name_with_their_gres(slurm: SlurmCluster,
-                                                                           tmp_path: Path) -> None:
-    result = run_cli("preflight", "--slurm-partition", "gpus", *TINY_MODEL, "--cache-dir", tmp_path / "cache",
-                     "--json", cwd=tmp_path, env=slurm.env())
+def test_preflight_of_a_partition_plans_its_nodes_by_name_with_their_gres(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    result = run_cli(
+        "preflight",
+        "--slurm-partition",
+        "gpus",
+        *TINY_MODEL,
+        "--cache-dir",
+        tmp_path / "cache",
+        "--json",
+        cwd=tmp_path,
+        env=slurm.env(),
+    )
     assert result.returncode == 0, describe(result)
     report = parse_json_stdout(result)
     assert report["schema"] == PREFLIGHT_SCHEMA and report["ok"] is True, report
@@ -48,15 +60,27 @@ def test_preflight_of_a_partition_plans_its_nodes_by_name_with_their_gres(slurm:
 
 
 def test_gres_type_overrides_the_default_table(slurm: SlurmCluster, tmp_path: Path) -> None:
-    result = run_cli("preflight", "--slurm-partition", "gpus", "--gres-type", "a100=A100-SXM4-80GB", *TINY_MODEL,
-                     "--cache-dir", tmp_path / "cache", "--json", cwd=tmp_path, env=slurm.env())
+    result = run_cli(
+        "preflight",
+        "--slurm-partition",
+        "gpus",
+        "--gres-type",
+        "a100=A100-SXM4-80GB",
+        *TINY_MODEL,
+        "--cache-dir",
+        tmp_path / "cache",
+        "--json",
+        cwd=tmp_path,
+        env=slurm.env(),
+    )
     assert result.returncode == 0, describe(result)
     assert {r["gpu"] for r in parse_json_stdout(result)["plan"]["ranks"]} == {"A100-SXM4-80GB", "T4"}
 
 
 def test_an_unknown_partition_is_one_error_line(slurm: SlurmCluster, tmp_path: Path) -> None:
-    result = run_cli("preflight", "--slurm-partition", "nosuch", *TINY_MODEL, "--json", cwd=tmp_path,
-                     env=slurm.env())
+    result = run_cli(
+        "preflight", "--slurm-partition", "nosuch", *TINY_MODEL, "--json", cwd=tmp_path, env=slurm.env()
+    )
     assert result.returncode == 2, describe(result)
     assert result.stderr.strip().splitlines()[-1].startswith("error: "), describe(result)
     assert "nosuch" in result.stderr and "Traceback" not in result.stderr
@@ -64,27 +88,56 @@ def test_an_unknown_partition_is_one_error_line(slurm: SlurmCluster, tmp_path: P
 
 def test_plan_slurm_outside_an_allocation_says_where_to_run_it(slurm: SlurmCluster, tmp_path: Path) -> None:
     env = {k: v for k, v in cli_env(slurm.env()).items() if not k.startswith("SLURM_JOB")}
-    result = subprocess.run([sys.executable, "-m", "planner.cli.main", "plan", "--slurm", *TINY_MODEL, "--no-write"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "planner.cli.main", "plan", "--slurm", *TINY_MODEL, "--no-write"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     assert "inside salloc or an sbatch script" in result.stderr.strip().splitlines()[-1]
 
 
-def test_plan_slurm_in_an_allocation_and_its_srun_line_start_every_node(slurm: SlurmCluster,
-                                                                         tmp_path: Path) -> None:
+def test_plan_slurm_in_an_allocation_and_its_srun_line_start_every_node(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "torchrun").write_text(FAKE_TORCHRUN)
     (bin_dir / "torchrun").chmod(0o755)
     plan_path = tmp_path / "shared fs" / "plan.json"  # a space: the emitted line must quote it
     plan_path.parent.mkdir()
-    plan = shlex.join([sys.executable, "-m", "planner.cli.main", "plan", "--slurm", *TINY_MODEL, "--global-batch", "64",
-                       "--cache-dir", str(tmp_path / "cache"), "-o", str(plan_path), "--emit", "slurm"])
+    plan = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "plan",
+            "--slurm",
+            *TINY_MODEL,
+            "--global-batch",
+            "64",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "-o",
+            str(plan_path),
+            "--emit",
+            "slurm",
+        ]
+    )
     inner = f"{plan} > srun.sh && PATH={shlex.quote(str(bin_dir))}:$PATH sh srun.sh"
     env = cli_env(slurm.env())
     env["PYTHONPATH"] = str(REPO_ROOT)
-    result = subprocess.run(["salloc", "-N", "2", "--gres=gpu:1", "bash", "-c", inner], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        ["salloc", "-N", "2", "--gres=gpu:1", "bash", "-c", inner],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     srun = (tmp_path / "srun.sh").read_text().strip()
     assert srun.startswith("srun --nodes 2 --ntasks-per-node 1 --nodelist gpu-a,gpu-b bash -c "), srun

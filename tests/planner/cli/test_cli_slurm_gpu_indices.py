@@ -38,12 +38,30 @@ def slurm() -> Iterator[SlurmCluster]:
 def _plan_in_allocation(slurm: SlurmCluster, tmp_path: Path, *salloc_args: str) -> tuple[str, dict]:
     """``batchplan plan --slurm`` inside ``salloc SALLOC_ARGS``: its stdout and the plan it wrote."""
     plan_path = tmp_path / "plan.json"
-    plan = shlex.join([sys.executable, "-m", "planner.cli.main", "plan", "--slurm", *TINY_MODEL,
-                       "--cache-dir", str(tmp_path / "cache"), "-o", str(plan_path)])
+    plan = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "plan",
+            "--slurm",
+            *TINY_MODEL,
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "-o",
+            str(plan_path),
+        ]
+    )
     env = cli_env(slurm.env())
     env["PYTHONPATH"] = str(REPO_ROOT)
-    result = subprocess.run(["salloc", *salloc_args, "bash", "-c", plan], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=SALLOC_TIMEOUT_S)
+    result = subprocess.run(
+        ["salloc", *salloc_args, "bash", "-c", plan],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SALLOC_TIMEOUT_S,
+    )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert "Traceback" not in result.stderr, result.stderr
     return result.stdout, json.loads(plan_path.read_text())
@@ -53,21 +71,31 @@ def _ranks(plan: dict) -> list[tuple[str, int, str]]:
     return [(r["node"], r["device_index"], r["gpu"]) for r in plan["ranks"]]
 
 
-def test_a_job_holding_four_gpus_on_each_node_plans_devices_0_to_3(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_a_job_holding_four_gpus_on_each_node_plans_devices_0_to_3(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
     stdout, plan = _plan_in_allocation(slurm, tmp_path, "-N", "2", "--gres=gpu:4")
     assert _ranks(plan) == [("gpu-c", i, "T4") for i in range(4)] + [
-        ("gpu-d", 0, "T4"), ("gpu-d", 1, "T4"), ("gpu-d", 2, "A10"), ("gpu-d", 3, "A10")]
+        ("gpu-d", 0, "T4"),
+        ("gpu-d", 1, "T4"),
+        ("gpu-d", 2, "A10"),
+        ("gpu-d", 3, "A10"),
+    ]
     assert [n["cuda_visible_devices"] for n in plan["nodes"]] == ["0,1,2,3", "0,1,2,3"]
     assert stdout.count("CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun") == 2, stdout
 
 
-def test_a_job_holding_gpu_t4_4_prints_cuda_visible_devices_0_1_2_3(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_a_job_holding_gpu_t4_4_prints_cuda_visible_devices_0_1_2_3(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
     stdout, plan = _plan_in_allocation(slurm, tmp_path, "-N", "1", "-w", "gpu-c", "--gres=gpu:t4:4")
     assert _ranks(plan) == [("gpu-c", i, "T4") for i in range(4)]
     assert "CUDA_VISIBLE_DEVICES=0,1,2,3 torchrun" in stdout, stdout
 
 
-def test_a_job_holding_part_of_a_mixed_node_numbers_its_own_cards(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_a_job_holding_part_of_a_mixed_node_numbers_its_own_cards(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
     # the job holds one T4 and one A10 of gpu-d (node indices 0 and 2): it sees them as cards 0 and 1
     stdout, plan = _plan_in_allocation(slurm, tmp_path, "-N", "1", "-w", "gpu-d", "--gres=gpu:t4:1,gpu:a10:1")
     assert _ranks(plan) == [("gpu-d", 0, "T4"), ("gpu-d", 1, "A10")]

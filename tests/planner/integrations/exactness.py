@@ -38,7 +38,9 @@ WRONG = 1e-3
 #: per-sample time whose sleeps (up to 4 × 9 × 4 ms a micro-step) dwarf a loaded machine's noise
 SPEEDS = (1.0, 2.0, 4.0)
 SAMPLE_S = 0.004
-REBALANCE_STEPS = 32  # 8 epochs: room for the three bounded switches from (2, 5, 9) to the speed order, and a roll-back
+REBALANCE_STEPS = (
+    32  # 8 epochs: room for the three bounded switches from (2, 5, 9) to the speed order, and a roll-back
+)
 
 
 def requires_integration(module: str) -> pytest.MarkDecorator:
@@ -60,16 +62,24 @@ def plan_document() -> dict:
     return make_plan(BATCHES, nodes=(("node-a", WORLD_SIZE),), accumulate=ACCUMULATE)
 
 
-def epoch_order(epoch: int, seed: int = SEED, batches: Sequence[int] = BATCHES, accumulate: int = ACCUMULATE) -> list[int]:
+def epoch_order(
+    epoch: int, seed: int = SEED, batches: Sequence[int] = BATCHES, accumulate: int = ACCUMULATE
+) -> list[int]:
     """The global order of an epoch: global micro-step s is ``order[s·B:(s+1)·B]`` (``B = Σ batches``)."""
     sampler = PlannedBatchSampler(DATASET_SIZE, batches, 0, seed=seed, accumulate=accumulate)
     sampler.set_epoch(epoch)
     return sampler.epoch_order()
 
 
-def reference_parameters(model: torch.nn.Module, micro_loss: Callable[[torch.nn.Module, list[int]], torch.Tensor],
-                         lr: float, steps: int = OPTIMIZER_STEPS, seed: int = SEED, batches: Sequence[int] = BATCHES,
-                         accumulate: int = ACCUMULATE) -> torch.Tensor:
+def reference_parameters(
+    model: torch.nn.Module,
+    micro_loss: Callable[[torch.nn.Module, list[int]], torch.Tensor],
+    lr: float,
+    steps: int = OPTIMIZER_STEPS,
+    seed: int = SEED,
+    batches: Sequence[int] = BATCHES,
+    accumulate: int = ACCUMULATE,
+) -> torch.Tensor:
     """One process, plain SGD over the same global batches: ``micro_loss(model, indices)`` is the model's loss
     (a mean over the micro-batch); each optimizer step sums ``accumulate`` of them, each divided by it."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -81,7 +91,7 @@ def reference_parameters(model: torch.nn.Module, micro_loss: Callable[[torch.nn.
         optimizer.zero_grad()
         for micro in range(accumulate):
             start = (in_epoch * accumulate + micro) * step_batch
-            (micro_loss(model, order[start:start + step_batch]) / accumulate).backward()
+            (micro_loss(model, order[start : start + step_batch]) / accumulate).backward()
         optimizer.step()
     return flat(model)
 
@@ -104,8 +114,12 @@ def samples_of_epoch_once(taken: Sequence[Sequence[Sequence[int]]], epochs: int 
         return False
     for epoch in range(epochs):
         order = epoch_order(epoch)
-        joined = [i for step in range(per_epoch) for rank in range(WORLD_SIZE)
-                  for i in taken[rank][epoch * per_epoch + step]]
+        joined = [
+            i
+            for step in range(per_epoch)
+            for rank in range(WORLD_SIZE)
+            for i in taken[rank][epoch * per_epoch + step]
+        ]
         if joined != order or sorted(joined) != list(range(DATASET_SIZE)):
             return False
     return True
@@ -125,15 +139,21 @@ def assert_rebalanced_exactly(runs: Sequence[dict], reference: torch.Tensor) -> 
     assert ordered_by_speed(batches_last) and sum(batches_last) == STEP_BATCH, batches_last
     for run in runs:
         assert run["global_step"] == REBALANCE_STEPS
-        assert relative_difference(run["params"], reference) < EXACT, relative_difference(run["params"], reference)
+        assert relative_difference(run["params"], reference) < EXACT, relative_difference(
+            run["params"], reference
+        )
     assert samples_of_epoch_once([run["taken"] for run in runs], epochs=REBALANCE_STEPS // OPTIMIZER_STEPS)
 
 
-def assert_planned_job_trained_exactly(runs: Sequence[dict], reference: Callable[[Sequence[int]], torch.Tensor]) -> None:
+def assert_planned_job_trained_exactly(
+    runs: Sequence[dict], reference: Callable[[Sequence[int]], torch.Tensor]
+) -> None:
     """The runs of ``planned_job()``: every rank holds the same planned split of 32 samples, takes its own batch
     in every step, and ends where ``reference(batches)`` (one process on that plan's global batches) does."""
     batches = runs[0]["batches"]
-    assert all(run["batches"] == batches for run in runs) and sum(batches) == 32 and len(batches) == WORLD_SIZE
+    assert (
+        all(run["batches"] == batches for run in runs) and sum(batches) == 32 and len(batches) == WORLD_SIZE
+    )
     for rank, run in enumerate(runs):
         assert run["accumulate"] == 1 and run["global_step"] == OPTIMIZER_STEPS
         assert [len(b) for b in run["taken"]] == [batches[rank]] * OPTIMIZER_STEPS
@@ -144,9 +164,18 @@ def assert_planned_job_trained_exactly(runs: Sequence[dict], reference: Callable
 def dist_environment(rank: int, port: int) -> None:
     """What torchrun would set for ``rank`` of the three (frameworks initialise the group from it)."""
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE), GROUP_RANK="0", NODE_RANK="0",
-                      GLOO_SOCKET_IFNAME="lo", CUDA_VISIBLE_DEVICES="")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD_SIZE),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(WORLD_SIZE),
+        GROUP_RANK="0",
+        NODE_RANK="0",
+        GLOO_SOCKET_IFNAME="lo",
+        CUDA_VISIBLE_DEVICES="",
+    )
 
 
 def init_gloo(rank: int, port: int) -> None:
@@ -179,8 +208,12 @@ def spawn(worker: Callable[..., None], out_dir: Path, *args: Any) -> list[Any]:
 
     for attempt in range(2):
         try:
-            mp.start_processes(_rank_entry, args=(worker, free_port(), str(out_dir), *args), nprocs=WORLD_SIZE,
-                               start_method="spawn")
+            mp.start_processes(
+                _rank_entry,
+                args=(worker, free_port(), str(out_dir), *args),
+                nprocs=WORLD_SIZE,
+                start_method="spawn",
+            )
             break
         except mp.ProcessRaisedException as exc:
             if attempt or "address already in use" not in str(exc).lower():
@@ -193,6 +226,7 @@ def spawn(worker: Callable[..., None], out_dir: Path, *args: Any) -> list[Any]:
 
 
 # ------------------------------------------------------------------- a regression MLP (Accelerate, Lightning)
+
 
 def regression_data() -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets whose scale grows with the index, so a rank's mean loss differs clearly from the
@@ -221,15 +255,18 @@ class IndexedRegression(torch.utils.data.Dataset):
         return self.x[index], self.y[index], index
 
 
-def mlp_reference(lr: float, steps: int = OPTIMIZER_STEPS, batches: Sequence[int] = BATCHES,
-                  accumulate: int = ACCUMULATE) -> torch.Tensor:
+def mlp_reference(
+    lr: float, steps: int = OPTIMIZER_STEPS, batches: Sequence[int] = BATCHES, accumulate: int = ACCUMULATE
+) -> torch.Tensor:
     """The one-process reference of the MLP with the mean squared error."""
     x, y = regression_data()
 
     def micro_loss(model: torch.nn.Module, indices: list[int]) -> torch.Tensor:
         return torch.nn.functional.mse_loss(model(x[indices]), y[indices])
 
-    return reference_parameters(make_mlp(), micro_loss, lr, steps=steps, batches=batches, accumulate=accumulate)
+    return reference_parameters(
+        make_mlp(), micro_loss, lr, steps=steps, batches=batches, accumulate=accumulate
+    )
 
 
 #: the job planned inside the run (a JobSpec instead of a plan file): a small convnet estimated for three

@@ -27,8 +27,13 @@ def readme_script(title: str) -> str:
     return re.findall(r"```python\n(.*?)```", README[start:end], flags=re.DOTALL)[0]
 
 
-def run_example(command: Callable[[int], list[str]], tmp_path: Path, timeout_s: float = 240,
-                port_env: str | None = None, **env: str) -> str:
+def run_example(
+    command: Callable[[int], list[str]],
+    tmp_path: Path,
+    timeout_s: float = 240,
+    port_env: str | None = None,
+    **env: str,
+) -> str:
     """Run ``command(port)`` (a launch line whose last argument is the plan) in ``tmp_path`` with the plan
     written there; its stdout, after checking it exited 0. ``port_env`` names an environment variable that
     carries the port instead (Lightning's ``MASTER_PORT``). A port another process took between choosing and
@@ -37,8 +42,14 @@ def run_example(command: Callable[[int], list[str]], tmp_path: Path, timeout_s: 
     for attempt in range(2):
         port = free_port()
         extra = {port_env: str(port)} if port_env else {}
-        result = subprocess.run(command(port), capture_output=True, text=True, timeout=timeout_s, cwd=tmp_path,
-                                env=torchrun_env(PYTHONPATH=str(REPO), **env, **extra))
+        result = subprocess.run(
+            command(port),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=tmp_path,
+            env=torchrun_env(PYTHONPATH=str(REPO), **env, **extra),
+        )
         if result.returncode == 0 or attempt or "address already in use" not in result.stderr.lower():
             break
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -48,8 +59,11 @@ def run_example(command: Callable[[int], list[str]], tmp_path: Path, timeout_s: 
 def summaries(stdout: str, framework: str) -> dict[int, str]:
     """Every rank's summary line: rank -> its loss rule (lines of several ranks may share a pipe, so no line
     anchors)."""
-    found = re.findall(rf"batchplan: {re.escape(framework)}, rank (\d)/3: batches \[2, 5, 9\] accumulate 2 "
-                       r"global batch 32; loss rule ([a-z-]+) \((?:decided|declared)\)", stdout)
+    found = re.findall(
+        rf"batchplan: {re.escape(framework)}, rank (\d)/3: batches \[2, 5, 9\] accumulate 2 "
+        r"global batch 32; loss rule ([a-z-]+) \((?:decided|declared)\)",
+        stdout,
+    )
     return {int(rank): rule for rank, rule in found}
 
 

@@ -29,8 +29,13 @@ from tests.planner.integrations.exactness import (
 )
 from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
 
-pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.accelerate, pytest.mark.timeout(300),
-              requires_integration("planner.integrations.accelerate")]
+pytestmark = [
+    pytest.mark.dist,
+    pytest.mark.slow,
+    pytest.mark.accelerate,
+    pytest.mark.timeout(300),
+    requires_integration("planner.integrations.accelerate"),
+]
 
 LEARNING_RATE = 0.5
 
@@ -38,7 +43,9 @@ LEARNING_RATE = 0.5
 def _train(accelerator, loss_reduction: str) -> dict:
     from planner.integrations.accelerate import prepare_planned
 
-    planned = prepare_planned(accelerator, plan_document(), IndexedRegression(), loss_reduction=loss_reduction, seed=SEED)
+    planned = prepare_planned(
+        accelerator, plan_document(), IndexedRegression(), loss_reduction=loss_reduction, seed=SEED
+    )
     model = make_mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -53,9 +60,16 @@ def _train(accelerator, loss_reduction: str) -> dict:
             optimizer.step()
             optimizer.zero_grad()
             steps += int(accelerator.sync_gradients)
-    return {"params": flat(accelerator.unwrap_model(model)), "taken": taken, "steps": steps, "devices": devices,
-            "accumulate": accelerator.gradient_accumulation_steps, "rule": planned.run.rule,
-            "wrapped": type(model).__name__, "batch_sampler": type(planned.loader.batch_sampler).__name__}
+    return {
+        "params": flat(accelerator.unwrap_model(model)),
+        "taken": taken,
+        "steps": steps,
+        "devices": devices,
+        "accumulate": accelerator.gradient_accumulation_steps,
+        "rule": planned.run.rule,
+        "wrapped": type(model).__name__,
+        "batch_sampler": type(planned.loader.batch_sampler).__name__,
+    }
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -86,7 +100,9 @@ def test_accelerate_loop_with_planned_batches_equals_one_process(ranks):
         assert run["rule"].reduction.value == "mean"
         assert run["steps"] == OPTIMIZER_STEPS
         assert [len(b) for b in run["taken"]] == [BATCHES[rank]] * (OPTIMIZER_STEPS * ACCUMULATE)
-        assert relative_difference(run["params"], reference) < EXACT, relative_difference(run["params"], reference)
+        assert relative_difference(run["params"], reference) < EXACT, relative_difference(
+            run["params"], reference
+        )
     assert samples_of_epoch_once([r["mean"]["taken"] for r in ranks])
 
 
@@ -102,7 +118,25 @@ def test_declaring_the_loss_a_sum_drops_the_weight_and_misses(ranks):
 def test_the_readme_script_is_the_example_and_it_runs_under_accelerate_launch(tmp_path):
     example = REPO / "examples" / "train_accelerate.py"
     assert readme_script("Accelerate") == example.read_text()
-    stdout = run_example(lambda port: [PYTHON, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
-                                       "3", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                                       "--main_process_port", str(port), str(example), "plan.json"], tmp_path)
+    stdout = run_example(
+        lambda port: [
+            PYTHON,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            "3",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(port),
+            str(example),
+            "plan.json",
+        ],
+        tmp_path,
+    )
     assert summaries(stdout, "Accelerate") == {0: "mean", 1: "mean", 2: "mean"}, stdout

@@ -30,7 +30,11 @@ def test_a_plan_file_gives_the_rank_its_entry_and_names_where_it_came_from(tmp_p
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(PLAN))
     resolved = resolve_plan(path, RankLaunch(rank=2, world_size=3, local_rank=2, node_rank=0))
-    assert (resolved.rank_plan.batch, resolved.rank_plan.accumulate, resolved.rank_plan.batches) == (9, 2, (2, 5, 9))
+    assert (resolved.rank_plan.batch, resolved.rank_plan.accumulate, resolved.rank_plan.batches) == (
+        9,
+        2,
+        (2, 5, 9),
+    )
     assert resolved.origin == str(path) and resolved.plan == path
 
 
@@ -73,7 +77,11 @@ def test_the_factor_is_the_weight_under_the_mean_rule_and_one_otherwise():
 def test_one_sampler_per_run_for_one_dataset():
     run = _run(rank=2)
     sampler = run.make_sampler(128, seed=3)
-    assert run.make_sampler(128) is sampler and (sampler.rank_batch, sampler.accumulate, sampler.seed) == (9, 2, 3)
+    assert run.make_sampler(128) is sampler and (sampler.rank_batch, sampler.accumulate, sampler.seed) == (
+        9,
+        2,
+        3,
+    )
     with pytest.raises(ConfigError, match="one planned run trains one dataset"):
         run.make_sampler(64)
 
@@ -86,7 +94,9 @@ def test_the_summary_names_the_split_the_rule_and_the_plan():
     assert summary["batchplan_loss_factor"] == pytest.approx(2 * 3 / 16)
     assert summary["batchplan_global_batch"] == 32 and summary["batchplan_accumulate"] == 2
     line = run.summary_line()
-    assert line.startswith("batchplan: test, rank 0/3: batches [2, 5, 9] accumulate 2 global batch 32; loss rule mean")
+    assert line.startswith(
+        "batchplan: test, rank 0/3: batches [2, 5, 9] accumulate 2 global batch 32; loss rule mean"
+    )
 
 
 def test_rebalance_is_one_argument():
@@ -99,15 +109,28 @@ def test_rebalance_is_one_argument():
 
 
 def test_a_missing_library_is_one_line_naming_the_pip_command():
-    error = missing_library(ModuleNotFoundError("No module named 'lightning'", name="lightning"), "lightning",
-                            integration="planner.integrations.lightning", pip="'lightning>=2.0'")
+    error = missing_library(
+        ModuleNotFoundError("No module named 'lightning'", name="lightning"),
+        "lightning",
+        integration="planner.integrations.lightning",
+        pip="'lightning>=2.0'",
+    )
     assert isinstance(error, MissingLibraryError) and isinstance(error, ImportError)
-    assert str(error) == "planner.integrations.lightning needs lightning, which is not installed (pip install 'lightning>=2.0')"
-    broken = missing_library(RuntimeError("operator torchvision::nms does not exist\nmore"), "transformers",
-                             integration="planner.integrations.huggingface", pip="x")
-    assert str(broken) == ("planner.integrations.huggingface needs transformers, which is installed but fails to "
-                           "import: RuntimeError: operator torchvision::nms does not exist (fix or reinstall the "
-                           "package it names)")
+    assert (
+        str(error)
+        == "planner.integrations.lightning needs lightning, which is not installed (pip install 'lightning>=2.0')"
+    )
+    broken = missing_library(
+        RuntimeError("operator torchvision::nms does not exist\nmore"),
+        "transformers",
+        integration="planner.integrations.huggingface",
+        pip="x",
+    )
+    assert str(broken) == (
+        "planner.integrations.huggingface needs transformers, which is installed but fails to "
+        "import: RuntimeError: operator torchvision::nms does not exist (fix or reinstall the "
+        "package it names)"
+    )
 
 
 def test_a_library_broken_underneath_is_named_by_the_error_at_the_root_of_the_chain():
@@ -122,16 +145,27 @@ def test_a_library_broken_underneath_is_named_by_the_error_at_the_root_of_the_ch
     assert "fails to import: RuntimeError: operator torchvision::nms does not exist" in str(error)
 
 
-@pytest.mark.parametrize(("module", "library", "pip"), [
-    ("planner.integrations.huggingface", "transformers", "pip install 'transformers>=4.45' 'accelerate>=0.26'"),
-    ("planner.integrations.accelerate", "accelerate", "pip install 'accelerate>=0.26'"),
-    ("planner.integrations.lightning", "lightning", "pip install 'lightning>=2.0'"),
-])
+@pytest.mark.parametrize(
+    ("module", "library", "pip"),
+    [
+        (
+            "planner.integrations.huggingface",
+            "transformers",
+            "pip install 'transformers>=4.45' 'accelerate>=0.26'",
+        ),
+        ("planner.integrations.accelerate", "accelerate", "pip install 'accelerate>=0.26'"),
+        ("planner.integrations.lightning", "lightning", "pip install 'lightning>=2.0'"),
+    ],
+)
 def test_importing_an_integration_without_its_library_says_what_to_install(module, library, pip):
     # the library hidden (None in sys.modules is how Python marks a module that cannot be imported)
-    code = (f"import sys; sys.modules[{library!r}] = None\n"
-            "from planner.integrations.optional import MissingLibraryError\n"
-            f"try:\n    import {module}\nexcept MissingLibraryError as e:\n    print(e)\nelse:\n    print('imported')\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    code = (
+        f"import sys; sys.modules[{library!r}] = None\n"
+        "from planner.integrations.optional import MissingLibraryError\n"
+        f"try:\n    import {module}\nexcept MissingLibraryError as e:\n    print(e)\nelse:\n    print('imported')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"{module} needs {library}, which is not installed ({pip})"

@@ -43,7 +43,11 @@ from tests.planner.integrations.exactness import (
 )
 from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
 
-pytestmark = [pytest.mark.hf, pytest.mark.timeout(420), requires_integration("planner.integrations.huggingface")]
+pytestmark = [
+    pytest.mark.hf,
+    pytest.mark.timeout(420),
+    requires_integration("planner.integrations.huggingface"),
+]
 
 LEARNING_RATE = 1.0
 REBALANCE_LEARNING_RATE = 0.2
@@ -68,9 +72,17 @@ def make_data(task: str) -> tuple[torch.Tensor, torch.Tensor]:
 def make_model(task: str) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ_LEN,
-                         pad_token_id=0, num_labels=3)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ_LEN,
+        pad_token_id=0,
+        num_labels=3,
+    )
     torch.manual_seed(0)
     return (LlamaForCausalLM if task == "causal" else LlamaForSequenceClassification)(config)
 
@@ -100,8 +112,18 @@ class RecordingCollator:
         return {key: torch.stack([f[key] for f in features]) for key in ("input_ids", "labels")}
 
 
-def _train(rank: int, out_dir: str, task: str, *, loss_reduction: str = "auto", rebalance=False,
-           steps: int = OPTIMIZER_STEPS, lr: float = LEARNING_RATE, plan=None, autobatch=None) -> dict:
+def _train(
+    rank: int,
+    out_dir: str,
+    task: str,
+    *,
+    loss_reduction: str = "auto",
+    rebalance=False,
+    steps: int = OPTIMIZER_STEPS,
+    lr: float = LEARNING_RATE,
+    plan=None,
+    autobatch=None,
+) -> dict:
     from transformers import TrainerCallback, TrainingArguments
 
     from planner.integrations.huggingface import BatchPlanTrainer
@@ -113,23 +135,50 @@ def _train(rank: int, out_dir: str, task: str, *, loss_reduction: str = "auto", 
             collator.active = True
 
     args = TrainingArguments(
-        output_dir=f"{out_dir}/{task}-{rank}", per_device_train_batch_size=1, max_steps=steps,
-        learning_rate=lr, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
-        report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True,
-        ddp_backend="gloo", remove_unused_columns=False, seed=SEED, dataloader_drop_last=True,
-        average_tokens_across_devices=True)  # the default since transformers 4.54, named for older ones
-    trainer = BatchPlanTrainer(model=make_model(task), args=args, train_dataset=IndexedTokens(task),
-                               data_collator=collator, callbacks=[StartRecording()],
-                               batchplan=plan if plan is not None else plan_document(), autobatch=autobatch,
-                               loss_reduction=loss_reduction, rebalance=rebalance)
+        output_dir=f"{out_dir}/{task}-{rank}",
+        per_device_train_batch_size=1,
+        max_steps=steps,
+        learning_rate=lr,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        ddp_backend="gloo",
+        remove_unused_columns=False,
+        seed=SEED,
+        dataloader_drop_last=True,
+        average_tokens_across_devices=True,
+    )  # the default since transformers 4.54, named for older ones
+    trainer = BatchPlanTrainer(
+        model=make_model(task),
+        args=args,
+        train_dataset=IndexedTokens(task),
+        data_collator=collator,
+        callbacks=[StartRecording()],
+        batchplan=plan if plan is not None else plan_document(),
+        autobatch=autobatch,
+        loss_reduction=loss_reduction,
+        rebalance=rebalance,
+    )
     output = trainer.train()
     run = trainer.batchplan
-    return {"params": flat(trainer.model), "taken": collator.taken, "global_step": trainer.state.global_step,
-            "metrics": output.metrics, "rule": run.rule, "accumulate": trainer.args.gradient_accumulation_steps,
-            "batches": run.rank_plan.batches,
-            "accepts_loss_kwargs": trainer.model_accepts_loss_kwargs,
-            "batches_last": list(run.rebalancer.report().batches_last) if run.rebalancer else None,
-            "switches": len(run.rebalancer.switches) if run.rebalancer else 0}
+    return {
+        "params": flat(trainer.model),
+        "taken": collator.taken,
+        "global_step": trainer.state.global_step,
+        "metrics": output.metrics,
+        "rule": run.rule,
+        "accumulate": trainer.args.gradient_accumulation_steps,
+        "batches": run.rank_plan.batches,
+        "accepts_loss_kwargs": trainer.model_accepts_loss_kwargs,
+        "batches_last": list(run.rebalancer.report().batches_last) if run.rebalancer else None,
+        "switches": len(run.rebalancer.switches) if run.rebalancer else 0,
+    }
 
 
 def _worker(rank: int, port: int, out_dir: str, profiles: str) -> None:
@@ -150,10 +199,21 @@ def _worker(rank: int, port: int, out_dir: str, profiles: str) -> None:
             "causal_mean": _train(rank, out_dir, "causal", loss_reduction="mean"),
             "classify": _train(rank, out_dir, "classify"),
             "classify_global": _train(rank, out_dir, "classify", loss_reduction="global-mean"),
-            "rebalance": _train(rank, out_dir, "classify", steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE,
-                                rebalance=Rebalance(simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S))),
-            "job": _train(rank, out_dir, "classify", plan=planned_job(),
-                          autobatch={"gpu": PLANNED_GPUS[rank], "cache_dir": profiles}),
+            "rebalance": _train(
+                rank,
+                out_dir,
+                "classify",
+                steps=REBALANCE_STEPS,
+                lr=REBALANCE_LEARNING_RATE,
+                rebalance=Rebalance(simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S)),
+            ),
+            "job": _train(
+                rank,
+                out_dir,
+                "classify",
+                plan=planned_job(),
+                autobatch={"gpu": PLANNED_GPUS[rank], "cache_dir": profiles},
+            ),
         }
         save(out_dir, rank, result)
         dist.barrier()
@@ -166,14 +226,21 @@ def ranks(tmp_path_factory) -> list[dict]:
     return spawn(_worker, tmp_path_factory.mktemp("hf"), str(shared_profile_cache(tmp_path_factory)))
 
 
-def _reference(task: str, steps: int = OPTIMIZER_STEPS, lr: float = LEARNING_RATE, batches=BATCHES,
-               accumulate: int = ACCUMULATE) -> torch.Tensor:
+def _reference(
+    task: str,
+    steps: int = OPTIMIZER_STEPS,
+    lr: float = LEARNING_RATE,
+    batches=BATCHES,
+    accumulate: int = ACCUMULATE,
+) -> torch.Tensor:
     ids, labels = make_data(task)
 
     def micro_loss(model: torch.nn.Module, indices: list[int]) -> torch.Tensor:
         return model(input_ids=ids[indices], labels=labels[indices]).loss  # the model's own mean
 
-    return reference_parameters(make_model(task), micro_loss, lr, steps=steps, batches=batches, accumulate=accumulate)
+    return reference_parameters(
+        make_model(task), micro_loss, lr, steps=steps, batches=batches, accumulate=accumulate
+    )
 
 
 @pytest.mark.dist
@@ -184,7 +251,10 @@ def test_trainer_with_planned_batches_equals_one_process_on_the_same_global_batc
     for rank, result in enumerate(ranks):
         run = result[task]
         assert run["rule"].reduction.value == rule and not run["rule"].declared, run["rule"].line()
-        assert relative_difference(run["params"], reference) < EXACT, (rank, relative_difference(run["params"], reference))
+        assert relative_difference(run["params"], reference) < EXACT, (
+            rank,
+            relative_difference(run["params"], reference),
+        )
         assert run["global_step"] == OPTIMIZER_STEPS
         assert run["accumulate"] == ACCUMULATE  # from the plan: TrainingArguments left it at 1
         assert [len(b) for b in run["taken"]] == [BATCHES[rank]] * (OPTIMIZER_STEPS * ACCUMULATE)
@@ -222,8 +292,10 @@ def test_samples_per_second_count_the_planned_global_batch(ranks):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ranks):
-    assert_rebalanced_exactly([r["rebalance"] for r in ranks],
-                              _reference("classify", steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE))
+    assert_rebalanced_exactly(
+        [r["rebalance"] for r in ranks],
+        _reference("classify", steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE),
+    )
 
 
 @pytest.mark.dist
@@ -231,17 +303,36 @@ def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ran
 def test_the_readme_script_is_the_example_and_it_runs_under_torchrun(tmp_path):
     example = REPO / "examples" / "train_hf_trainer.py"
     assert readme_script("Hugging Face Trainer") == example.read_text()
-    stdout = run_example(lambda port: [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr",
-                                       "127.0.0.1", "--master-port", str(port), str(example), "plan.json"], tmp_path)
-    assert summaries(stdout, "Hugging Face Trainer") == {0: "global-mean", 1: "global-mean", 2: "global-mean"}, stdout
+    stdout = run_example(
+        lambda port: [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "3",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+            str(example),
+            "plan.json",
+        ],
+        tmp_path,
+    )
+    assert summaries(stdout, "Hugging Face Trainer") == {
+        0: "global-mean",
+        1: "global-mean",
+        2: "global-mean",
+    }, stdout
     assert len(re.findall(r"samples/s \d", stdout)) == 3
 
 
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_job_planned_in_the_run_trains_its_own_batches_exactly(ranks):
-    assert_planned_job_trained_exactly([r["job"] for r in ranks],
-                                       lambda batches: _reference("classify", batches=batches, accumulate=1))
+    assert_planned_job_trained_exactly(
+        [r["job"] for r in ranks], lambda batches: _reference("classify", batches=batches, accumulate=1)
+    )
 
 
 def _one_rank_trainer(tmp_path, task: str, **options):
@@ -250,13 +341,31 @@ def _one_rank_trainer(tmp_path, task: str, **options):
     from planner.integrations.huggingface import BatchPlanTrainer
     from tests.plans import make_plan
 
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, learning_rate=LEARNING_RATE, optim="sgd",
-                             lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, report_to="none",
-                             save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=True,
-                             remove_unused_columns=False, seed=SEED, **options)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        learning_rate=LEARNING_RATE,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        use_cpu=True,
+        remove_unused_columns=False,
+        seed=SEED,
+        **options,
+    )
     plan = make_plan((STEP_BATCH,), nodes=(("node-a", 1),), accumulate=ACCUMULATE)
-    return BatchPlanTrainer(model=make_model(task), args=args, train_dataset=IndexedTokens(task),
-                            data_collator=RecordingCollator(), batchplan=plan)
+    return BatchPlanTrainer(
+        model=make_model(task),
+        args=args,
+        train_dataset=IndexedTokens(task),
+        data_collator=RecordingCollator(),
+        batchplan=plan,
+    )
 
 
 def test_a_gradient_accumulation_other_than_the_plan_s_is_refused_in_one_line(tmp_path):
@@ -273,5 +382,8 @@ def test_one_process_with_accumulation_trains_a_classifier_exactly(tmp_path):
     # divides it by nothing: with accumulation 2 its step is twice too large (#47688); the integration tells it
     trainer = _one_rank_trainer(tmp_path, "classify")
     trainer.train()
-    assert trainer.batchplan.rule.reduction.value == "mean" and trainer.args.gradient_accumulation_steps == ACCUMULATE
+    assert (
+        trainer.batchplan.rule.reduction.value == "mean"
+        and trainer.args.gradient_accumulation_steps == ACCUMULATE
+    )
     assert relative_difference(flat(trainer.model), _reference("classify", steps=1)) < EXACT

@@ -38,20 +38,37 @@ from tests.planner.integrations.exactness import (
 )
 from tests.planner.integrations.example_runs import PYTHON, REPO, readme_script, run_example, summaries
 
-pytestmark = [pytest.mark.lightning, pytest.mark.timeout(420), requires_integration("planner.integrations.lightning")]
+pytestmark = [
+    pytest.mark.lightning,
+    pytest.mark.timeout(420),
+    requires_integration("planner.integrations.lightning"),
+]
 
 LEARNING_RATE = 0.5
 REBALANCE_LEARNING_RATE = 0.1
 
 
-def _train(rank: int, *, loss_reduction: str = "mean", rebalance=False, steps: int = OPTIMIZER_STEPS,
-           lr: float = LEARNING_RATE, plan=None, autobatch=None) -> dict:
+def _train(
+    rank: int,
+    *,
+    loss_reduction: str = "mean",
+    rebalance=False,
+    steps: int = OPTIMIZER_STEPS,
+    lr: float = LEARNING_RATE,
+    plan=None,
+    autobatch=None,
+) -> dict:
     import lightning.pytorch as pl
 
     from planner.integrations.lightning import BatchPlanCallback
 
-    batchplan = BatchPlanCallback(plan if plan is not None else plan_document(), loss_reduction=loss_reduction,
-                                  rebalance=rebalance, autobatch=autobatch, seed=SEED)
+    batchplan = BatchPlanCallback(
+        plan if plan is not None else plan_document(),
+        loss_reduction=loss_reduction,
+        rebalance=rebalance,
+        autobatch=autobatch,
+        seed=SEED,
+    )
 
     class Regression(pl.LightningModule):
         def __init__(self) -> None:
@@ -71,15 +88,30 @@ def _train(rank: int, *, loss_reduction: str = "mean", rebalance=False, steps: i
             return batchplan.dataloader(IndexedRegression())
 
     module = Regression()
-    trainer = pl.Trainer(accelerator="cpu", devices=len(BATCHES), strategy="ddp", max_steps=steps,
-                         callbacks=[batchplan], logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=len(BATCHES),
+        strategy="ddp",
+        max_steps=steps,
+        callbacks=[batchplan],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(module)
     run = batchplan.run
-    return {"params": flat(module.net), "taken": module.taken, "global_step": trainer.global_step,
-            "accumulate": trainer.accumulate_grad_batches, "rule": run.rule, "batches": run.rank_plan.batches,
-            "batches_last": list(run.rebalancer.report().batches_last) if run.rebalancer else None,
-            "switches": len(run.rebalancer.switches) if run.rebalancer else 0}
+    return {
+        "params": flat(module.net),
+        "taken": module.taken,
+        "global_step": trainer.global_step,
+        "accumulate": trainer.accumulate_grad_batches,
+        "rule": run.rule,
+        "batches": run.rank_plan.batches,
+        "batches_last": list(run.rebalancer.report().batches_last) if run.rebalancer else None,
+        "switches": len(run.rebalancer.switches) if run.rebalancer else 0,
+    }
 
 
 def _worker(rank: int, port: int, out_dir: str, profiles: str) -> None:
@@ -97,10 +129,15 @@ def _worker(rank: int, port: int, out_dir: str, profiles: str) -> None:
         result = {
             "mean": _train(rank),
             "sum": _train(rank, loss_reduction="sum"),
-            "rebalance": _train(rank, steps=REBALANCE_STEPS, lr=REBALANCE_LEARNING_RATE,
-                                rebalance=Rebalance(simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S))),
-            "job": _train(rank, plan=planned_job(), autobatch={"gpu": PLANNED_GPUS[rank],
-                                                               "cache_dir": profiles}),
+            "rebalance": _train(
+                rank,
+                steps=REBALANCE_STEPS,
+                lr=REBALANCE_LEARNING_RATE,
+                rebalance=Rebalance(simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S)),
+            ),
+            "job": _train(
+                rank, plan=planned_job(), autobatch={"gpu": PLANNED_GPUS[rank], "cache_dir": profiles}
+            ),
         }
         save(out_dir, rank, result)
         dist.barrier()
@@ -122,7 +159,9 @@ def test_lightning_with_planned_batches_equals_one_process(ranks):
         assert run["rule"].reduction.value == "mean" and run["accumulate"] == ACCUMULATE
         assert run["global_step"] == OPTIMIZER_STEPS
         assert [len(b) for b in run["taken"]] == [BATCHES[rank]] * (OPTIMIZER_STEPS * ACCUMULATE)
-        assert relative_difference(run["params"], reference) < EXACT, relative_difference(run["params"], reference)
+        assert relative_difference(run["params"], reference) < EXACT, relative_difference(
+            run["params"], reference
+        )
     assert samples_of_epoch_once([r["mean"]["taken"] for r in ranks])
 
 
@@ -137,8 +176,9 @@ def test_declaring_the_loss_a_sum_drops_the_weight_and_misses(ranks):
 @pytest.mark.dist
 @pytest.mark.slow
 def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ranks):
-    assert_rebalanced_exactly([r["rebalance"] for r in ranks],
-                              mlp_reference(REBALANCE_LEARNING_RATE, steps=REBALANCE_STEPS))
+    assert_rebalanced_exactly(
+        [r["rebalance"] for r in ranks], mlp_reference(REBALANCE_LEARNING_RATE, steps=REBALANCE_STEPS)
+    )
 
 
 @pytest.mark.dist
@@ -146,26 +186,34 @@ def test_rebalancer_orders_the_batches_by_speed_and_keeps_the_gradient_exact(ran
 def test_the_readme_script_is_the_example_and_lightning_s_own_launcher_runs_it(tmp_path):
     example = REPO / "examples" / "train_lightning.py"
     assert readme_script("Lightning") == example.read_text()
-    stdout = run_example(lambda port: [PYTHON, str(example), "plan.json"], tmp_path, port_env="MASTER_PORT",
-                         MASTER_ADDR="127.0.0.1")
+    stdout = run_example(
+        lambda port: [PYTHON, str(example), "plan.json"],
+        tmp_path,
+        port_env="MASTER_PORT",
+        MASTER_ADDR="127.0.0.1",
+    )
     assert summaries(stdout, "Lightning") == {0: "mean", 1: "mean", 2: "mean"}, stdout
 
 
 @pytest.mark.dist
 @pytest.mark.slow
 def test_a_job_planned_in_the_run_trains_its_own_batches_exactly(ranks):
-    assert_planned_job_trained_exactly([r["job"] for r in ranks],
-                                       lambda batches: mlp_reference(LEARNING_RATE, batches=batches, accumulate=1))
+    assert_planned_job_trained_exactly(
+        [r["job"] for r in ranks], lambda batches: mlp_reference(LEARNING_RATE, batches=batches, accumulate=1)
+    )
 
 
-def _one_rank_fit(tmp_path, *, own_loader: bool = True, callbacks=(), datamodule: bool = False,
-                  **trainer_options):
+def _one_rank_fit(
+    tmp_path, *, own_loader: bool = True, callbacks=(), datamodule: bool = False, **trainer_options
+):
     import lightning.pytorch as pl
 
     from planner.integrations.lightning import BatchPlanCallback
     from tests.plans import make_plan
 
-    batchplan = BatchPlanCallback(make_plan((STEP_BATCH,), nodes=(("node-a", 1),), accumulate=ACCUMULATE), seed=SEED)
+    batchplan = BatchPlanCallback(
+        make_plan((STEP_BATCH,), nodes=(("node-a", 1),), accumulate=ACCUMULATE), seed=SEED
+    )
 
     class Regression(pl.LightningModule):
         def __init__(self) -> None:
@@ -180,14 +228,24 @@ def _one_rank_fit(tmp_path, *, own_loader: bool = True, callbacks=(), datamodule
             return torch.optim.SGD(self.parameters(), lr=LEARNING_RATE)
 
         if not datamodule:
+
             def train_dataloader(self):
                 if own_loader:
                     return batchplan.dataloader(IndexedRegression())
                 return torch.utils.data.DataLoader(IndexedRegression(), batch_size=4)
 
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=1, callbacks=[batchplan, *callbacks], logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         default_root_dir=str(tmp_path), **trainer_options)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        callbacks=[batchplan, *callbacks],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        **trainer_options,
+    )
     module = Regression()
     trainer.fit(module, datamodule=batchplan.datamodule(IndexedRegression()) if datamodule else None)
     return module, batchplan
@@ -212,7 +270,9 @@ def test_an_accumulation_scheduler_is_refused(tmp_path):
 def test_a_train_loader_that_is_not_the_planned_one_is_refused(tmp_path):
     from planner.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"return batchplan.dataloader\(dataset\) from train_dataloader\(\)"):
+    with pytest.raises(
+        ConfigError, match=r"return batchplan.dataloader\(dataset\) from train_dataloader\(\)"
+    ):
         _one_rank_fit(tmp_path, own_loader=False)
 
 

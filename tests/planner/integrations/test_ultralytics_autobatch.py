@@ -36,8 +36,19 @@ TRAIN_IMAGES = 100
 TIMEOUT_S = 600
 #: the flags of `batchplan plan` for the job the trainer plans: its model, image size, precision (AMP off on a
 #: CPU), optimizer (SGD), NHWC (Ultralytics' default on CUDA) and the estimate the simulated types get
-PLAN_FLAGS = ("--model", "ultralytics:yolov8n.yaml", "--imgsz", str(IMGSZ), "--amp", "off", "--optimizer", "sgd",
-              "--channels-last", "--method", "estimate")
+PLAN_FLAGS = (
+    "--model",
+    "ultralytics:yolov8n.yaml",
+    "--imgsz",
+    str(IMGSZ),
+    "--amp",
+    "off",
+    "--optimizer",
+    "sgd",
+    "--channels-last",
+    "--method",
+    "estimate",
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +56,26 @@ def in_job(tmp_path_factory) -> dict:
     require_ultralytics()
     root = tmp_path_factory.mktemp("ultralytics-autobatch")
     data = write_dataset(root / "dataset", TRAIN_IMAGES)
-    ranks = torchrun(WORKER, "ddp", "--data", data, "--out", root, "--batch", "-1", "--imgsz", str(IMGSZ),
-                     "--simulate-gpus", ",".join(SIMULATED), "--setup-only", nproc=3, log_dir=root / "logs", cwd=root,
-                     env=child_env(root / "config"), deadline_s=TIMEOUT_S)
+    ranks = torchrun(
+        WORKER,
+        "ddp",
+        "--data",
+        data,
+        "--out",
+        root,
+        "--batch",
+        "-1",
+        "--imgsz",
+        str(IMGSZ),
+        "--simulate-gpus",
+        ",".join(SIMULATED),
+        "--setup-only",
+        nproc=3,
+        log_dir=root / "logs",
+        cwd=root,
+        env=child_env(root / "config"),
+        deadline_s=TIMEOUT_S,
+    )
     logs = "".join(p.read_text() for p in sorted((root / "logs").rglob("*.log")))
     assert ranks.returncode == 0, describe_torchrun(ranks, root / "logs")
     records = [json.loads((root / f"planned-rank{rank}.json").read_text()) for rank in range(3)]
@@ -55,13 +83,36 @@ def in_job(tmp_path_factory) -> dict:
     # the same job through the CLI, on a cluster of the same GPUs in rank order, with the profile cache the
     # ranks filled (the same profile keys: the same job)
     cluster = root / "cluster.yaml"
-    cluster.write_text("name: mixed\nnodes:\n  - name: host\n    gpus: [" +
-                       ", ".join(f"{{type: {gpu}, count: 1}}" for gpu in SIMULATED) + "]\n")
-    env = cli_env({"BATCHPLAN_CACHE_DIR": str(root / "profile-cache"), "YOLO_OFFLINE": "1",
-                   "YOLO_CONFIG_DIR": str(root / "config" / "cli")})
-    result = subprocess.run([sys.executable, "-m", "planner.cli.main", "plan", "--cluster", str(cluster), "--no-ray",
-                             *PLAN_FLAGS, "--json"], cwd=root, env=env, capture_output=True, text=True,
-                            timeout=TIMEOUT_S)
+    cluster.write_text(
+        "name: mixed\nnodes:\n  - name: host\n    gpus: ["
+        + ", ".join(f"{{type: {gpu}, count: 1}}" for gpu in SIMULATED)
+        + "]\n"
+    )
+    env = cli_env(
+        {
+            "BATCHPLAN_CACHE_DIR": str(root / "profile-cache"),
+            "YOLO_OFFLINE": "1",
+            "YOLO_CONFIG_DIR": str(root / "config" / "cli"),
+        }
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner.cli.main",
+            "plan",
+            "--cluster",
+            str(cluster),
+            "--no-ray",
+            *PLAN_FLAGS,
+            "--json",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert result.returncode == 0, result.stderr
     return {"records": records, "cli": json.loads(result.stdout), "logs": logs}
 
@@ -86,7 +137,8 @@ def test_the_in_job_plan_is_what_batchplan_plan_gives_for_the_same_job_and_clust
     # the re-plan for the dataset's 100 images: the same profiles, the global batch its only change
     assert second["profiles"] == first["profiles"] and sum(_batches(second)) == TRAIN_IMAGES
     assert {k: v for k, v in second["job"].items() if k != "global_batch"} == {
-        k: v for k, v in first["job"].items() if k != "global_batch"}
+        k: v for k, v in first["job"].items() if k != "global_batch"
+    }
 
 
 def test_the_larger_card_gets_the_larger_batch_and_no_rank_exceeds_its_cap(in_job):
@@ -112,7 +164,7 @@ def test_the_readme_shows_the_lines_this_run_prints(in_job):
     from tests.planner.integrations.ultralytics_helpers import REPO
 
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Ultralytics: batch=-1 on several GPUs"):]
+    section = readme[readme.index("## Ultralytics: batch=-1 on several GPUs") :]
     shown = re.findall(r"^batchplan: .*$", section.split("\n## ", 1)[0], re.MULTILINE)
     printed = re.findall(r"^batchplan: .*$", in_job["logs"], re.MULTILINE)
     assert len(shown) == len(printed) == 7

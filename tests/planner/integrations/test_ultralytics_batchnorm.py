@@ -10,7 +10,9 @@ from planner.integrations.ultralytics_batchnorm import plain_batchnorm, to_plain
 
 
 def _model() -> nn.Module:
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(5), nn.BatchNorm1d(5))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(5), nn.BatchNorm1d(5)
+    )
 
 
 def test_sync_then_plain_gives_back_each_original_kind_with_the_same_tensors():

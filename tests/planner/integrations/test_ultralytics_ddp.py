@@ -48,11 +48,31 @@ def runs(tmp_path_factory) -> Path:
     plan.write_text(json.dumps(make_plan(BATCHES)))
     env = child_env(root / "config")
     with open(root / "reference.log", "w") as log:
-        reference = subprocess.Popen([sys.executable, str(WORKER), "reference", "--data", str(data), "--out",
-                                      str(root)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        reference = subprocess.Popen(
+            [sys.executable, str(WORKER), "reference", "--data", str(data), "--out", str(root)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=root,
+        )
         try:
-            ddp = torchrun(WORKER, "ddp", "--data", data, "--out", root, "--plan", plan, "--variants", "planned,weighted",
-                           nproc=3, log_dir=root / "logs", cwd=root, env=env, deadline_s=TIMEOUT_S)
+            ddp = torchrun(
+                WORKER,
+                "ddp",
+                "--data",
+                data,
+                "--out",
+                root,
+                "--plan",
+                plan,
+                "--variants",
+                "planned,weighted",
+                nproc=3,
+                log_dir=root / "logs",
+                cwd=root,
+                env=env,
+                deadline_s=TIMEOUT_S,
+            )
             reference.wait(timeout=TIMEOUT_S)
         finally:
             reference.kill()
@@ -87,12 +107,17 @@ def test_each_rank_trains_with_its_planned_batch_and_says_so(runs):
         record = _record(runs, f"planned-rank{rank}")
         assert record["loader_batch"] == batch
         assert [len(step) for step in record["step_images"]] == [batch] * 4
-        assert re.search(rf"^batchplan: rank {rank}/3 cpu T4: batch {batch} of 10 per step \({batch * 10}\.0%, cap 64\), "
-                         r"4 steps per epoch$", _rank_stderr(runs, rank), re.MULTILINE)
+        assert re.search(
+            rf"^batchplan: rank {rank}/3 cpu T4: batch {batch} of 10 per step \({batch * 10}\.0%, cap 64\), "
+            r"4 steps per epoch$",
+            _rank_stderr(runs, rank),
+            re.MULTILINE,
+        )
     rank0 = _rank_stderr(runs, 0)
     assert "batchplan: 3 ranks, plan " in rank0 and "accumulate 2 (nbs 20)" in rank0
-    assert ("the ranks run on cpu); with uneven batches (2, 3, 5) the ranks' BatchNorm statistics differ"
-            in rank0)
+    assert (
+        "the ranks run on cpu); with uneven batches (2, 3, 5) the ranks' BatchNorm statistics differ" in rank0
+    )
 
 
 def test_accumulation_and_weight_decay_follow_the_global_batch_on_every_rank(runs):
@@ -111,8 +136,12 @@ def test_every_rank_takes_the_same_optimizer_steps_as_the_single_process(runs):
 
 
 def test_every_image_of_the_epoch_is_used_once(runs):
-    used = [image for rank in range(3) for step in _record(runs, f"planned-rank{rank}")["step_images"]
-            for image in step]
+    used = [
+        image
+        for rank in range(3)
+        for step in _record(runs, f"planned-rank{rank}")["step_images"]
+        for image in step
+    ]
     assert sorted(used) == [f"im{i:03d}.png" for i in range(TRAIN_IMAGES)]
 
 

@@ -25,8 +25,16 @@ def _loaders(drop_last: bool = False) -> list:
     from planner.integrations.ultralytics_loader import planned_train_loader
 
     dataset = TensorDataset(torch.arange(IMAGES))
-    return [planned_train_loader(build_dataloader(dataset, batch=b, workers=0, shuffle=True, rank=-1), BATCHES, rank,
-                                 seed=0, drop_last=drop_last) for rank, b in enumerate(BATCHES)]
+    return [
+        planned_train_loader(
+            build_dataloader(dataset, batch=b, workers=0, shuffle=True, rank=-1),
+            BATCHES,
+            rank,
+            seed=0,
+            drop_last=drop_last,
+        )
+        for rank, b in enumerate(BATCHES)
+    ]
 
 
 def _epoch(loader) -> list[list[int]]:

@@ -28,7 +28,9 @@ def _profile(rows: list):
     from planner.integrations.ultralytics_autobatch import AutoBatchRequest, profile_from_probes
 
     request = AutoBatchRequest(imgsz=640, amp="fp16", batch=-1, max_num_obj=4, dataset_size=0)
-    return profile_from_probes("T4", PROBES, rows, total_bytes=T4_TOTAL, request=request, chosen=35, where="cuda:0")
+    return profile_from_probes(
+        "T4", PROBES, rows, total_bytes=T4_TOTAL, request=request, chosen=35, where="cuda:0"
+    )
 
 
 def test_the_cap_at_ultralytics_budget_is_ultralytics_choice():
@@ -50,6 +52,9 @@ def test_a_failed_probe_above_a_success_is_the_ceiling():
 
 
 def test_no_usable_probe_is_one_error_with_the_fix():
-    with pytest.raises(InfeasiblePlanError, match=r"T4 \(cuda:0\): none of Ultralytics' AutoBatch probes .* fit "
-                       r"\(free GPU memory, reduce imgsz, or set batch explicitly\)"):
+    with pytest.raises(
+        InfeasiblePlanError,
+        match=r"T4 \(cuda:0\): none of Ultralytics' AutoBatch probes .* fit "
+        r"\(free GPU memory, reduce imgsz, or set batch explicitly\)",
+    ):
         _profile([None] * 5)

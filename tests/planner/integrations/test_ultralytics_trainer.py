@@ -30,28 +30,42 @@ TIMEOUT_S = 300
 
 
 def _python(code: str, tmp_path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S,
-                          cwd=tmp_path, env=child_env(tmp_path / "config"))
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+        env=child_env(tmp_path / "config"),
+    )
 
 
 def test_importing_the_integration_imports_neither_ultralytics_nor_torch(tmp_path):
-    result = _python("import sys, planner.integrations.ultralytics as u\n"
-                     "assert u.PlanOptions().plan is None\n"
-                     "print(sorted(m for m in ('torch', 'ultralytics') if m in sys.modules))", tmp_path)
+    result = _python(
+        "import sys, planner.integrations.ultralytics as u\n"
+        "assert u.PlanOptions().plan is None\n"
+        "print(sorted(m for m in ('torch', 'ultralytics') if m in sys.modules))",
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
 def test_a_missing_ultralytics_is_one_line_naming_the_pip_command(tmp_path):
     # None in sys.modules makes `import ultralytics` fail as it does where Ultralytics is not installed
-    result = _python("import sys\nsys.modules['ultralytics'] = None\n"
-                     "from planner.integrations.ultralytics import UltralyticsUnavailableError, planned_trainer\n"
-                     "try:\n    planned_trainer('detect')\nexcept UltralyticsUnavailableError as e:\n"
-                     "    assert isinstance(e, ImportError)\n    print(e)\n", tmp_path)
+    result = _python(
+        "import sys\nsys.modules['ultralytics'] = None\n"
+        "from planner.integrations.ultralytics import UltralyticsUnavailableError, planned_trainer\n"
+        "try:\n    planned_trainer('detect')\nexcept UltralyticsUnavailableError as e:\n"
+        "    assert isinstance(e, ImportError)\n    print(e)\n",
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     message = result.stdout.strip()
     assert "\n" not in message
-    assert message.startswith("planner.integrations.ultralytics needs ultralytics, which is not installed (pip ")
+    assert message.startswith(
+        "planner.integrations.ultralytics needs ultralytics, which is not installed (pip "
+    )
     assert "[ultralytics]" in message
 
 
@@ -73,9 +87,13 @@ def test_each_planned_trainer_is_its_task_trainer_and_pickles_by_name():
 
     import planner.integrations.ultralytics as integration
 
-    bases = {"detect": yolo.detect.DetectionTrainer, "segment": yolo.segment.SegmentationTrainer,
-             "pose": yolo.pose.PoseTrainer, "obb": yolo.obb.OBBTrainer,
-             "classify": yolo.classify.ClassificationTrainer}
+    bases = {
+        "detect": yolo.detect.DetectionTrainer,
+        "segment": yolo.segment.SegmentationTrainer,
+        "pose": yolo.pose.PoseTrainer,
+        "obb": yolo.obb.OBBTrainer,
+        "classify": yolo.classify.ClassificationTrainer,
+    }
     for task, base in bases.items():
         trainer = integration.trainer_class(task)
         assert issubclass(trainer, base) and trainer.batchplan_task == task
@@ -104,10 +122,20 @@ def _loss_ratio(task: str) -> float:
     from ultralytics.nn import tasks
 
     torch.manual_seed(0)
-    yaml = {"detect": "yolov8n.yaml", "segment": "yolov8n-seg.yaml", "pose": "yolov8n-pose.yaml",
-            "obb": "yolov8n-obb.yaml", "classify": "yolov8n-cls.yaml"}[task]
-    model_class = {"detect": tasks.DetectionModel, "segment": tasks.SegmentationModel, "pose": tasks.PoseModel,
-                   "obb": tasks.OBBModel, "classify": tasks.ClassificationModel}[task]
+    yaml = {
+        "detect": "yolov8n.yaml",
+        "segment": "yolov8n-seg.yaml",
+        "pose": "yolov8n-pose.yaml",
+        "obb": "yolov8n-obb.yaml",
+        "classify": "yolov8n-cls.yaml",
+    }[task]
+    model_class = {
+        "detect": tasks.DetectionModel,
+        "segment": tasks.SegmentationModel,
+        "pose": tasks.PoseModel,
+        "obb": tasks.OBBModel,
+        "classify": tasks.ClassificationModel,
+    }[task]
     model = model_class(yaml, nc=2, verbose=False)
     model.args = get_cfg()
     model.eval()  # BatchNorm over running statistics: one image's output does not depend on the others
@@ -120,8 +148,11 @@ def _loss_ratio(task: str) -> float:
         if task == "classify":
             b["cls"] = torch.zeros(n, dtype=torch.long)
             return b
-        b.update(cls=torch.tensor([[0.0], [1.0]]).repeat(n, 1), batch_idx=torch.arange(n).repeat_interleave(2).float(),
-                 bboxes=boxes.repeat(n, 1))
+        b.update(
+            cls=torch.tensor([[0.0], [1.0]]).repeat(n, 1),
+            batch_idx=torch.arange(n).repeat_interleave(2).float(),
+            bboxes=boxes.repeat(n, 1),
+        )
         if task == "obb":
             b["bboxes"] = torch.cat([b["bboxes"], torch.zeros(2 * n, 1)], 1)
         if task == "pose":
@@ -152,12 +183,20 @@ def single_process(tmp_path_factory) -> dict:
     require_ultralytics()
     root = tmp_path_factory.mktemp("ultralytics-single")
     data = write_dataset(root / "dataset", 20)
-    result = subprocess.run([sys.executable, str(WORKER), "single", "--data", str(data), "--out", str(root)],
-                            env=child_env(root / "config"), capture_output=True, text=True, timeout=TIMEOUT_S,
-                            cwd=root)
+    result = subprocess.run(
+        [sys.executable, str(WORKER), "single", "--data", str(data), "--out", str(root)],
+        env=child_env(root / "config"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=root,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    return {"autobatch": json.loads((root / "autobatch.json").read_text()),
-            "launches": json.loads((root / "launches.json").read_text()), "stderr": result.stderr}
+    return {
+        "autobatch": json.loads((root / "autobatch.json").read_text()),
+        "launches": json.loads((root / "launches.json").read_text()),
+        "stderr": result.stderr,
+    }
 
 
 @pytest.mark.slow
@@ -169,7 +208,8 @@ def test_batch_minus_one_on_one_device_is_ultralytics_own_autobatch_path(single_
     # ... and what follows from its answer, 7: batch, loader, accumulation, weight decay; no plan
     assert planned["batch"] == planned["args_batch"] == planned["loader_batch"] == 7
     assert {k: v for k, v in planned.items() if k != "planned"} == {
-        k: v for k, v in ultralytics.items() if k != "planned"}
+        k: v for k, v in ultralytics.items() if k != "planned"
+    }
     assert planned["planned"] is False
 
 
@@ -177,7 +217,8 @@ def test_batch_minus_one_on_one_device_is_ultralytics_own_autobatch_path(single_
 def test_the_launching_process_starts_ddp_with_batch_minus_one_where_ultralytics_refuses(single_process):
     launches = single_process["launches"]
     assert launches["ultralytics"]["error"].startswith(
-        "ValueError: AutoBatch with batch<1 not supported for Multi-GPU training")
+        "ValueError: AutoBatch with batch<1 not supported for Multi-GPU training"
+    )
     for name in ("in_job", "matching"):
         (launch,) = launches[name]["launched"]
         assert launch["cmd"][2:5] == ["torch.distributed.run", "--nproc_per_node", "3"]
@@ -191,15 +232,16 @@ def test_a_plan_for_other_devices_is_refused_before_any_worker_starts_in_one_lin
     launches = single_process["launches"]
     for name, words in {
         "four_ranks": ["four_ranks.json is for 4 ranks (4× T4) but device='0,1,2' starts 3"],
-        "other_types": ["other_types.json plans rank 0 for a T4 (15.",
-                        "GiB) but device 0 is a A100-SXM4-80GB (80.0 GiB)",
-                        "re-plan for these GPUs (batchplan plan)"],
+        "other_types": [
+            "other_types.json plans rank 0 for a T4 (15.",
+            "GiB) but device 0 is a A100-SXM4-80GB (80.0 GiB)",
+            "re-plan for these GPUs (batchplan plan)",
+        ],
     }.items():
         error = launches[name]["error"]
         assert error.startswith("ConfigError: ") and "\n" not in error
         assert all(word in error for word in words), error
         assert launches[name]["launched"] == []
-
 
 
 @pytest.mark.slow
@@ -210,11 +252,29 @@ def test_the_example_refuses_a_plan_for_other_devices_in_one_line(tmp_path):
     data = write_dataset(tmp_path / "dataset", 4)
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(make_plan((2, 3, 5))))
-    result = subprocess.run([sys.executable, str(REPO / "examples" / "ultralytics_train.py"), "--data", str(data),
-                             "--device", "cpu", "--plan", str(plan), "--imgsz", "64", "--epochs", "1"],
-                            env=child_env(tmp_path / "config"), capture_output=True, text=True, timeout=TIMEOUT_S,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "ultralytics_train.py"),
+            "--data",
+            str(data),
+            "--device",
+            "cpu",
+            "--plan",
+            str(plan),
+            "--imgsz",
+            "64",
+            "--epochs",
+            "1",
+        ],
+        env=child_env(tmp_path / "config"),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: {plan} is for 3 ranks but this run is one process (device='cpu'): pass the plan's 3 devices")
+        f"error: {plan} is for 3 ranks but this run is one process (device='cpu'): pass the plan's 3 devices"
+    )

@@ -31,12 +31,42 @@ LABELS = "0 0.35 0.35 0.6 0.6\n1 0.65 0.65 0.6 0.6\n0 0.35 0.65 0.6 0.6\n1 0.65 
 #: batch would take round(20 / b_i) instead); a weight decay large enough to show; loss gains small enough that
 #: Ultralytics' gradient clipping (norm 10) never acts, so that a scaled gradient stays visible
 TRAIN_SETTINGS: dict = {
-    "model": "yolov8n.yaml", "imgsz": IMAGE_SIDE, "epochs": 1, "workers": 0, "seed": 0, "deterministic": True, "amp": False,
-    "mosaic": 0.0, "mixup": 0.0, "cutmix": 0.0, "copy_paste": 0.0, "fliplr": 0.0, "flipud": 0.0,
-    "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0, "degrees": 0.0, "translate": 0.0, "scale": 0.0, "shear": 0.0,
-    "perspective": 0.0, "close_mosaic": 0, "multi_scale": 0.0, "optimizer": "SGD", "lr0": 0.01,
-    "momentum": 0.9, "weight_decay": 0.05, "warmup_epochs": 0, "nbs": 20, "box": 0.05, "cls": 0.05,
-    "dfl": 0.05, "plots": False, "val": False, "verbose": False, "exist_ok": True,
+    "model": "yolov8n.yaml",
+    "imgsz": IMAGE_SIDE,
+    "epochs": 1,
+    "workers": 0,
+    "seed": 0,
+    "deterministic": True,
+    "amp": False,
+    "mosaic": 0.0,
+    "mixup": 0.0,
+    "cutmix": 0.0,
+    "copy_paste": 0.0,
+    "fliplr": 0.0,
+    "flipud": 0.0,
+    "hsv_h": 0.0,
+    "hsv_s": 0.0,
+    "hsv_v": 0.0,
+    "degrees": 0.0,
+    "translate": 0.0,
+    "scale": 0.0,
+    "shear": 0.0,
+    "perspective": 0.0,
+    "close_mosaic": 0,
+    "multi_scale": 0.0,
+    "optimizer": "SGD",
+    "lr0": 0.01,
+    "momentum": 0.9,
+    "weight_decay": 0.05,
+    "warmup_epochs": 0,
+    "nbs": 20,
+    "box": 0.05,
+    "cls": 0.05,
+    "dfl": 0.05,
+    "plots": False,
+    "val": False,
+    "verbose": False,
+    "exist_ok": True,
 }
 
 
@@ -72,9 +102,18 @@ def write_dataset(root: Path, train_images: int, val_images: int = 2) -> Path:
 def child_env(config_dir: Path, **extra: str) -> dict[str, str]:
     """The environment of a process that runs Ultralytics: offline, its settings in ``config_dir``, one thread
     per process (three ranks share two cores), no GPU, no launcher variables of ours."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"}}
-    env.update(YOLO_OFFLINE="1", YOLO_CONFIG_DIR=str(config_dir), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
-               GLOO_SOCKET_IFNAME="lo", PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-               **extra)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"}
+    }
+    env.update(
+        YOLO_OFFLINE="1",
+        YOLO_CONFIG_DIR=str(config_dir),
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        **extra,
+    )
     return env

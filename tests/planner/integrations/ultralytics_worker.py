@@ -74,7 +74,9 @@ def instrumented(base: type, *, ddp: bool) -> type:
     return Instrumented
 
 
-def _train(trainer_class: type, settings: dict, *, setup_only: bool = False, init: Path | None = None) -> object:
+def _train(
+    trainer_class: type, settings: dict, *, setup_only: bool = False, init: Path | None = None
+) -> object:
     trainer = trainer_class(overrides=settings)
     torch.manual_seed(0)  # patch 5: every run starts from the same weights
     trainer.model = trainer.get_model(cfg="yolov8n.yaml", weights=None, verbose=False)
@@ -91,19 +93,27 @@ def _train(trainer_class: type, settings: dict, *, setup_only: bool = False, ini
 def _float_state(model) -> dict:
     from ultralytics.utils.torch_utils import unwrap_model
 
-    return {k: v.detach().clone().float() for k, v in unwrap_model(model).state_dict().items()
-            if v.dtype.is_floating_point}
+    return {
+        k: v.detach().clone().float()
+        for k, v in unwrap_model(model).state_dict().items()
+        if v.dtype.is_floating_point
+    }
 
 
 def _save(trainer, out: Path, name: str) -> None:
     from planner.codec import encode
 
     torch.save(_float_state(trainer.model), out / f"{name}.pt")
-    record = {"optimizer_steps": trainer.optimizer_steps, "step_images": trainer.step_images,
-              "accumulate": trainer.accumulate, "batch_size": trainer.batch_size,
-              "loader_batch": trainer.train_loader.batch_size, "steps_per_epoch": len(trainer.train_loader),
-              "weight_decay": [g["weight_decay"] for g in trainer.optimizer.param_groups],
-              "plans": [encode(p) for p in getattr(trainer, "batchplan_plans", [])]}
+    record = {
+        "optimizer_steps": trainer.optimizer_steps,
+        "step_images": trainer.step_images,
+        "accumulate": trainer.accumulate,
+        "batch_size": trainer.batch_size,
+        "loader_batch": trainer.train_loader.batch_size,
+        "steps_per_epoch": len(trainer.train_loader),
+        "weight_decay": [g["weight_decay"] for g in trainer.optimizer.param_groups],
+        "plans": [encode(p) for p in getattr(trainer, "batchplan_plans", [])],
+    }
     plan = getattr(trainer, "batchplan_rank_plan", None)
     if plan is not None:
         record.update(rank=plan.rank, rank_batch=plan.batch, batches=list(plan.batches), gpu=plan.gpu)
@@ -119,7 +129,9 @@ def main() -> None:
     parser.add_argument("--batch", type=float, default=10)
     parser.add_argument("--simulate-gpus", default=None)
     parser.add_argument("--variants", default="planned", help="comma-separated: planned, weighted")
-    parser.add_argument("--setup-only", action="store_true", help="set the trainer up (plan, loaders) and stop")
+    parser.add_argument(
+        "--setup-only", action="store_true", help="set the trainer up (plan, loaders) and stop"
+    )
     parser.add_argument("--imgsz", type=int, default=None)
     args = parser.parse_args()
     out = Path(args.out)
@@ -134,12 +146,17 @@ def main() -> None:
         settings["imgsz"] = args.imgsz
     from ultralytics.utils import SETTINGS
 
-    SETTINGS.update({"raytune": False, "tensorboard": False})  # no integration callbacks (Ray Tune imports Ray)
+    SETTINGS.update(
+        {"raytune": False, "tensorboard": False}
+    )  # no integration callbacks (Ray Tune imports Ray)
     if args.mode == "reference":
         from ultralytics.models.yolo.detect import DetectionTrainer
 
-        trainer = _train(instrumented(DetectionTrainer, ddp=False), {**settings, "device": "cpu", "name": "ref"},
-                         init=out / "init.pt")
+        trainer = _train(
+            instrumented(DetectionTrainer, ddp=False),
+            {**settings, "device": "cpu", "name": "ref"},
+            init=out / "init.pt",
+        )
         _save(trainer, out, "reference")
         return
     if args.mode == "single":
@@ -151,12 +168,16 @@ def main() -> None:
     _patch_ddp_for_cpu()
     rank = int(os.environ["RANK"])
     for variant in args.variants.split(","):
-        base = planned_trainer("detect", plan=args.plan, simulate_gpus=args.simulate_gpus,
-                               cache_dir=str(out / "profile-cache"))
+        base = planned_trainer(
+            "detect", plan=args.plan, simulate_gpus=args.simulate_gpus, cache_dir=str(out / "profile-cache")
+        )
         if variant == "weighted":  # w_i = b_i·W/B on top of a loss that already sums over the images
             base = type(base.__name__, (base,), {"batchplan_loss_reduction": "mean"})
-        trainer = _train(instrumented(base, ddp=True), {**settings, "device": "cpu", "name": variant},
-                         setup_only=args.setup_only)
+        trainer = _train(
+            instrumented(base, ddp=True),
+            {**settings, "device": "cpu", "name": variant},
+            setup_only=args.setup_only,
+        )
         _save(trainer, out, f"{variant}-rank{rank}")
     dist.barrier()  # every rank done before any tears gloo down
     dist.destroy_process_group()
@@ -190,9 +211,13 @@ def _autobatch(settings: dict, out: Path) -> None:
         trainer._setup_train()
         calls[0].pop("model")
         results[name] = {
-            "calls": calls, "batch": trainer.batch_size, "args_batch": trainer.args.batch,
-            "loader_batch": trainer.train_loader.batch_size, "steps": len(trainer.train_loader),
-            "accumulate": trainer.accumulate, "loader": type(trainer.train_loader).__name__,
+            "calls": calls,
+            "batch": trainer.batch_size,
+            "args_batch": trainer.args.batch,
+            "loader_batch": trainer.train_loader.batch_size,
+            "steps": len(trainer.train_loader),
+            "accumulate": trainer.accumulate,
+            "loader": type(trainer.train_loader).__name__,
             "weight_decay": [g["weight_decay"] for g in trainer.optimizer.param_groups],
             "planned": getattr(trainer, "batchplan_rank_plan", None) is not None,
         }
@@ -211,6 +236,7 @@ def _launches(settings: dict, out: Path) -> None:
 
     from planner.errors import ConfigError
     from planner.integrations.ultralytics import planned_trainer
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     from tests.plans import make_plan
 
@@ -224,13 +250,22 @@ def _launches(settings: dict, out: Path) -> None:
 
     def recorded_run(cmd, check=False):
         state = torch_load(Path(cmd[-1]).with_suffix(".pt"), map_location="cpu")
-        launched.append({"cmd": [str(c) for c in cmd], "batch": state["args"]["batch"],
-                         "options": repr(state["trainer"].batchplan), "trainer": state["trainer"].__name__,
-                         "mro": [c.__name__ for c in state["trainer"].__mro__]})
+        launched.append(
+            {
+                "cmd": [str(c) for c in cmd],
+                "batch": state["args"]["batch"],
+                "options": repr(state["trainer"].batchplan),
+                "trainer": state["trainer"].__name__,
+                "mro": [c.__name__ for c in state["trainer"].__mro__],
+            }
+        )
 
     subprocess.run = recorded_run
     results: dict = {}
-    cases = [("ultralytics", DetectionTrainer), ("in_job", planned_trainer("detect", simulate_gpus=simulated))]
+    cases = [
+        ("ultralytics", DetectionTrainer),
+        ("in_job", planned_trainer("detect", simulate_gpus=simulated)),
+    ]
     from planner.cluster import catalog_for
 
     for name, plan in plans.items():
@@ -240,7 +275,9 @@ def _launches(settings: dict, out: Path) -> None:
         path.write_text(json.dumps(plan))
         cases.append((name, planned_trainer("detect", plan=str(path), simulate_gpus=simulated)))
     for name, trainer_class in cases:
-        trainer = trainer_class(overrides={**settings, "device": "cpu", "batch": -1, "name": f"launch-{name}"})
+        trainer = trainer_class(
+            overrides={**settings, "device": "cpu", "batch": -1, "name": f"launch-{name}"}
+        )
         trainer.ddp, trainer.world_size, trainer.args.device = True, 3, "0,1,2"  # as for three CUDA devices
         launched.clear()
         try:

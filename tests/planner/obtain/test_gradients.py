@@ -31,12 +31,20 @@ def test_layout_is_the_models_gradient_bytes_and_is_cached(tmp_path):
     assert again == sizes and cached_source == source  # a warm plan says what a cold one says
     entry = next((tmp_path / "gradients").glob("*.json"))
     data = json.loads(entry.read_text())
-    assert data["schema"] == GRADIENTS.schema and data["grad_bytes"] == list(sizes) and data["inputs"]["model"] == JOB.model
+    assert (
+        data["schema"] == GRADIENTS.schema
+        and data["grad_bytes"] == list(sizes)
+        and data["inputs"]["model"] == JOB.model
+    )
     assert not store.problems
     entry.write_text("{not json")
     rebuilt, source = gradient_layout(JOB, identity, store)  # a broken entry is rebuilt, not trusted
     assert rebuilt == sizes and "parameter shapes" in source
-    assert len(store.problems) == 1 and entry.name in store.problems[0] and "building the model" in store.problems[0]
+    assert (
+        len(store.problems) == 1
+        and entry.name in store.problems[0]
+        and "building the model" in store.problems[0]
+    )
     assert all(isinstance(s, int) and s > 0 for s in sizes)
 
 
@@ -73,7 +81,9 @@ def test_a_model_whose_constructor_reads_values_is_laid_out():
     parameter shapes only, so the model is built on the CPU and laid out (it was "not modelled")."""
     job = JobSpec(model="tests.planner.tiny_models:stride_probing_convnet", input_shape=(3, 32, 32))
     sizes, source = gradient_layout(job, job_fingerprint(job), None)
-    expected = tuple(p.numel() * p.element_size() for p in stride_probing_convnet().parameters() if p.requires_grad)
+    expected = tuple(
+        p.numel() * p.element_size() for p in stride_probing_convnet().parameters() if p.requires_grad
+    )
     assert sizes == expected and "parameter shapes" in source
 
 

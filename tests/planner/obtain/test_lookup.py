@@ -17,8 +17,13 @@ JOB = JobSpec(model="resnet18", amp="fp16")
 
 
 def profile(method: str) -> DeviceProfile:
-    return DeviceProfile.from_points(gpu="T4", method=method, amp="fp16", memory_points=[(8, 2**30), (16, 2**31)],
-                                     time_points=[(8, 0.08), (16, 0.16)])
+    return DeviceProfile.from_points(
+        gpu="T4",
+        method=method,
+        amp="fp16",
+        memory_points=[(8, 2**30), (16, 2**31)],
+        time_points=[(8, 0.08), (16, 0.16)],
+    )
 
 
 def request(method: Method, device_index: int | None = None) -> ProfileRequest:
@@ -69,8 +74,11 @@ def test_auto_that_could_not_measure_files_the_estimate_under_the_estimates_key(
 
 def test_auto_prefers_a_profile_measured_in_a_running_job_and_says_so(cache):
     job = JOB
-    cache.put(measured_profile_key(job, "T4", "fp16", fingerprint=IDENTITY[0]), profile(MEASURED_METHOD),
-              inputs=measured_key_inputs(job, "T4", "fp16", fingerprint=IDENTITY[0]))
+    cache.put(
+        measured_profile_key(job, "T4", "fp16", fingerprint=IDENTITY[0]),
+        profile(MEASURED_METHOD),
+        inputs=measured_key_inputs(job, "T4", "fp16", fingerprint=IDENTITY[0]),
+    )
     make = Maker("estimate")
     result = obtain_profile(request(Method.AUTO), make, cache=cache, identity=IDENTITY)
     assert result.origin is ProfileOrigin.MEASURED_IN_JOB and make.calls == 0
@@ -82,12 +90,18 @@ def test_auto_prefers_a_profile_measured_in_a_running_job_and_says_so(cache):
     other = obtain_profile(request(Method.AUTO), make, cache=cache, identity=("another-model", IDENTITY[1]))
     assert other.origin is ProfileOrigin.MADE
     # asked for an estimate explicitly, the job's measurement is not used
-    assert obtain_profile(request(Method.ESTIMATE), make, cache=cache, identity=IDENTITY).origin is ProfileOrigin.MADE
+    assert (
+        obtain_profile(request(Method.ESTIMATE), make, cache=cache, identity=IDENTITY).origin
+        is ProfileOrigin.MADE
+    )
 
 
 def test_without_a_cache_every_request_is_made_and_a_failed_make_gives_none():
     make = Maker("estimate")
     for _ in range(2):
-        assert obtain_profile(request(Method.ESTIMATE), make, cache=None, identity=IDENTITY).origin is ProfileOrigin.MADE
+        assert (
+            obtain_profile(request(Method.ESTIMATE), make, cache=None, identity=IDENTITY).origin
+            is ProfileOrigin.MADE
+        )
     assert make.calls == 2
     assert obtain_profile(request(Method.ESTIMATE), lambda r: None, cache=None, identity=IDENTITY) is None

@@ -24,7 +24,9 @@ def cache() -> dict:
 def test_an_estimate_on_a_calibrated_gpu_carries_its_architectures_uncertainty(catalog, cache) -> None:
     profile = make_profile(JobSpec(**TINY), catalog.get("V100-SXM2-16GB"), estimates_cache=cache)
     model = load_time_model()
-    assert profile.time_log_sigma == pytest.approx(model.arch_log_sigma["volta"]) and profile.time_log_sigma > 0
+    assert (
+        profile.time_log_sigma == pytest.approx(model.arch_log_sigma["volta"]) and profile.time_log_sigma > 0
+    )
     assert "volta" in profile.time_model and "time_model.json" in profile.time_model
     assert not any("step-time calibration" in n for n in profile.notes)
 
@@ -34,7 +36,9 @@ def test_a_gpu_type_without_measured_rows_gets_a_note_and_the_larger_uncertainty
     # unseen-type term in quadrature
     profile = make_profile(JobSpec(**TINY), catalog.get("RTX-4090"), estimates_cache=cache)
     model = load_time_model()
-    assert profile.time_log_sigma == pytest.approx(math.hypot(model.arch_log_sigma["ada"], model.type_log_sigma))
+    assert profile.time_log_sigma == pytest.approx(
+        math.hypot(model.arch_log_sigma["ada"], model.type_log_sigma)
+    )
     assert profile.time_log_sigma > model.arch_log_sigma["volta"]
     (note,) = [n for n in profile.notes if "step-time calibration" in n]
     assert note.startswith("RTX-4090: no measured training throughput of this GPU type")
@@ -72,7 +76,9 @@ def test_a_launch_bound_model_is_probed_near_its_memory_cap_too(catalog, cache) 
     for gpu_name in ("A100-SXM4-80GB", "T4"):
         profile = make_profile(job, catalog.get(gpu_name), estimates_cache=cache)
         batches = [b for b, _ in profile.time_points]
-        assert batches == [*DEFAULT_PROBE_BATCHES, MAX_PLANNED_BATCH], gpu_name  # the cap is the planning bound
+        assert batches == [*DEFAULT_PROBE_BATCHES, MAX_PLANNED_BATCH], (
+            gpu_name
+        )  # the cap is the planning bound
         cap_batch, cap_time = profile.time_points[-1]
         assert profile.step_time_s(cap_batch) == pytest.approx(cap_time, rel=0.05)
         assert cap_time > 1.5 * profile.time_points[0][1]  # the floor does not price the cap
@@ -96,11 +102,15 @@ def test_a_new_estimator_revision_names_new_estimates_but_not_measurements(catal
     before = {m: profile_key_inputs(request, Method(m), ("f", "2.13")) for m in ("estimate", "measure")}
     monkeypatch.setattr(identity, "ESTIMATE_REVISION", "next")
     after = {m: profile_key_inputs(request, Method(m), ("f", "2.13")) for m in ("estimate", "measure")}
-    assert after["estimate"] != before["estimate"] and after["estimate"]["time_model"].endswith("estimator-next")
+    assert after["estimate"] != before["estimate"] and after["estimate"]["time_model"].endswith(
+        "estimator-next"
+    )
     assert after["measure"] == before["measure"]
 
 
-def test_an_estimate_carries_the_backward_share_of_its_passes_and_the_plan_overlaps_with_it(catalog, cache) -> None:
+def test_an_estimate_carries_the_backward_share_of_its_passes_and_the_plan_overlaps_with_it(
+    catalog, cache
+) -> None:
     from planner.plan.comm import DEFAULT_BACKWARD_SHARE, backward_share_of
     from planner.profiles.profile import DeviceProfile
 
@@ -113,7 +123,9 @@ def test_an_estimate_carries_the_backward_share_of_its_passes_and_the_plan_overl
     share, source = backward_share_of([profile, other, profile])
     assert share == pytest.approx((profile.backward_share + other.backward_share) / 2)
     assert source.startswith("estimated: the backward pass's kernels' share") and "T4 " in source
-    unknown = convert(DeviceProfile, {k: v for k, v in encode(profile).items() if k != "backward_share"}, where="profile")
+    unknown = convert(
+        DeviceProfile, {k: v for k, v in encode(profile).items() if k != "backward_share"}, where="profile"
+    )
     assert unknown.backward_share is None  # a profile written before the share (a cached one) loads
     assert backward_share_of([unknown]) == (DEFAULT_BACKWARD_SHARE, "assumed: backward ≈ 2× forward FLOPs")
     with pytest.raises(ConfigError, match="backward_share"):
@@ -125,10 +137,25 @@ def test_a_measured_profiles_backward_share_is_named_measured_in_the_plan(catalo
     from planner.profiles.profile import DeviceProfile
 
     estimated = make_profile(JobSpec(**TINY), catalog.get("T4"), estimates_cache=cache)
-    measured = convert(DeviceProfile, {**encode(estimated), "gpu": "A100-SXM4-80GB", "method": "measure",
-                                        "backward_share": 0.7, "time_model": "measured"}, where="profile")
+    measured = convert(
+        DeviceProfile,
+        {
+            **encode(estimated),
+            "gpu": "A100-SXM4-80GB",
+            "method": "measure",
+            "backward_share": 0.7,
+            "time_model": "measured",
+        },
+        where="profile",
+    )
     share, source = backward_share_of([measured])
-    assert share == 0.7 and source.startswith("measured: the backward pass's share") and "timed on A100" in source
+    assert (
+        share == 0.7
+        and source.startswith("measured: the backward pass's share")
+        and "timed on A100" in source
+    )
     share, source = backward_share_of([measured, estimated])
     assert share == pytest.approx((0.7 + estimated.backward_share) / 2)
-    assert source.startswith("measured and estimated:") and "T4 " in source and "A100-SXM4-80GB 0.70" in source
+    assert (
+        source.startswith("measured and estimated:") and "T4 " in source and "A100-SXM4-80GB 0.70" in source
+    )

@@ -17,11 +17,17 @@ def test_the_method_enum_is_the_jobs_vocabulary():
     assert Method("auto") is Method.AUTO and str(Method.MEASURE) == "measure"
 
 
-@pytest.mark.parametrize(("requested", "device", "planned"), [
-    (Method.ESTIMATE, None, Method.ESTIMATE), (Method.ESTIMATE, 0, Method.ESTIMATE),
-    (Method.AUTO, None, Method.ESTIMATE), (Method.AUTO, 0, Method.MEASURE),
-    (Method.MEASURE, 0, Method.MEASURE), (Method.MEASURE, None, Method.MEASURE),
-])
+@pytest.mark.parametrize(
+    ("requested", "device", "planned"),
+    [
+        (Method.ESTIMATE, None, Method.ESTIMATE),
+        (Method.ESTIMATE, 0, Method.ESTIMATE),
+        (Method.AUTO, None, Method.ESTIMATE),
+        (Method.AUTO, 0, Method.MEASURE),
+        (Method.MEASURE, 0, Method.MEASURE),
+        (Method.MEASURE, None, Method.MEASURE),
+    ],
+)
 def test_the_planned_method_is_what_auto_gives_where_cuda_works(requested, device, planned):
     assert planned_method(requested, device) is planned
 
@@ -38,7 +44,10 @@ def test_auto_at_a_device_cuda_cannot_use_estimates_with_a_note():
         return
     resolved = resolve_method(Method.AUTO, 0, "T4")
     assert resolved.method is Method.ESTIMATE
-    assert resolved.note == "T4: no free GPU of this type to measure on (CUDA cannot use device 0 here); estimated"
+    assert (
+        resolved.note
+        == "T4: no free GPU of this type to measure on (CUDA cannot use device 0 here); estimated"
+    )
 
 
 def test_measure_where_cuda_cannot_be_used_names_the_setting_not_a_flag():

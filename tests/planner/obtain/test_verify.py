@@ -27,7 +27,9 @@ T4_LOG_SIGMA = 0.24
 
 def profile(method: str, *, time_scale: float = 1.0, memory_scale: float = 1.0) -> DeviceProfile:
     return DeviceProfile.from_points(
-        gpu="T4", method=method, amp="fp16",
+        gpu="T4",
+        method=method,
+        amp="fp16",
         memory_points=[(8, int(memory_scale * 2**30)), (16, int(memory_scale * 2**31))],
         time_points=[(8, time_scale * 0.08), (16, time_scale * 0.16)],
         time_log_sigma=T4_LOG_SIGMA if method == "estimate" else 0.0,
@@ -89,7 +91,9 @@ def test_a_forged_estimate_5x_slow_is_refused_with_both_figures_and_replaced(cac
 
     make = EstimateMaker()
     result = obtain_profile(request(Method.ESTIMATE), make, cache=cache, identity=IDENTITY, verify=True)
-    assert result.origin is ProfileOrigin.MADE and make.asked == [Method.ESTIMATE]  # one estimate: check and answer
+    assert result.origin is ProfileOrigin.MADE and make.asked == [
+        Method.ESTIMATE
+    ]  # one estimate: check and answer
     assert result.profile.step_time_s(16) == pytest.approx(0.16)
     [problem] = cache.problems
     assert str(cache.path_for(key)) in problem and "800 ms cached vs 160 ms estimated now" in problem
@@ -98,7 +102,9 @@ def test_a_forged_estimate_5x_slow_is_refused_with_both_figures_and_replaced(cac
 
 def test_an_agreeing_entry_is_used_and_the_check_is_noted(cache):
     _file_estimate(cache, profile("estimate"))
-    result = obtain_profile(request(Method.ESTIMATE), EstimateMaker(), cache=cache, identity=IDENTITY, verify=True)
+    result = obtain_profile(
+        request(Method.ESTIMATE), EstimateMaker(), cache=cache, identity=IDENTITY, verify=True
+    )
     assert result.origin is ProfileOrigin.CACHED and not cache.problems
     [note] = result.notes
     assert note.startswith("T4: the cached estimate profile (") and "agrees with a fresh estimate" in note
@@ -106,9 +112,11 @@ def test_an_agreeing_entry_is_used_and_the_check_is_noted(cache):
 
 def test_a_forged_job_measurement_is_refused_and_the_planned_profile_made(cache):
     job = JOB
-    cache.put(measured_profile_key(job, "T4", "fp16", fingerprint=IDENTITY[0]),
-              profile(MEASURED_METHOD, time_scale=1 / 5),
-              inputs=measured_key_inputs(job, "T4", "fp16", fingerprint=IDENTITY[0]))
+    cache.put(
+        measured_profile_key(job, "T4", "fp16", fingerprint=IDENTITY[0]),
+        profile(MEASURED_METHOD, time_scale=1 / 5),
+        inputs=measured_key_inputs(job, "T4", "fp16", fingerprint=IDENTITY[0]),
+    )
     make = EstimateMaker()
     result = obtain_profile(request(Method.AUTO), make, cache=cache, identity=IDENTITY, verify=True)
     assert result.origin is ProfileOrigin.MADE and result.profile.method == "estimate"
@@ -119,8 +127,11 @@ def test_a_forged_job_measurement_is_refused_and_the_planned_profile_made(cache)
 
 def test_a_measure_entry_refused_is_measured_again(cache):
     req = request(Method.MEASURE, 0)
-    cache.put(planned_key(req, IDENTITY), profile("measure", time_scale=5.0),
-              inputs=profile_key_inputs(req, Method.MEASURE, IDENTITY))
+    cache.put(
+        planned_key(req, IDENTITY),
+        profile("measure", time_scale=5.0),
+        inputs=profile_key_inputs(req, Method.MEASURE, IDENTITY),
+    )
 
     def make(asked):
         return profile("estimate") if Method(asked.method) is Method.ESTIMATE else profile("measure")

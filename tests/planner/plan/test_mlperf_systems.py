@@ -68,4 +68,7 @@ def test_the_amd_host_systems_ring_over_their_slots_lanes_like_the_intel_ones(ml
 
 def test_the_bert_anchors_are_the_nvswitch_h100s_and_xfusions_l40s(mlperf) -> None:
     anchors = {k: (a.name, a.gpu, a.gpus) for k, a in mlperf.BERT_ANCHORS.items()}
-    assert anchors == {"te-fp8": ("NVIDIA eos (DGX H100)", "H100-SXM5-80GB", 8), "fp16": ("xFusion G5500 V7", "L40S", 8)}
+    assert anchors == {
+        "te-fp8": ("NVIDIA eos (DGX H100)", "H100-SXM5-80GB", 8),
+        "fp16": ("xFusion G5500 V7", "L40S", 8),
+    }

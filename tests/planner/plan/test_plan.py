@@ -30,10 +30,14 @@ GIB = 2**30
 MIB = 2**20
 
 
-def affine_profile(gpu: str, *, t0: float, t1: float, intercept=2 * GIB, per_sample=16 * MIB, notes=()) -> DeviceProfile:
+def affine_profile(
+    gpu: str, *, t0: float, t1: float, intercept=2 * GIB, per_sample=16 * MIB, notes=()
+) -> DeviceProfile:
     batches = (1, 16, 64, 256)
     return DeviceProfile.from_points(
-        gpu=gpu, method="estimate", amp="fp16",
+        gpu=gpu,
+        method="estimate",
+        amp="fp16",
         memory_points=[(b, intercept + per_sample * b) for b in batches],
         time_points=[(b, t0 + t1 * b) for b in batches],
         notes=notes,
@@ -49,9 +53,15 @@ PROFILES = {
 
 def slot(node, index, profile, budget_gib, total_gib=16, visible=""):
     gpu = PROFILES[profile].gpu
-    return RankSlot(node=node, device_index=index, gpu=gpu, profile=profile,
-                    memory_budget_bytes=int(budget_gib * GIB), total_memory_bytes=int(total_gib * GIB),
-                    visible_id=visible)
+    return RankSlot(
+        node=node,
+        device_index=index,
+        gpu=gpu,
+        profile=profile,
+        memory_budget_bytes=int(budget_gib * GIB),
+        total_memory_bytes=int(total_gib * GIB),
+        visible_id=visible,
+    )
 
 
 #: node-a: two A100s named by UUID; node-b: T4s 0 and 2 (1 was skipped upstream as busy); node-c: one V100
@@ -95,7 +105,9 @@ def plan(base_plan) -> dict:
 
 
 def test_ranks_are_numbered_node_by_node_with_local_ranks(base_plan):
-    got = [(r["rank"], r["node"], r["node_rank"], r["local_rank"], r["device_index"]) for r in base_plan["ranks"]]
+    got = [
+        (r["rank"], r["node"], r["node_rank"], r["local_rank"], r["device_index"]) for r in base_plan["ranks"]
+    ]
     assert got == [
         (0, "node-a", 0, 0, 0),
         (1, "node-a", 0, 1, 1),
@@ -104,7 +116,10 @@ def test_ranks_are_numbered_node_by_node_with_local_ranks(base_plan):
         (4, "node-c", 2, 0, 3),
     ]
     assert [(n["name"], n["node_rank"], n["nproc_per_node"]) for n in base_plan["nodes"]] == [
-        ("node-a", 0, 2), ("node-b", 1, 2), ("node-c", 2, 1)]
+        ("node-a", 0, 2),
+        ("node-b", 1, 2),
+        ("node-c", 2, 1),
+    ]
     assert base_plan["world_size"] == 5
 
 
@@ -120,9 +135,12 @@ def test_loss_weights_are_batch_times_world_size_over_step_batch_and_sum_to_worl
 
 def test_batches_are_the_allocation_and_each_rank_fits_its_budget(base_plan):
     caps = [PROFILES[s.profile].max_batch(s.memory_budget_bytes) for s in SLOTS]
-    expected = allocate(caps, [PROFILES[s.profile].time_fit.intercept_s for s in SLOTS],
-                        [PROFILES[s.profile].time_fit.s_per_sample for s in SLOTS],
-                        groups=[s.profile for s in SLOTS])
+    expected = allocate(
+        caps,
+        [PROFILES[s.profile].time_fit.intercept_s for s in SLOTS],
+        [PROFILES[s.profile].time_fit.s_per_sample for s in SLOTS],
+        groups=[s.profile for s in SLOTS],
+    )
     assert [r["batch"] for r in base_plan["ranks"]] == expected.batches.tolist()
     assert base_plan["throughput_samples_per_s"] == pytest.approx(expected.throughput_samples_per_s)
     assert base_plan["predicted_step_time_s"] == pytest.approx(expected.step_time_s)
@@ -153,24 +171,41 @@ def test_torchrun_lines_use_static_rendezvous_with_the_plans_node_ranks(base_pla
     )
     for node in base_plan["nodes"]:
         argv = shlex.split(node["torchrun"])
-        assert argv[:2] == ["CUDA_DEVICE_ORDER=PCI_BUS_ID", f"CUDA_VISIBLE_DEVICES={node['cuda_visible_devices']}"]
+        assert argv[:2] == [
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+            f"CUDA_VISIBLE_DEVICES={node['cuda_visible_devices']}",
+        ]
         flags = dict(zip(argv[3:13:2], argv[4:14:2], strict=True))
-        assert flags == {"--nnodes": "3", "--node-rank": str(node["node_rank"]),
-                         "--nproc-per-node": str(node["nproc_per_node"]), "--master-addr": "10.0.0.1",
-                         "--master-port": "29600"}
+        assert flags == {
+            "--nnodes": "3",
+            "--node-rank": str(node["node_rank"]),
+            "--nproc-per-node": str(node["nproc_per_node"]),
+            "--master-addr": "10.0.0.1",
+            "--master-port": "29600",
+        }
 
 
 def test_launch_names_the_master_of_the_first_node(base_plan):
-    assert base_plan["launch"] == {"master_addr": "10.0.0.1", "master_port": 29600, "script": "train_x.py",
-                                   "plan_path": "plan.json"}
+    assert base_plan["launch"] == {
+        "master_addr": "10.0.0.1",
+        "master_port": 29600,
+        "script": "train_x.py",
+        "plan_path": "plan.json",
+    }
 
 
 def test_without_addresses_nodes_are_reached_by_name_on_the_default_port():
     plan = make_plan()
-    assert plan["launch"] == {"master_addr": "node-a", "master_port": DEFAULT_MASTER_PORT, "script": "train.py",
-                              "plan_path": "plan.json"}
+    assert plan["launch"] == {
+        "master_addr": "node-a",
+        "master_port": DEFAULT_MASTER_PORT,
+        "script": "train.py",
+        "plan_path": "plan.json",
+    }
     assert [n["address"] for n in plan["nodes"]] == ["node-a", "node-b", "node-c"]
-    assert "--master-addr node-a --master-port 29500 train.py --plan plan.json" in plan["nodes"][2]["torchrun"]
+    assert (
+        "--master-addr node-a --master-port 29500 train.py --plan plan.json" in plan["nodes"][2]["torchrun"]
+    )
 
 
 def test_a_master_address_that_is_no_host_name_is_refused():
@@ -181,10 +216,19 @@ def test_a_master_address_that_is_no_host_name_is_refused():
 def test_upstream_and_allocation_exclusions_are_listed_with_reasons(base_plan):
     tiny = slot("node-c", 5, "k-v100", 1)  # 1 GiB budget < 2 GiB fixed memory: not a single sample
     plan = make_plan(slots=(*SLOTS, tiny), excluded=UPSTREAM)
-    assert plan["excluded"][0] == {"node": "node-b", "device_index": 1, "gpu": "T4",
-                                   "reason": "busy: 97% utilisation > 50%"}
-    assert plan["excluded"][1] == {"node": "node-c", "device_index": 5, "gpu": "V100-SXM2-16GB",
-                                   "reason": "does not fit a single sample < minimum batch 1", "kind": "below_min_batch"}
+    assert plan["excluded"][0] == {
+        "node": "node-b",
+        "device_index": 1,
+        "gpu": "T4",
+        "reason": "busy: 97% utilisation > 50%",
+    }
+    assert plan["excluded"][1] == {
+        "node": "node-c",
+        "device_index": 5,
+        "gpu": "V100-SXM2-16GB",
+        "reason": "does not fit a single sample < minimum batch 1",
+        "kind": "below_min_batch",
+    }
     assert len(plan["excluded"]) == 2
     assert (5, "node-c") not in {(r["device_index"], r["node"]) for r in plan["ranks"]}
     assert base_plan["excluded"] == [encode(e) for e in UPSTREAM]
@@ -193,8 +237,10 @@ def test_upstream_and_allocation_exclusions_are_listed_with_reasons(base_plan):
 def test_a_device_below_min_batch_is_excluded_with_the_minimum_in_the_reason():
     plan = make_plan(JobSpec(model="m", min_batch=460))  # caps: T4 448, V100 486
     reasons = {(e["node"], e["device_index"]): e["reason"] for e in plan["excluded"]}
-    assert reasons == {("node-b", 0): "fits at most 448 samples < minimum batch 460",
-                       ("node-b", 2): "fits at most 448 samples < minimum batch 460"}
+    assert reasons == {
+        ("node-b", 0): "fits at most 448 samples < minimum batch 460",
+        ("node-b", 2): "fits at most 448 samples < minimum batch 460",
+    }
     assert [r["node"] for r in plan["ranks"]] == ["node-a", "node-a", "node-c"]
     # node-b holds no rank: node ranks close up
     assert [(n["name"], n["node_rank"]) for n in plan["nodes"]] == [("node-a", 0), ("node-c", 1)]
@@ -230,11 +276,14 @@ def test_warnings_are_the_given_ones_then_profile_notes_once_then_the_advice(bas
     assert warnings[1:4] == ["A100-SXM4-80GB: estimated", "T4: estimated", "shared note"]
     assert warnings.count("shared note") == 1
     caps = [PROFILES[s.profile].max_batch(s.memory_budget_bytes) for s in SLOTS]
-    allocation = allocate(caps, [PROFILES[s.profile].time_fit.intercept_s for s in SLOTS],
-                          [PROFILES[s.profile].time_fit.s_per_sample for s in SLOTS],
-                          groups=[s.gpu for s in SLOTS])
+    allocation = allocate(
+        caps,
+        [PROFILES[s.profile].time_fit.intercept_s for s in SLOTS],
+        [PROFILES[s.profile].time_fit.s_per_sample for s in SLOTS],
+        groups=[s.gpu for s in SLOTS],
+    )
     advice = list(allocation.advice)
-    assert warnings[len(warnings) - len(advice):] == advice
+    assert warnings[len(warnings) - len(advice) :] == advice
     # the comparison with plain DDP is good news: a note, not a warning
     assert any("faster than 'uniform'" in n for n in base_plan["notes"])
     assert not any("faster than 'uniform'" in w for w in warnings)
@@ -243,11 +292,21 @@ def test_warnings_are_the_given_ones_then_profile_notes_once_then_the_advice(bas
 
 def test_sentences_name_gpu_types_never_profile_keys():
     # a T4 with a large fixed step cost: dropping the T4s is advised, by type (the keys are opaque hashes)
-    profiles = {"e44fc649330660a4": affine_profile("A100-SXM4-80GB", t0=0.01, t1=0.0005),
-                "354dd5c550a590fa": affine_profile("T4", t0=0.3, t1=0.002)}
-    slots = [RankSlot(node=f"n{i // 2}", device_index=i % 2, gpu=profiles[key].gpu, profile=key,
-                      memory_budget_bytes=9 * GIB, total_memory_bytes=16 * GIB)
-             for i, key in enumerate(["e44fc649330660a4"] * 2 + ["354dd5c550a590fa"] * 2)]
+    profiles = {
+        "e44fc649330660a4": affine_profile("A100-SXM4-80GB", t0=0.01, t1=0.0005),
+        "354dd5c550a590fa": affine_profile("T4", t0=0.3, t1=0.002),
+    }
+    slots = [
+        RankSlot(
+            node=f"n{i // 2}",
+            device_index=i % 2,
+            gpu=profiles[key].gpu,
+            profile=key,
+            memory_budget_bytes=9 * GIB,
+            total_memory_bytes=16 * GIB,
+        )
+        for i, key in enumerate(["e44fc649330660a4"] * 2 + ["354dd5c550a590fa"] * 2)
+    ]
     plan = encode(build_plan(JobSpec(model="m"), slots, profiles))
     assert any(w.startswith("dropping the 2 T4 ranks (ranks 2-3) would be") for w in plan["warnings"]), plan
     for sentence in plan["warnings"] + plan["notes"]:
@@ -256,9 +315,22 @@ def test_sentences_name_gpu_types_never_profile_keys():
 
 def test_caps_at_the_planned_batch_bound_are_warned_about():
     tiny = {"k": affine_profile("H100-SXM5-80GB", t0=0.01, t1=1e-6, intercept=GIB, per_sample=1)}
-    plan = encode(build_plan(JobSpec(model="m"), [RankSlot(node="n", device_index=0, gpu="H100-SXM5-80GB", profile="k",
-                                                    memory_budget_bytes=48 * GIB, total_memory_bytes=80 * GIB)],
-                      tiny))
+    plan = encode(
+        build_plan(
+            JobSpec(model="m"),
+            [
+                RankSlot(
+                    node="n",
+                    device_index=0,
+                    gpu="H100-SXM5-80GB",
+                    profile="k",
+                    memory_budget_bytes=48 * GIB,
+                    total_memory_bytes=80 * GIB,
+                )
+            ],
+            tiny,
+        )
+    )
     assert plan["ranks"][0]["max_batch"] == MAX_PLANNED_BATCH
     assert any(f"some caps reach {MAX_PLANNED_BATCH}" in w for w in plan["warnings"])
 
@@ -280,9 +352,26 @@ def test_multiple_of_applies_to_every_rank_batch():
 
 def test_the_plan_document_has_every_documented_field_and_is_json(base_plan):
     assert base_plan["schema"] == SCHEMA
-    assert {"schema", "created", "job", "world_size", "global_batch", "accumulate", "step_batch",
-            "predicted_step_time_s", "throughput_samples_per_s", "balance_efficiency", "mode", "alternatives",
-            "ranks", "nodes", "launch", "excluded", "profiles", "warnings"} <= set(base_plan)
+    assert {
+        "schema",
+        "created",
+        "job",
+        "world_size",
+        "global_batch",
+        "accumulate",
+        "step_batch",
+        "predicted_step_time_s",
+        "throughput_samples_per_s",
+        "balance_efficiency",
+        "mode",
+        "alternatives",
+        "ranks",
+        "nodes",
+        "launch",
+        "excluded",
+        "profiles",
+        "warnings",
+    } <= set(base_plan)
     assert base_plan["job"] == encode(JobSpec(model="m"))
     assert base_plan["mode"] == "balanced"
     assert base_plan["accumulate"] == 1 and base_plan["global_batch"] == base_plan["step_batch"]
@@ -299,7 +388,11 @@ def test_the_expected_balance_range_holds_the_predicted_one_and_widens_with_the_
     plan = encode(build_plan(JobSpec(model="m"), SLOTS, uncertain))
     low, high = plan["balance_efficiency_range"]
     assert low < plan["balance_efficiency"] <= high <= 1
-    wider = build_plan(JobSpec(model="m"), SLOTS, {k: dataclasses.replace(p, time_log_sigma=0.4) for k, p in PROFILES.items()})
+    wider = build_plan(
+        JobSpec(model="m"),
+        SLOTS,
+        {k: dataclasses.replace(p, time_log_sigma=0.4) for k, p in PROFILES.items()},
+    )
     assert wider.balance_efficiency_range[0] < low
     validate_plan(plan)
     assert validate_plan(plan).balance_efficiency_range == (low, high)
@@ -318,7 +411,9 @@ def test_a_newer_writers_top_level_fields_are_kept_and_written_back_after_the_kn
 
 
 def test_no_slot_at_all_is_infeasible_naming_the_upstream_reasons():
-    with pytest.raises(InfeasiblePlanError, match=r"no usable GPU to plan on \(node-b\[1\]: busy: 97% utilisation"):
+    with pytest.raises(
+        InfeasiblePlanError, match=r"no usable GPU to plan on \(node-b\[1\]: busy: 97% utilisation"
+    ):
         build_plan(JobSpec(model="m"), [], PROFILES, excluded=UPSTREAM)
     with pytest.raises(InfeasiblePlanError, match=r"no usable GPU to plan on \(no GPUs found\)"):
         build_plan(JobSpec(model="m"), [], PROFILES)
@@ -417,17 +512,23 @@ def test_a_written_plan_has_the_usual_permissions(plan, tmp_path):
 
 def test_reading_a_missing_file_says_how_to_make_one(tmp_path):
     missing = tmp_path / "nope.json"
-    with pytest.raises(ConfigError, match=rf"plan file {missing} does not exist \(create one with: batchplan plan"):
+    with pytest.raises(
+        ConfigError, match=rf"plan file {missing} does not exist \(create one with: batchplan plan"
+    ):
         read_plan(missing)
     with pytest.raises(ConfigError, match="does not exist"):
         read_plan(tmp_path)  # a directory is not a plan file
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"", b"\xff\xfe\x00garbage"], ids=["broken", "empty", "binary"])
+@pytest.mark.parametrize(
+    "content", [b"{not json", b"", b"\xff\xfe\x00garbage"], ids=["broken", "empty", "binary"]
+)
 def test_reading_a_file_that_is_not_json_is_a_config_error(tmp_path, content):
     target = tmp_path / "plan.json"
     target.write_bytes(content)
-    with pytest.raises(ConfigError, match=rf"{target} is not valid JSON: .* \(regenerate it with batchplan plan"):
+    with pytest.raises(
+        ConfigError, match=rf"{target} is not valid JSON: .* \(regenerate it with batchplan plan"
+    ):
         read_plan(target)
 
 
@@ -456,30 +557,50 @@ BAD_PLANS = {
     "wrong schema": (_mutation("schema", "batchplan/plan@2"), "has schema 'batchplan/plan@2', expected"),
     "no schema": (_mutation("schema", delete=True), "has schema None"),
     "missing top field": (_mutation("step_batch", delete=True), "lacks the field 'step_batch'"),
-    "missing rank field": (_mutation("ranks.1.loss_weight", delete=True), "ranks[1] lacks the field 'loss_weight'"),
+    "missing rank field": (
+        _mutation("ranks.1.loss_weight", delete=True),
+        "ranks[1] lacks the field 'loss_weight'",
+    ),
     "missing node field": (_mutation("nodes.0.torchrun", delete=True), "nodes[0] lacks the field 'torchrun'"),
     "str for int": (_mutation("world_size", "5"), "world_size must be int, got '5'"),
-    "float for int": (_mutation("accumulate", 1.0), "accumulate must be >= 1 (micro-steps per optimizer step), got 1.0"),
+    "float for int": (
+        _mutation("accumulate", 1.0),
+        "accumulate must be >= 1 (micro-steps per optimizer step), got 1.0",
+    ),
     "bool for int": (_mutation("world_size", True), "world_size must be int, got True"),
     "bool for rank int": (_mutation("ranks.0.batch", True), "ranks[0].batch must be int, got True"),
-    "bool for float": (_mutation("ranks.2.loss_weight", False), "ranks[2].loss_weight must be int/float, got False"),
+    "bool for float": (
+        _mutation("ranks.2.loss_weight", False),
+        "ranks[2].loss_weight must be int/float, got False",
+    ),
     "str for float": (_mutation("predicted_step_time_s", "1.0"), "predicted_step_time_s must be int/float"),
     "list for dict": (_mutation("profiles", []), "profiles must be dict"),
     "rank not an object": (_mutation("ranks.0", [1, 2]), "ranks[0] must be dict, got [1, 2]"),
     "rank order": (_mutation("ranks.1.rank", 3), "ranks[1].rank is 3, expected 1 (ranks must be in order)"),
-    "unknown profile key": (_mutation("ranks.4.profile", "nope"), "ranks[4].profile 'nope' is not a key of profiles"),
+    "unknown profile key": (
+        _mutation("ranks.4.profile", "nope"),
+        "ranks[4].profile 'nope' is not a key of profiles",
+    ),
     "batch below one": (_mutation("ranks.0.batch", 0), "ranks[0].batch must be >= 1, got 0"),
     "world_size mismatch": (_mutation("world_size", 4), "world_size 4 != number of ranks 5"),
     "step_batch mismatch": (_mutation("step_batch", lambda v: v + 1), "step_batch"),
     "global != step x accumulate": (_mutation("accumulate", 2), "global_batch != step_batch × accumulate"),
-    "nproc sum mismatch": (_mutation("nodes.2.nproc_per_node", 2), "nproc_per_node do not add up to world_size"),
+    "nproc sum mismatch": (
+        _mutation("nodes.2.nproc_per_node", 2),
+        "nproc_per_node do not add up to world_size",
+    ),
     "malformed profile": (
         lambda plan: plan["profiles"][_first_profile_key(plan)].pop("memory_fit"),
         "profiles['k-a100'] lacks the field 'memory_fit'",
     ),
-    "inverted efficiency range": (_mutation("balance_efficiency_range", [0.9, 0.8]),
-                                  "balance_efficiency_range [0.9, 0.8] must be [low, high] with low <= high"),
-    "efficiency range not a pair": (_mutation("balance_efficiency_range", [0.9]), "balance_efficiency_range must be"),
+    "inverted efficiency range": (
+        _mutation("balance_efficiency_range", [0.9, 0.8]),
+        "balance_efficiency_range [0.9, 0.8] must be [low, high] with low <= high",
+    ),
+    "efficiency range not a pair": (
+        _mutation("balance_efficiency_range", [0.9]),
+        "balance_efficiency_range must be",
+    ),
     "unknown fit kind": (
         lambda plan: plan["profiles"][_first_profile_key(plan)]["time_fit"].update(kind="cubic"),
         "profiles['k-a100'].time_fit.kind must be one of affine, got 'cubic'",
@@ -500,8 +621,11 @@ def test_read_plan_rejects_a_malformed_plan_naming_the_file_and_the_field(plan, 
 
 def test_step_batch_mismatch_names_both_figures(plan):
     plan["step_batch"] += 1
-    with pytest.raises(ConfigError, match=rf"step_batch {plan['step_batch']} != sum of rank batches "
-                                          rf"{plan['step_batch'] - 1}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"step_batch {plan['step_batch']} != sum of rank batches "
+        rf"{plan['step_batch'] - 1}",
+    ):
         validate_plan(plan)
 
 
@@ -547,22 +671,53 @@ def test_the_typed_plan_round_trips_through_its_json_document(base_plan):
 
 def test_exclusions_carry_their_kind_and_their_reason_in_the_program_and_in_the_file():
     tiny = slot("node-d", 0, "k-t4", 0.5, 15)
-    plan = build_plan(JobSpec(model="m"), (*SLOTS, tiny), PROFILES, excluded=(
-        ExcludedDevice(node="node-b", device_index=1, gpu="T4", reason="busy", kind=ExclusionKind.SKIPPED_BY_SELECTION),
-    ))
+    plan = build_plan(
+        JobSpec(model="m"),
+        (*SLOTS, tiny),
+        PROFILES,
+        excluded=(
+            ExcludedDevice(
+                node="node-b",
+                device_index=1,
+                gpu="T4",
+                reason="busy",
+                kind=ExclusionKind.SKIPPED_BY_SELECTION,
+            ),
+        ),
+    )
     kinds = {(e.node, e.device_index): e.kind for e in plan.excluded}
-    assert kinds == {("node-b", 1): ExclusionKind.SKIPPED_BY_SELECTION, ("node-d", 0): ExclusionKind.BELOW_MIN_BATCH}
+    assert kinds == {
+        ("node-b", 1): ExclusionKind.SKIPPED_BY_SELECTION,
+        ("node-d", 0): ExclusionKind.BELOW_MIN_BATCH,
+    }
     assert all(list(e) == ["node", "device_index", "gpu", "reason", "kind"] for e in encode(plan)["excluded"])
     assert validate_plan(encode(plan)).excluded == plan.excluded
-    without_kind = {**encode(plan), "excluded": [{k: v for k, v in e.items() if k != "kind"} for e in encode(plan)["excluded"]]}
-    assert all(e.kind is None for e in validate_plan(without_kind).excluded)  # a plan written before kinds were
+    without_kind = {
+        **encode(plan),
+        "excluded": [{k: v for k, v in e.items() if k != "kind"} for e in encode(plan)["excluded"]],
+    }
+    assert all(
+        e.kind is None for e in validate_plan(without_kind).excluded
+    )  # a plan written before kinds were
 
 
 def test_the_advice_is_typed_and_also_among_the_warnings():
     # a T4 with a large fixed step cost beside A100s: dropping the T4s is advised
-    profiles = {"a": affine_profile("A100-SXM4-80GB", t0=0.01, t1=0.0005), "t": affine_profile("T4", t0=0.3, t1=0.002)}
-    slots = [RankSlot(node=f"n{i // 2}", device_index=i % 2, gpu=profiles[key].gpu, profile=key,
-                      memory_budget_bytes=9 * GIB, total_memory_bytes=16 * GIB) for i, key in enumerate("aatt")]
+    profiles = {
+        "a": affine_profile("A100-SXM4-80GB", t0=0.01, t1=0.0005),
+        "t": affine_profile("T4", t0=0.3, t1=0.002),
+    }
+    slots = [
+        RankSlot(
+            node=f"n{i // 2}",
+            device_index=i % 2,
+            gpu=profiles[key].gpu,
+            profile=key,
+            memory_budget_bytes=9 * GIB,
+            total_memory_bytes=16 * GIB,
+        )
+        for i, key in enumerate("aatt")
+    ]
     plan = build_plan(JobSpec(model="m"), slots, profiles)
     assert plan.advice, "a mixed cluster with a very slow type gets advice"
     assert all(isinstance(a.kind, AdviceKind) for a in plan.advice)

@@ -25,22 +25,33 @@ RESNET50_GRADS = tuple([4 * MIB] * 24 + [1_000_000] * 6)  # ~106 MB in 30 tensor
 
 
 def _profile(gpu: str, t0: float, t1: float) -> DeviceProfile:
-    return DeviceProfile.from_points(gpu=gpu, method="estimate", amp="fp16",
-                                     memory_points=[(b, 2 * GIB + 16 * MIB * b) for b in (1, 16, 64, 256)],
-                                     time_points=[(b, t0 + t1 * b) for b in (1, 16, 64, 256)])
+    return DeviceProfile.from_points(
+        gpu=gpu,
+        method="estimate",
+        amp="fp16",
+        memory_points=[(b, 2 * GIB + 16 * MIB * b) for b in (1, 16, 64, 256)],
+        time_points=[(b, t0 + t1 * b) for b in (1, 16, 64, 256)],
+    )
 
 
 PROFILES = {"a100": _profile("A100-SXM4-80GB", 0.01, 0.0005), "t4": _profile("T4", 0.01, 0.002)}
 
 
 def _slot(node: str, index: int, profile: str) -> RankSlot:
-    return RankSlot(node=node, device_index=index, gpu=PROFILES[profile].gpu, profile=profile,
-                    memory_budget_bytes=10 * GIB, total_memory_bytes=16 * GIB)
+    return RankSlot(
+        node=node,
+        device_index=index,
+        gpu=PROFILES[profile].gpu,
+        profile=profile,
+        memory_budget_bytes=10 * GIB,
+        total_memory_bytes=16 * GIB,
+    )
 
 
 def _sync(interconnect: Interconnect | None = None, **kw) -> SyncInputs:
-    return SyncInputs(grad_bytes=RESNET50_GRADS, gradients_source="test", interconnect=interconnect or Interconnect(),
-                      **kw)
+    return SyncInputs(
+        grad_bytes=RESNET50_GRADS, gradients_source="test", interconnect=interconnect or Interconnect(), **kw
+    )
 
 
 JOB = JobSpec(model="resnet50", global_batch=256)
@@ -62,39 +73,65 @@ def test_a_single_node_plan_syncs_over_its_intra_link_only():
     assert comm["links"][0]["link"] == "nvlink" and comm["links"][0]["source"].startswith("catalog: A100")
     assert comm["num_nodes"] == 1 and not any("assumed" in w for w in plan.warnings)
     link = Interconnect().intra_link("a", "A100-SXM4-80GB")
-    expected = exposed_sync_s(ddp_buckets(RESNET50_GRADS), RingCost(num_ranks=4, num_nodes=1, intra=link, network=None),
-                              compute_s=comm["compute_s"], backward_share=2 / 3)
+    expected = exposed_sync_s(
+        ddp_buckets(RESNET50_GRADS),
+        RingCost(num_ranks=4, num_nodes=1, intra=link, network=None),
+        compute_s=comm["compute_s"],
+        backward_share=2 / 3,
+    )
     assert encode(plan)["predicted_comm_time_s"] == pytest.approx(expected)
 
 
 def test_step_time_is_compute_plus_exposed_sync_and_every_figure_uses_it():
-    cluster = parse_cluster({"network": {"gbps": 1}, "nodes": [
-        {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
-        {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]}]}, "lab.yaml")
+    cluster = parse_cluster(
+        {
+            "network": {"gbps": 1},
+            "nodes": [
+                {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+                {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+            ],
+        },
+        "lab.yaml",
+    )
     slots = [_slot("a", 0, "a100"), _slot("a", 1, "a100"), _slot("b", 0, "a100"), _slot("b", 1, "a100")]
     free = build_plan(JOB, slots, PROFILES)
     synced = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect))
     data = encode(synced)
     comm = data["comm"]
-    assert comm["bottleneck"] == "network a" and comm["links"][-1]["source"] == "config (lab.yaml: network: 1 Gb/s)"
+    assert (
+        comm["bottleneck"] == "network a"
+        and comm["links"][-1]["source"] == "config (lab.yaml: network: 1 Gb/s)"
+    )
     sync_s = data["predicted_comm_time_s"]
     assert sync_s > 0.5  # 106 MB over 1 Gb/s: ~1.3 s of all-reduce, little of it hidden
-    assert data["predicted_step_time_s"] == pytest.approx(free.predicted_step_time_s + sync_s / data["accumulate"])
-    assert data["throughput_samples_per_s"] == pytest.approx(256 / (data["accumulate"] * data["predicted_step_time_s"]))
+    assert data["predicted_step_time_s"] == pytest.approx(
+        free.predicted_step_time_s + sync_s / data["accumulate"]
+    )
+    assert data["throughput_samples_per_s"] == pytest.approx(
+        256 / (data["accumulate"] * data["predicted_step_time_s"])
+    )
     assert data["balance_efficiency"] < free.balance_efficiency
     assert data["balance_efficiency_range"][0] < free.balance_efficiency_range[0]
     assert comm["exposed_share"] > 0.3
     low, high = comm["exposed_range_s"]
-    assert low == sync_s and comm["allreduce_s"] <= high <= comm["allreduce_s"] * (1 + 1e-9)  # no overlap: all of it
+    assert low == sync_s and comm["allreduce_s"] <= high <= comm["allreduce_s"] * (
+        1 + 1e-9
+    )  # no overlap: all of it
     assert any("no_sync()" in w and "faster" in w for w in synced.warnings)
     validate_plan(data)
     assert encode(validate_plan(json.loads(json.dumps(data))).comm) == comm
 
 
 def test_dropping_the_node_behind_the_slow_link_is_advised_with_its_gain():
-    cluster = parse_cluster({"nodes": [
-        {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
-        {"name": "t", "network": {"gbps": 1}, "gpus": [{"type": "T4", "count": 2}]}]}, "lab.yaml")
+    cluster = parse_cluster(
+        {
+            "nodes": [
+                {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+                {"name": "t", "network": {"gbps": 1}, "gpus": [{"type": "T4", "count": 2}]},
+            ]
+        },
+        "lab.yaml",
+    )
     slots = [_slot("a", 0, "a100"), _slot("a", 1, "a100"), _slot("t", 0, "t4"), _slot("t", 1, "t4")]
     plan = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect))
     assert encode(plan)["comm"]["bottleneck"] == "network t"
@@ -108,7 +145,11 @@ def test_dropping_the_node_behind_the_slow_link_is_advised_with_its_gain():
 def test_shipped_1g_and_100g_demo_configs_state_their_network():
     slow, fast = load_cluster("demo-mixed-1g"), load_cluster("demo-mixed-100g")
     assert slow.network.gbps == 1 and fast.network.gbps == 100
-    assert [n.name for n in slow.nodes] == [n.name for n in fast.nodes] == [n.name for n in load_cluster("demo-mixed").nodes]
+    assert (
+        [n.name for n in slow.nodes]
+        == [n.name for n in fast.nodes]
+        == [n.name for n in load_cluster("demo-mixed").nodes]
+    )
 
 
 def test_old_plans_without_comm_still_validate_and_a_broken_comm_section_does_not():
@@ -121,49 +162,77 @@ def test_old_plans_without_comm_still_validate_and_a_broken_comm_section_does_no
         validate_plan({**plan, "comm": {**plan["comm"], "num_ranks": 7}})
 
 
-@pytest.mark.parametrize(("snippet", "pattern"), [
-    ({"network": {"gbps": 0}}, r"lab\.yaml: network\.gbps: must be greater than 0"),
-    ({"network": {"gbps": 1e7}}, r"network\.gbps: must be at most 100000"),
-    ({"network": {"gbps": 10, "latency_us": -3}}, r"network\.latency_us: must be at least 0"),
-    ({"network": {"gbps": "fast"}}, r"network\.gbps: expected a number"),
-    ({"network": {"bandwidth": 10}}, r"network\.bandwidth: unknown key"),
-    ({"network": 10}, r"network: expected a mapping like \{gbps: 100"),
-])
+@pytest.mark.parametrize(
+    ("snippet", "pattern"),
+    [
+        ({"network": {"gbps": 0}}, r"lab\.yaml: network\.gbps: must be greater than 0"),
+        ({"network": {"gbps": 1e7}}, r"network\.gbps: must be at most 100000"),
+        ({"network": {"gbps": 10, "latency_us": -3}}, r"network\.latency_us: must be at least 0"),
+        ({"network": {"gbps": "fast"}}, r"network\.gbps: expected a number"),
+        ({"network": {"bandwidth": 10}}, r"network\.bandwidth: unknown key"),
+        ({"network": 10}, r"network: expected a mapping like \{gbps: 100"),
+    ],
+)
 def test_network_config_errors_name_the_key_and_the_fix(snippet, pattern):
     with pytest.raises(ConfigError, match=pattern):
         parse_cluster({**snippet, "nodes": [{"name": "a", "gpus": [{"type": "T4"}]}]}, "lab.yaml")
 
 
-@pytest.mark.parametrize(("intra", "pattern"), [
-    ("nvlink", r"nodes\[0\]\.intra: nvlink: T4 has no NVLink figure"),
-    ("infiniband", r"nodes\[0\]\.intra: expected nvlink, nvlink-bridge, pcie, pcie-x8 .* or \{gbps: N\}"),
-    ({"gbps": -5}, r"nodes\[0\]\.intra\.gbps: must be greater than 0"),
-    ("pcie-x6", r"nodes\[0\]\.intra: pcie-x6: a PCIe slot has x1, x2, x4, x8 or x16 lanes"),
-    ("nvlink-x8", r"nodes\[0\]\.intra: expected nvlink, nvlink-bridge"),
-    ("nvlink-bridge", r"nodes\[0\]\.intra: nvlink-bridge: T4 takes no NVLink bridge"),
-])
+@pytest.mark.parametrize(
+    ("intra", "pattern"),
+    [
+        ("nvlink", r"nodes\[0\]\.intra: nvlink: T4 has no NVLink figure"),
+        ("infiniband", r"nodes\[0\]\.intra: expected nvlink, nvlink-bridge, pcie, pcie-x8 .* or \{gbps: N\}"),
+        ({"gbps": -5}, r"nodes\[0\]\.intra\.gbps: must be greater than 0"),
+        ("pcie-x6", r"nodes\[0\]\.intra: pcie-x6: a PCIe slot has x1, x2, x4, x8 or x16 lanes"),
+        ("nvlink-x8", r"nodes\[0\]\.intra: expected nvlink, nvlink-bridge"),
+        ("nvlink-bridge", r"nodes\[0\]\.intra: nvlink-bridge: T4 takes no NVLink bridge"),
+    ],
+)
 def test_intra_config_errors_name_the_node_and_the_fix(intra, pattern):
     with pytest.raises(ConfigError, match=pattern):
         parse_cluster({"nodes": [{"name": "a", "intra": intra, "gpus": [{"type": "T4"}]}]}, "lab.yaml")
 
 
 def test_intra_overrides_the_catalog_and_a_node_network_the_clusters():
-    cluster = parse_cluster({"network": {"gbps": 25}, "nodes": [
-        {"name": "a", "intra": "pcie", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
-        {"name": "b", "intra": {"gbps": 400, "latency_us": 2}, "network": {"gbps": 10},
-         "gpus": [{"type": "T4", "count": 2}]}]}, "lab.yaml")
+    cluster = parse_cluster(
+        {
+            "network": {"gbps": 25},
+            "nodes": [
+                {"name": "a", "intra": "pcie", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+                {
+                    "name": "b",
+                    "intra": {"gbps": 400, "latency_us": 2},
+                    "network": {"gbps": 10},
+                    "gpus": [{"type": "T4", "count": 2}],
+                },
+            ],
+        },
+        "lab.yaml",
+    )
     net = cluster.interconnect
     assert net.intra_link("a", "A100-SXM4-80GB").name == "pcie4"
-    assert net.intra_link("b", "T4").bus_bytes_per_s == 50e9 and net.intra_link("b", "T4").step_latency_s == 2e-6
-    assert net.network_link("a")[0].bus_bytes_per_s == 25e9 / 8 and net.network_link("b")[0].bus_bytes_per_s == 10e9 / 8
+    assert (
+        net.intra_link("b", "T4").bus_bytes_per_s == 50e9 and net.intra_link("b", "T4").step_latency_s == 2e-6
+    )
+    assert (
+        net.network_link("a")[0].bus_bytes_per_s == 25e9 / 8
+        and net.network_link("b")[0].bus_bytes_per_s == 10e9 / 8
+    )
 
 
 def test_a_pcie_link_goes_with_its_lanes_and_bridged_pairs_cross_pcie_between_them():
     """issue #32: PCIe 5.0 x8 vs x16 vs NVLink bridges, the links of the MLPerf H100-PCIe systems."""
-    cluster = parse_cluster({"nodes": [
-        {"name": "x16", "intra": "pcie", "gpus": [{"type": "H100-PCIe-80GB", "count": 8}]},
-        {"name": "x8", "intra": "pcie-x8", "gpus": [{"type": "H100-PCIe-80GB", "count": 8}]},
-        {"name": "nvb", "intra": "nvlink-bridge", "gpus": [{"type": "H100-PCIe-80GB", "count": 4}]}]}, "lab.yaml")
+    cluster = parse_cluster(
+        {
+            "nodes": [
+                {"name": "x16", "intra": "pcie", "gpus": [{"type": "H100-PCIe-80GB", "count": 8}]},
+                {"name": "x8", "intra": "pcie-x8", "gpus": [{"type": "H100-PCIe-80GB", "count": 8}]},
+                {"name": "nvb", "intra": "nvlink-bridge", "gpus": [{"type": "H100-PCIe-80GB", "count": 4}]},
+            ]
+        },
+        "lab.yaml",
+    )
     net = cluster.interconnect
     x16, x8 = net.intra_link("x16", "H100-PCIe-80GB", 8), net.intra_link("x8", "H100-PCIe-80GB", 8)
     assert (x16.name, x8.name) == ("pcie5", "pcie5x8")
@@ -195,36 +264,66 @@ def test_demo_mixed_over_1g_and_100g_plans_differ_and_the_slow_one_advises_with_
 
 
 def _job_sync(slowdown: float) -> JobSync:
-    return JobSync(slowdown=slowdown, measured_exposed_s=0.02, predicted_exposed_s=0.005, compute_s=0.1, steps=9,
-                   link="gloo, 2 node(s), 4 rank(s)", created="2026-12-02T08:00:00+00:00")
+    return JobSync(
+        slowdown=slowdown,
+        measured_exposed_s=0.02,
+        predicted_exposed_s=0.005,
+        compute_s=0.1,
+        steps=9,
+        link="gloo, 2 node(s), 4 rank(s)",
+        created="2026-12-02T08:00:00+00:00",
+    )
 
 
 def test_a_job_measured_slowdown_answers_its_own_ring_only_and_says_so():
-    cluster = parse_cluster({"network": {"gbps": 10}, "nodes": [
-        {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
-        {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]}]}, "lab.yaml")
+    cluster = parse_cluster(
+        {
+            "network": {"gbps": 10},
+            "nodes": [
+                {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+                {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+            ],
+        },
+        "lab.yaml",
+    )
     slots = [_slot("a", 0, "a100"), _slot("a", 1, "a100"), _slot("b", 0, "a100"), _slot("b", 1, "a100")]
     model = encode(build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect)))
     assert model["comm"]["exposed_source"] == "the links' model" and model["comm"]["slowdown"] == 1.0
     shape = model["comm"]["ring_shape"]
     assert shape.startswith("ax2;bx2;intra a=nvlink@") and "network b=network@1.25e+09B/s" in shape
-    measured = build_plan(JOB, slots, PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)}))
+    measured = build_plan(
+        JOB, slots, PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)})
+    )
     data = encode(measured)
     assert data["comm"]["slowdown"] == 3.0 and data["comm"]["job_sync"]["measured_exposed_s"] == 0.02
-    assert data["comm"]["exposed_source"].startswith("measured in the job (gloo, 2 node(s), 4 rank(s); 9 steps")
+    assert data["comm"]["exposed_source"].startswith(
+        "measured in the job (gloo, 2 node(s), 4 rank(s); 9 steps"
+    )
     assert data["predicted_comm_time_s"] > model["predicted_comm_time_s"]
     ring, buckets = section_ring(measured.comm)  # the links' own ring, which the job checks itself against
     slowed = RingCost(num_ranks=4, num_nodes=2, intra=ring.intra, network=ring.network, slowdown=3.0)
-    assert data["predicted_comm_time_s"] == pytest.approx(exposed_sync_s(
-        buckets, slowed, compute_s=data["comm"]["compute_s"], backward_share=2 / 3))
+    assert data["predicted_comm_time_s"] == pytest.approx(
+        exposed_sync_s(buckets, slowed, compute_s=data["comm"]["compute_s"], backward_share=2 / 3)
+    )
     assert any(n.startswith("exposed gradient synchronisation measured in the job") for n in data["notes"])
     assert "measured in the job: all-reduces 3× the links' time" in comm_summary(measured)
     validate_plan(data)
     # another ring (one node's ranks, or another network) is not answered by it
-    other = build_plan(JOB, slots[:2], PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)}))
+    other = build_plan(
+        JOB, slots[:2], PROFILES, sync=_sync(cluster.interconnect, job_sync={shape: _job_sync(3.0)})
+    )
     assert encode(other)["comm"]["slowdown"] == 1.0
-    faster = parse_cluster({"network": {"gbps": 100}, "nodes": [
-        {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
-        {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]}]}, "lab.yaml")
-    elsewhere = build_plan(JOB, slots, PROFILES, sync=_sync(faster.interconnect, job_sync={shape: _job_sync(3.0)}))
+    faster = parse_cluster(
+        {
+            "network": {"gbps": 100},
+            "nodes": [
+                {"name": "a", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+                {"name": "b", "gpus": [{"type": "A100-SXM4-80GB", "count": 2}]},
+            ],
+        },
+        "lab.yaml",
+    )
+    elsewhere = build_plan(
+        JOB, slots, PROFILES, sync=_sync(faster.interconnect, job_sync={shape: _job_sync(3.0)})
+    )
     assert encode(elsewhere)["comm"]["exposed_source"] == "the links' model"

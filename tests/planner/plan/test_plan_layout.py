@@ -72,7 +72,12 @@ def test_every_rank_reads_its_part_without_reading_the_whole_plan(written, whole
 def test_a_rank_on_a_later_node_gets_its_node(tmp_path, whole_reads):
     path = write_plan(MULTI_NODE, tmp_path / "plan.json")
     view = read_rank_view(path, _choose(4))
-    assert (view.node.name, view.node.node_rank, view.entry.local_rank, view.batches) == ("b", 1, 1, (4, 4, 4, 6, 2))
+    assert (view.node.name, view.node.node_rank, view.entry.local_rank, view.batches) == (
+        "b",
+        1,
+        1,
+        (4, 4, 4, 6, 2),
+    )
     assert view.num_nodes == 2 and whole_reads == []
 
 
@@ -108,7 +113,9 @@ def test_a_plan_copied_without_its_index_is_read_whole(tmp_path, whole_reads):
     assert whole_reads == [str(path)]
 
 
-@pytest.mark.parametrize("damage", ["plan cut short", "index cut short", "index schema", "spans out of order"])
+@pytest.mark.parametrize(
+    "damage", ["plan cut short", "index cut short", "index schema", "spans out of order"]
+)
 def test_a_damaged_index_is_never_trusted(tmp_path, whole_reads, damage):
     path = write_plan(MULTI_NODE, tmp_path / "plan.json")
     index = index_path(path)

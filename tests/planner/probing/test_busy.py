@@ -26,10 +26,20 @@ GIB = 2**30
 
 
 def stats(index: int, *, used_gib: float = 0.0, utilization: float | None = 0.0) -> GpuStats:
-    return GpuStats(index=index, name="RTX-A6000", uuid="", pci_bus_id="", memory_total_bytes=48 * GIB,
-                    memory_used_bytes=int(used_gib * GIB), memory_free_bytes=int((48 - used_gib) * GIB),
-                    utilization_fraction=utilization, temperature_c=None, power_w=None, power_limit_w=None,
-                    processes=())
+    return GpuStats(
+        index=index,
+        name="RTX-A6000",
+        uuid="",
+        pci_bus_id="",
+        memory_total_bytes=48 * GIB,
+        memory_used_bytes=int(used_gib * GIB),
+        memory_free_bytes=int((48 - used_gib) * GIB),
+        utilization_fraction=utilization,
+        temperature_c=None,
+        power_w=None,
+        power_limit_w=None,
+        processes=(),
+    )
 
 
 def test_speed_factor_is_the_share_of_time_other_work_leaves():
@@ -45,12 +55,17 @@ def test_shared_means_memory_held_or_busy():
 
 
 def test_summary_is_one_line_naming_what_was_skipped_and_what_was_derated():
-    line = busy_summary([("lab", stats(3, used_gib=44, utilization=0.97), "busy")],
-                        [("lab", stats(2, used_gib=23.5, utilization=0.1), int(14.7 * GIB))],
-                        min_free_memory_fraction=0.2, max_utilization_fraction=0.5)
+    line = busy_summary(
+        [("lab", stats(3, used_gib=44, utilization=0.97), "busy")],
+        [("lab", stats(2, used_gib=23.5, utilization=0.1), int(14.7 * GIB))],
+        min_free_memory_fraction=0.2,
+        max_utilization_fraction=0.5,
+    )
     assert "\n" not in line
-    assert line.startswith("shared GPUs: skipped lab GPU 3 (97% busy, 44.0 of 48.0 GiB held); planned at "
-                           "reduced speed lab GPU 2 at 90% speed (10% busy, 23.5 of 48.0 GiB held; budget 14.7 GiB)")
+    assert line.startswith(
+        "shared GPUs: skipped lab GPU 3 (97% busy, 44.0 of 48.0 GiB held); planned at "
+        "reduced speed lab GPU 2 at 90% speed (10% busy, 23.5 of 48.0 GiB held; budget 14.7 GiB)"
+    )
     assert "skip below 20% free memory or above 50% utilisation" in line
     assert busy_summary([], [], min_free_memory_fraction=0.2, max_utilization_fraction=0.5) is None
 
@@ -61,11 +76,21 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _plan(cache: Path, *extra: str, as_json: bool = True) -> tuple[str, ...]:
-    return ("--no-ray", "--cluster", str(SHARED_NODE), "--cache-dir", str(cache), *TINY_MODEL,
-            *(("--json",) if as_json else ()), *extra)
+    return (
+        "--no-ray",
+        "--cluster",
+        str(SHARED_NODE),
+        "--cache-dir",
+        str(cache),
+        *TINY_MODEL,
+        *(("--json",) if as_json else ()),
+        *extra,
+    )
 
 
-def test_by_default_the_busy_gpu_is_skipped_and_the_shared_one_derated(cache_dir: Path, tmp_path: Path) -> None:
+def test_by_default_the_busy_gpu_is_skipped_and_the_shared_one_derated(
+    cache_dir: Path, tmp_path: Path
+) -> None:
     result = run_cli("plan", *_plan(cache_dir, "--no-write"), cwd=tmp_path)
     assert_ok(result)
     plan = check_plan(parse_json_stdout(result))
@@ -86,8 +111,20 @@ def test_by_default_the_busy_gpu_is_skipped_and_the_shared_one_derated(cache_dir
 
 def test_a_derated_gpu_gets_a_smaller_share_than_an_idle_one(cache_dir: Path, tmp_path: Path) -> None:
     # GPU 2 at 90% speed keeps below its cap like the others, but takes fewer samples for the same step time
-    result = run_cli("plan", *_plan(cache_dir, "--no-write", "--max-utilization", "1", "--min-memory-fraction", "0",
-                                    "--global-batch", "64"), cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        *_plan(
+            cache_dir,
+            "--no-write",
+            "--max-utilization",
+            "1",
+            "--min-memory-fraction",
+            "0",
+            "--global-batch",
+            "64",
+        ),
+        cwd=tmp_path,
+    )
     assert_ok(result)
     plan = check_plan(parse_json_stdout(result))
     batches = {r["device_index"]: r["batch"] for r in plan["ranks"]}
@@ -102,8 +139,14 @@ def test_preflight_fails_on_the_busy_gpu_and_warns_on_the_shared_one(cache_dir: 
     assert "lab-server GPU 3: busy: 97% utilisation > 50%" in checks["idle_thresholds"]["detail"]
     assert checks["shared_gpus"]["ok"] and checks["shared_gpus"]["detail"].startswith("warning: shared GPUs:")
 
-    relaxed = run_cli("preflight", *_plan(cache_dir, "--max-utilization", "1", "--min-memory-fraction", "0",
-                                          as_json=False), cwd=tmp_path)
+    relaxed = run_cli(
+        "preflight",
+        *_plan(cache_dir, "--max-utilization", "1", "--min-memory-fraction", "0", as_json=False),
+        cwd=tmp_path,
+    )
     assert_ok(relaxed)
-    assert "warn  shared_gpus: shared GPUs: planned at reduced speed lab-server GPU 2 at 90% speed" in relaxed.stdout
+    assert (
+        "warn  shared_gpus: shared GPUs: planned at reduced speed lab-server GPU 2 at 90% speed"
+        in relaxed.stdout
+    )
     assert "lab-server GPU 3 at 5% speed" in relaxed.stdout

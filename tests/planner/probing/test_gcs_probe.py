@@ -26,7 +26,9 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
     return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 
 
-def _literal_indexed(name: str, value: str) -> bytes:  # literal with incremental indexing, as gRPC C-core sends
+def _literal_indexed(
+    name: str, value: str
+) -> bytes:  # literal with incremental indexing, as gRPC C-core sends
     return b"\x40" + bytes([len(name)]) + name.encode() + bytes([len(value)]) + value.encode()
 
 
@@ -34,8 +36,11 @@ def grpc_answer(status: int, *, data: bool) -> bytes:
     """What a gRPC C-core server sends for one call: SETTINGS, response headers, a message, trailers."""
     settings = _frame(0x4, 0, 0, b"\x00\x04\x00\x40\x00\x00")
     if not data:  # trailers only, as for UNIMPLEMENTED or UNAUTHENTICATED
-        block = b"\x88" + _literal_indexed("content-type", "application/grpc") + \
-            _literal_indexed("grpc-status", str(status))
+        block = (
+            b"\x88"
+            + _literal_indexed("content-type", "application/grpc")
+            + _literal_indexed("grpc-status", str(status))
+        )
         return settings + _frame(0x1, 0x5, 1, block)
     headers = _frame(0x1, 0x4, 1, b"\x88" + _literal_indexed("content-type", "application/grpc"))
     message = _frame(0x0, 0, 1, b"\x00\x00\x00\x00\x04\x0a\x02\x01\x02")
@@ -48,13 +53,19 @@ def test_a_gcs_is_recognised_with_or_without_token_authentication(server) -> Non
     assert ask_gcs(f"127.0.0.1:{server(grpc_answer(16, data=False))}") is GcsAnswer.WANTS_TOKEN
 
 
-@pytest.mark.parametrize(("answer", "said"), [
-    (grpc_answer(12, data=False), "it is a gRPC server without Ray's GCS service"),
-    (grpc_answer(14, data=False), "it answered gRPC status 14 where a GCS answers 0"),
-    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "it answers HTTP/1 ('HTTP/1.1 400 Bad Request'), not gRPC"),
-    (b"SSH-2.0-OpenSSH_9.2\r\n", "it answers in a protocol that is not HTTP/2"),
-    (b"\x1b]0;forged\x07HTTP/1.1 200\r\n", "it answers in a protocol that is not HTTP/2"),
-])
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (grpc_answer(12, data=False), "it is a gRPC server without Ray's GCS service"),
+        (grpc_answer(14, data=False), "it answered gRPC status 14 where a GCS answers 0"),
+        (
+            b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+            "it answers HTTP/1 ('HTTP/1.1 400 Bad Request'), not gRPC",
+        ),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "it answers in a protocol that is not HTTP/2"),
+        (b"\x1b]0;forged\x07HTTP/1.1 200\r\n", "it answers in a protocol that is not HTTP/2"),
+    ],
+)
 def test_a_port_that_is_not_a_gcs_is_one_line_naming_what_answered(server, answer: bytes, said: str) -> None:
     port = server(answer)
     with pytest.raises(ClusterUnreachableError) as raised:
@@ -67,8 +78,11 @@ def test_a_port_that_is_not_a_gcs_is_one_line_naming_what_answered(server, answe
 def test_a_silent_port_is_said_at_the_deadline(server) -> None:
     port = server(None)
     started = time.monotonic()
-    with pytest.raises(ClusterUnreachableError, match=f"'127.0.0.1:{port}' is not a Ray cluster's GCS: it accepts "
-                                                      "connections but answered nothing in 1 s"):
+    with pytest.raises(
+        ClusterUnreachableError,
+        match=f"'127.0.0.1:{port}' is not a Ray cluster's GCS: it accepts "
+        "connections but answered nothing in 1 s",
+    ):
         ask_gcs(f"127.0.0.1:{port}", timeout_s=1.0)
     assert time.monotonic() - started < 30  # 1 s asked; 30 s tells a bounded wait from a hang at any load
 
@@ -76,18 +90,23 @@ def test_a_silent_port_is_said_at_the_deadline(server) -> None:
 def test_the_likely_right_port_is_a_gcs_running_here_else_ray_s_default(server, monkeypatch) -> None:
     port = server(b"HTTP/1.1 404 Not Found\r\n\r\n")
     monkeypatch.setattr(gcs_probe, "running_gcs_ports", lambda: [])
-    with pytest.raises(ClusterUnreachableError, match="Ray's GCS listens on 6379 unless `ray start --head --port`"):
+    with pytest.raises(
+        ClusterUnreachableError, match="Ray's GCS listens on 6379 unless `ray start --head --port`"
+    ):
         ask_gcs(f"127.0.0.1:{port}")
     gcs = server(grpc_answer(0, data=True))
     monkeypatch.setattr(gcs_probe, "running_gcs_ports", lambda: [gcs])
     with pytest.raises(ClusterUnreachableError) as raised:
         ask_gcs(f"127.0.0.1:{port}")
     assert f"a Ray GCS listens on this machine at 127.0.0.1:{gcs}, run by {owner_name(os.geteuid())}" in str(
-        raised.value)
+        raised.value
+    )
 
 
 def test_the_dashboard_s_port_is_named_as_such(monkeypatch) -> None:
-    answered = GrpcReply(first_bytes=b"HTTP/1.1 404 Not Found\r\n", http2=False)  # what aiohttp says to HTTP/2
+    answered = GrpcReply(
+        first_bytes=b"HTTP/1.1 404 Not Found\r\n", http2=False
+    )  # what aiohttp says to HTTP/2
     monkeypatch.setattr(gcs_probe, "unary_call", lambda *args, **kwargs: answered)
     with pytest.raises(ClusterUnreachableError, match=r"\(8265 is the Ray dashboard's port\)"):
         ask_gcs("127.0.0.1:8265")
@@ -95,8 +114,9 @@ def test_the_dashboard_s_port_is_named_as_such(monkeypatch) -> None:
 
 def test_no_connection_is_said_with_the_address(monkeypatch) -> None:
     monkeypatch.setattr(gcs_probe, "running_gcs_ports", lambda: [])
-    with pytest.raises(ClusterUnreachableError, match="cannot reach the Ray cluster at '127.0.0.1:1': Connection "
-                                                      "refused"):
+    with pytest.raises(
+        ClusterUnreachableError, match="cannot reach the Ray cluster at '127.0.0.1:1': Connection refused"
+    ):
         ask_gcs("127.0.0.1:1")
 
 
@@ -115,6 +135,7 @@ def test_plan_given_a_port_that_is_not_a_gcs_ends_in_one_line_not_minutes(server
     args = ("--address", address) if how == "--address" else ()
     env = {"RAY_ADDRESS": address} if how == "RAY_ADDRESS" else {}
     # the subprocess timeout is what tells a bounded answer from a hang: 120 s leaves room for a loaded machine
-    result = run_cli("plan", *args, "--model", "resnet18", "--no-cache", "--no-write", cwd=tmp_path, env=env,
-                     timeout=120)
+    result = run_cli(
+        "plan", *args, "--model", "resnet18", "--no-cache", "--no-write", cwd=tmp_path, env=env, timeout=120
+    )
     assert_user_error(result, 2, f"'{address}' is not a Ray cluster's GCS", "answered nothing in 8 s")

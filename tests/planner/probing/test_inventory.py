@@ -16,9 +16,15 @@ GIB = 2**30
 CATALOG = load_catalog()
 
 
-def gpu(index: int, type_name: str = "RTX-A6000", used_gib: float = 0.0, utilization: float = 0.0) -> SimulatedGpu:
-    return SimulatedGpu(index=index, spec=CATALOG.get(type_name), used_memory_bytes=int(used_gib * GIB),
-                        utilization_fraction=utilization)
+def gpu(
+    index: int, type_name: str = "RTX-A6000", used_gib: float = 0.0, utilization: float = 0.0
+) -> SimulatedGpu:
+    return SimulatedGpu(
+        index=index,
+        spec=CATALOG.get(type_name),
+        used_memory_bytes=int(used_gib * GIB),
+        utilization_fraction=utilization,
+    )
 
 
 #: GPU 0 busy and nearly full, 1 idle, 2 half full and lightly used, 3 idle: the most idle are 1 and 3
@@ -74,20 +80,28 @@ def test_a_gpu_short_of_free_memory_is_skipped_with_the_figures():
 
 def test_both_thresholds_give_both_reasons():
     inv = simulated_inventory(LAB, min_free_memory_fraction=0.5, max_utilization_fraction=0.5)
-    assert dict(inv.selection.skipped)[0] == "busy: 97% utilisation > 50%; only 4.0 GiB of 48.0 GiB free (< 50%)"
+    assert (
+        dict(inv.selection.skipped)[0] == "busy: 97% utilisation > 50%; only 4.0 GiB of 48.0 GiB free (< 50%)"
+    )
 
 
 def test_minus_one_twice_picks_the_two_most_idle_gpus():
     inv = simulated_inventory(LAB, select="-1,-1")
     assert inv.selection.selected == (1, 3)
-    assert dict(inv.selection.skipped) == {0: "less idle than the GPUs picked", 2: "less idle than the GPUs picked"}
+    assert dict(inv.selection.skipped) == {
+        0: "less idle than the GPUs picked",
+        2: "less idle than the GPUs picked",
+    }
 
 
 def test_minus_one_picks_the_most_idle_gpu_meeting_the_thresholds():
     inv = simulated_inventory(LAB, select="-1", max_utilization_fraction=0.5)
     assert inv.selection.selected == (1,)
-    assert dict(inv.selection.skipped) == {0: "busy: 97% utilisation > 50%", 2: "less idle than the GPUs picked",
-                                           3: "less idle than the GPUs picked"}
+    assert dict(inv.selection.skipped) == {
+        0: "busy: 97% utilisation > 50%",
+        2: "less idle than the GPUs picked",
+        3: "less idle than the GPUs picked",
+    }
 
 
 def test_a_selection_that_cannot_be_met_is_an_empty_selection_with_a_warning():
@@ -97,7 +111,9 @@ def test_a_selection_that_cannot_be_met_is_an_empty_selection_with_a_warning():
     assert skipped[0] == "busy: 97% utilisation > 50%"
     assert skipped[1] == skipped[2] == skipped[3] == "not used: selection '-1,-1,-1,-1' cannot be met"
     (warning,) = inv.selection.warnings
-    assert warning.startswith("GPU selection '-1,-1,-1,-1' asks for 4 idle GPUs, but only 3 of the node's 4 GPUs")
+    assert warning.startswith(
+        "GPU selection '-1,-1,-1,-1' asks for 4 idle GPUs, but only 3 of the node's 4 GPUs"
+    )
     assert "ask for fewer GPUs or relax the thresholds" in warning
     assert node_entry(inv).warnings == (warning,)
 
@@ -112,13 +128,17 @@ def test_an_explicit_busy_gpu_is_used_with_a_warning():
     inv = simulated_inventory(LAB, select="0", max_utilization_fraction=0.5)
     assert inv.selection.selected == (0,)
     assert inv.selection.warnings == (
-        "GPU 0 is used as requested although it does not meet the thresholds: busy: 97% utilisation > 50%",)
+        "GPU 0 is used as requested although it does not meet the thresholds: busy: 97% utilisation > 50%",
+    )
 
 
 @pytest.mark.parametrize(
     ("select", "message"),
-    [("7", "names GPU 7, but this node's GPUs are: 0, 1, 2, 3"), ("zero", "'zero' is not a GPU index or -1"),
-     ("", "empty GPU selection")],
+    [
+        ("7", "names GPU 7, but this node's GPUs are: 0, 1, 2, 3"),
+        ("zero", "'zero' is not a GPU index or -1"),
+        ("", "empty GPU selection"),
+    ],
 )
 def test_a_malformed_or_impossible_explicit_selection_is_a_config_error(select, message):
     with pytest.raises(ConfigError, match=message):
@@ -171,8 +191,10 @@ def test_the_cuda_build_of_torch_is_read_without_importing_it():
     assert torch_cuda_build("cuda = '11.8'\n") == (True, "11.8")
     assert torch_cuda_build("cuda = get_cuda()\n") == (False, None)  # not a literal: unknown
     assert torch_cuda_build("def (:\n") == (False, None)
-    code = ("import sys; from planner.probing.inventory import torch_cuda_build; known, cuda = torch_cuda_build(); "
-            "assert 'torch' not in sys.modules; import torch; assert known and cuda == torch.version.cuda")
+    code = (
+        "import sys; from planner.probing.inventory import torch_cuda_build; known, cuda = torch_cuda_build(); "
+        "assert 'torch' not in sys.modules; import torch; assert known and cuda == torch.version.cuda"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -190,6 +212,8 @@ def test_a_real_node_reads_whether_its_torch_has_cuda(monkeypatch):
     assert found.torch_without_cuda and found.driver["torch_cuda_version"] is None
     monkeypatch.setattr(inventory, "torch_cuda_build", lambda: (True, "12.4"))
     assert not inventory.real_inventory(load_catalog()).torch_without_cuda
-    monkeypatch.setattr(inventory, "torch_cuda_build", lambda: (False, None))  # unknown: auto decides in the probe
+    monkeypatch.setattr(
+        inventory, "torch_cuda_build", lambda: (False, None)
+    )  # unknown: auto decides in the probe
     unknown = inventory.real_inventory(load_catalog())
     assert not unknown.torch_without_cuda and "torch_cuda_version" not in unknown.driver

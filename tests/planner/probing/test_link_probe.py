@@ -23,12 +23,18 @@ def test_node_probes_time_an_allreduce_among_themselves_and_the_times_fit_a_link
     from torchkit.hardware.catalog import load_catalog
 
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]][:2]
-    probes = [ray.remote(NodeProbe).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-              .remote(None, load_catalog()) for node in nodes]
+    probes = [
+        ray.remote(NodeProbe)
+        .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+        .remote(None, load_catalog())
+        for node in nodes
+    ]
     port = ray.get(probes[0].free_port.remote())
     sizes = [MIB, 4 * MIB, 8 * MIB]
-    times = ray.get([p.allreduce_probe.remote(rank, 2, "127.0.0.1", port, sizes, 3) for rank, p in enumerate(probes)],
-                    timeout=180)
+    times = ray.get(
+        [p.allreduce_probe.remote(rank, 2, "127.0.0.1", port, sizes, 3) for rank, p in enumerate(probes)],
+        timeout=180,
+    )
     for p in probes:
         ray.kill(p)
     assert len(times) == 2 and all(len(t) == 3 and all(x > 0 for x in t) for t in times)
@@ -39,7 +45,9 @@ def test_node_probes_time_an_allreduce_among_themselves_and_the_times_fit_a_link
 
 def test_a_measured_network_is_cached_per_set_of_nodes(tmp_path):
     store = CacheStore(tmp_path)
-    link = LinkCost(name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)")
+    link = LinkCost(
+        name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)"
+    )
     assert link_probe.cached_network(store, ["a", "b"]) is None
     link_probe.store_network(store, ["b", "a"], link)
     cached = link_probe.cached_network(store, ["a", "b"])
@@ -58,7 +66,9 @@ def test_a_measured_network_is_cached_per_set_of_nodes(tmp_path):
 
 
 def test_a_link_entry_others_could_write_is_measured_again_and_their_directory_refused(caplog):
-    link = LinkCost(name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)")
+    link = LinkCost(
+        name="network", bus_bytes_per_s=1.2e9, step_latency_s=2e-5, source="measured by the probes (x)"
+    )
     with reachable_place() as cache:  # where other users can reach it (pytest's tmp_path is private)
         store = CacheStore(cache)
         link_probe.store_network(store, ["a", "b"], link)
@@ -66,9 +76,14 @@ def test_a_link_entry_others_could_write_is_measured_again_and_their_directory_r
         entry.chmod(0o666)  # issue #34: anyone could have put a faster network there
         assert link_probe.cached_network(store, ["a", "b"]) is None
         assert f"{entry} is writable by every user" in caplog.text and "measuring it again" in caplog.text
-        assert len(store.problems) == 1 and "not trusted; ignoring it and measuring it again" in store.problems[0]
+        assert (
+            len(store.problems) == 1
+            and "not trusted; ignoring it and measuring it again" in store.problems[0]
+        )
         link_probe.store_network(store, ["a", "b"], link)  # the measurement replaces it, private again
-        assert entry.stat().st_mode & 0o777 == 0o644 and link_probe.cached_network(store, ["a", "b"]) is not None
+        assert (
+            entry.stat().st_mode & 0o777 == 0o644 and link_probe.cached_network(store, ["a", "b"]) is not None
+        )
         (cache / "links").chmod(0o777)
         with pytest.raises(FieldError, match=r"/links (above it )?is writable by every user"):
             link_probe.cached_network(CacheStore(cache), ["a", "b"])

@@ -40,7 +40,9 @@ def _file(ray_tmp: Path) -> Path:
     return ray_tmp / "ray" / "ray_current_cluster"
 
 
-def test_ray_address_is_the_user_s_choice_and_says_whose_cluster_it_is(ray_tmp: Path, server, monkeypatch) -> None:
+def test_ray_address_is_the_user_s_choice_and_says_whose_cluster_it_is(
+    ray_tmp: Path, server, monkeypatch
+) -> None:
     port = server(None)
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
     found = find_running_cluster(explicit=False)
@@ -62,10 +64,16 @@ def test_a_file_in_ray_s_0777_directory_is_not_used(ray_tmp: Path, server, caplo
     with caplog.at_level(logging.WARNING):
         assert find_running_cluster(explicit=False) is None
     [line] = caplog.messages
-    assert line.startswith(f"not joining the Ray cluster the address file {_file(ray_tmp)} names: ") and \
-        "ray above it is writable by every user" in line and f"give --address 127.0.0.1:{port}" in line
-    with pytest.raises(ClusterUnreachableError, match=f"--address auto does not use the Ray address file .*--address "
-                                                      f"127.0.0.1:{port}, once you know whose it is"):
+    assert (
+        line.startswith(f"not joining the Ray cluster the address file {_file(ray_tmp)} names: ")
+        and "ray above it is writable by every user" in line
+        and f"give --address 127.0.0.1:{port}" in line
+    )
+    with pytest.raises(
+        ClusterUnreachableError,
+        match=f"--address auto does not use the Ray address file .*--address "
+        f"127.0.0.1:{port}, once you know whose it is",
+    ):
         find_running_cluster(explicit=True)
 
 
@@ -101,7 +109,9 @@ def test_another_user_s_file_or_gcs_is_not_used(ray_tmp: Path, caplog) -> None:
     uid, _ = other_uid_gid()
     (ray_tmp / "ray").chmod(0o755)
     with other_user_listener() as port:
-        _file(ray_tmp).write_text(f"127.0.0.1:{port}")  # root's own file (stale), but nobody listens there now
+        _file(ray_tmp).write_text(
+            f"127.0.0.1:{port}"
+        )  # root's own file (stale), but nobody listens there now
         assert find_running_cluster(explicit=False) is None
         assert f"a GCS of uid {uid} (nobody) listens, not one of this user's or root's" in caplog.text
         _file(ray_tmp).unlink()

@@ -14,17 +14,29 @@ from planner.profiles.profile import DeviceProfile
 
 
 def profile(method: str) -> DeviceProfile:
-    return DeviceProfile.from_points(gpu="T4", method=method, amp="fp16", memory_points=[(8, 1000), (16, 1800)],
-                                     time_points=[(8, 0.08), (16, 0.16)])
+    return DeviceProfile.from_points(
+        gpu="T4",
+        method=method,
+        amp="fp16",
+        memory_points=[(8, 1000), (16, 1800)],
+        time_points=[(8, 0.08), (16, 0.16)],
+    )
 
 
 def test_the_key_ignores_planning_options_but_not_what_makes_a_step_faster():
     base = JobSpec(model="resnet18", imgsz=64, global_batch=64)
-    other_plan = JobSpec(model="resnet18", imgsz=64, global_batch=256, fraction=0.9, mode="uniform", multiple_of=8)
+    other_plan = JobSpec(
+        model="resnet18", imgsz=64, global_batch=256, fraction=0.9, mode="uniform", multiple_of=8
+    )
     key = measured_profile_key(base, "T4", "fp16", fingerprint="f0")
     assert measured_profile_key(other_plan, "T4", "fp16", fingerprint="f0") == key
     assert measured_profile_key(JobSpec(model="resnet18", imgsz=128), "T4", "fp16", fingerprint="f0") != key
-    assert measured_profile_key(JobSpec(model="resnet18", imgsz=64, optimizer="adamw"), "T4", "fp16", fingerprint="f0") != key
+    assert (
+        measured_profile_key(
+            JobSpec(model="resnet18", imgsz=64, optimizer="adamw"), "T4", "fp16", fingerprint="f0"
+        )
+        != key
+    )
     assert measured_profile_key(base, "A10", "fp16", fingerprint="f0") != key
     assert measured_profile_key(base, "T4", "bf16", fingerprint="f0") != key
     # the same name and input with another model behind it (its forward or settings edited) is another step

@@ -19,8 +19,15 @@ JOB = {"model": "resnet50", "optimizer": "sgd", "imgsz": 224}
 
 
 def _sync(slowdown: float) -> JobSync:
-    return JobSync(slowdown=slowdown, measured_exposed_s=0.01, predicted_exposed_s=0.004, compute_s=0.08, steps=5,
-                   link="gloo, 1 node(s), 2 rank(s)", created="2026-12-02T08:00:00+00:00")
+    return JobSync(
+        slowdown=slowdown,
+        measured_exposed_s=0.01,
+        predicted_exposed_s=0.004,
+        compute_s=0.08,
+        steps=5,
+        link="gloo, 1 node(s), 2 rank(s)",
+        created="2026-12-02T08:00:00+00:00",
+    )
 
 
 def _inputs(**changes) -> dict[str, str]:
@@ -36,7 +43,9 @@ def test_an_entry_answers_the_same_job_by_ring_shape_and_nothing_else(tmp_path, 
     assert path.parent.name == "sync"
     found = find_job_sync(store, _inputs())
     assert {s: j.slowdown for s, j in found.items()} == {"ax2;intra a=pcie": 2.0, "ax2;bx2;network": 5.0}
-    store_job_sync(store, _inputs(), "ax2;intra a=pcie", _sync(2.5))  # a later run of the same ring replaces it
+    store_job_sync(
+        store, _inputs(), "ax2;intra a=pcie", _sync(2.5)
+    )  # a later run of the same ring replaces it
     assert find_job_sync(store, _inputs())["ax2;intra a=pcie"].slowdown == 2.5
     for other in (_inputs(fingerprint="changed"), _inputs(gradient_bytes=1), _inputs(bucket_cap_mb=50)):
         assert find_job_sync(store, other) == {}
@@ -46,14 +55,31 @@ def test_an_entry_answers_the_same_job_by_ring_shape_and_nothing_else(tmp_path, 
     assert store.problems == []
 
 
-@pytest.mark.parametrize(("damage", "problem"), [
-    (lambda d: {**d, "inputs": {**d["inputs"], "gradient_bytes": "1"}}, "its key recomputed from its own inputs"),
-    (lambda d: {**d, "shapes": {"s": {**d["shapes"]["s"], "slowdown": -1.0}}}, "checksum mismatch"),
-    (lambda d: {**d, "shapes": {"s": {"slowdown": 2.0}}, "checksum": checksum({"s": {"slowdown": 2.0}})},
-     "shapes['s'] lacks the field 'measured_exposed_s'"),
-    (lambda d: {"inputs": d["inputs"], "shapes": {"s": {**d["shapes"]["s"], "slowdown": -1.0}}},  # the old form
-     "shapes['s']: JobSync.slowdown must be a finite number >= 0, got -1.0"),
-])
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (
+            lambda d: {**d, "inputs": {**d["inputs"], "gradient_bytes": "1"}},
+            "its key recomputed from its own inputs",
+        ),
+        (lambda d: {**d, "shapes": {"s": {**d["shapes"]["s"], "slowdown": -1.0}}}, "checksum mismatch"),
+        (
+            lambda d: {
+                **d,
+                "shapes": {"s": {"slowdown": 2.0}},
+                "checksum": checksum({"s": {"slowdown": 2.0}}),
+            },
+            "shapes['s'] lacks the field 'measured_exposed_s'",
+        ),
+        (
+            lambda d: {
+                "inputs": d["inputs"],
+                "shapes": {"s": {**d["shapes"]["s"], "slowdown": -1.0}},
+            },  # the old form
+            "shapes['s']: JobSync.slowdown must be a finite number >= 0, got -1.0",
+        ),
+    ],
+)
 def test_a_broken_or_foreign_entry_is_ignored_with_a_problem_line(tmp_path, damage, problem):
     store = CacheStore(tmp_path)
     path = store_job_sync(store, _inputs(), "s", _sync(2.0))
@@ -68,7 +94,9 @@ def test_an_entry_of_the_release_before_the_store_still_answers(tmp_path):
     store = CacheStore(tmp_path)
     path = store_job_sync(store, _inputs(), "s", _sync(2.0))
     entry = json.loads(path.read_text())
-    path.write_text(json.dumps({"inputs": entry["inputs"], "shapes": entry["shapes"]}))  # as that release wrote it
+    path.write_text(
+        json.dumps({"inputs": entry["inputs"], "shapes": entry["shapes"]})
+    )  # as that release wrote it
     assert find_job_sync(store, _inputs())["s"].slowdown == 2.0 and not store.problems
 
 
@@ -76,8 +104,15 @@ def test_job_sync_refuses_impossible_figures():
     with pytest.raises(ValueError, match="slowdown"):
         _sync(0.0)
     with pytest.raises(ValueError, match="steps"):
-        JobSync(slowdown=1.0, measured_exposed_s=0.0, predicted_exposed_s=0.0, compute_s=0.1, steps=0, link="",
-                created="")
+        JobSync(
+            slowdown=1.0,
+            measured_exposed_s=0.0,
+            predicted_exposed_s=0.0,
+            compute_s=0.1,
+            steps=0,
+            link="",
+            created="",
+        )
 
 
 def test_an_entry_others_could_write_is_ignored_with_a_problem_line_and_their_directory_refused():

@@ -23,7 +23,9 @@ GIB = 2**30
 MIB = 2**20
 
 
-def make_profile(intercept_bytes=2 * GIB, bytes_per_sample=64 * MIB, t0=0.01, t1=0.002, **kwargs) -> DeviceProfile:
+def make_profile(
+    intercept_bytes=2 * GIB, bytes_per_sample=64 * MIB, t0=0.01, t1=0.002, **kwargs
+) -> DeviceProfile:
     """A profile from exactly affine points (batch 1..64)."""
     batches = (1, 8, 32, 64)
     return DeviceProfile.from_points(
@@ -46,8 +48,12 @@ def test_from_points_fits_both_curves_and_keeps_the_points():
     assert profile.memory_fit.bytes_per_sample == pytest.approx(64 * MIB)
     assert profile.time_fit.intercept_s == pytest.approx(0.01)
     assert profile.time_fit.s_per_sample == pytest.approx(0.002)
-    assert profile.memory_points == ((1, 2 * GIB + 64 * MIB), (8, 2 * GIB + 512 * MIB), (32, 4 * GIB),
-                                     (64, 6 * GIB))
+    assert profile.memory_points == (
+        (1, 2 * GIB + 64 * MIB),
+        (8, 2 * GIB + 512 * MIB),
+        (32, 4 * GIB),
+        (64, 6 * GIB),
+    )
     assert all(isinstance(v, int) for _, v in profile.memory_points)
     assert profile.notes == ()
     assert profile.oom_batch is None
@@ -68,7 +74,9 @@ def test_memory_bytes_and_step_time_are_the_fits_at_a_batch():
 
 def test_a_dropped_memory_point_becomes_a_note_naming_the_gpu_batch_and_reason():
     profile = DeviceProfile.from_points(
-        gpu="T4", method="measure", amp="fp16",
+        gpu="T4",
+        method="measure",
+        amp="fp16",
         memory_points=[(1, 100 * MIB), (2, 200 * MIB), (4, 150 * MIB), (8, 800 * MIB)],
         time_points=[(1, 0.01), (2, 0.02), (4, 0.04), (8, 0.08)],
     )
@@ -84,12 +92,16 @@ def test_an_outlying_memory_point_becomes_a_note():
     profile = DeviceProfile.from_points(
         gpu="A10G", method="measure", amp="bf16", memory_points=points, time_points=[(1, 0.1), (6, 0.6)]
     )
-    assert any(n.startswith("A10G: memory point at batch 6 is ") and "off the fit" in n for n in profile.notes)
+    assert any(
+        n.startswith("A10G: memory point at batch 6 is ") and "off the fit" in n for n in profile.notes
+    )
 
 
 def test_a_dropped_time_point_becomes_a_note():
     profile = DeviceProfile.from_points(
-        gpu="L4", method="measure", amp="bf16",
+        gpu="L4",
+        method="measure",
+        amp="bf16",
         memory_points=[(1, GIB), (2, 2 * GIB)],
         time_points=[(1, 0.1), (2, 0.0), (4, 0.4)],
     )
@@ -99,7 +111,11 @@ def test_a_dropped_time_point_becomes_a_note():
 def test_given_notes_come_first_and_are_kept():
     points = [(1, 100 * MIB), (2, 90 * MIB), (4, 400 * MIB)]
     profile = DeviceProfile.from_points(
-        gpu="T4", method="estimate", amp="fp16", memory_points=points, time_points=[(1, 0.1)],
+        gpu="T4",
+        method="estimate",
+        amp="fp16",
+        memory_points=points,
+        time_points=[(1, 0.1)],
         notes=["estimated on fake tensors"],
     )
     assert profile.notes[0] == "estimated on fake tensors"
@@ -108,8 +124,9 @@ def test_given_notes_come_first_and_are_kept():
 
 def test_from_points_without_a_usable_memory_point_raises():
     with pytest.raises(ValueError, match="no usable memory point"):
-        DeviceProfile.from_points(gpu="T4", method="estimate", amp="fp16", memory_points=[(1, 0)],
-                                  time_points=[(1, 0.1)])
+        DeviceProfile.from_points(
+            gpu="T4", method="estimate", amp="fp16", memory_points=[(1, 0)], time_points=[(1, 0.1)]
+        )
 
 
 # ---------------------------------------------------------------------------------------------- max_batch
@@ -149,7 +166,11 @@ def test_max_batch_never_exceeds_max_planned_batch():
 
 def test_max_batch_of_a_flat_memory_curve_is_bounded():
     profile = DeviceProfile(
-        gpu="T4", method="estimate", amp="fp16", memory_points=((1, GIB),), time_points=((1, 0.1),),
+        gpu="T4",
+        method="estimate",
+        amp="fp16",
+        memory_points=((1, GIB),),
+        time_points=((1, 0.1),),
         memory_fit=AffineMemoryFit(intercept_bytes=GIB, bytes_per_sample=0.0),
         time_fit=AffineTimeFit(intercept_s=0.0, s_per_sample=0.1),
     )
@@ -165,12 +186,18 @@ def test_max_batch_of_a_flat_memory_curve_is_bounded():
     oom_batch=st.one_of(st.none(), st.integers(1, 100_000)),
 )
 @settings(max_examples=200, deadline=None)
-def test_max_batch_fits_the_budget_and_respects_every_bound(intercept, per_sample, budget, multiple_of, oom_batch):
+def test_max_batch_fits_the_budget_and_respects_every_bound(
+    intercept, per_sample, budget, multiple_of, oom_batch
+):
     profile = DeviceProfile(
-        gpu="X", method="estimate", amp="off", memory_points=((1, intercept + per_sample),),
+        gpu="X",
+        method="estimate",
+        amp="off",
+        memory_points=((1, intercept + per_sample),),
         time_points=((1, 0.1),),
         memory_fit=AffineMemoryFit(intercept_bytes=float(intercept), bytes_per_sample=float(per_sample)),
-        time_fit=AffineTimeFit(intercept_s=0.0, s_per_sample=0.1), oom_batch=oom_batch,
+        time_fit=AffineTimeFit(intercept_s=0.0, s_per_sample=0.1),
+        oom_batch=oom_batch,
     )
     batch = profile.max_batch(budget, multiple_of=multiple_of)
     assert batch % multiple_of == 0
@@ -192,7 +219,9 @@ def roundtrip(profile: DeviceProfile) -> DeviceProfile:
 
 
 def test_json_round_trip_gives_an_equal_profile():
-    profile = make_profile(oom_batch=96, notes=["a remark"], breakdown_bytes={"parameters": 1000, "activations": 5})
+    profile = make_profile(
+        oom_batch=96, notes=["a remark"], breakdown_bytes={"parameters": 1000, "activations": 5}
+    )
     profile = dataclasses.replace(profile, time_log_sigma=0.12, time_model="calibration X")
     again = roundtrip(profile)
     assert again == profile
@@ -201,9 +230,12 @@ def test_json_round_trip_gives_an_equal_profile():
 
 def test_json_round_trip_of_a_loglog_profile_with_notes_from_dropped_points():
     profile = DeviceProfile.from_points(
-        gpu="V100-SXM2-16GB", method="measure", amp="fp16",
+        gpu="V100-SXM2-16GB",
+        method="measure",
+        amp="fp16",
         memory_points=[(1, 100 * MIB), (2, 90 * MIB), (4, 400 * MIB), (8, 700 * MIB)],
-        time_points=[(1, 0.01), (4, 0.03), (8, 0.05)], fit="loglog",
+        time_points=[(1, 0.01), (4, 0.03), (8, 0.05)],
+        fit="loglog",
     )
     assert profile.notes
     assert roundtrip(profile) == profile
@@ -211,8 +243,21 @@ def test_json_round_trip_of_a_loglog_profile_with_notes_from_dropped_points():
 
 def test_to_json_has_the_documented_shape():
     data = encode(make_profile())
-    assert set(data) == {"gpu", "method", "amp", "memory_points", "memory_fit", "time_points", "time_fit",
-                         "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes", "time_log_sigma", "time_model"}
+    assert set(data) == {
+        "gpu",
+        "method",
+        "amp",
+        "memory_points",
+        "memory_fit",
+        "time_points",
+        "time_fit",
+        "oom_batch",
+        "notes",
+        "min_memory_bytes",
+        "breakdown_bytes",
+        "time_log_sigma",
+        "time_model",
+    }
     assert data["memory_points"][0] == [1, 2 * GIB + 64 * MIB]
     assert data["memory_fit"]["kind"] == "affine"
     assert set(data["time_fit"]) == {"kind", "intercept_s", "s_per_sample"}
@@ -220,19 +265,34 @@ def test_to_json_has_the_documented_shape():
 
 def test_from_json_defaults_the_optional_fields():
     data = encode(make_profile())
-    for key in ("amp", "oom_batch", "notes", "min_memory_bytes", "breakdown_bytes", "time_log_sigma", "time_model"):
+    for key in (
+        "amp",
+        "oom_batch",
+        "notes",
+        "min_memory_bytes",
+        "breakdown_bytes",
+        "time_log_sigma",
+        "time_model",
+    ):
         del data[key]
     profile = convert(DeviceProfile, data, where="profile")
-    assert (profile.amp, profile.oom_batch, profile.notes, profile.min_memory_bytes, profile.breakdown_bytes) == (
-        "off", None, (), 0, None
-    )
+    assert (
+        profile.amp,
+        profile.oom_batch,
+        profile.notes,
+        profile.min_memory_bytes,
+        profile.breakdown_bytes,
+    ) == ("off", None, (), 0, None)
     assert (profile.time_log_sigma, profile.time_model) == (0.0, "")
 
 
 def test_memory_never_falls_below_the_floor_and_a_floor_over_budget_fits_nothing():
     profile = DeviceProfile.from_points(
-        gpu="T4", method="estimate", amp="fp16",
-        memory_points=[(32, 4 * GIB), (128, 10 * GIB)], time_points=[(32, 0.1), (128, 0.3)],
+        gpu="T4",
+        method="estimate",
+        amp="fp16",
+        memory_points=[(32, 4 * GIB), (128, 10 * GIB)],
+        time_points=[(32, 0.1), (128, 0.3)],
         min_memory_bytes=3 * GIB,
     )
     # the line through the probes gives 2 GiB at batch 0: the floor holds instead
@@ -246,12 +306,14 @@ def test_memory_never_falls_below_the_floor_and_a_floor_over_budget_fits_nothing
 def _without(key):
     def mutate(data):
         del data[key]
+
     return mutate
 
 
 def _set(key, value):
     def mutate(data):
         data[key] = value
+
     return mutate
 
 
@@ -263,18 +325,34 @@ def _set(key, value):
         (_without("memory_fit"), "lacks the field 'memory_fit'"),
         (_without("time_fit"), "lacks the field 'time_fit'"),
         (_set("memory_fit", {"kind": "spline"}), "memory_fit: kind 'spline' is not one of affine, loglog"),
-        (_set("memory_fit", {"kind": "affine", "intercept_bytes": 1.0}), "memory_fit lacks the field 'bytes_per_sample'"),
+        (
+            _set("memory_fit", {"kind": "affine", "intercept_bytes": 1.0}),
+            "memory_fit lacks the field 'bytes_per_sample'",
+        ),
         (_set("time_fit", {"kind": "loglog"}), "time_fit.kind must be one of affine, got 'loglog'"),
         (_set("memory_points", [[1]]), "memory_points[0] must be of length 2, got [1]"),
         (_set("memory_points", [["one", 5]]), "memory_points[0][0] must be int, got 'one'"),
         (_set("memory_points", 7), "memory_points must be list, got 7"),
         (_set("time_points", None), "time_points must be list, got None"),
         (_set("oom_batch", "many"), "oom_batch must be int/null, got 'many'"),
-        (_set("breakdown_bytes", {"parameters": "lots"}), "breakdown_bytes['parameters'] must be int, got 'lots'"),
+        (
+            _set("breakdown_bytes", {"parameters": "lots"}),
+            "breakdown_bytes['parameters'] must be int, got 'lots'",
+        ),
     ],
     ids=[
-        "no gpu", "no memory_points", "no memory_fit", "no time_fit", "unknown fit kind", "fit missing field",
-        "time fit kind", "short point", "text batch", "points not a list", "time points null", "oom text",
+        "no gpu",
+        "no memory_points",
+        "no memory_fit",
+        "no time_fit",
+        "unknown fit kind",
+        "fit missing field",
+        "time fit kind",
+        "short point",
+        "text batch",
+        "points not a list",
+        "time points null",
+        "oom text",
         "breakdown text",
     ],
 )
@@ -284,7 +362,9 @@ def test_a_malformed_profile_is_a_config_error_naming_where_the_field_and_the_fi
     with pytest.raises(ConfigError) as info:
         convert(DeviceProfile, data, where="plan.json", fix="regenerate it")
     message = str(info.value)
-    assert message.startswith("plan.json") and words in message and message.endswith("(regenerate it)"), message
+    assert message.startswith("plan.json") and words in message and message.endswith("(regenerate it)"), (
+        message
+    )
 
 
 @pytest.mark.parametrize("data", [None, [], "profile", 3])
@@ -295,7 +375,18 @@ def test_a_profile_that_is_not_an_object_is_a_config_error(data):
 
 # ---------------------------------------------------------------------------------------------- profile_key
 
-KEY_PARTS = ("fp:abc123", 224, (3, 224, 224), None, "bf16", "adamw", "A100-SXM4-80GB", "estimate", "affine", "2.4.0")
+KEY_PARTS = (
+    "fp:abc123",
+    224,
+    (3, 224, 224),
+    None,
+    "bf16",
+    "adamw",
+    "A100-SXM4-80GB",
+    "estimate",
+    "affine",
+    "2.4.0",
+)
 
 
 def test_profile_key_is_a_short_hex_digest_and_deterministic():
@@ -317,10 +408,7 @@ def test_profile_key_depends_on_the_order_of_parts():
 
 
 def test_profile_key_is_the_same_in_another_process_with_another_hash_seed():
-    code = (
-        "from planner.profiles.key import profile_key; "
-        f"print(profile_key(*{KEY_PARTS!r}))"
-    )
+    code = f"from planner.profiles.key import profile_key; print(profile_key(*{KEY_PARTS!r}))"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == profile_key(*KEY_PARTS)
@@ -328,7 +416,10 @@ def test_profile_key_is_the_same_in_another_process_with_another_hash_seed():
 
 @pytest.mark.parametrize(
     "fit",
-    [AffineMemoryFit(intercept_bytes=1.5e9, bytes_per_sample=3.25e7), LogLogMemoryFit(log_slope=0.87, log_intercept=19.1)],
+    [
+        AffineMemoryFit(intercept_bytes=1.5e9, bytes_per_sample=3.25e7),
+        LogLogMemoryFit(log_slope=0.87, log_intercept=19.1),
+    ],
     ids=["affine", "loglog"],
 )
 def test_a_memory_fit_is_written_kind_first_and_read_back_as_its_kind(fit):
@@ -341,8 +432,17 @@ def test_a_fit_of_an_unknown_kind_or_missing_a_coefficient_is_refused_naming_it(
     with pytest.raises(ConfigError, match=r"memory_fit: kind 'spline' is not one of affine, loglog"):
         convert(DeviceProfile, {**encode(make_profile()), "memory_fit": {"kind": "spline"}}, where="p")
     with pytest.raises(ConfigError, match=r"time_fit.kind must be one of affine, got 'loglog'"):
-        convert(DeviceProfile, {**encode(make_profile()), "time_fit": {"kind": "loglog", "intercept_s": 0.0,
-                                                                       "s_per_sample": 1.0}}, where="p")
+        convert(
+            DeviceProfile,
+            {
+                **encode(make_profile()),
+                "time_fit": {"kind": "loglog", "intercept_s": 0.0, "s_per_sample": 1.0},
+            },
+            where="p",
+        )
     with pytest.raises(ConfigError, match=r"memory_fit lacks the field 'bytes_per_sample'"):
-        convert(DeviceProfile, {**encode(make_profile()), "memory_fit": {"kind": "affine", "intercept_bytes": 1.0}},
-                where="p")
+        convert(
+            DeviceProfile,
+            {**encode(make_profile()), "memory_fit": {"kind": "affine", "intercept_bytes": 1.0}},
+            where="p",
+        )

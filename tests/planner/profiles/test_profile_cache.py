@@ -32,10 +32,14 @@ KEY = key_of_inputs(inputs_for())
 
 def make_profile(gpu: str = "T4", per_sample: int = 2**24) -> DeviceProfile:
     return DeviceProfile.from_points(
-        gpu=gpu, method="estimate", amp="fp16",
+        gpu=gpu,
+        method="estimate",
+        amp="fp16",
         memory_points=[(1, GIB + per_sample), (64, GIB + 64 * per_sample)],
         time_points=[(1, 0.011), (64, 0.075)],
-        oom_batch=512, notes=["estimated"], breakdown_bytes={"parameters": 1000, "activations": 2000},
+        oom_batch=512,
+        notes=["estimated"],
+        breakdown_bytes={"parameters": 1000, "activations": 2000},
     )
 
 
@@ -133,7 +137,10 @@ CORRUPTIONS = {
     "not UTF-8": (lambda p: p.write_bytes(b"\xff\xfe\xfa"), "codec"),
     "wrong checksum": (_edit(_tamper_profile), "checksum mismatch"),
     "no checksum": (_edit(lambda e: e.pop("checksum")), "lacks the field 'checksum'"),
-    "wrong schema": (_edit(lambda e: e.update(schema="batchplan/profile-cache@0")), "schema 'batchplan/profile-cache@0'"),
+    "wrong schema": (
+        _edit(lambda e: e.update(schema="batchplan/profile-cache@0")),
+        "schema 'batchplan/profile-cache@0'",
+    ),
     "wrong key": (_edit(lambda e: e.update(key="fedcba9876543210")), "entry is for key 'fedcba9876543210'"),
     "no profile": (_edit(lambda e: e.pop("profile")), "'profile'"),
     "malformed profile": (_edit(_malformed_with_valid_checksum), "lacks the field 'time_fit'"),

@@ -23,7 +23,9 @@ def _timeout() -> timedelta:
 
 @pytest.fixture
 def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=1234))
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=1234)
+    )
     try:
         yield
     finally:
@@ -46,12 +48,20 @@ def test_without_a_process_group_nothing_is_lowered():
         assert lowered is False
 
 
-@pytest.mark.parametrize("error, collective", [
-    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms"), True),
-    (RuntimeError("Application timeout caused pair closure"), True),
-    (RuntimeError("NCCL communicator was aborted"), True),
-    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x8)"), False),
-    (ValueError("Timed out"), False),  # not a RuntimeError: the training code's own
-])
+@pytest.mark.parametrize(
+    "error, collective",
+    [
+        (
+            RuntimeError(
+                "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms"
+            ),
+            True,
+        ),
+        (RuntimeError("Application timeout caused pair closure"), True),
+        (RuntimeError("NCCL communicator was aborted"), True),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x8)"), False),
+        (ValueError("Timed out"), False),  # not a RuntimeError: the training code's own
+    ],
+)
 def test_which_errors_are_a_collectives(error, collective):
     assert is_collective_failure(error) is collective

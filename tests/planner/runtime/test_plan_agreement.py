@@ -17,7 +17,9 @@ PLAN = SplitTerms(batches=(8, 8, 4), accumulate=1, dataset_size=200, shuffle=Tru
 STALE = SplitTerms(batches=(6, 6, 8), accumulate=1, dataset_size=200, shuffle=True, seed=0, drop_last=True)
 
 
-def _gathered(*terms: SplitTerms, nodes: tuple[str, ...] = ("a", "a", "b")) -> list[tuple[str, str, SplitTerms]]:
+def _gathered(
+    *terms: SplitTerms, nodes: tuple[str, ...] = ("a", "a", "b")
+) -> list[tuple[str, str, SplitTerms]]:
     return [(t.digest(), node, t) for t, node in zip(terms, nodes, strict=True)]
 
 
@@ -68,7 +70,9 @@ def _worker(rank: int, out_dir: str, stale_rank: int | None) -> None:
 @pytest.mark.dist
 @pytest.mark.slow
 @pytest.mark.parametrize("stale_rank", [None, 2])
-def test_a_stale_plan_on_one_rank_ends_every_rank_with_one_line(tmp_path: Path, stale_rank: int | None) -> None:
+def test_a_stale_plan_on_one_rank_ends_every_rank_with_one_line(
+    tmp_path: Path, stale_rank: int | None
+) -> None:
     # three gloo ranks (tests/gloo.py: every rank must exit 0, its output shown otherwise); the deadline only tells
     # a finished job from a hung one (load 10 on 2 cores)
     run_ranks(_worker, str(tmp_path), stale_rank, world_size=3, deadline_s=240, log_dir=tmp_path / "logs")
@@ -79,5 +83,7 @@ def test_a_stale_plan_on_one_rank_ends_every_rank_with_one_line(tmp_path: Path, 
     errors = {r["error"] for r in results}
     assert len(errors) == 1 and all(r["steps"] == 0 for r in results), results  # every rank, before any batch
     [error] = errors
-    assert error.startswith("the ranks do not agree on the plan: node(s) ") and "(rank(s) 2) hold batches [6, 6, 8]" \
-        in error, error
+    assert (
+        error.startswith("the ranks do not agree on the plan: node(s) ")
+        and "(rank(s) 2) hold batches [6, 6, 8]" in error
+    ), error

@@ -35,8 +35,13 @@ class _Store(dict):
 
 
 def _start_rank() -> tuple[subprocess.Popen, _Store]:
-    rank = subprocess.Popen([sys.executable, "-c", RANK], stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                            env=cli_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}))
+    rank = subprocess.Popen(
+        [sys.executable, "-c", RANK],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=cli_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}),
+    )
     filed = json.loads(rank.stdout.readline())
     assert list(filed) == ["job/watchdog/7"] and filed["job/watchdog/7"].startswith("127.0.0.1 ")
     return rank, _Store(filed)

@@ -28,16 +28,24 @@ def _worker(rank: int, out_dir: str) -> None:
         from planner.job import JobSpec
         from planner.runtime import autobatch_ddp
 
-        job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32), global_batch=2048,
-                      multiple_of=8)
+        job = JobSpec(
+            model="tests.planner.tiny_models:convnet",
+            input_shape=(3, 32, 32),
+            global_batch=2048,
+            multiple_of=8,
+        )
         # each node its own cache directory, as nodes without a shared file system
         result = autobatch_ddp(job, gpu=NODE_GPU[node], cache_dir=Path(out_dir) / f"cache-node{node}")
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-            "plan": encode(result.plan),
-            "profiled_here": list(result.profiled_here),
-            "batch": result.rank_plan.batch,
-            "loss_weight": result.rank_plan.loss_weight,
-        }))
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "plan": encode(result.plan),
+                    "profiled_here": list(result.profiled_here),
+                    "batch": result.rank_plan.batch,
+                    "loss_weight": result.rank_plan.loss_weight,
+                }
+            )
+        )
         # every rank done before any tears gloo down: a rank leaving early can abort a peer mid-collective
         dist.barrier()
     finally:

@@ -35,7 +35,9 @@ def make_data() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(7)
     x = torch.randn(DATASET_SIZE, 4, generator=generator, dtype=torch.float64)
     # targets whose scale grows with the index, so the ranks' mean losses differ clearly from the global mean
-    y = torch.sin(x.sum(dim=1, keepdim=True)) * (1 + torch.arange(DATASET_SIZE, dtype=torch.float64).unsqueeze(1) / 10)
+    y = torch.sin(x.sum(dim=1, keepdim=True)) * (
+        1 + torch.arange(DATASET_SIZE, dtype=torch.float64).unsqueeze(1) / 10
+    )
     return x, y
 
 
@@ -107,8 +109,6 @@ def _worker(rank: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     """Run the three ranks once; every rank's saved results, in rank order."""
@@ -117,7 +117,9 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
 
 
-def reference_step_grad(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, indices: list[int]) -> torch.Tensor:
+def reference_step_grad(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, indices: list[int]
+) -> torch.Tensor:
     """Single process: gradient of the mean loss over ``indices``."""
     model.zero_grad()
     torch.nn.functional.mse_loss(model(x[indices]), y[indices]).backward()
@@ -127,7 +129,8 @@ def reference_step_grad(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
 def global_step_indices(step: int, epoch: int, accumulate: int = 1) -> list[int]:
     """The samples of one global step as a single process would take them: the ranks' slices in order."""
     samplers = [
-        PlannedBatchSampler(DATASET_SIZE, BATCHES, r, seed=SEED, accumulate=accumulate) for r in range(WORLD_SIZE)
+        PlannedBatchSampler(DATASET_SIZE, BATCHES, r, seed=SEED, accumulate=accumulate)
+        for r in range(WORLD_SIZE)
     ]
     for sampler in samplers:
         sampler.set_epoch(epoch)

@@ -27,7 +27,9 @@ def plan_path(tmp_path):
 
 def _gpu(name: str, total_gib: float, index: int = 0) -> GpuStats:
     total = int(total_gib * GIB)
-    return GpuStats(index=index, name=name, memory_total_bytes=total, memory_used_bytes=0, memory_free_bytes=total)
+    return GpuStats(
+        index=index, name=name, memory_total_bytes=total, memory_used_bytes=0, memory_free_bytes=total
+    )
 
 
 def _torchrun_env(rank: int, local_rank: int, node_rank: int, devices: str | None = None) -> dict[str, str]:
@@ -44,17 +46,23 @@ def test_a_t4_started_as_the_a100_node_is_refused_naming_the_t4_nodes_node_rank(
     assert "\n" not in message
     assert "rank 0 is planned for a A100-SXM4-80GB (80.0 GiB) on node 'node-a' (--node-rank 0)" in message
     assert "GPU 0 here is a Tesla T4 (15.0 GiB)" in message
-    assert message.endswith("node node-b (--node-rank 1) in the plan: start it with that node's line, --node-rank 1")
+    assert message.endswith(
+        "node node-b (--node-rank 1) in the plan: start it with that node's line, --node-rank 1"
+    )
 
 
 def test_the_planned_gpu_passes_by_its_nvml_name_and_about_its_memory(plan_path):
     """ECC takes 1/16 of a T4's memory: 15 GiB planned, 16 GiB reported is still a T4."""
     assert load_rank_plan(plan_path, env=_torchrun_env(2, 0, 1), gpu=_gpu("Tesla T4", 16)).rank == 2
-    assert load_rank_plan(plan_path, env=_torchrun_env(0, 0, 0), gpu=_gpu("NVIDIA A100-SXM4-80GB", 80)).rank == 0
+    assert (
+        load_rank_plan(plan_path, env=_torchrun_env(0, 0, 0), gpu=_gpu("NVIDIA A100-SXM4-80GB", 80)).rank == 0
+    )
 
 
 def test_the_same_name_with_another_memory_size_is_refused(plan_path):
-    with pytest.raises(ConfigError, match=r"here is a NVIDIA A100-SXM4-80GB \(40\.0 GiB\).*no node of the plan has"):
+    with pytest.raises(
+        ConfigError, match=r"here is a NVIDIA A100-SXM4-80GB \(40\.0 GiB\).*no node of the plan has"
+    ):
         load_rank_plan(plan_path, env=_torchrun_env(0, 0, 0), gpu=_gpu("NVIDIA A100-SXM4-80GB", 40))
 
 
@@ -64,8 +72,15 @@ def test_a_gpu_no_node_of_the_plan_has_says_to_re_plan(plan_path):
 
 
 def _fake_nvml(monkeypatch, *names_gib: tuple[str, float]) -> None:
-    gpus = [fake_pynvml.FakeGpu(name=name, uuid=f"GPU-{i:08d}", pci_bus_id=f"00000000:{i + 1:02X}:00.0",
-                                memory_total_bytes=int(gib * GIB)) for i, (name, gib) in enumerate(names_gib)]
+    gpus = [
+        fake_pynvml.FakeGpu(
+            name=name,
+            uuid=f"GPU-{i:08d}",
+            pci_bus_id=f"00000000:{i + 1:02X}:00.0",
+            memory_total_bytes=int(gib * GIB),
+        )
+        for i, (name, gib) in enumerate(names_gib)
+    ]
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.FakeNvml(gpus).module())
 
 
@@ -80,8 +95,11 @@ def test_under_its_nodes_device_list_the_rank_reads_its_gpu_through_nvml(plan_pa
 
 def test_nvml_without_the_planned_device_index_is_refused(plan_path, monkeypatch):
     _fake_nvml(monkeypatch, ("Tesla T4", 15))
-    with pytest.raises(ConfigError, match=r"planned on GPU 2 of node 'node-b', but this machine's NVML has no GPU 2 "
-                                          r"\(it has 0\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"planned on GPU 2 of node 'node-b', but this machine's NVML has no GPU 2 "
+        r"\(it has 0\)",
+    ):
         load_rank_plan(plan_path, env=_torchrun_env(3, 1, 1, devices="0,2"))
 
 
@@ -90,6 +108,11 @@ def test_outside_the_plans_device_list_or_without_nvml_the_gpu_is_not_checked(pl
     cannot start: neither is refused."""
     _fake_nvml(monkeypatch, ("Tesla T4", 15))
     assert load_rank_plan(plan_path, env=_torchrun_env(0, 0, 0)).rank == 0
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.FakeNvml(
-        [], init_error=fake_pynvml.NVMLError_LibraryNotFound).module())
-    assert load_rank_plan(plan_path, env=_torchrun_env(0, 0, 0, devices="GPU-aaaa-0000,GPU-aaaa-0001")).rank == 0
+    monkeypatch.setitem(
+        sys.modules,
+        "pynvml",
+        fake_pynvml.FakeNvml([], init_error=fake_pynvml.NVMLError_LibraryNotFound).module(),
+    )
+    assert (
+        load_rank_plan(plan_path, env=_torchrun_env(0, 0, 0, devices="GPU-aaaa-0000,GPU-aaaa-0001")).rank == 0
+    )

@@ -16,8 +16,18 @@ def test_rank_argument_picks_that_ranks_entry_from_a_plan_file(tmp_path):
     path.write_text(json.dumps(make_plan(accumulate=2)))
     plan = load_rank_plan(path, rank=2, env={})
     assert plan == RankPlan(
-        rank=2, world_size=3, local_rank=2, node_rank=0, batch=8, loss_weight=1.5, step_batch=16,
-        global_batch=32, accumulate=2, device_index=2, gpu="T4", batches=(5, 3, 8),
+        rank=2,
+        world_size=3,
+        local_rank=2,
+        node_rank=0,
+        batch=8,
+        loss_weight=1.5,
+        step_batch=16,
+        global_batch=32,
+        accumulate=2,
+        device_index=2,
+        gpu="T4",
+        batches=(5, 3, 8),
     )
     assert plan.offset == 8
 
@@ -33,8 +43,11 @@ def test_a_typed_plan_and_an_indexed_file_give_the_same_rank_plan(tmp_path):
 
     document = make_plan(batches=(4, 4, 4, 6, 2), nodes=(("a", 3), ("b", 2)))
     path = write_plan(document, tmp_path / "plan.json")  # with its index: only rank 4's part is read
-    assert load_rank_plan(validate_plan(document), rank=4, env={}) == load_rank_plan(path, rank=4, env={}) \
+    assert (
+        load_rank_plan(validate_plan(document), rank=4, env={})
+        == load_rank_plan(path, rank=4, env={})
         == load_rank_plan(document, rank=4, env={})
+    )
 
 
 def test_rank_comes_from_torchrun_environment_when_not_given():
@@ -47,8 +60,11 @@ def test_rank_comes_from_torchrun_environment_when_not_given():
 
 def test_world_size_mismatch_says_how_many_ranks_the_plan_wants_and_how_to_launch():
     plan = make_plan(batches=(4, 4, 4, 6, 2, 4), nodes=(("a", 3), ("b", 3)))
-    with pytest.raises(ConfigError, match=r"plan is for 6 ranks but WORLD_SIZE=4: re-plan .*a: --node-rank 0 "
-                       r"--nproc-per-node 3; b: --node-rank 1 --nproc-per-node 3"):
+    with pytest.raises(
+        ConfigError,
+        match=r"plan is for 6 ranks but WORLD_SIZE=4: re-plan .*a: --node-rank 0 "
+        r"--nproc-per-node 3; b: --node-rank 1 --nproc-per-node 3",
+    ):
         load_rank_plan(plan, env={"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"})
 
 
@@ -58,7 +74,9 @@ def test_world_size_is_checked_even_when_the_rank_is_given():
 
 
 def test_missing_rank_outside_torchrun_is_a_clear_error():
-    with pytest.raises(ConfigError, match="no rank given and RANK is not set: start the script with torchrun"):
+    with pytest.raises(
+        ConfigError, match="no rank given and RANK is not set: start the script with torchrun"
+    ):
         load_rank_plan(make_plan(), env={})
 
 
@@ -81,8 +99,11 @@ def test_environment_rank_not_in_the_plan_is_an_error():
 def test_nodes_started_in_another_order_are_caught_by_group_rank():
     plan = make_plan(batches=(4, 4, 4, 6, 2), nodes=(("a", 3), ("b", 2)))
     env = {"RANK": "3", "WORLD_SIZE": "5", "LOCAL_RANK": "0", "GROUP_RANK": "0"}
-    with pytest.raises(ConfigError, match=r"puts rank 3 on node 'b' as node_rank 1, but torchrun started it with "
-                       r"GROUP_RANK=0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"puts rank 3 on node 'b' as node_rank 1, but torchrun started it with "
+        r"GROUP_RANK=0",
+    ):
         load_rank_plan(plan, env=env)
 
 
@@ -108,8 +129,11 @@ def test_loss_weight_that_does_not_match_its_batch_is_an_error():
     plan = make_plan()
     plan["ranks"][1]["batch"] = 4  # edited by hand: batch changed, weight not
     plan["step_batch"] = plan["global_batch"] = 17
-    with pytest.raises(ConfigError, match=r"ranks\[0\]\.loss_weight is 0\.9375 but its batch 5 needs batch × "
-                       r"world_size / step_batch = 5 × 3 / 17"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ranks\[0\]\.loss_weight is 0\.9375 but its batch 5 needs batch × "
+        r"world_size / step_batch = 5 × 3 / 17",
+    ):
         load_rank_plan(plan, rank=0, env={})
 
 
@@ -134,8 +158,18 @@ def test_default_environment_is_os_environ(monkeypatch):
 
 def _rank_plan(**changes) -> dict:
     fields = dict(
-        rank=1, world_size=3, local_rank=1, node_rank=0, batch=3, loss_weight=9 / 16, step_batch=16,
-        global_batch=16, accumulate=1, device_index=1, gpu="T4", batches=(5, 3, 8),
+        rank=1,
+        world_size=3,
+        local_rank=1,
+        node_rank=0,
+        batch=3,
+        loss_weight=9 / 16,
+        step_batch=16,
+        global_batch=16,
+        accumulate=1,
+        device_index=1,
+        gpu="T4",
+        batches=(5, 3, 8),
     )
     fields.update(changes)
     return fields

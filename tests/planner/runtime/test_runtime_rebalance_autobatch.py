@@ -33,28 +33,43 @@ def _worker(rank: int, out_dir: str) -> None:
         from planner.job import JobSpec
         from planner.runtime import PlannedBatchSampler, SimulatedSpeed, autobatch_ddp
 
-        job = JobSpec(model="tests.planner.tiny_models:convnet", input_shape=(3, 32, 32),
-                      global_batch=GLOBAL_BATCH, multiple_of=MULTIPLE_OF, method="estimate")
+        job = JobSpec(
+            model="tests.planner.tiny_models:convnet",
+            input_shape=(3, 32, 32),
+            global_batch=GLOBAL_BATCH,
+            multiple_of=MULTIPLE_OF,
+            method="estimate",
+        )
         result = autobatch_ddp(job, gpu=GPUS[rank], cache_dir=Path(out_dir) / f"cache-{rank}")
         x = torch.randn(10 * GLOBAL_BATCH, 8)
         y = x.sum(dim=1, keepdim=True)
         sampler = PlannedBatchSampler.from_plan(result.rank_plan, len(x), seed=0)
         model = DistributedDataParallel(torch.nn.Linear(8, 1))
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        rebalancer = result.rebalancer(sampler, model, simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S))
+        rebalancer = result.rebalancer(
+            sampler, model, simulate=SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S)
+        )
         for step, indices in enumerate(sampler, start=1):
             optimizer.zero_grad()
             with rebalancer.compute():
-                (torch.nn.functional.mse_loss(model(x[indices]), y[indices]) * rebalancer.loss_weight).backward()
+                (
+                    torch.nn.functional.mse_loss(model(x[indices]), y[indices]) * rebalancer.loss_weight
+                ).backward()
             optimizer.step()
             rebalancer.step_done()
             if step == 10:
                 break
         plan_path = Path(out_dir) / "plan.json"
         rebalancer.write_feedback(plan_path, Path(out_dir) / "measured-cache")
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({
-            "plan": encode(result.plan), "line": rebalancer.report().line(samples_once=True),
-            "batches_last": list(rebalancer.report().batches_last)}))
+        Path(out_dir, f"rank{rank}.json").write_text(
+            json.dumps(
+                {
+                    "plan": encode(result.plan),
+                    "line": rebalancer.report().line(samples_once=True),
+                    "batches_last": list(rebalancer.report().batches_last),
+                }
+            )
+        )
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -74,8 +89,14 @@ def test_the_in_job_plan_is_corrected_to_the_optimum_for_the_speeds_that_ran(ran
     plan = results[0]["plan"]
     caps = [r["max_batch"] for r in plan["ranks"]]
     start = [r["batch"] for r in plan["ranks"]]
-    best = allocate(caps, [0.0] * 3, [k * SAMPLE_S for k in SPEEDS], global_batch=GLOBAL_BATCH,
-                    multiple_of=MULTIPLE_OF, min_batch=MULTIPLE_OF).batches.tolist()
+    best = allocate(
+        caps,
+        [0.0] * 3,
+        [k * SAMPLE_S for k in SPEEDS],
+        global_batch=GLOBAL_BATCH,
+        multiple_of=MULTIPLE_OF,
+        min_batch=MULTIPLE_OF,
+    ).batches.tolist()
     assert start != best  # the estimate and the simulated speeds disagree: there is something to correct
     assert len({r["line"] for r in results}) == 1
     assert "switches=0 " not in results[0]["line"]

@@ -39,7 +39,9 @@ LEARNING_RATE = 0.05
 SEED = 11
 TOLERANCE = 1e-6
 CAPPED = (24, 64, 64)
-FAULT_TIMEOUT_S = 10  # the re-balancer's collective timeout in the fault spawns (the process group keeps its default)
+FAULT_TIMEOUT_S = (
+    10  # the re-balancer's collective timeout in the fault spawns (the process group keeps its default)
+)
 CHANGE_AT = 12  # the speed-change scenario: 1,2,4 until this step, then 4,2,1
 CHANGE_STEPS = 34
 
@@ -49,7 +51,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.timeout(300)]
 def make_data() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(DATASET_SIZE, 4, generator=generator, dtype=torch.float64)
-    y = torch.sin(x.sum(dim=1, keepdim=True)) * (1 + torch.arange(DATASET_SIZE, dtype=torch.float64).unsqueeze(1) / 50)
+    y = torch.sin(x.sum(dim=1, keepdim=True)) * (
+        1 + torch.arange(DATASET_SIZE, dtype=torch.float64).unsqueeze(1) / 50
+    )
     return x, y
 
 
@@ -69,8 +73,9 @@ def _init(rank: int, timeout_s: float | None) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, **timeout)
 
 
-def _train(rank: int, plan: dict, *, decide_fn=None, steps: int = TRAIN_STEPS, fault=None, changes=(),
-           timeout_s=None) -> dict:
+def _train(
+    rank: int, plan: dict, *, decide_fn=None, steps: int = TRAIN_STEPS, fault=None, changes=(), timeout_s=None
+) -> dict:
     """Train with a Rebalancer; per step: the indices, the split, the DDP gradient and a stale-weight one."""
     from torch.nn.parallel import DistributedDataParallel
 
@@ -85,8 +90,10 @@ def _train(rank: int, plan: dict, *, decide_fn=None, steps: int = TRAIN_STEPS, f
     model = DistributedDataParallel(make_model())
     shadow = DistributedDataParallel(make_model())  # same step, the plan's (stale) weight
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    options = {"policy": RebalancePolicy(),
-               "simulate": SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S, changes=changes)}
+    options = {
+        "policy": RebalancePolicy(),
+        "simulate": SimulatedSpeed(factors=SPEEDS, sample_s=SAMPLE_S, changes=changes),
+    }
     if decide_fn is not None:
         options["decide_fn"] = decide_fn
     if timeout_s is not None:
@@ -102,14 +109,24 @@ def _train(rank: int, plan: dict, *, decide_fn=None, steps: int = TRAIN_STEPS, f
                 shadow.module.load_state_dict(model.module.state_dict())
                 optimizer.zero_grad(set_to_none=True)
                 with rebalancer.compute():
-                    loss = torch.nn.functional.mse_loss(model(x[indices]), y[indices]) * rebalancer.loss_weight
+                    loss = (
+                        torch.nn.functional.mse_loss(model(x[indices]), y[indices]) * rebalancer.loss_weight
+                    )
                     loss.backward()
                 weight = rebalancer.loss_weight
                 grad = flat_grad(model)
                 shadow.zero_grad(set_to_none=True)
                 (torch.nn.functional.mse_loss(shadow(x[indices]), y[indices]) * stale_weight).backward()
-                out["steps"].append({"epoch": epoch, "in_epoch": in_epoch, "indices": list(indices),
-                                     "weight": weight, "grad": grad, "stale_grad": flat_grad(shadow)})
+                out["steps"].append(
+                    {
+                        "epoch": epoch,
+                        "in_epoch": in_epoch,
+                        "indices": list(indices),
+                        "weight": weight,
+                        "grad": grad,
+                        "stale_grad": flat_grad(shadow),
+                    }
+                )
                 optimizer.step()
                 if fault is not None and step + 1 == fault[1] and rank == fault[2]:
                     fault[0]()  # after its part of the step's all-reduce, before the step's all-gather
@@ -156,13 +173,17 @@ def _bad_first_decide(*args, **kwargs):
         return decision
     _bad_first_decide.done = True
     fits = tuple(decision.fits) if decision is not None else ()
-    return dataclasses.replace(decision, batches=(24, 16, 16)) if decision is not None else _bad_decision(fits)
+    return (
+        dataclasses.replace(decision, batches=(24, 16, 16)) if decision is not None else _bad_decision(fits)
+    )
 
 
 def _bad_decision(fits):
     from planner.runtime.rebalance_model import Decision
 
-    return Decision(batches=(24, 16, 16), caps=(64, 64, 64), fits=fits, predicted_step_s=0.01, current_step_s=0.1)
+    return Decision(
+        batches=(24, 16, 16), caps=(64, 64, 64), fits=fits, predicted_step_s=0.01, current_step_s=0.1
+    )
 
 
 _bad_first_decide.done = False
@@ -177,9 +198,13 @@ def _worker(rank: int, out_dir: str) -> None:
             "wrong2x": _train(rank, wrong_plan(2.0)),
             "wrong4x_capped": _train(rank, wrong_plan(4.0, caps=CAPPED)),
             "correct": _train(rank, wrong_plan(1.0), steps=10),
-            "disagree": _train(rank, wrong_plan(2.0), decide_fn=_disagreeing_decide if rank == 1 else None, steps=8),
+            "disagree": _train(
+                rank, wrong_plan(2.0), decide_fn=_disagreeing_decide if rank == 1 else None, steps=8
+            ),
             "rollback": _train(rank, wrong_plan(2.0), decide_fn=_bad_first_decide, steps=18),
-            "change": _train(rank, wrong_plan(1.0), changes=[(CHANGE_AT, (4.0, 2.0, 1.0))], steps=CHANGE_STEPS),
+            "change": _train(
+                rank, wrong_plan(1.0), changes=[(CHANGE_AT, (4.0, 2.0, 1.0))], steps=CHANGE_STEPS
+            ),
         }
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
         dist.barrier()
@@ -199,12 +224,18 @@ def _fault_worker(rank: int, out_dir: str, kind: str, at_step: int = 3) -> None:
         time.sleep(20 * FAULT_TIMEOUT_S)  # the parent ends this process once the others have failed
 
     try:
-        result = _train(rank, wrong_plan(2.0), fault=(die if kind == "die" else hang, at_step, 2),
-                        steps=at_step + 5, timeout_s=FAULT_TIMEOUT_S)
+        result = _train(
+            rank,
+            wrong_plan(2.0),
+            fault=(die if kind == "die" else hang, at_step, 2),
+            steps=at_step + 5,
+            timeout_s=FAULT_TIMEOUT_S,
+        )
     except Exception as exc:  # anything but a RebalanceError: recorded so that the test shows it
         result = {"error": f"unexpected {type(exc).__name__}: {exc}", "error_at": time.time()}
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"error": result["error"],
-                                                             "error_at": result.get("error_at")}))
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps({"error": result["error"], "error_at": result.get("error_at")})
+    )
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +291,8 @@ def test_ddp_gradient_after_a_switch_is_the_single_process_gradient_and_stale_we
         for r in run:
             assert float((r["steps"][step]["grad"] - grad).abs().max()) < TOLERANCE, f"step {step}"
             assert r["steps"][step]["weight"] == pytest.approx(
-                len(r["steps"][step]["indices"]) * WORLD_SIZE / STEP_BATCH)
+                len(r["steps"][step]["indices"]) * WORLD_SIZE / STEP_BATCH
+            )
     # with the plan's weights after the switch the gradient is wrong, by far more than the tolerance
     first = switched[0]
     stale_error = float((run[0]["steps"][first]["stale_grad"] - expected[first]).abs().max())
@@ -322,8 +354,9 @@ def test_a_rank_that_decides_otherwise_is_an_error_on_every_rank_not_a_hang(rank
 def run_with_a_fault(tmp_path, kind: str, at_step: int) -> list[tuple[str, float]]:
     """Rank 2 dies or hangs after optimizer step ``at_step``: ranks 0 and 1's errors and how long after the
     fault each came."""
-    with GlooRanks(_fault_worker, str(tmp_path), kind, at_step, world_size=WORLD_SIZE,
-                   log_dir=tmp_path / "logs") as ranks:
+    with GlooRanks(
+        _fault_worker, str(tmp_path), kind, at_step, world_size=WORLD_SIZE, log_dir=tmp_path / "logs"
+    ) as ranks:
         ranks.wait(240, ranks=(0, 1))
         ranks.kill(2)
     fault_at = float((tmp_path / "hung_at").read_text())
@@ -362,7 +395,9 @@ def test_a_switch_that_is_not_faster_is_rolled_back_with_exact_gradients_through
     assert history[0] == (24, 24, 8)
     bad = history.index((24, 16, 16))  # the bad switch ran (slower: 64 units per step against 48)...
     back = history.index((24, 24, 8), bad)  # ...was undone...
-    assert set(history[bad:back]) == {(24, 16, 16)} and (24, 16, 16) not in history[back:]  # ...and not retried
+    assert (
+        set(history[bad:back]) == {(24, 16, 16)} and (24, 16, 16) not in history[back:]
+    )  # ...and not retried
     assert run[0]["kinds"][:2] == ["refit", "rollback"]
     assert all(abs(a - b) <= MULTIPLE_OF for a, b in zip(history[-1], optimum((64, 64, 64)), strict=True))
     assert len({r["line"] for r in run}) == 1 and "rollbacks=1" in run[0]["line"]

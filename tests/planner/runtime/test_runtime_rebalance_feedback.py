@@ -27,7 +27,13 @@ STEPS = 8
 
 def run_one_rank(tmp_path, simulate=None, cache_dir=None, model_name="mlp") -> tuple[dict, list]:
     plan = make_plan((8,), nodes=(("node-a", 1),))
-    plan["job"] = {"model": model_name, "optimizer": "sgd", "imgsz": None, "input_shape": None, "seq_len": None}
+    plan["job"] = {
+        "model": model_name,
+        "optimizer": "sgd",
+        "imgsz": None,
+        "input_shape": None,
+        "seq_len": None,
+    }
     model = torch.nn.Linear(4, 1)
     sampler = PlannedBatchSampler(64, [8], 0, seed=0)
     rebalancer = Rebalancer.from_plan(plan, sampler, model, simulate=simulate)
@@ -59,7 +65,11 @@ def test_a_real_runs_profile_answers_the_same_job_and_software_only(tmp_path, mo
     trained, written = run_one_rank(tmp_path, cache_dir=cache_dir)
     assert len(written) == 2  # the plan and one profile
     marks = trained["measured"]["marks"]
-    assert marks["model"] == "mlp" and marks["software"].startswith("torch ") and marks["link"].startswith("none, 1 node")
+    assert (
+        marks["model"] == "mlp"
+        and marks["software"].startswith("torch ")
+        and marks["link"].startswith("none, 1 node")
+    )
     # per step after the 2 warm-up steps, compute and synchronisation wait apart (one rank: no wait)
     steps = trained["measured"]["step_times"]
     assert len(steps) == STEPS - 2 and all(s["compute_s"][0] > 0 and s["sync_wait_s"] == [0.0] for s in steps)
@@ -70,12 +80,16 @@ def test_a_real_runs_profile_answers_the_same_job_and_software_only(tmp_path, mo
     assert found is not None and found.method == "job"
     assert any("software torch" in note and "link none" in note for note in found.notes)
     other = dataclasses.replace(job, model="resnet18")
-    assert find_measured(cache, other, "T4", "off", fingerprint=measured_fingerprint(other)) is None  # another model
+    assert (
+        find_measured(cache, other, "T4", "off", fingerprint=measured_fingerprint(other)) is None
+    )  # another model
     monkeypatch.setattr(measured, "software_version", lambda: "torch 0.0.1")  # a planner on other software
     assert find_measured(cache, job, "T4", "off", fingerprint=fingerprint) is None
 
 
-@pytest.mark.parametrize("simulate", [None, SimulatedSpeed(factors=(2.0,), sample_s=0.001)], ids=["real", "simulated"])
+@pytest.mark.parametrize(
+    "simulate", [None, SimulatedSpeed(factors=(2.0,), sample_s=0.001)], ids=["real", "simulated"]
+)
 def test_a_model_the_job_cannot_import_still_gets_its_plan_written(tmp_path, simulate, caplog):
     # the plan named a module:factory importable where the planner ran, not from the job's working directory:
     # training finished, so the feedback must not fail it (it once ended rank 0 with exit 1 after its last step)
@@ -105,20 +119,42 @@ def test_a_rebalanced_plans_figures_are_its_new_batches_and_the_planned_advice_m
     from torchkit.step.fit import AffineTimeFit
 
     document = make_plan((5, 3, 8))
-    document.update(alternatives={"balanced": 100.0, "uniform": 50.0}, notes=["'balanced' is 2.00× faster than ..."],
-                    warnings=["dropping the 1 T4 rank (rank 1) would be 1.37× faster (...)"],
-                    balance_efficiency_range=[0.9, 1.0])
+    document.update(
+        alternatives={"balanced": 100.0, "uniform": 50.0},
+        notes=["'balanced' is 2.00× faster than ..."],
+        warnings=["dropping the 1 T4 rank (rank 1) would be 1.37× faster (...)"],
+        balance_efficiency_range=[0.9, 1.0],
+    )
     plan = validate_plan(document)
     fits = [AffineTimeFit(intercept_s=0.0, s_per_sample=s) for s in (0.001, 0.002, 0.004)]
     section = MeasuredSection(
-        source="test", created="2026-01-01T00:00:00+00:00", steps=8, measured_steps=6,
-        switches=(Switch(decided_at_step=3, batches=(9, 5, 2), predicted_step_s=0.01, previous_step_s=0.032),),
-        steps_to_balance=3, batches_first=(5, 3, 8), batches_last=(9, 5, 2), max_idle_first=None, max_idle_last=0.1,
-        step_time_first_s=None, step_time_last_s=None, rollbacks=0, watch_overhead=None, compute_s_last=None,
-        sync_wait_s_last=None, simulated=None, sync=None, marks={},
-        ranks=tuple(MeasuredRank(rank=r, gpu="T4", time_points=(), time_fit=fit, peak_reserved_points=())
-                    for r, fit in enumerate(fits)),
-        step_times=())
+        source="test",
+        created="2026-01-01T00:00:00+00:00",
+        steps=8,
+        measured_steps=6,
+        switches=(
+            Switch(decided_at_step=3, batches=(9, 5, 2), predicted_step_s=0.01, previous_step_s=0.032),
+        ),
+        steps_to_balance=3,
+        batches_first=(5, 3, 8),
+        batches_last=(9, 5, 2),
+        max_idle_first=None,
+        max_idle_last=0.1,
+        step_time_first_s=None,
+        step_time_last_s=None,
+        rollbacks=0,
+        watch_overhead=None,
+        compute_s_last=None,
+        sync_wait_s_last=None,
+        simulated=None,
+        sync=None,
+        marks={},
+        ranks=tuple(
+            MeasuredRank(rank=r, gpu="T4", time_points=(), time_fit=fit, peak_reserved_points=())
+            for r, fit in enumerate(fits)
+        ),
+        step_times=(),
+    )
     updated = updated_plan(plan, section)
     profile = plan.profiles["p0"]
     assert [r.predicted_memory_bytes for r in updated.ranks] == [profile.memory_bytes(b) for b in (9, 5, 2)]
@@ -126,10 +162,21 @@ def test_a_rebalanced_plans_figures_are_its_new_batches_and_the_planned_advice_m
     bound = sum(64 / (64 * s) for s in (0.001, 0.002, 0.004))  # every rank alone at its cap 64
     assert updated.balance_efficiency == pytest.approx(16 / 0.010 / bound)
     assert updated.balance_efficiency_range is None and updated.alternatives is None
-    assert updated.warnings == (next(w for w in updated.warnings if w.startswith("re-balanced in the running job")),)
-    assert len(updated.notes) == 1 and "measured.planned" in updated.notes[0] and "[5, 3, 8]" in updated.notes[0]
+    assert updated.warnings == (
+        next(w for w in updated.warnings if w.startswith("re-balanced in the running job")),
+    )
+    assert (
+        len(updated.notes) == 1 and "measured.planned" in updated.notes[0] and "[5, 3, 8]" in updated.notes[0]
+    )
     assert updated.measured.planned == PlannedFigures(
-        batches=(5, 3, 8), balance_efficiency=plan.balance_efficiency, alternatives=plan.alternatives,
-        notes=plan.notes, warnings=plan.warnings)
+        batches=(5, 3, 8),
+        balance_efficiency=plan.balance_efficiency,
+        alternatives=plan.alternatives,
+        notes=plan.notes,
+        warnings=plan.warnings,
+    )
     again = plan_from_bytes(json.dumps(encode(updated)).encode(), where="re-balanced plan")
-    assert again.balance_efficiency == updated.balance_efficiency and again.measured.planned == updated.measured.planned
+    assert (
+        again.balance_efficiency == updated.balance_efficiency
+        and again.measured.planned == updated.measured.planned
+    )

@@ -42,8 +42,12 @@ def test_points_at_several_batches_decide_the_slope_and_the_prior_only_steadies_
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 500), st.floats(1e-4, 10.0), st.integers(1, 9)), min_size=1, max_size=6),
-       st.floats(0.0, 5.0))
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 500), st.floats(1e-4, 10.0), st.integers(1, 9)), min_size=1, max_size=6
+    ),
+    st.floats(0.0, 5.0),
+)
 def test_the_refit_is_never_negative_and_finite(points, weight):
     fit = fit_rank_time(points, PRIOR, prior_weight=weight)
     assert fit.intercept_s >= 0 and fit.s_per_sample >= 0
@@ -60,20 +64,33 @@ def test_memory_cap_extrapolates_the_measured_peak_and_never_exceeds_the_budget_
 
 
 def limits(caps, slopes):
-    return [RankLimits(cap=c, prior=AffineTimeFit(intercept_s=0.0, s_per_sample=s)) for c, s in zip(caps, slopes, strict=True)]
+    return [
+        RankLimits(cap=c, prior=AffineTimeFit(intercept_s=0.0, s_per_sample=s))
+        for c, s in zip(caps, slopes, strict=True)
+    ]
 
 
 def measures(split, true_slopes, steps=3):
-    return [StepMeasure(step=i + 3, batches=split, compute_s=tuple(b * s for b, s in zip(split, true_slopes, strict=True)))
-            for i in range(steps)]
+    return [
+        StepMeasure(
+            step=i + 3, batches=split, compute_s=tuple(b * s for b, s in zip(split, true_slopes, strict=True))
+        )
+        for i in range(steps)
+    ]
 
 
 def test_a_two_times_wrong_plan_is_corrected_to_the_solvers_optimum_for_the_measured_speeds():
     true = (0.001, 0.002, 0.004)
     plan = (0.001, 0.001, 0.002)  # every ratio 2× off
     start = tuple(int(b) for b in allocate([64] * 3, [0] * 3, plan, global_batch=56, multiple_of=4).batches)
-    decision = decide(measures(start, true), limits([64] * 3, plan), current=start, multiple_of=4, min_batch=4,
-                      policy=RebalancePolicy())
+    decision = decide(
+        measures(start, true),
+        limits([64] * 3, plan),
+        current=start,
+        multiple_of=4,
+        min_batch=4,
+        policy=RebalancePolicy(),
+    )
     optimum = tuple(int(b) for b in allocate([64] * 3, [0] * 3, true, global_batch=56, multiple_of=4).batches)
     assert decision is not None
     assert decision.batches == optimum == (32, 16, 8)
@@ -84,25 +101,60 @@ def test_a_two_times_wrong_plan_is_corrected_to_the_solvers_optimum_for_the_meas
 def test_caps_bound_the_new_split():
     true = (0.001, 0.002, 0.004)
     start = (20, 20, 16)
-    decision = decide(measures(start, true), limits([24, 64, 64], true), current=start, multiple_of=4, min_batch=4,
-                      policy=RebalancePolicy())
+    decision = decide(
+        measures(start, true),
+        limits([24, 64, 64], true),
+        current=start,
+        multiple_of=4,
+        min_batch=4,
+        policy=RebalancePolicy(),
+    )
     assert decision is not None and decision.batches[0] <= 24 and sum(decision.batches) == 56
 
 
 def test_a_balanced_split_or_a_gain_below_the_threshold_is_kept():
     true = (0.001, 0.002, 0.004)
-    assert decide(measures((32, 16, 8), true), limits([64] * 3, true), current=(32, 16, 8), multiple_of=4,
-                  min_batch=4, policy=RebalancePolicy()) is None
+    assert (
+        decide(
+            measures((32, 16, 8), true),
+            limits([64] * 3, true),
+            current=(32, 16, 8),
+            multiple_of=4,
+            min_batch=4,
+            policy=RebalancePolicy(),
+        )
+        is None
+    )
     slightly = (0.001, 0.002, 0.0041)  # 2.5% slower on rank 2: the best move gains less than the 2% floor
-    assert decide(measures((32, 16, 8), slightly), limits([64] * 3, true), current=(32, 16, 8), multiple_of=1,
-                  min_batch=1, policy=RebalancePolicy()) is None
+    assert (
+        decide(
+            measures((32, 16, 8), slightly),
+            limits([64] * 3, true),
+            current=(32, 16, 8),
+            multiple_of=1,
+            min_batch=1,
+            policy=RebalancePolicy(),
+        )
+        is None
+    )
 
 
 def test_a_measured_peak_over_the_budget_forces_the_rank_down():
-    lim = [RankLimits(cap=64, prior=AffineTimeFit(intercept_s=0.0, s_per_sample=0.001), memory_budget_bytes=1000,
-                      bytes_per_sample=50.0) for _ in range(3)]
+    lim = [
+        RankLimits(
+            cap=64,
+            prior=AffineTimeFit(intercept_s=0.0, s_per_sample=0.001),
+            memory_budget_bytes=1000,
+            bytes_per_sample=50.0,
+        )
+        for _ in range(3)
+    ]
     split = (24, 16, 16)  # balanced enough in time, but rank 0 peaked above its budget
-    steps = [StepMeasure(step=5, batches=split, compute_s=tuple(b * 0.001 for b in split), peak_bytes=(1100, 500, 500))]
+    steps = [
+        StepMeasure(
+            step=5, batches=split, compute_s=tuple(b * 0.001 for b in split), peak_bytes=(1100, 500, 500)
+        )
+    ]
     decision = decide(steps, lim, current=split, multiple_of=1, min_batch=1, policy=RebalancePolicy())
     assert decision is not None and decision.batches[0] <= 22  # 1100 − 50·2 = 1000
 
@@ -120,8 +172,11 @@ def test_policy_rejects_nonsense_with_the_field_name():
 
 def test_a_plan_of_the_wrong_shape_is_corrected_by_the_second_decision():
     # the estimate thinks rank 2 is dominated by a fixed cost; the device really is proportional and slow
-    prior = [AffineTimeFit(intercept_s=0.0, s_per_sample=0.003), AffineTimeFit(intercept_s=0.0, s_per_sample=0.006),
-             AffineTimeFit(intercept_s=0.08, s_per_sample=0.0005)]
+    prior = [
+        AffineTimeFit(intercept_s=0.0, s_per_sample=0.003),
+        AffineTimeFit(intercept_s=0.0, s_per_sample=0.006),
+        AffineTimeFit(intercept_s=0.08, s_per_sample=0.0005),
+    ]
     lim = [RankLimits(cap=64, prior=p) for p in prior]
     true = (0.003, 0.006, 0.012)
     start = (24, 16, 16)
@@ -149,5 +204,9 @@ def test_a_burst_of_load_in_the_first_steps_does_not_leave_the_split_stuck():
 def test_a_split_measured_balanced_is_kept_whatever_the_curves_say():
     wrong_prior = limits([64] * 3, (0.003, 0.003, 0.003))
     balanced = measures((32, 16, 8), (0.003, 0.006, 0.012))
-    assert decide(balanced, wrong_prior, current=(32, 16, 8), multiple_of=4, min_batch=4,
-                  policy=RebalancePolicy()) is None
+    assert (
+        decide(
+            balanced, wrong_prior, current=(32, 16, 8), multiple_of=4, min_batch=4, policy=RebalancePolicy()
+        )
+        is None
+    )

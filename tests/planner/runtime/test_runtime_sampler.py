@@ -73,7 +73,10 @@ def test_permutation_changes_with_epoch_and_seed_and_is_reproducible():
 
 def test_shuffle_false_walks_the_dataset_in_order():
     assert list(PlannedBatchSampler(32, BATCHES, 1, shuffle=False)) == [[5, 6, 7], [21, 22, 23]]
-    assert list(PlannedBatchSampler(32, BATCHES, 2, shuffle=False)) == [list(range(8, 16)), list(range(24, 32))]
+    assert list(PlannedBatchSampler(32, BATCHES, 2, shuffle=False)) == [
+        list(range(8, 16)),
+        list(range(24, 32)),
+    ]
 
 
 def test_without_drop_last_the_tail_is_padded_by_wrapping_so_every_rank_keeps_its_batch():
@@ -143,8 +146,18 @@ def test_works_as_a_dataloader_batch_sampler():
 
 def test_from_plan_takes_batches_rank_and_accumulate_from_the_rank_plan():
     plan = RankPlan(
-        rank=1, world_size=3, local_rank=1, node_rank=0, batch=3, loss_weight=9 / 16, step_batch=16,
-        global_batch=32, accumulate=2, device_index=1, gpu="T4", batches=BATCHES,
+        rank=1,
+        world_size=3,
+        local_rank=1,
+        node_rank=0,
+        batch=3,
+        loss_weight=9 / 16,
+        step_batch=16,
+        global_batch=32,
+        accumulate=2,
+        device_index=1,
+        gpu="T4",
+        batches=BATCHES,
     )
     sampler = PlannedBatchSampler.from_plan(plan, 100, seed=4)
     assert (sampler.rank, sampler.batches, sampler.accumulate) == (1, BATCHES, 2)
@@ -156,10 +169,19 @@ def test_from_plan_takes_batches_rank_and_accumulate_from_the_rank_plan():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"dataset_size": 50, "batches": BATCHES, "rank": 3}, r"rank 3 is out of range for 3 ranks \(expected 0\.\.2\)"),
+        (
+            {"dataset_size": 50, "batches": BATCHES, "rank": 3},
+            r"rank 3 is out of range for 3 ranks \(expected 0\.\.2\)",
+        ),
         ({"dataset_size": 50, "batches": BATCHES, "rank": -1}, "rank -1 is out of range"),
-        ({"dataset_size": 50, "batches": (5, 0, 8), "rank": 0}, r"batches\[1\] must be a positive integer, got 0"),
-        ({"dataset_size": 50, "batches": (5, -3, 8), "rank": 0}, r"batches\[1\] must be a positive integer, got -3"),
+        (
+            {"dataset_size": 50, "batches": (5, 0, 8), "rank": 0},
+            r"batches\[1\] must be a positive integer, got 0",
+        ),
+        (
+            {"dataset_size": 50, "batches": (5, -3, 8), "rank": 0},
+            r"batches\[1\] must be a positive integer, got -3",
+        ),
         ({"dataset_size": 50, "batches": (), "rank": 0}, "batches is empty"),
         (
             {"dataset_size": 15, "batches": BATCHES, "rank": 0},
@@ -169,8 +191,14 @@ def test_from_plan_takes_batches_rank_and_accumulate_from_the_rank_plan():
             {"dataset_size": 20, "batches": BATCHES, "rank": 0, "accumulate": 2},
             r"fewer than one optimizer step \(2 micro-steps\) of 32 samples",
         ),
-        ({"dataset_size": 0, "batches": BATCHES, "rank": 0}, "dataset_size must be a positive integer, got 0"),
-        ({"dataset_size": 50, "batches": BATCHES, "rank": 0, "accumulate": 0}, "accumulate must be a positive"),
+        (
+            {"dataset_size": 0, "batches": BATCHES, "rank": 0},
+            "dataset_size must be a positive integer, got 0",
+        ),
+        (
+            {"dataset_size": 50, "batches": BATCHES, "rank": 0, "accumulate": 0},
+            "accumulate must be a positive",
+        ),
     ],
 )
 def test_invalid_arguments_raise_config_error(kwargs, message):

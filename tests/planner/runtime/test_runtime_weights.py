@@ -115,6 +115,7 @@ def test_planner_runtime_exports_resolve_and_unknown_names_raise():
 
 # ------------------------------------------------------------------ the loss rule (LossReduction, LossRule)
 
+
 def test_only_a_mean_over_the_rank_s_samples_takes_the_weight():
     from planner.runtime.weights import LossReduction, LossRule
 
@@ -138,8 +139,10 @@ def test_each_rule_applied_to_its_own_reduction_gives_every_sample_the_same_weig
     }
     for reduction, own in per_sample.items():
         rule = LossRule(reduction=reduction, why="test")
-        weights = {Fraction(rule.factor(b, world_size, step_batch)).limit_denominator(10**9) * own(b) / world_size
-                   for b in batches}
+        weights = {
+            Fraction(rule.factor(b, world_size, step_batch)).limit_denominator(10**9) * own(b) / world_size
+            for b in batches
+        }
         assert len(weights) == 1
     if len(set(batches)) > 1:  # the other rule on a mean: samples of small ranks count more
         wrong = LossRule(reduction=LossReduction.SUM, why="test")
@@ -152,14 +155,20 @@ def test_reduction_names_parse_and_a_wrong_one_lists_the_choices():
     assert LossReduction.parse("global-mean") is LossReduction.GLOBAL_MEAN
     assert f"{LossReduction.GLOBAL_MEAN}" == str(LossReduction.GLOBAL_MEAN) == "global-mean"
     assert LossReduction.parse(LossReduction.SUM) is LossReduction.SUM
-    with pytest.raises(ConfigError, match=r"loss_reduction='avg' is not a loss reduction \(choose 'mean', 'sum', "):
+    with pytest.raises(
+        ConfigError, match=r"loss_reduction='avg' is not a loss reduction \(choose 'mean', 'sum', "
+    ):
         LossReduction.parse("avg")
 
 
 def test_the_rule_line_says_what_was_applied_and_why():
     from planner.runtime.weights import LossReduction, LossRule
 
-    line = LossRule(reduction=LossReduction.GLOBAL_MEAN, why="the Trainer sums the count over all ranks").line()
-    assert line == ("loss rule global-mean (decided): no per-rank weight; divided by a count over all ranks: "
-                    "the Trainer sums the count over all ranks")
+    line = LossRule(
+        reduction=LossReduction.GLOBAL_MEAN, why="the Trainer sums the count over all ranks"
+    ).line()
+    assert line == (
+        "loss rule global-mean (decided): no per-rank weight; divided by a count over all ranks: "
+        "the Trainer sums the count over all ranks"
+    )
     assert "(declared)" in LossRule(reduction=LossReduction.MEAN, why="x", declared=True).line()

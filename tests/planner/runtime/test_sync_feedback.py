@@ -21,14 +21,25 @@ def _comm() -> CommSection:
 
 def _measures(comm: CommSection, slowdown: float, split=(64, 64), steps: int = 7) -> list[StepMeasure]:
     ring, buckets = section_ring(comm)
-    slowed = RingCost(num_ranks=ring.num_ranks, num_nodes=ring.num_nodes, intra=ring.intra, network=ring.network,
-                      slowdown=slowdown)
+    slowed = RingCost(
+        num_ranks=ring.num_ranks,
+        num_nodes=ring.num_nodes,
+        intra=ring.intra,
+        network=ring.network,
+        slowdown=slowdown,
+    )
     out = []
     for step in range(1, steps + 1):
         compute = 0.05 + 0.001 * step  # rank 1 the slowest; rank 0 waits for it as well
         exposed = exposed_sync_s(buckets, slowed, compute_s=compute, backward_share=comm.backward_share)
-        out.append(StepMeasure(step=step, batches=split, compute_s=(compute - 0.01, compute),
-                               sync_wait_s=(exposed + 0.01, exposed)))
+        out.append(
+            StepMeasure(
+                step=step,
+                batches=split,
+                compute_s=(compute - 0.01, compute),
+                sync_wait_s=(exposed + 0.01, exposed),
+            )
+        )
     return out
 
 
@@ -55,7 +66,9 @@ def test_nothing_is_filed_for_a_simulated_run_one_rank_or_a_plan_without_comm():
     comm = _comm()
     simulated = sync_entry(comm, _measures(comm, 4.0), (64, 64), 1, "gloo", "simulated speeds [1.0, 2.0]")
     assert simulated.ring_shape is None and "simulated speeds" in simulated.why
-    assert sync_entry(None, [], (8,), 1, "none", None).why.startswith("not filed: the plan has no synchronisation")
+    assert sync_entry(None, [], (8,), 1, "none", None).why.startswith(
+        "not filed: the plan has no synchronisation"
+    )
     single = build_plan(JOB, [_slot("a", 0, "a100")], PROFILES, sync=_sync()).comm
     assert sync_entry(single, [], (8,), 1, "none", None).why == "not filed: one rank: nothing synchronised"
     no_waits = [StepMeasure(step=1, batches=(64, 64), compute_s=(0.05, 0.05))]

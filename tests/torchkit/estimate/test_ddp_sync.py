@@ -29,20 +29,35 @@ from torchkit.units import MIB
 def _models() -> dict[str, torch.nn.Module]:
     """Models whose buckets differ: many small layers, one huge layer, a frozen part, a shared parameter."""
     torch.manual_seed(0)
-    mlp = torch.nn.Sequential(*[torch.nn.Linear(300, 300) for _ in range(8)], torch.nn.Linear(300, 2000),
-                              torch.nn.Linear(2000, 10))
-    wide = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 120_000), torch.nn.Linear(120_000, 4))
-    frozen = torch.nn.Sequential(torch.nn.Linear(500, 500), torch.nn.Linear(500, 500), torch.nn.Linear(500, 3))
+    mlp = torch.nn.Sequential(
+        *[torch.nn.Linear(300, 300) for _ in range(8)], torch.nn.Linear(300, 2000), torch.nn.Linear(2000, 10)
+    )
+    wide = torch.nn.Sequential(
+        torch.nn.Linear(64, 64), torch.nn.Linear(64, 120_000), torch.nn.Linear(120_000, 4)
+    )
+    frozen = torch.nn.Sequential(
+        torch.nn.Linear(500, 500), torch.nn.Linear(500, 500), torch.nn.Linear(500, 3)
+    )
     frozen[0].weight.requires_grad_(False)
-    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), torch.nn.BatchNorm2d(64), torch.nn.Conv2d(64, 256, 3),
-                               torch.nn.Conv2d(256, 256, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                               torch.nn.Linear(256, 10))
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3),
+        torch.nn.BatchNorm2d(64),
+        torch.nn.Conv2d(64, 256, 3),
+        torch.nn.Conv2d(256, 256, 3),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(256, 10),
+    )
     return {"mlp": mlp, "wide": wide, "frozen": frozen, "conv": conv}
 
 
 def _inputs(name: str) -> torch.Tensor:
-    return {"mlp": torch.randn(2, 300), "wide": torch.randn(2, 64), "frozen": torch.randn(2, 500),
-            "conv": torch.randn(2, 3, 12, 12)}[name]
+    return {
+        "mlp": torch.randn(2, 300),
+        "wide": torch.randn(2, 64),
+        "frozen": torch.randn(2, 500),
+        "conv": torch.randn(2, 3, 12, 12),
+    }[name]
 
 
 CAPS = (None, 1, 0.5, 4)
@@ -63,8 +78,12 @@ def _ddp_worker(rank: int, out: str) -> None:
                 data = ddp._get_ddp_logging_data()
                 assert "rebuilt_bucket_sizes" in data, (name, cap, data)
                 result[f"{name}/{cap}"] = {
-                    "sizes": data["rebuilt_bucket_sizes"], "indices": data["rebuilt_per_bucket_param_indices"],
-                    "ready_order": [int(i) for i in data["prev_iteration_grad_ready_order_indices"].split(",")]}
+                    "sizes": data["rebuilt_bucket_sizes"],
+                    "indices": data["rebuilt_per_bucket_param_indices"],
+                    "ready_order": [
+                        int(i) for i in data["prev_iteration_grad_ready_order_indices"].split(",")
+                    ],
+                }
         if rank == 0:
             Path(out).write_text(json.dumps(result))
         dist.barrier()
@@ -81,8 +100,10 @@ def ddp_buckets_seen(tmp_path_factory) -> dict:
 
 def _listed(buckets) -> tuple[str, str]:
     """Bucket sizes and indices the way ``_get_ddp_logging_data`` writes them."""
-    return (", ".join(str(b.size_bytes) for b in buckets),
-            ", ".join(" ".join(str(i) for i in b.param_indices) for b in buckets))
+    return (
+        ", ".join(str(b.size_bytes) for b in buckets),
+        ", ".join(" ".join(str(i) for i in b.param_indices) for b in buckets),
+    )
 
 
 @pytest.mark.dist
@@ -127,8 +148,9 @@ def test_first_bucket_is_1_mib_by_default_and_the_cap_otherwise():
 def _ring(n: int, nodes: int, intra_gb_s: float = 100.0, net_gb_s: float = 10.0) -> RingCost:
     intra = LinkCost(name="nvlink", bus_bytes_per_s=intra_gb_s * 1e9, step_latency_s=3.4e-6)
     net = LinkCost(name="network", bus_bytes_per_s=net_gb_s * 1e9, step_latency_s=14e-6)
-    return RingCost(num_ranks=n, num_nodes=nodes, intra=intra if n > nodes else None,
-                    network=net if nodes > 1 else None)
+    return RingCost(
+        num_ranks=n, num_nodes=nodes, intra=intra if n > nodes else None, network=net if nodes > 1 else None
+    )
 
 
 def test_ring_allreduce_is_alpha_plus_2_n_minus_1_over_n_bytes_over_the_slowest_link():
@@ -146,20 +168,30 @@ def test_exposed_is_the_whole_allreduce_with_one_bucket_and_latency_only_on_infi
     grads = [4 * MIB] * 25
     one = ddp_buckets(grads, 1000)
     ring = _ring(4, 2)
-    assert exposed_sync_s(one, ring, compute_s=0.3, backward_share=2 / 3) == pytest.approx(ring.allreduce_s(100 * MIB))
-    fast = RingCost(num_ranks=4, num_nodes=2, intra=None,
-                    network=LinkCost(name="network", bus_bytes_per_s=1e30, step_latency_s=14e-6))
+    assert exposed_sync_s(one, ring, compute_s=0.3, backward_share=2 / 3) == pytest.approx(
+        ring.allreduce_s(100 * MIB)
+    )
+    fast = RingCost(
+        num_ranks=4,
+        num_nodes=2,
+        intra=None,
+        network=LinkCost(name="network", bus_bytes_per_s=1e30, step_latency_s=14e-6),
+    )
     buckets = ddp_buckets(grads)
     assert exposed_sync_s(buckets, fast, compute_s=0.3, backward_share=2 / 3) == pytest.approx(fast.alpha_s)
 
 
 def test_exposed_falls_with_bandwidth_and_with_longer_backward():
     buckets = ddp_buckets([MIB] * 100)
-    times = [exposed_sync_s(buckets, _ring(8, 4, net_gb_s=g), compute_s=0.1, backward_share=2 / 3)
-             for g in (0.5, 1, 5, 25, 100)]
+    times = [
+        exposed_sync_s(buckets, _ring(8, 4, net_gb_s=g), compute_s=0.1, backward_share=2 / 3)
+        for g in (0.5, 1, 5, 25, 100)
+    ]
     assert all(a > b for a, b in zip(times, times[1:], strict=False))
     ring = _ring(8, 4, net_gb_s=5)
-    by_compute = [exposed_sync_s(buckets, ring, compute_s=c, backward_share=2 / 3) for c in (0.01, 0.05, 0.1, 0.5)]
+    by_compute = [
+        exposed_sync_s(buckets, ring, compute_s=c, backward_share=2 / 3) for c in (0.01, 0.05, 0.1, 0.5)
+    ]
     assert all(a >= b for a, b in zip(by_compute, by_compute[1:], strict=False))
 
 
@@ -170,14 +202,22 @@ def test_one_node_equals_two_nodes_with_an_infinitely_fast_network_but_its_laten
     one = RingCost(num_ranks=8, num_nodes=1, intra=intra, network=None)
     two = RingCost(num_ranks=8, num_nodes=2, intra=intra, network=net)
     assert exposed_sync_s(buckets, one, compute_s=0.05, backward_share=0.6) == pytest.approx(
-        exposed_sync_s(buckets, two, compute_s=0.05, backward_share=0.6))
+        exposed_sync_s(buckets, two, compute_s=0.05, backward_share=0.6)
+    )
 
 
 def test_buckets_wait_for_the_communication_stream():
-    buckets = (Bucket(param_indices=(1,), size_bytes=10, ready_share=0.5), Bucket(param_indices=(0,), size_bytes=10,
-               ready_share=1.0))
-    slow = RingCost(num_ranks=2, num_nodes=2, intra=None,
-                    network=LinkCost(name="network", bus_bytes_per_s=10.0, step_latency_s=0.0), base_latency_s=0.0)
+    buckets = (
+        Bucket(param_indices=(1,), size_bytes=10, ready_share=0.5),
+        Bucket(param_indices=(0,), size_bytes=10, ready_share=1.0),
+    )
+    slow = RingCost(
+        num_ranks=2,
+        num_nodes=2,
+        intra=None,
+        network=LinkCost(name="network", bus_bytes_per_s=10.0, step_latency_s=0.0),
+        base_latency_s=0.0,
+    )
     timeline = sync_timeline(buckets, slow, backward_start_s=1.0, backward_s=2.0)  # each all-reduce takes 1 s
     assert timeline.bucket_start_s == (2.0, 3.0)  # the second is ready at 3.0 and the stream is free at 3.0
     assert timeline.exposed_s == pytest.approx(1.0)
@@ -190,10 +230,18 @@ def test_buckets_wait_for_the_communication_stream():
     # bucket 1 starts at 2.0, does 0.5 s of work by 3.0 and the rest by 3.5; bucket 2 then runs alone
     assert half.bucket_end_s == pytest.approx((3.5, 4.5)) and half.exposed_s == pytest.approx(1.5)
     # a free all-reduce (a zero-latency ring's empty bucket) with no overlap ends where it starts
-    free = RingCost(num_ranks=2, num_nodes=1, intra=LinkCost(name="x", bus_bytes_per_s=1.0, step_latency_s=0.0),
-                    network=None, base_latency_s=0.0)
+    free = RingCost(
+        num_ranks=2,
+        num_nodes=1,
+        intra=LinkCost(name="x", bus_bytes_per_s=1.0, step_latency_s=0.0),
+        network=None,
+        base_latency_s=0.0,
+    )
     empty = (Bucket(param_indices=(0,), size_bytes=0, ready_share=0.5),)
-    assert sync_timeline(empty, free, backward_start_s=1.0, backward_s=2.0, overlap_efficiency=0.0).exposed_s == 0.0
+    assert (
+        sync_timeline(empty, free, backward_start_s=1.0, backward_s=2.0, overlap_efficiency=0.0).exposed_s
+        == 0.0
+    )
 
 
 @pytest.mark.parametrize(("alpha_us", "bus_gb_s", "n"), [(50.0, 1.0, 2), (300.0, 0.11, 4), (12.0, 24.0, 8)])
@@ -201,7 +249,9 @@ def test_fit_recovers_alpha_and_busbw_of_a_synthetic_link(alpha_us, bus_gb_s, n)
     rng = random.Random(7)
     sizes = [2**k for k in range(16, 28, 2)] * 3  # 64 KiB .. 128 MiB, three repeats
     factor = 2 * (n - 1) / n
-    times = [(alpha_us * 1e-6 + factor * s / (bus_gb_s * 1e9)) * (1 + rng.uniform(-0.03, 0.03)) for s in sizes]
+    times = [
+        (alpha_us * 1e-6 + factor * s / (bus_gb_s * 1e9)) * (1 + rng.uniform(-0.03, 0.03)) for s in sizes
+    ]
     fit = fit_link(sizes, times, n)
     assert fit.bus_bytes_per_s == pytest.approx(bus_gb_s * 1e9, rel=0.05)
     assert fit.alpha_s == pytest.approx(alpha_us * 1e-6, rel=0.15)
@@ -221,7 +271,9 @@ def test_fit_refuses_what_it_cannot_fit():
 def test_the_slowdown_fit_recovers_the_factor_a_measured_exposed_sync_came_from(true_slowdown):
     buckets = ddp_buckets([MIB] * 60)
     ring = _ring(4, 2, net_gb_s=1.0)
-    measured = RingCost(num_ranks=4, num_nodes=2, intra=ring.intra, network=ring.network, slowdown=true_slowdown)
+    measured = RingCost(
+        num_ranks=4, num_nodes=2, intra=ring.intra, network=ring.network, slowdown=true_slowdown
+    )
     exposed = exposed_sync_s(buckets, measured, compute_s=0.05, backward_share=0.6)
     k = fit_slowdown(buckets, ring, compute_s=0.05, backward_share=0.6, exposed_s=exposed)
     assert k == pytest.approx(true_slowdown, rel=1e-6)
@@ -236,7 +288,9 @@ def test_a_slowdown_from_nothing_exposed_is_one_where_the_model_agrees_and_below
     k = fit_slowdown(buckets, slow, compute_s=0.5, backward_share=2 / 3, exposed_s=0.0)
     assert k < 0.05
     faster = RingCost(num_ranks=2, num_nodes=1, intra=slow.intra, network=None, slowdown=k)
-    assert exposed_sync_s(buckets, faster, compute_s=0.5, backward_share=2 / 3) == pytest.approx(1e-4, rel=1e-6)
+    assert exposed_sync_s(buckets, faster, compute_s=0.5, backward_share=2 / 3) == pytest.approx(
+        1e-4, rel=1e-6
+    )
     with pytest.raises(ValueError, match="two or more ranks"):
         fit_slowdown(buckets, _ring(1, 1), compute_s=0.5, backward_share=2 / 3, exposed_s=0.01)
     with pytest.raises(ValueError, match=">= 0"):

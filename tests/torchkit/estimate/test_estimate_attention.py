@@ -38,8 +38,15 @@ def _encoder(attention_dropout: float, *, seq: int = SEQ) -> Workload:
 
 
 def _backend(**overrides) -> str:
-    args = {"dtype_bits": 16, "head_dim_qk": 64, "head_dim_v": 64, "ndim": 4, "has_mask": False,
-            "mask_needs_grad": False, "gqa": False}
+    args = {
+        "dtype_bits": 16,
+        "head_dim_qk": 64,
+        "head_dim_v": 64,
+        "ndim": 4,
+        "has_mask": False,
+        "mask_needs_grad": False,
+        "gqa": False,
+    }
     return cuda_sdpa_backend(**{**args, **overrides})
 
 
@@ -82,7 +89,9 @@ def test_a_cpu_target_keeps_cpus_math_path_with_its_probabilities_and_masks() ->
 def test_the_cpu_target_estimate_is_what_a_real_cpu_step_peaks_at() -> None:
     workload = _encoder(0.1)
     truth = measure_cpu_peak(workload, 4)
-    assert cpu_peak_bytes(estimate_step(workload, 4, target="cpu")) == pytest.approx(truth.peak_bytes, rel=0.01)
+    assert cpu_peak_bytes(estimate_step(workload, 4, target="cpu")) == pytest.approx(
+        truth.peak_bytes, rel=0.01
+    )
 
 
 def test_a_cpu_peak_of_a_cuda_target_estimate_is_refused() -> None:
@@ -131,8 +140,11 @@ def test_causal_attention_is_charged_half_the_flops() -> None:
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=causal)
 
         return Workload(
-            name=f"causal-{causal}", sample_shape=(SEQ, WIDTH), build_model=Block,
-            make_batch=lambda b: (torch.randn(b, SEQ, WIDTH), None), loss_fn=lambda out, _: out.float().mean(),
+            name=f"causal-{causal}",
+            sample_shape=(SEQ, WIDTH),
+            build_model=Block,
+            make_batch=lambda b: (torch.randn(b, SEQ, WIDTH), None),
+            loss_fn=lambda out, _: out.float().mean(),
         )
 
     def attention_flops(estimate) -> int:
@@ -156,13 +168,25 @@ def _hf_workload(kind: str, attention_dropout: float) -> Workload:
     except WorkloadError as e:
         pytest.skip(str(e))
     if kind == "gpt2":
-        config = transformers.GPT2Config(n_layer=LAYERS, n_embd=WIDTH, n_head=HEADS, n_positions=SEQ, vocab_size=512,
-                                         attn_pdrop=attention_dropout)
+        config = transformers.GPT2Config(
+            n_layer=LAYERS,
+            n_embd=WIDTH,
+            n_head=HEADS,
+            n_positions=SEQ,
+            vocab_size=512,
+            attn_pdrop=attention_dropout,
+        )
         model_class = transformers.GPT2LMHeadModel
     else:
-        config = transformers.BertConfig(num_hidden_layers=LAYERS, hidden_size=WIDTH, num_attention_heads=HEADS,
-                                         intermediate_size=4 * WIDTH, max_position_embeddings=SEQ, vocab_size=512,
-                                         attention_probs_dropout_prob=attention_dropout)
+        config = transformers.BertConfig(
+            num_hidden_layers=LAYERS,
+            hidden_size=WIDTH,
+            num_attention_heads=HEADS,
+            intermediate_size=4 * WIDTH,
+            max_position_embeddings=SEQ,
+            vocab_size=512,
+            attention_probs_dropout_prob=attention_dropout,
+        )
         model_class = transformers.BertForMaskedLM
     config._attn_implementation = "sdpa"
     return Workload(

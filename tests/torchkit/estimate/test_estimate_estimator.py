@@ -176,7 +176,9 @@ def test_channels_last_changes_the_step_time_by_the_layout_model(catalog) -> Non
     from torchkit.estimate.time_model import load_time_model
 
     v100 = catalog.get("V100-SXM2-16GB")
-    amp = estimate_step(_conv_workload(224), 32, amp="fp16")  # large enough to be GPU-bound, not dispatch-bound
+    amp = estimate_step(
+        _conv_workload(224), 32, amp="fp16"
+    )  # large enough to be GPU-bound, not dispatch-bound
     fp32 = estimate_step(_conv_workload(224), 32)
     assert step_time_s(amp, v100, channels_last=True) < step_time_s(amp, v100)
     assert step_time_s(fp32, v100, channels_last=True) > step_time_s(fp32, v100)
@@ -363,27 +365,39 @@ def test_a_range_probe_is_asked_for_only_where_the_probes_cannot_price_the_cap()
     from torchkit.estimate import range_probe_batch
 
     floor = (1e-3, 1e-3, 1.001e-3)  # launch-bound: every probe on the dispatch floor
-    assert range_probe_batch(_curves(floor), 16 * 2**30, upper=65536) == pytest.approx(15 * 1024, abs=1)  # the card
+    assert range_probe_batch(_curves(floor), 16 * 2**30, upper=65536) == pytest.approx(
+        15 * 1024, abs=1
+    )  # the card
     assert range_probe_batch(_curves(floor), 16 * 2**30, upper=4000) == 4000  # never past the planning bound
     assert range_probe_batch(_curves(floor), 3 * 2**30, upper=65536) is None  # cap 2048 < 4 × 512: in range
     assert range_probe_batch(_curves((1e-3, 4e-3, 16e-3)), 16 * 2**30, upper=65536) is None  # GPU-bound
 
 
-def test_kernels_say_their_pass_and_the_backward_share_is_the_backward_kernels_roofline_share(catalog) -> None:
+def test_kernels_say_their_pass_and_the_backward_share_is_the_backward_kernels_roofline_share(
+    catalog,
+) -> None:
     est = estimate_step(_mlp_workload(), 256)
     assert {k.phase for k in est.kernels} == {"forward", "backward", "optimizer"}
     # a Linear's backward: the weight gradient (a matmul of the forward's FLOPs) and, but for the first layer
     # (its input needs none), the input gradient
-    matmul_flops = {p: sum(k.flops for k in est.kernels if k.phase == p and k.kind == "matmul")
-                    for p in ("forward", "backward")}
+    matmul_flops = {
+        p: sum(k.flops for k in est.kernels if k.phase == p and k.kind == "matmul")
+        for p in ("forward", "backward")
+    }
     assert matmul_flops["forward"] == 2 * 256 * (IN * HIDDEN + HIDDEN * OUT)
     assert matmul_flops["backward"] == matmul_flops["forward"] + 2 * 256 * HIDDEN * OUT
     gpu = catalog.get("A100-SXM4-80GB")
     share = backward_share(est, gpu)
-    forward_s = kernels_time_s([k for k in est.kernels if k.phase == "forward"], gpu, constants=constants_for(gpu))
-    backward_s = kernels_time_s([k for k in est.kernels if k.phase == "backward"], gpu, constants=constants_for(gpu))
+    forward_s = kernels_time_s(
+        [k for k in est.kernels if k.phase == "forward"], gpu, constants=constants_for(gpu)
+    )
+    backward_s = kernels_time_s(
+        [k for k in est.kernels if k.phase == "backward"], gpu, constants=constants_for(gpu)
+    )
     assert share == pytest.approx(backward_s / (forward_s + backward_s)) and 0.4 < share < 0.9
     curves = curves_from_estimates([est], gpu)
     assert curves.backward_shares == ((256, share),)
     unmarked = dataclasses.replace(est, kernels=tuple(dataclasses.replace(k, phase="") for k in est.kernels))
-    assert backward_share(unmarked, gpu) is None and curves_from_estimates([unmarked], gpu).backward_shares == ()
+    assert (
+        backward_share(unmarked, gpu) is None and curves_from_estimates([unmarked], gpu).backward_shares == ()
+    )

@@ -76,7 +76,9 @@ def _conv_costs(groups: int, *, transposed: bool = False) -> tuple[KernelCost, K
         y = aten.convolution.default(*conv_args)
         fwd = kernel_cost(aten.convolution.default, conv_args, {}, y)
         bwd_args = (y, x, w, None, [1, 1], [1, 1], [1, 1], transposed, [0, 0], groups, [True, True, False])
-        bwd = kernel_cost(aten.convolution_backward.default, bwd_args, {}, aten.convolution_backward.default(*bwd_args))
+        bwd = kernel_cost(
+            aten.convolution_backward.default, bwd_args, {}, aten.convolution_backward.default(*bwd_args)
+        )
     return fwd, bwd
 
 

@@ -20,7 +20,9 @@ C = TimeConstants(
 )
 
 
-def _kernel(flops: int = 0, moved: int = 0, compute: str = "fp32", kind: str = "matmul", groups: int = 1) -> KernelCost:
+def _kernel(
+    flops: int = 0, moved: int = 0, compute: str = "fp32", kind: str = "matmul", groups: int = 1
+) -> KernelCost:
     return KernelCost(name="k", flops=flops, bytes_moved=moved, compute=compute, kind=kind, groups=groups)
 
 
@@ -58,9 +60,13 @@ def test_layout_conversion_is_paid_where_the_layout_is_not_the_kernels_native_on
     conv32 = _kernel(flops=10**9, moved=10**8, compute="fp32", kind="conv")
     convert = 1.5 * 10**8 / bw
     # tensor-core (16-bit) convolutions are NHWC kernels: NCHW tensors pay the transposes
-    assert _time([conv16], v100, channels_last=False) - _time([conv16], v100, channels_last=True) == pytest.approx(convert)
+    assert _time([conv16], v100, channels_last=False) - _time(
+        [conv16], v100, channels_last=True
+    ) == pytest.approx(convert)
     # fp32 CUDA-core convolutions are NCHW kernels: channels_last pays instead
-    assert _time([conv32], v100, channels_last=True) - _time([conv32], v100, channels_last=False) == pytest.approx(convert)
+    assert _time([conv32], v100, channels_last=True) - _time(
+        [conv32], v100, channels_last=False
+    ) == pytest.approx(convert)
     # other kernels do not care
     other = _kernel(moved=10**8, kind="other")
     assert _time([other], v100, channels_last=True) == _time([other], v100, channels_last=False)
@@ -129,11 +135,12 @@ def test_a_streaming_kernel_runs_at_the_soft_minimum_of_dram_and_sm_rates(catalo
     assert _time([kernel], h100) == pytest.approx(10**10 / dram + 2e-6)  # C has no limit (inf)
     limited = replace(C, sm_stream_bytes_per_flop=0.02)
     sm = 0.02 * h100.fp32_tflops * 1e12
-    rate = (dram ** -STREAMING_SOFTMIN_POWER + sm ** -STREAMING_SOFTMIN_POWER) ** (-1 / STREAMING_SOFTMIN_POWER)
+    rate = (dram**-STREAMING_SOFTMIN_POWER + sm**-STREAMING_SOFTMIN_POWER) ** (-1 / STREAMING_SOFTMIN_POWER)
     assert rate == pytest.approx(streaming_bytes_per_s(dram, sm)) and rate < min(dram, sm)
     assert kernels_time_s([kernel], h100, constants=limited) == pytest.approx(10**10 / rate + 2e-6)
     gain_free = _time([kernel], h100) / _time([kernel], h200)
-    gain_limited = (kernels_time_s([kernel], h100, constants=limited)
-                    / kernels_time_s([kernel], h200, constants=limited))
+    gain_limited = kernels_time_s([kernel], h100, constants=limited) / kernels_time_s(
+        [kernel], h200, constants=limited
+    )
     assert gain_free == pytest.approx(4800 / 3350, rel=1e-3) and gain_limited < 1.05
     assert streaming_bytes_per_s(dram, float("inf")) == dram

@@ -49,7 +49,9 @@ def test_every_measured_row_has_a_source_a_catalog_gpu_and_positive_figures(cata
     for r in rows:
         assert r.stack in STACKS and r.gpus_in_run >= 1, r.id
         if r.gpus_in_run > 1:  # per GPU of a data-parallel run: an MLPerf result log, never eager throughput
-            assert r.stack != REFERENCE_STACK and "training_results" in r.source and "result_" in r.source, r.id
+            assert r.stack != REFERENCE_STACK and "training_results" in r.source and "result_" in r.source, (
+                r.id
+            )
             assert f"/ {r.gpus_in_run} GPUs" in r.source, r.id
             assert r.kind.startswith(f"per GPU of {r.gpus_in_run}")
 
@@ -94,10 +96,16 @@ def _csv_with(tmp_path: Path, row: str) -> Path:
         ("a,resnet50,A100-SXM4-80GB,fp32,nchw,256,1200,sgd,src,NGC", "fp32 on compute capability 8"),
         ("a,resnet50,V100-SXM2-16GB,fp16,nhwc,256,-3,sgd,src,NGC", "must be positive"),
         ("a,resnet50,V100-SXM2-16GB,fp16,nhwc,many,3,sgd,src,NGC", "not numbers"),
-        ("a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,256", "oom_batch '256'.*above the row's batch 256"),
+        (
+            "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,256",
+            "oom_batch '256'.*above the row's batch 256",
+        ),
         ("a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,lots", "oom_batch 'lots'"),
         ("a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,,0,pytorch-eager", "gpus_in_run '0'"),
-        ("a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,,8,tensorflow", "stack 'tensorflow'.*stacks.py"),
+        (
+            "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,,8,tensorflow",
+            "stack 'tensorflow'.*stacks.py",
+        ),
     ],
 )
 def test_a_bad_row_is_a_config_error_naming_its_line(tmp_path, catalog, row, message) -> None:
@@ -106,11 +114,16 @@ def test_a_bad_row_is_a_config_error_naming_its_line(tmp_path, catalog, row, mes
 
 
 def test_the_out_of_memory_batch_is_optional_and_read(tmp_path, catalog) -> None:
-    path = _csv_with(tmp_path, "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,384\nb,resnet50,RTX-3090,fp16,nhwc,512,1200,sgd,src,timm,")
+    path = _csv_with(
+        tmp_path,
+        "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm,384\nb,resnet50,RTX-3090,fp16,nhwc,512,1200,sgd,src,timm,",
+    )
     assert [r.oom_batch for r in read_measured(path, catalog=catalog)] == [384, None]
     old_header = tmp_path / "old.csv"  # a file written before the column existed still reads
-    old_header.write_text("id,model,gpu,precision,layout,batch,samples_per_s,optimizer,source,software\n"
-                          "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm\n")
+    old_header.write_text(
+        "id,model,gpu,precision,layout,batch,samples_per_s,optimizer,source,software\n"
+        "a,resnet50,RTX-3090,fp16,nhwc,256,1200,sgd,src,timm\n"
+    )
     assert read_measured(old_header, catalog=catalog)[0].oom_batch is None
     old = read_measured(old_header, catalog=catalog)[0]
     assert (old.gpus_in_run, old.stack, old.kind) == (1, REFERENCE_STACK, "single GPU, pytorch-eager")
@@ -153,7 +166,9 @@ def _synthetic_tables() -> list[KernelTable]:
     """Mixes of compute-bound 16-bit/fp32 convolutions, fp32 matmuls, grouped convolutions and
     bandwidth-bound kernels in different proportions, so every constant shows in some step."""
     out = []
-    for k, (conv, mem, grouped, matmul) in enumerate([(4, 1, 0, 0), (1, 4, 0, 1), (2, 2, 3, 0), (1, 1, 1, 3)]):
+    for k, (conv, mem, grouped, matmul) in enumerate(
+        [(4, 1, 0, 0), (1, 4, 0, 1), (2, 2, 3, 0), (1, 1, 1, 3)]
+    ):
         for amp16 in (True, False):
             cls = KernelClass.FP16 if amp16 else KernelClass.CONV32
             rows = [
@@ -168,28 +183,47 @@ def _synthetic_tables() -> list[KernelTable]:
 
 def test_the_fit_recovers_known_constants_from_synthetic_data(catalog) -> None:
     truth_global = replace(
-        PRIOR_CONSTANTS, tf32_efficiency=0.45, fp32_efficiency=0.85, layout_conversion_factor=1.3,
+        PRIOR_CONSTANTS,
+        tf32_efficiency=0.45,
+        fp32_efficiency=0.85,
+        layout_conversion_factor=1.3,
         grouped_conv_efficiency=0.4,
     )
     truth_arch = {
-        "volta": replace(truth_global, tensor_core_efficiency=0.55, bandwidth_efficiency=0.7, grouped_conv_efficiency=0.3),
+        "volta": replace(
+            truth_global, tensor_core_efficiency=0.55, bandwidth_efficiency=0.7, grouped_conv_efficiency=0.3
+        ),
         "ampere-ga100": replace(truth_global, tensor_core_efficiency=0.65, bandwidth_efficiency=0.6),
-        "ampere-ga10x": replace(truth_global, tensor_core_efficiency=0.8, bandwidth_efficiency=0.8,
-                                grouped_conv_efficiency=0.6),
+        "ampere-ga10x": replace(
+            truth_global, tensor_core_efficiency=0.8, bandwidth_efficiency=0.8, grouped_conv_efficiency=0.6
+        ),
     }
     observations = []
     for gpu_name in ("V100-SXM2-16GB", "A100-SXM4-80GB", "RTX-3090"):
         gpu = catalog.get(gpu_name)
         for i, table in enumerate(_synthetic_tables()):
             for channels_last in (False, True):
-                o = Observation(id=f"{gpu_name}-{i}-{channels_last}", table=table, gpu=gpu, arch=architecture(gpu),
-                                batch=256, channels_last=channels_last, samples_per_s=1.0)
+                o = Observation(
+                    id=f"{gpu_name}-{i}-{channels_last}",
+                    table=table,
+                    gpu=gpu,
+                    arch=architecture(gpu),
+                    batch=256,
+                    channels_last=channels_last,
+                    samples_per_s=1.0,
+                )
                 observations.append(replace(o, samples_per_s=predict(o, truth_global, truth_arch)))
     result = fit(observations, PRIOR_CONSTANTS, global_prior_log_sigma=10.0, arch_prior_log_sigma=10.0)
     for arch, truth in truth_arch.items():
         got = result.arch_constants[arch]
-        for name in ("tensor_core_efficiency", "bandwidth_efficiency", "tf32_efficiency", "fp32_efficiency",
-                     "layout_conversion_factor", "grouped_conv_efficiency"):
+        for name in (
+            "tensor_core_efficiency",
+            "bandwidth_efficiency",
+            "tf32_efficiency",
+            "fp32_efficiency",
+            "layout_conversion_factor",
+            "grouped_conv_efficiency",
+        ):
             assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.02), (arch, name)
     assert max(abs(v) for v in result.log_residuals.values()) < 1e-3
 
@@ -197,10 +231,14 @@ def test_the_fit_recovers_known_constants_from_synthetic_data(catalog) -> None:
 def test_the_prior_keeps_constants_the_data_cannot_see(catalog) -> None:
     gpu = catalog.get("V100-SXM2-16GB")
     table = _table([(KernelClass.MEMORY, False, False, 0.0, 1e10, 10)])  # bandwidth only
-    o = Observation(id="m", table=table, gpu=gpu, arch="volta", batch=64, channels_last=False, samples_per_s=1.0)
+    o = Observation(
+        id="m", table=table, gpu=gpu, arch="volta", batch=64, channels_last=False, samples_per_s=1.0
+    )
     o = replace(o, samples_per_s=0.5 * predict(o, PRIOR_CONSTANTS, {}))
     result = fit([o], PRIOR_CONSTANTS)
-    assert result.global_constants.tensor_core_efficiency == pytest.approx(PRIOR_CONSTANTS.tensor_core_efficiency)
+    assert result.global_constants.tensor_core_efficiency == pytest.approx(
+        PRIOR_CONSTANTS.tensor_core_efficiency
+    )
     assert result.arch_constants["volta"].bandwidth_efficiency == pytest.approx(
         PRIOR_CONSTANTS.bandwidth_efficiency / 2, rel=0.02
     )
@@ -208,7 +246,9 @@ def test_the_prior_keeps_constants_the_data_cannot_see(catalog) -> None:
 
 def test_a_stack_runs_fused_kernels_and_cuda_graphs_as_the_roofline_says(catalog) -> None:
     gpu = catalog.get("A100-SXM4-80GB")
-    table = _table([(KernelClass.FP16, True, False, 1e12, 1e8, 4), (KernelClass.MEMORY, False, False, 0.0, 4e9, 20)])
+    table = _table(
+        [(KernelClass.FP16, True, False, 1e12, 1e8, 4), (KernelClass.MEMORY, False, False, 0.0, 4e9, 20)]
+    )
     placed = PlacedTable.of(table, gpu, channels_last=True)
     eager = placed.time_s(PRIOR_CONSTANTS)
     fused = placed.time_s(PRIOR_CONSTANTS, memory_traffic=0.25)
@@ -226,27 +266,47 @@ def _stack_world(catalog, stack_terms: dict[str, StackTerms], hopper_sm_stream: 
     truth_arch = {
         "volta": replace(truth_global, tensor_core_efficiency=0.55, bandwidth_efficiency=0.7),
         "ampere-ga100": replace(truth_global, tensor_core_efficiency=0.65, bandwidth_efficiency=0.6),
-        "hopper": replace(truth_global, tensor_core_efficiency=0.40, bandwidth_efficiency=0.55,
-                          sm_stream_bytes_per_flop=hopper_sm_stream),
+        "hopper": replace(
+            truth_global,
+            tensor_core_efficiency=0.40,
+            bandwidth_efficiency=0.55,
+            sm_stream_bytes_per_flop=hopper_sm_stream,
+        ),
     }
     observations = []
-    for gpu_name, stacks in (("V100-SXM2-16GB", (REFERENCE_STACK, "mlperf-mxnet")),
-                             ("A100-SXM4-80GB", (REFERENCE_STACK, "mlperf-mxnet")),
-                             ("A30", ("mlperf-mxnet",)), ("H100-SXM5-80GB", ("mlperf-mxnet",)),
-                             ("H200-SXM-141GB", ("mlperf-mxnet",)), ("H100-PCIe-80GB", ("mlperf-mxnet",))):
+    for gpu_name, stacks in (
+        ("V100-SXM2-16GB", (REFERENCE_STACK, "mlperf-mxnet")),
+        ("A100-SXM4-80GB", (REFERENCE_STACK, "mlperf-mxnet")),
+        ("A30", ("mlperf-mxnet",)),
+        ("H100-SXM5-80GB", ("mlperf-mxnet",)),
+        ("H200-SXM-141GB", ("mlperf-mxnet",)),
+        ("H100-PCIe-80GB", ("mlperf-mxnet",)),
+    ):
         gpu = catalog.get(gpu_name)
         for stack in stacks:
             for i, table in enumerate(_synthetic_tables()):
-                o = Observation(id=f"{gpu_name}-{stack}-{i}", table=table, gpu=gpu, arch=architecture(gpu), batch=256,
-                                channels_last=True, samples_per_s=1.0, stack=stack)
-                observations.append(replace(o, samples_per_s=predict(o, truth_global, truth_arch, stack_terms)))
+                o = Observation(
+                    id=f"{gpu_name}-{stack}-{i}",
+                    table=table,
+                    gpu=gpu,
+                    arch=architecture(gpu),
+                    batch=256,
+                    channels_last=True,
+                    samples_per_s=1.0,
+                    stack=stack,
+                )
+                observations.append(
+                    replace(o, samples_per_s=predict(o, truth_global, truth_arch, stack_terms))
+                )
     return observations, truth_arch
 
 
 def test_the_two_stage_fit_places_an_architecture_seen_only_in_another_stack(catalog) -> None:
     terms = {"mlperf-mxnet": StackTerms(throughput_factor=1.3, memory_traffic=0.4, cuda_graphs=True)}
     observations, truth_arch = _stack_world(catalog, terms)
-    result = fit_calibration(observations, PRIOR_CONSTANTS, global_prior_log_sigma=10.0, arch_prior_log_sigma=10.0)
+    result = fit_calibration(
+        observations, PRIOR_CONSTANTS, global_prior_log_sigma=10.0, arch_prior_log_sigma=10.0
+    )
     got = result.stack_terms["mlperf-mxnet"]
     assert got.throughput_factor == pytest.approx(1.3, rel=0.03)
     assert got.memory_traffic == pytest.approx(0.4, rel=0.05)
@@ -254,8 +314,12 @@ def test_the_two_stage_fit_places_an_architecture_seen_only_in_another_stack(cat
     assert hopper.tensor_core_efficiency == pytest.approx(0.40, rel=0.05)
     assert hopper.bandwidth_efficiency == pytest.approx(0.55, rel=0.05)
     # the eager architectures' constants are the eager rows' own fit: the other stack cannot move them
-    eager_only = fit([o for o in observations if o.stack == REFERENCE_STACK], PRIOR_CONSTANTS,
-                     global_prior_log_sigma=10.0, arch_prior_log_sigma=10.0)
+    eager_only = fit(
+        [o for o in observations if o.stack == REFERENCE_STACK],
+        PRIOR_CONSTANTS,
+        global_prior_log_sigma=10.0,
+        arch_prior_log_sigma=10.0,
+    )
     for arch in ("volta", "ampere-ga100"):
         assert result.arch_constants[arch] == eager_only.arch_constants[arch]
 
@@ -283,7 +347,9 @@ def test_no_fit_prices_a_matmul_above_its_architectures_achievable_share(catalog
     achievable-matmul share bounds the tensor-core efficiency anyway."""
     gpu = catalog.get("H100-SXM5-80GB")
     table = _table([(KernelClass.FP16, True, False, 4e12, 1e8, 10)])  # tensor-core bound only
-    o = Observation(id="h", table=table, gpu=gpu, arch="hopper", batch=64, channels_last=True, samples_per_s=1.0)
+    o = Observation(
+        id="h", table=table, gpu=gpu, arch="hopper", batch=64, channels_last=True, samples_per_s=1.0
+    )
     o = replace(o, samples_per_s=2.0 * predict(o, replace(PRIOR_CONSTANTS, tensor_core_efficiency=0.8), {}))
     result = fit([o], PRIOR_CONSTANTS, arch_prior_log_sigma=10.0, global_prior_log_sigma=10.0)
     ceiling = TENSOR_CORE_CEILINGS["hopper"][0]
@@ -314,12 +380,17 @@ def test_the_shipped_constants_are_the_fit_of_the_shipped_data(catalog) -> None:
     assert set(doc["arch"]) == set(fresh.arch_constants)
     for arch, entry in doc["arch"].items():
         for name, c in entry["constants"].items():
-            assert c["value"] == pytest.approx(getattr(fresh.arch_constants[arch], name), rel=1e-5), (arch, name)
+            assert c["value"] == pytest.approx(getattr(fresh.arch_constants[arch], name), rel=1e-5), (
+                arch,
+                name,
+            )
             assert "fit on" in c["source"]
         assert entry["log_sigma"] > 0 and entry["log_sigma_source"]
     assert set(doc["stacks"]) == set(fresh.stack_terms)
     for stack, entry in doc["stacks"].items():
-        assert entry["throughput_factor"] == pytest.approx(fresh.stack_terms[stack].throughput_factor, rel=1e-5)
+        assert entry["throughput_factor"] == pytest.approx(
+            fresh.stack_terms[stack].throughput_factor, rel=1e-5
+        )
         assert entry["memory_traffic"] == pytest.approx(fresh.stack_terms[stack].memory_traffic, rel=1e-5)
         assert entry["anchors"], stack  # tied to eager PyTorch through an architecture with eager rows
     assert set(doc["held_out_rows"]).isdisjoint(doc["fit_rows"])
@@ -328,8 +399,9 @@ def test_the_shipped_constants_are_the_fit_of_the_shipped_data(catalog) -> None:
 
 def test_a_gpu_gets_its_architectures_constants_and_uncertainty(catalog) -> None:
     model = load_time_model()
-    v100, a100_40, h100, rtx4090 = (catalog.get(n) for n in ("V100-SXM2-16GB", "A100-PCIe-40GB", "H100-SXM5-80GB",
-                                                               "RTX-4090"))
+    v100, a100_40, h100, rtx4090 = (
+        catalog.get(n) for n in ("V100-SXM2-16GB", "A100-PCIe-40GB", "H100-SXM5-80GB", "RTX-4090")
+    )
     assert model.constants_for(v100) == model.arch_constants["volta"]
     assert model.constants_for(h100) == model.arch_constants["hopper"]  # MLPerf rows, as ratios
     assert model.constants_for(rtx4090) == model.arch_constants["ada"]
@@ -340,7 +412,9 @@ def test_a_gpu_gets_its_architectures_constants_and_uncertainty(catalog) -> None
     assert u.log_sigma == pytest.approx(np.hypot(model.arch_log_sigma["ampere-ga100"], model.type_log_sigma))
     u = model.uncertainty_for(h100)
     assert u.calibrated_gpu and u.calibrated_arch and "per GPU of" in u.reason
-    assert u.log_sigma > model.uncertainty_for(v100).log_sigma  # widened: its rows are per GPU of N, another stack
+    assert (
+        u.log_sigma > model.uncertainty_for(v100).log_sigma
+    )  # widened: its rows are per GPU of N, another stack
     assert u.relative == pytest.approx(np.exp(u.log_sigma) - 1)
     u = model.uncertainty_for(rtx4090)
     assert not u.calibrated_gpu and u.calibrated_arch and u.log_sigma > model.uncertainty_for(h100).log_sigma
@@ -350,7 +424,9 @@ def test_a_gpu_gets_its_architectures_constants_and_uncertainty(catalog) -> None
     assert not u.calibrated_gpu and not u.calibrated_arch and u.log_sigma == model.unseen_log_sigma
 
 
-def test_the_environment_variable_points_the_estimator_at_another_calibration(tmp_path, monkeypatch, catalog) -> None:
+def test_the_environment_variable_points_the_estimator_at_another_calibration(
+    tmp_path, monkeypatch, catalog
+) -> None:
     from torchkit.estimate.time_model import constants_for
 
     doc = json.loads(DEFAULT_TIME_MODEL_PATH.read_text())
@@ -379,7 +455,9 @@ def test_the_cached_kernel_tables_are_what_the_estimator_records_today(catalog) 
     doc = json.loads(TABLES_PATH.read_text())
     for model, fingerprint in doc["fingerprints"].items():
         assert workload_fingerprint(get_workload(model)) == fingerprint, model
-    row = next(r for r in read_measured(catalog=catalog) if r.id == "timm-rx101-3090-nchw")  # grouped convolutions too
+    row = next(
+        r for r in read_measured(catalog=catalog) if r.id == "timm-rx101-3090-nchw"
+    )  # grouped convolutions too
     fresh = build_tables([row], progress=False)
     key = next(iter(fresh["tables"]))
     assert fresh["tables"][key] == doc["tables"][key]

@@ -55,27 +55,48 @@ def test_stated_sigmas_follow_their_scenarios_and_cover_95_percent() -> None:
     from torchkit.estimate.calibration.uncertainty import stated_sigmas
 
     def obs(i: str, arch: str, stack: str = "pytorch-eager") -> Observation:
-        return Observation(id=i, table=None, gpu=None, arch=arch, batch=1, channels_last=False,  # type: ignore[arg-type]
-                           samples_per_s=1.0, stack=stack)
+        return Observation(
+            id=i,
+            table=None,
+            gpu=None,
+            arch=arch,
+            batch=1,
+            channels_last=False,  # type: ignore[arg-type]
+            samples_per_s=1.0,
+            stack=stack,
+        )
 
-    fit_obs = [obs("v1", "volta"), obs("v2", "volta"), obs("a1", "ampere-ga100"), obs("a2", "ampere-ga100"),
-               obs("m1", "ampere-ga100", "mlperf-mxnet"), obs("h1", "hopper", "mlperf-mxnet")]
-    cv = CrossValidation(loo={"v1": 0.1, "v2": -0.1, "a1": 0.2, "a2": -0.2, "m1": 0.5},
-                         type={"a1": 0.3, "a2": -0.3}, transfer={"a1": 0.4, "a2": 0.4},
-                         unseen={"v1": 0.3, "v2": 0.3, "a1": -0.6, "a2": -0.6})
+    fit_obs = [
+        obs("v1", "volta"),
+        obs("v2", "volta"),
+        obs("a1", "ampere-ga100"),
+        obs("a2", "ampere-ga100"),
+        obs("m1", "ampere-ga100", "mlperf-mxnet"),
+        obs("h1", "hopper", "mlperf-mxnet"),
+    ]
+    cv = CrossValidation(
+        loo={"v1": 0.1, "v2": -0.1, "a1": 0.2, "a2": -0.2, "m1": 0.5},
+        type={"a1": 0.3, "a2": -0.3},
+        transfer={"a1": 0.4, "a2": 0.4},
+        unseen={"v1": 0.3, "v2": 0.3, "a1": -0.6, "a2": -0.6},
+    )
     s = stated_sigmas(cv, fit_obs)
-    assert s.raw == pytest.approx({"arch:volta": 0.1, "arch:ampere-ga100": 0.2, "transfer": 0.4, "type": 0.3,
-                                   "unseen": 0.6})
+    assert s.raw == pytest.approx(
+        {"arch:volta": 0.1, "arch:ampere-ga100": 0.2, "transfer": 0.4, "type": 0.3, "unseen": 0.6}
+    )
     assert s.coverage_factor == 1.0  # every error is within 2σ of its scenario's RMS already
     assert s.for_gpu("volta", gpu_eager_rows=True, gpu_rows=True, arch_rows=True) == pytest.approx(0.1)
-    assert s.for_gpu("volta", gpu_eager_rows=False, gpu_rows=True, arch_rows=True) == pytest.approx(np.hypot(0.1, 0.3))
+    assert s.for_gpu("volta", gpu_eager_rows=False, gpu_rows=True, arch_rows=True) == pytest.approx(
+        np.hypot(0.1, 0.3)
+    )
     assert s.for_gpu("hopper", gpu_eager_rows=False, gpu_rows=True, arch_rows=True) == pytest.approx(0.4)
     assert s.for_gpu("hopper", gpu_eager_rows=False, gpu_rows=False, arch_rows=True) == pytest.approx(0.5)
     assert s.for_gpu("pascal", gpu_eager_rows=False, gpu_rows=False, arch_rows=False) == pytest.approx(0.6)
     # nine small errors and one 3σ outlier: their RMS covers 90%, so every σ widens until 95% are covered
     ten = [obs(f"v{i}", "volta") for i in range(10)]
-    heavy = CrossValidation(loo={o.id: (0.5 if o.id == "v0" else 0.01) for o in ten}, type={}, transfer={},
-                            unseen={})
+    heavy = CrossValidation(
+        loo={o.id: (0.5 if o.id == "v0" else 0.01) for o in ten}, type={}, transfer={}, unseen={}
+    )
     s = stated_sigmas(heavy, ten)
     assert s.coverage_factor > 1.0
     assert 2 * s.arch_eager["volta"] + 1e-12 >= 0.5

@@ -155,8 +155,16 @@ def test_catalog_entry_is_sane(catalog: GpuCatalog, name: str) -> None:
 
 def test_bf16_is_missing_exactly_on_the_pre_ampere_types(catalog: GpuCatalog) -> None:
     without_bf16 = {spec.name for spec in catalog if spec.bf16_tflops is None}
-    assert without_bf16 == {"T4", "V100-SXM2-16GB", "V100-SXM2-32GB", "V100-PCIe-16GB", "V100-PCIe-32GB", "RTX-2080Ti",
-                            "Quadro-RTX-6000", "Quadro-RTX-8000"}
+    assert without_bf16 == {
+        "T4",
+        "V100-SXM2-16GB",
+        "V100-SXM2-32GB",
+        "V100-PCIe-16GB",
+        "V100-PCIe-32GB",
+        "RTX-2080Ti",
+        "Quadro-RTX-6000",
+        "Quadro-RTX-8000",
+    }
 
 
 @pytest.mark.parametrize(("name", "mib"), DRIVER_MEMORY_MIB.items())

@@ -63,7 +63,9 @@ def test_select_all_keeps_gpus_meeting_the_thresholds_and_says_why_not_the_other
 def test_busy_names_only_the_gpus_left_out_for_a_threshold():
     idle_but_not_picked = select_gpus(NODE, "-1", min_free_memory_fraction=0.2, max_utilization_fraction=0.5)
     assert idle_but_not_picked.busy == (0, 3)  # 1 or 2 was less idle than the one picked: not busy
-    assert set(dict(idle_but_not_picked.skipped)) - set(idle_but_not_picked.busy) == {1, 2} - set(idle_but_not_picked.selected)
+    assert set(dict(idle_but_not_picked.skipped)) - set(idle_but_not_picked.busy) == {1, 2} - set(
+        idle_but_not_picked.selected
+    )
     assert select_gpus(NODE, "1", max_utilization_fraction=0.5).busy == ()  # the others were not requested
     short = select_gpus_or_none(NODE, "-1,-1,-1", max_utilization_fraction=0.5)
     assert short.selected == () and short.busy == (0, 3)

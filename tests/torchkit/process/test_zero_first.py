@@ -66,13 +66,13 @@ def worker(rank: int, out_dir: str) -> None:
 # ------------------------------------------------------------------------------------------------ tests
 
 
-
-
 @pytest.fixture(scope="module")
 def gloo_results(tmp_path_factory) -> dict[int, dict]:
     out_dir = tmp_path_factory.mktemp("zero_first")
     # generous: 3 processes import torch on a shared 2-core machine; every rank must exit 0
-    run_ranks(worker, str(out_dir), world_size=WORLD_SIZE, deadline_s=2 * PG_TIMEOUT_S, log_dir=out_dir / "logs")
+    run_ranks(
+        worker, str(out_dir), world_size=WORLD_SIZE, deadline_s=2 * PG_TIMEOUT_S, log_dir=out_dir / "logs"
+    )
     return {rank: json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(WORLD_SIZE)}
 
 
@@ -147,4 +147,3 @@ def test_a_failing_first_rank_on_another_node_stops_every_rank(gloo_results):
 @pytest.mark.dist
 def test_the_group_keeps_working_after_a_failure(gloo_results):
     assert [gloo_results[rank]["all_reduce"] for rank in range(WORLD_SIZE)] == [0 + 1 + 2] * WORLD_SIZE
-

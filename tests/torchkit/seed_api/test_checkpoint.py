@@ -51,18 +51,26 @@ def test_convert_keeps_adam_moments_and_step_in_fp32():
 
 
 def test_convert_only_touches_fp32_tensors_outside_the_kept_keys():
-    state_dict = {"state": {0: {
-        "square_avg": torch.ones(2),
-        "other": torch.ones(2),
-        "double": torch.ones(2, dtype=torch.float64),
-        "counter": torch.tensor(3),
-        "half": torch.ones(2, dtype=torch.float16),
-        "scalar": 1.5,
-    }}, "param_groups": [{"lr": 0.1}]}
+    state_dict = {
+        "state": {
+            0: {
+                "square_avg": torch.ones(2),
+                "other": torch.ones(2),
+                "double": torch.ones(2, dtype=torch.float64),
+                "counter": torch.tensor(3),
+                "half": torch.ones(2, dtype=torch.float16),
+                "scalar": 1.5,
+            }
+        },
+        "param_groups": [{"lr": 0.1}],
+    }
     state = convert_optimizer_state_dict_to_fp16(state_dict)["state"][0]
     assert {k: v.dtype for k, v in state.items() if isinstance(v, torch.Tensor)} == {
-        "square_avg": torch.float32, "other": torch.float16, "double": torch.float64,
-        "counter": torch.int64, "half": torch.float16,
+        "square_avg": torch.float32,
+        "other": torch.float16,
+        "double": torch.float64,
+        "counter": torch.int64,
+        "half": torch.float16,
     }
     assert state["scalar"] == 1.5 and state_dict["param_groups"] == [{"lr": 0.1}]
 
@@ -79,8 +87,16 @@ def _training_checkpoint() -> tuple[dict, nn.Module]:
         for p in model.parameters():
             p.add_(1.0)
     ema.update(model)  # the EMA now differs from the model
-    ckpt = {"epoch": 7, "best_fitness": 0.42, "model": model, "ema": ema.ema, "updates": ema.updates,
-            "optimizer": optimizer.state_dict(), "train_args": {"lr0": 0.01, "epochs": 10}, "scaler": None}
+    ckpt = {
+        "epoch": 7,
+        "best_fitness": 0.42,
+        "model": model,
+        "ema": ema.ema,
+        "updates": ema.updates,
+        "optimizer": optimizer.state_dict(),
+        "train_args": {"lr0": 0.01, "epochs": 10},
+        "scaler": None,
+    }
     return ckpt, ema.ema
 
 
@@ -95,9 +111,17 @@ def test_strip_optimizer_round_trip(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="torchkit.seed_api.checkpoint"):
         result = strip_optimizer(src, s=str(dst), updates={"note": "release"})
 
-    assert {k: result[k] for k in ("optimizer", "best_fitness", "stopper", "ema", "updates", "scaler", "epoch")} \
-        == {"optimizer": None, "best_fitness": None, "stopper": None, "ema": None, "updates": None,
-            "scaler": None, "epoch": -1}
+    assert {
+        k: result[k] for k in ("optimizer", "best_fitness", "stopper", "ema", "updates", "scaler", "epoch")
+    } == {
+        "optimizer": None,
+        "best_fitness": None,
+        "stopper": None,
+        "ema": None,
+        "updates": None,
+        "scaler": None,
+        "epoch": -1,
+    }
     assert result["train_args"] == {"lr0": 0.01, "epochs": 10}
     assert result["note"] == "release"
     assert {"date", "version", "license"} <= result.keys() and result["license"] == "AGPL-3.0-or-later"
@@ -105,7 +129,9 @@ def test_strip_optimizer_round_trip(tmp_path, caplog):
 
     # the EMA weights, in FP16, frozen
     model = result["model"]
-    for (name, value), expected in zip(model.state_dict().items(), ema_model.state_dict().values(), strict=True):
+    for (name, value), expected in zip(
+        model.state_dict().items(), ema_model.state_dict().values(), strict=True
+    ):
         if expected.is_floating_point():
             assert value.dtype == torch.float16, name
             torch.testing.assert_close(value, expected.half(), msg=name)
@@ -161,10 +187,13 @@ def test_strip_optimizer_is_atomic_when_saving_fails(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["best.pt"]
 
 
-@pytest.mark.parametrize(("content", "reason"), [
-    ([1, 2, 3], "not a Python dictionary"),
-    ({"weights": torch.ones(1)}, "'model' missing"),
-])
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ([1, 2, 3], "not a Python dictionary"),
+        ({"weights": torch.ones(1)}, "'model' missing"),
+    ],
+)
 def test_strip_optimizer_skips_invalid_checkpoints(tmp_path, caplog, content, reason):
     f = tmp_path / "x.pt"
     torch.save(content, f)

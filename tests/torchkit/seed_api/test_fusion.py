@@ -46,10 +46,13 @@ def test_fused_conv2d_equals_conv_then_bn(bias, groups):
     _check(conv, bn, torch.randn(2, 4, 9, 9), fuse_conv_and_bn)
 
 
-@pytest.mark.parametrize(("conv", "bn", "shape"), [
-    (nn.Conv1d(3, 5, 3, bias=False), nn.BatchNorm1d(5), (2, 3, 11)),
-    (nn.Conv3d(2, 4, 3, padding=1), nn.BatchNorm3d(4), (1, 2, 5, 5, 5)),
-])
+@pytest.mark.parametrize(
+    ("conv", "bn", "shape"),
+    [
+        (nn.Conv1d(3, 5, 3, bias=False), nn.BatchNorm1d(5), (2, 3, 11)),
+        (nn.Conv3d(2, 4, 3, padding=1), nn.BatchNorm3d(4), (1, 2, 5, 5, 5)),
+    ],
+)
 def test_fused_conv1d_and_conv3d_equal_conv_then_bn(conv, bn, shape):
     torch.manual_seed(0)
     _check(conv, _random_bn(bn, seed=2), torch.randn(*shape), fuse_conv_and_bn)
@@ -58,7 +61,9 @@ def test_fused_conv1d_and_conv3d_equal_conv_then_bn(conv, bn, shape):
 def test_fused_conv_with_non_affine_bn():
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 4, 1)
-    _check(conv, _random_bn(nn.BatchNorm2d(4, affine=False), seed=3), torch.randn(1, 3, 4, 4), fuse_conv_and_bn)
+    _check(
+        conv, _random_bn(nn.BatchNorm2d(4, affine=False), seed=3), torch.randn(1, 3, 4, 4), fuse_conv_and_bn
+    )
 
 
 def test_fused_conv_creates_bias_equal_to_bn_shift():

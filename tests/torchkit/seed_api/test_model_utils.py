@@ -55,8 +55,9 @@ def test_unwrap_model_ignores_non_module_module_attribute():
 
 
 def test_initialize_weights_sets_bn2d_eps_momentum_only():
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.SiLU(), nn.ReLU(), nn.BatchNorm1d(4),
-                          nn.LeakyReLU())
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.SiLU(), nn.ReLU(), nn.BatchNorm1d(4), nn.LeakyReLU()
+    )
     conv_weight = model[0].weight.detach().clone()
     initialize_weights(model)
     assert (model[1].eps, model[1].momentum) == (1e-3, 0.03)
@@ -66,12 +67,15 @@ def test_initialize_weights_sets_bn2d_eps_momentum_only():
     assert not model[2].inplace and not model[3].inplace and not model[5].inplace
 
 
-@pytest.mark.parametrize(("ratio", "same_shape", "expected_hw"), [
-    (0.5, False, (64, 32)),   # 100×60 → 50×30, padded up to multiples of 32
-    (1.3, False, (160, 96)),  # → 130×78 → 160×96
-    (0.5, True, (100, 60)),   # padded back to the original size
-    (1.3, True, (100, 60)),   # cropped back (negative padding)
-])
+@pytest.mark.parametrize(
+    ("ratio", "same_shape", "expected_hw"),
+    [
+        (0.5, False, (64, 32)),  # 100×60 → 50×30, padded up to multiples of 32
+        (1.3, False, (160, 96)),  # → 130×78 → 160×96
+        (0.5, True, (100, 60)),  # padded back to the original size
+        (1.3, True, (100, 60)),  # cropped back (negative padding)
+    ],
+)
 def test_scale_img_shapes(ratio, same_shape, expected_hw):
     img = torch.rand(2, 3, 100, 60)
     out = scale_img(img, ratio, same_shape=same_shape)
@@ -105,7 +109,12 @@ def test_copy_attr_include_exclude_and_private_rules():
 
 
 def test_intersect_dicts_keeps_matching_shapes_and_drops_excluded_substrings():
-    da = {"backbone.w": torch.zeros(2, 3), "head.w": torch.zeros(4), "anchors": torch.zeros(3), "only_a": torch.zeros(1)}
+    da = {
+        "backbone.w": torch.zeros(2, 3),
+        "head.w": torch.zeros(4),
+        "anchors": torch.zeros(3),
+        "only_a": torch.zeros(1),
+    }
     db = {"backbone.w": torch.ones(2, 3), "head.w": torch.ones(5), "anchors": torch.ones(3)}
     out = intersect_dicts(da, db, exclude=("anchor",))
     assert list(out) == ["backbone.w"]
@@ -138,7 +147,10 @@ def test_attempt_compile_without_cpp_compiler_logs_reason(monkeypatch, caplog):
     model = nn.Linear(2, 2)
     with caplog.at_level(logging.WARNING, logger="torchkit.seed_api.model_utils"):
         assert attempt_compile(model, torch.device("cpu")) is model
-    assert "inductor backend unavailable, continuing uncompiled: RuntimeError: no C++ compiler found" in caplog.text
+    assert (
+        "inductor backend unavailable, continuing uncompiled: RuntimeError: no C++ compiler found"
+        in caplog.text
+    )
 
 
 def test_attempt_compile_failure_returns_model(monkeypatch, caplog):

@@ -93,8 +93,10 @@ def test_autocast_float16_dtype_on_indexed_cpu_string():
     assert out.dtype == torch.float16
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False),
-                    reason="this GPU has native bf16")
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False),
+    reason="this GPU has native bf16",
+)
 def test_autocast_bfloat16_on_cuda_without_native_bf16_raises():
     with pytest.raises(RuntimeError, match="native bfloat16 support.*use torch.float16"):
         autocast(torch.bfloat16, "cuda")

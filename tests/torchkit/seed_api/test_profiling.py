@@ -64,9 +64,6 @@ def test_cuda_memory_usage_reports_peak_reserved_even_when_the_block_raises(fake
     assert fake_cuda == [("empty_cache",), ("reset", torch.device("cuda:0"))]
 
 
-
-
-
 @pytest.mark.slow
 def test_profile_ops_rows_on_cpu():
     torch.manual_seed(0)
@@ -81,8 +78,12 @@ def test_profile_ops_rows_on_cpu():
         assert mem == 0
         assert t_fwd >= 0 and t_bwd >= 0 and math.isfinite(t_bwd)
     assert [(row[5], row[6]) for row in rows] == [
-        ((2, 3, 16, 16), (2, 8, 16, 16)), ((2, 3, 16, 16), (2, 3, 16, 16)), ((2, 3, 16, 16), (2, 3, 16, 16)),
-        ((1, 3, 8, 8), (1, 8, 8, 8)), ((1, 3, 8, 8), (1, 3, 8, 8)), ((1, 3, 8, 8), (1, 3, 8, 8)),
+        ((2, 3, 16, 16), (2, 8, 16, 16)),
+        ((2, 3, 16, 16), (2, 3, 16, 16)),
+        ((2, 3, 16, 16), (2, 3, 16, 16)),
+        ((1, 3, 8, 8), (1, 8, 8, 8)),
+        ((1, 3, 8, 8), (1, 3, 8, 8)),
+        ((1, 3, 8, 8), (1, 3, 8, 8)),
     ]
     assert rows[0][:2] == [8 * 3 * 9, pytest.approx(2 * 8 * 27 * 2 * 16 * 16 / 1e9)]
     assert rows[3][:2] == [216, pytest.approx(2 * 8 * 27 * 8 * 8 / 1e9)]

@@ -146,8 +146,10 @@ def test_model_info_returns_counts_and_logs_summary(caplog):
     assert n_params == get_num_params(model) == (16 * 27 + 16) + 32 + (32 * 72) + (320 + 10)
     assert n_grads == n_params
     assert gflops == pytest.approx(_conv_net_flops(640, 640) / 1e9)
-    assert f"Model summary: 7 layers, {n_params:,} parameters, {n_params:,} gradients, {gflops:.1f} GFLOPs" \
+    assert (
+        f"Model summary: 7 layers, {n_params:,} parameters, {n_params:,} gradients, {gflops:.1f} GFLOPs"
         in caplog.text
+    )
 
 
 def test_model_info_names_yolo_yaml_and_fused_and_omits_zero_flops(caplog):
@@ -177,8 +179,11 @@ def test_model_info_not_verbose_returns_none():
 
 def test_model_info_for_loggers_reports_params_flops_and_speed(caplog):
     model = _conv_net()
-    trainer = SimpleNamespace(model=model, args=SimpleNamespace(profile=False, imgsz=64),
-                              validator=SimpleNamespace(speed={"inference": 1.23456}))
+    trainer = SimpleNamespace(
+        model=model,
+        args=SimpleNamespace(profile=False, imgsz=64),
+        validator=SimpleNamespace(speed={"inference": 1.23456}),
+    )
     assert model_info_for_loggers(trainer) == {
         "model/parameters": get_num_params(model),
         "model/GFLOPs": round(_conv_net_flops(64, 64) / 1e9, 3),

@@ -80,8 +80,9 @@ def test_ema_update_weights_follow_the_formula():
         ema.update(model)
         d = 0.9 * (1 - math.exp(-step / 2.0))
         current = model.state_dict()
-        expected = {k: d * v + (1 - d) * current[k] if v.dtype.is_floating_point else v
-                    for k, v in expected.items()}
+        expected = {
+            k: d * v + (1 - d) * current[k] if v.dtype.is_floating_point else v for k, v in expected.items()
+        }
         for key, value in ema.ema.state_dict().items():
             torch.testing.assert_close(value, expected[key], msg=key)
     assert ema.updates == 2
@@ -140,24 +141,39 @@ def test_ema_drops_a_distillation_teacher():
 
 def _run(stopper: EarlyStopping, fitnesses) -> list[tuple[bool, bool, int]]:
     """(stop, possible_stop, best_epoch) after each epoch, epochs numbered from 1 as the trainer does."""
-    return [(stopper(epoch, f), stopper.possible_stop, stopper.best_epoch)
-            for epoch, f in enumerate(fitnesses, start=1)]
+    return [
+        (stopper(epoch, f), stopper.possible_stop, stopper.best_epoch)
+        for epoch, f in enumerate(fitnesses, start=1)
+    ]
 
 
 def test_early_stopping_seed_sequence(caplog):
     stopper = EarlyStopping(patience=3)
     with caplog.at_level(logging.INFO, logger="torchkit.seed_api.training"):
         states = _run(stopper, [0, 0, 0.1, 0.1, 0.1, 0.1])
-    assert states == [(False, False, 1), (False, False, 2), (False, False, 3), (False, False, 3),
-                      (False, True, 3), (True, True, 3)]
+    assert states == [
+        (False, False, 1),
+        (False, False, 2),
+        (False, False, 3),
+        (False, False, 3),
+        (False, True, 3),
+        (True, True, 3),
+    ]
     assert "no improvement observed in last 3 epochs. Best results observed at epoch 3" in caplog.text
     assert "EarlyStopping(patience=3)" in caplog.text
 
 
 def test_early_stopping_improvement_resets_the_count():
     stopper = EarlyStopping(patience=2)
-    assert [s[0] for s in _run(stopper, [0.1, 0.1, 0.2, 0.15, 0.3, 0.3, 0.3])] == \
-        [False, False, False, False, False, False, True]
+    assert [s[0] for s in _run(stopper, [0.1, 0.1, 0.2, 0.15, 0.3, 0.3, 0.3])] == [
+        False,
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]
     assert (stopper.best_epoch, stopper.best_fitness) == (5, 0.3)
 
 

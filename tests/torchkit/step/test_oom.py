@@ -8,18 +8,24 @@ import torch
 from torchkit.step.oom import is_out_of_memory_error
 
 
-@pytest.mark.parametrize(("exc", "expected"), [
-    (torch.OutOfMemoryError("anything"), True),
-    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-    (RuntimeError("CUDA error: out of memory"), True),
-    (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
-    (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ..."), True),
-    (RuntimeError("HIP out of memory. Tried to allocate 20.00 MiB"), True),
-    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"), True),
-    (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
-    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
-    (ValueError("out of memory"), False),  # only RuntimeErrors carry allocator messages
-])
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (torch.OutOfMemoryError("anything"), True),
+        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), True),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ..."), True),
+        (RuntimeError("HIP out of memory. Tried to allocate 20.00 MiB"), True),
+        (
+            RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"),
+            True,
+        ),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+        (ValueError("out of memory"), False),  # only RuntimeErrors carry allocator messages
+    ],
+)
 def test_is_out_of_memory_error(exc, expected):
     assert is_out_of_memory_error(exc) is expected
 

@@ -50,8 +50,16 @@ def test_each_steps_share_is_its_backward_over_forward_plus_backward(forward_s, 
     model = _ticking_model(clock, forward_s, backward_s)
     optimizer = make_optimizer("sgd", list(model.parameters()))
     timer = PhaseTimer(torch.device("cpu"), clock=clock)
-    run_training_iterations(model, optimizer, torch.randn(3, 4), torch.randn(3, 2),
-                            torch.nn.functional.mse_loss, amp="off", hooks=timer, num_iterations=3)
+    run_training_iterations(
+        model,
+        optimizer,
+        torch.randn(3, 4),
+        torch.randn(3, 2),
+        torch.nn.functional.mse_loss,
+        amp="off",
+        hooks=timer,
+        num_iterations=3,
+    )
     assert timer.backward_shares() == pytest.approx([backward_s / (forward_s + backward_s)] * 3)
 
 

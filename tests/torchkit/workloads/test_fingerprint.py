@@ -117,7 +117,9 @@ def test_a_forward_hook_gives_another_key():
 
 def test_the_same_model_built_twice_has_the_same_key():
     assert key_of(Block(use_checkpoint=True)) == key_of(Block(use_checkpoint=True))
-    assert key_of(nn.TransformerEncoderLayer(WIDTH, 2, 32)) == key_of(nn.TransformerEncoderLayer(WIDTH, 2, 32))
+    assert key_of(nn.TransformerEncoderLayer(WIDTH, 2, 32)) == key_of(
+        nn.TransformerEncoderLayer(WIDTH, 2, 32)
+    )
 
 
 def _block_workload(use_checkpoint: bool) -> Workload:
@@ -140,11 +142,19 @@ def test_workload_keys_tell_the_pair_apart_and_repeat_for_the_same_workload():
 
 @pytest.mark.slow
 def test_a_built_in_key_is_the_same_in_another_process_with_another_hash_seed():
-    code = ("from torchkit.workloads import get_workload, workload_fingerprint; "
-            "print(workload_fingerprint(get_workload('gpt2-small', seq_len=16)))")
+    code = (
+        "from torchkit.workloads import get_workload, workload_fingerprint; "
+        "print(workload_fingerprint(get_workload('gpt2-small', seq_len=16)))"
+    )
     seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONHASHSEED": seed},
+    ).stdout.strip()
     assert other == workload_fingerprint(get_workload("gpt2-small", seq_len=16))
 
 
@@ -162,8 +172,13 @@ def test_library_versions_name_the_libraries_of_the_model_and_of_the_source():
     workload = _block_workload(False)
     model = Block()
     assert ["torch", torch.__version__] in library_versions(workload, model)
-    hf = Workload(name="hf:tiny", sample_shape=(8,), build_model=Block, make_batch=workload.make_batch,
-                  loss_fn=workload.loss_fn)
+    hf = Workload(
+        name="hf:tiny",
+        sample_shape=(8,),
+        build_model=Block,
+        make_batch=workload.make_batch,
+        loss_fn=workload.loss_fn,
+    )
     assert "transformers" in dict(library_versions(hf, model))  # its version, or "not installed"
 
 

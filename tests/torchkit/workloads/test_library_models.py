@@ -21,7 +21,9 @@ from torchkit.workloads.construct import build_outside_fake_mode
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASE_PARAMS)
-def test_cpu_estimate_is_within_5_percent_of_the_real_step_at_two_batches(case: ModelCase, tmp_path: Path) -> None:
+def test_cpu_estimate_is_within_5_percent_of_the_real_step_at_two_batches(
+    case: ModelCase, tmp_path: Path
+) -> None:
     require_library(case)
     workload = get_workload(case.name_with(write_tiny_gpt2_config(tmp_path)), **case.options)
     for batch in case.batches:
@@ -46,8 +48,11 @@ def test_a_constructor_that_reads_values_is_built_on_the_cpu_and_estimated() -> 
     model, built_on = build_outside_fake_mode(ReadsValues)
     assert built_on == "cpu" and model.scale.device.type == "cpu"
     workload = Workload(
-        name="reads-values", sample_shape=(8,), build_model=ReadsValues,
-        make_batch=lambda b: (torch.randn(b, 8), None), loss_fn=lambda out, _: out.pow(2).mean(),
+        name="reads-values",
+        sample_shape=(8,),
+        build_model=ReadsValues,
+        make_batch=lambda b: (torch.randn(b, 8), None),
+        loss_fn=lambda out, _: out.pow(2).mean(),
     )
     estimate = estimate_step(workload, 4)
     params = 3 * (8 * 8 + 8) * 4
@@ -72,8 +77,11 @@ def test_tied_weights_stay_one_parameter_in_the_estimate() -> None:
             return self.head(self.embed(tokens))
 
     workload = Workload(
-        name="tied", sample_shape=(8,), build_model=Tied,
-        make_batch=lambda b: (torch.randint(0, 100, (b, 8)), None), loss_fn=lambda out, _: out.pow(2).mean(),
+        name="tied",
+        sample_shape=(8,),
+        build_model=Tied,
+        make_batch=lambda b: (torch.randint(0, 100, (b, 8)), None),
+        loss_fn=lambda out, _: out.pow(2).mean(),
     )
     assert estimate_step(workload, 2).breakdown_bytes["parameters"] == 100 * 16 * 4
 
@@ -95,21 +103,29 @@ def test_token_inputs_are_integer_ids_in_the_vocabulary() -> None:
 
 
 def test_float_inputs_to_a_token_model_say_it_is_the_dtype() -> None:
-    with pytest.raises(WorkloadError, match=r"cannot take input dtype float32.*integer token ids: give --seq-len N --vocab-size V"):
+    with pytest.raises(
+        WorkloadError,
+        match=r"cannot take input dtype float32.*integer token ids: give --seq-len N --vocab-size V",
+    ):
         get_workload("tests.planner.tiny_models:lstm_classifier", input_shape=(32,))
 
 
 def test_seq_len_without_a_vocabulary_asks_for_it() -> None:
-    with pytest.raises(WorkloadError, match=r"--seq-len 32 means integer token ids; give their range with --vocab-size"):
+    with pytest.raises(
+        WorkloadError, match=r"--seq-len 32 means integer token ids; give their range with --vocab-size"
+    ):
         get_workload("tests.planner.tiny_models:lstm_classifier", seq_len=32)
 
 
 def test_input_dtype_is_checked_and_used() -> None:
     workload = get_workload("tests.planner.tiny_models:mlp", input_shape=(64,), input_dtype="float32")
     assert workload.make_batch(2)[0].dtype == torch.float32
-    assert get_workload("tests.planner.tiny_models:mlp", input_shape=(64,), input_dtype="bfloat16").make_batch(2)[
-        0
-    ].dtype == torch.bfloat16
+    assert (
+        get_workload("tests.planner.tiny_models:mlp", input_shape=(64,), input_dtype="bfloat16")
+        .make_batch(2)[0]
+        .dtype
+        == torch.bfloat16
+    )
     with pytest.raises(WorkloadError, match=r"input dtype 'int8' is unknown"):
         get_workload("tests.planner.tiny_models:mlp", input_shape=(64,), input_dtype="int8")
     with pytest.raises(WorkloadError, match=r"integer inputs \(int64\) need their range: give --vocab-size"):
@@ -130,7 +146,9 @@ def test_a_missing_library_is_one_line_naming_the_extra(monkeypatch: pytest.Monk
     from torchkit.workloads.extras import extra_hint
 
     monkeypatch.setitem(sys.modules, "timm", None)  # what Python does for a module that is not installed
-    with pytest.raises(WorkloadError, match=rf"needs timm, which is not installed \({re.escape(extra_hint())}\)") as e:
+    with pytest.raises(
+        WorkloadError, match=rf"needs timm, which is not installed \({re.escape(extra_hint())}\)"
+    ) as e:
         get_workload("timm:resnet18")
     assert "\n" not in str(e.value)
 
@@ -145,13 +163,24 @@ class _Installed:
         return self._text if name == "direct_url.json" else None
 
 
-@pytest.mark.parametrize("direct_url, hint", [
-    (None, "pip install 'batchplan[models]'"),  # from an index
-    ({"url": "file:///wheels/batchplan-0.1-py3-none-any.whl", "archive_info": {}}, "pip install 'batchplan[models]'"),
-    ({"url": "file:///home/me/batch%20plan", "dir_info": {"editable": True}},
-     "pip install -e '/home/me/batch plan[models]'"),
-    ({"url": "file:///home/me/batchplan", "dir_info": {}}, "pip install 'batchplan[models]'"),  # a non-editable checkout
-])
+@pytest.mark.parametrize(
+    "direct_url, hint",
+    [
+        (None, "pip install 'batchplan[models]'"),  # from an index
+        (
+            {"url": "file:///wheels/batchplan-0.1-py3-none-any.whl", "archive_info": {}},
+            "pip install 'batchplan[models]'",
+        ),
+        (
+            {"url": "file:///home/me/batch%20plan", "dir_info": {"editable": True}},
+            "pip install -e '/home/me/batch plan[models]'",
+        ),
+        (
+            {"url": "file:///home/me/batchplan", "dir_info": {}},
+            "pip install 'batchplan[models]'",
+        ),  # a non-editable checkout
+    ],
+)
 def test_the_extra_hint_is_the_command_for_how_batchplan_was_installed(monkeypatch, direct_url, hint) -> None:
     import importlib.metadata
 

@@ -42,8 +42,15 @@ def test_the_names_and_defaults_come_from_the_registry():
     assert tuple(b.name for b in BUILTINS) == WORKLOAD_NAMES
     assert len(set(WORKLOAD_NAMES)) == len(WORKLOAD_NAMES)
     assert LIBRARY_PREFIXES == ("timm:", "torchvision:", "hf:", "ultralytics:")
-    assert DEFAULT_IMGSZ == {"resnet18": 224, "resnet50": 224, "resnext101-32x4d": 224, "se-resnext101-32x4d": 224,
-                             "yolo-n": 640, "yolo-s": 640, "vit-b16": 224}
+    assert DEFAULT_IMGSZ == {
+        "resnet18": 224,
+        "resnet50": 224,
+        "resnext101-32x4d": 224,
+        "se-resnext101-32x4d": 224,
+        "yolo-n": 640,
+        "yolo-s": 640,
+        "vit-b16": 224,
+    }
     assert DEFAULT_SEQ_LEN == 1024
     assert get_workload("yolo-n").sample_shape == (3, 640, 640)
     assert get_workload("gpt2-small").sample_shape == (1024,)
@@ -54,10 +61,18 @@ def test_the_model_help_and_the_unknown_name_error_list_every_source():
     text = model_help()
     for name in WORKLOAD_NAMES:
         assert name in text
-    for form in ("timm:NAME", "torchvision:NAME", "hf:ARCH", "hf:config.json", "ultralytics:FILE.yaml",
-                 "package.module:factory"):
+    for form in (
+        "timm:NAME",
+        "torchvision:NAME",
+        "hf:ARCH",
+        "hf:config.json",
+        "ultralytics:FILE.yaml",
+        "package.module:factory",
+    ):
         assert form in text
-    with pytest.raises(WorkloadError, match=r"unknown workload 'resnet51' \(known: resnet18, .*gpt2-small; or timm:NAME"):
+    with pytest.raises(
+        WorkloadError, match=r"unknown workload 'resnet51' \(known: resnet18, .*gpt2-small; or timm:NAME"
+    ):
         get_workload("resnet51")
 
 

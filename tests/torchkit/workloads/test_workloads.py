@@ -83,7 +83,8 @@ def test_make_batch_works_under_fake_tensor_mode() -> None:
 
 def test_unknown_workload_names_the_known_ones() -> None:
     with pytest.raises(
-        WorkloadError, match=r"unknown workload 'resnet51'.*resnet18, resnet50, resnext101-32x4d, se-resnext101-32x4d, yolo-n"
+        WorkloadError,
+        match=r"unknown workload 'resnet51'.*resnet18, resnet50, resnext101-32x4d, se-resnext101-32x4d, yolo-n",
     ):
         get_workload("resnet51")
 

@@ -83,7 +83,9 @@ def within(errors: Sequence[float], sigmas: Sequence[float], k: float = COVERAGE
     return sum(abs(e) <= k * s for e, s in pairs) / len(pairs) if pairs else 1.0
 
 
-def coverage_scale(errors: Sequence[float], sigmas: Sequence[float], target: float = COVERAGE_TARGET) -> float:
+def coverage_scale(
+    errors: Sequence[float], sigmas: Sequence[float], target: float = COVERAGE_TARGET
+) -> float:
     """The smallest factor ``c >= 1`` such that ``within(errors, c · sigmas) >= target``: how much a fitted σ
     (an RMS) must grow to cover ``target`` of the errors at 2σ. RMS errors under-cover when the errors are
     heavy-tailed, which cross-validated ones across models and cards are."""
@@ -108,9 +110,12 @@ class CrossValidation:
     """leave one architecture out (every stack)"""
 
 
-
-def _refit_and_predict(rest: Sequence[Observation], left: Sequence[Observation], prior: TimeConstants,
-                       start: dict[str, float] | None) -> dict[str, float]:
+def _refit_and_predict(
+    rest: Sequence[Observation],
+    left: Sequence[Observation],
+    prior: TimeConstants,
+    start: dict[str, float] | None,
+) -> dict[str, float]:
     """Row id -> log(predicted / measured) of ``left`` (in its own stack) from a fit of ``rest`` alone; rows
     whose stack ``rest`` does not show are left out (nothing relates their stack to eager PyTorch)."""
     if not rest or not left:
@@ -124,9 +129,12 @@ def _refit_and_predict(rest: Sequence[Observation], left: Sequence[Observation],
     return out
 
 
-def cross_validate(observations: Sequence[Observation], prior: TimeConstants,
-                   start: dict[str, float] | None = None,
-                   progress: Callable[[str], None] | None = None) -> CrossValidation:
+def cross_validate(
+    observations: Sequence[Observation],
+    prior: TimeConstants,
+    start: dict[str, float] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CrossValidation:
     """The four cross-validations ``calibration/uncertainty.py`` states σ from (one refit per row, GPU type
     and architecture; ``start``: the full fit's coordinates, from which each refit converges in a few steps)."""
     say = progress or (lambda _: None)
@@ -138,7 +146,9 @@ def cross_validate(observations: Sequence[Observation], prior: TimeConstants,
     for gpu in sorted({o.gpu.name for o in observations}):
         rest = [x for x in observations if x.gpu.name != gpu]
         left = [x for x in observations if x.gpu.name == gpu]
-        if any(x.arch == left[0].arch for x in rest):  # its architecture stays seen: a new type of a known arch
+        if any(
+            x.arch == left[0].arch for x in rest
+        ):  # its architecture stays seen: a new type of a known arch
             say(f"leave GPU type {gpu} out")
             by_type.update(_refit_and_predict(rest, left, prior, start))
     transfer: dict[str, float] = {}
@@ -148,7 +158,9 @@ def cross_validate(observations: Sequence[Observation], prior: TimeConstants,
         eager = [x for x in mine if x.stack == REFERENCE_STACK]
         if eager and len(eager) < len(mine):  # seen in eager and in another stack: drop its eager rows
             say(f"architecture {arch} through other stacks only")
-            transfer.update(_refit_and_predict([x for x in observations if x not in eager], eager, prior, start))
+            transfer.update(
+                _refit_and_predict([x for x in observations if x not in eager], eager, prior, start)
+            )
         say(f"leave architecture {arch} out")
         unseen.update(_refit_and_predict([x for x in observations if x.arch != arch], mine, prior, start))
     return CrossValidation(loo=loo, type=by_type, transfer=transfer, unseen=unseen)

@@ -23,8 +23,19 @@ from torchkit.workloads.registry import WORKLOAD_NAMES
 
 DATA_PATH = Path(__file__).resolve().parent / "measured_throughput.csv"
 COLUMNS = (
-    "id", "model", "gpu", "precision", "layout", "batch", "samples_per_s", "optimizer", "source", "software",
-    "oom_batch", "gpus_in_run", "stack",
+    "id",
+    "model",
+    "gpu",
+    "precision",
+    "layout",
+    "batch",
+    "samples_per_s",
+    "optimizer",
+    "source",
+    "software",
+    "oom_batch",
+    "gpus_in_run",
+    "stack",
 )
 OPTIONAL_COLUMNS: tuple[str, ...] = ("oom_batch", "gpus_in_run", "stack")
 """columns a file may leave out (in this order after the required ones): files written before a column
@@ -78,7 +89,6 @@ class MeasuredRow:
         return self.layout == "nhwc"
 
 
-
 def held_out_ids(rows: Sequence[MeasuredRow], catalog: GpuCatalog) -> frozenset[str]:
     """The deterministic held-out split, stratified: within each (GPU architecture, precision, stack) the
     rows in the order of a hash of their id, and every third one from the second on is held out. So the fit
@@ -106,14 +116,20 @@ def _parse(line: int, raw: dict[str, str], catalog: GpuCatalog) -> MeasuredRow:
     if missing:
         raise _fail(line, f"empty {', '.join(missing)}", "every row needs all columns, a source above all")
     if raw["gpu"] not in catalog:
-        raise _fail(line, f"GPU {raw['gpu']!r} is not in the catalog", "use a name from cluster_configs/gpus.yaml")
+        raise _fail(
+            line, f"GPU {raw['gpu']!r} is not in the catalog", "use a name from cluster_configs/gpus.yaml"
+        )
     if raw["model"] not in CALIBRATION_MODELS:
-        raise _fail(line, f"model {raw['model']!r} is not a built-in workload", f"one of {CALIBRATION_MODELS}")
+        raise _fail(
+            line, f"model {raw['model']!r} is not a built-in workload", f"one of {CALIBRATION_MODELS}"
+        )
     if raw["precision"] not in PRECISIONS or raw["layout"] not in LAYOUTS:
         raise _fail(line, f"precision/layout {raw['precision']}/{raw['layout']}", f"{PRECISIONS} / {LAYOUTS}")
     cc_major = int(str(catalog.get(raw["gpu"]).compute_capability or "0").split(".")[0])
     if (raw["precision"] == "tf32") != (cc_major >= 8) and raw["precision"] in ("tf32", "fp32"):
-        raise _fail(line, f"{raw['precision']} on compute capability {cc_major}.x", "tf32 needs >= 8, fp32 rows < 8")
+        raise _fail(
+            line, f"{raw['precision']} on compute capability {cc_major}.x", "tf32 needs >= 8, fp32 rows < 8"
+        )
     try:
         batch, tput = int(raw["batch"]), float(raw["samples_per_s"])
     except ValueError as e:
@@ -128,12 +144,23 @@ def _parse(line: int, raw: dict[str, str], catalog: GpuCatalog) -> MeasuredRow:
         raise _fail(line, f"gpus_in_run {gpus!r}", "empty (one GPU), or the run's GPU count")
     stack = (raw.get("stack") or "").strip() or REFERENCE_STACK
     if stack not in STACKS:
-        raise _fail(line, f"stack {stack!r}", f"one of {', '.join(STACKS)} (torchkit/estimate/calibration/stacks.py)")
+        raise _fail(
+            line, f"stack {stack!r}", f"one of {', '.join(STACKS)} (torchkit/estimate/calibration/stacks.py)"
+        )
     return MeasuredRow(
-        id=raw["id"], model=raw["model"], gpu=raw["gpu"], precision=raw["precision"],  # type: ignore[arg-type]
-        layout=raw["layout"], batch=batch, samples_per_s=tput,  # type: ignore[arg-type]
-        optimizer=raw["optimizer"], source=raw["source"], software=raw["software"],
-        oom_batch=int(oom) if oom else None, gpus_in_run=int(gpus), stack=stack,
+        id=raw["id"],
+        model=raw["model"],
+        gpu=raw["gpu"],
+        precision=raw["precision"],  # type: ignore[arg-type]
+        layout=raw["layout"],
+        batch=batch,
+        samples_per_s=tput,  # type: ignore[arg-type]
+        optimizer=raw["optimizer"],
+        source=raw["source"],
+        software=raw["software"],
+        oom_batch=int(oom) if oom else None,
+        gpus_in_run=int(gpus),
+        stack=stack,
     )
 
 

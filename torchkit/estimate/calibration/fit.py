@@ -83,7 +83,8 @@ its tensor-core efficiency. Measured by stas00/ml-engineering compute/accelerato
 
 SM_STREAM_PRIORS: dict[str, tuple[float, float, str]] = {
     "hopper": (
-        0.050, 1.0,
+        0.050,
+        1.0,
         "H100 SXM and H200 have the same SMs (132 at 1.98 GHz, 66.9 TFLOP/s FP32) and 3.35 vs 4.8 TB/s of DRAM, "
         "the H100 PCIe 114 SMs and 2.0 TB/s: MLPerf Training ResNet-50 (one stack, one submitter) measures the "
         "H200 1.13x the H100 SXM where a DRAM-only roofline that fits the H100 SXM/PCIe ratio (1.55) gives 1.25-1.30. "
@@ -191,9 +192,15 @@ def constants_from(
     per_arch = {
         a: replace(
             glob,
-            **{p: _to_value(p, values[f"global.{p}"] + values[f"{a}.{p}"], ceiling_of(a, p)) for p in ARCH_PARAMS},
-            **({SM_STREAM_PARAM: math.exp(values[f"{a}.{SM_STREAM_PARAM}"])} if f"{a}.{SM_STREAM_PARAM}" in values
-               else {}),
+            **{
+                p: _to_value(p, values[f"global.{p}"] + values[f"{a}.{p}"], ceiling_of(a, p))
+                for p in ARCH_PARAMS
+            },
+            **(
+                {SM_STREAM_PARAM: math.exp(values[f"{a}.{SM_STREAM_PARAM}"])}
+                if f"{a}.{SM_STREAM_PARAM}" in values
+                else {}
+            ),
         )
         for a in arches
     }
@@ -201,8 +208,11 @@ def constants_from(
     terms = {
         st: StackTerms(
             throughput_factor=_to_value("throughput_factor", values[f"stack:{st}.throughput_factor"]),
-            memory_traffic=(_to_value("memory_traffic", values[f"stack:{st}.memory_traffic"])
-                            if f"stack:{st}.memory_traffic" in values else 1.0),
+            memory_traffic=(
+                _to_value("memory_traffic", values[f"stack:{st}.memory_traffic"])
+                if f"stack:{st}.memory_traffic" in values
+                else 1.0
+            ),
             cuda_graphs=STACKS[st].cuda_graphs,
         )
         for st in stacks
@@ -211,7 +221,9 @@ def constants_from(
 
 
 def predict(
-    obs: Observation, glob: TimeConstants, per_arch: dict[str, TimeConstants],
+    obs: Observation,
+    glob: TimeConstants,
+    per_arch: dict[str, TimeConstants],
     stacks: dict[str, StackTerms] | None = None,
 ) -> float:
     """Predicted samples/s of one observation (in its own stack where ``stacks`` has its terms; eager PyTorch
@@ -229,10 +241,13 @@ def _data_residuals(
 ) -> np.ndarray:
     """Each observation's ``(log predicted − log measured) / its stack's noise``."""
     glob, per_arch, stacks = constants_from(theta, names, prior)
-    return np.array([
-        (math.log(predict(o, glob, per_arch, stacks)) - math.log(o.samples_per_s)) / STACKS[o.stack].row_log_sigma
-        for o in observations
-    ])
+    return np.array(
+        [
+            (math.log(predict(o, glob, per_arch, stacks)) - math.log(o.samples_per_s))
+            / STACKS[o.stack].row_log_sigma
+            for o in observations
+        ]
+    )
 
 
 def _rows_moved_by(name: str, observations: Sequence[Observation]) -> np.ndarray:
@@ -267,12 +282,18 @@ def fit(
     stacks = sorted({o.stack for o in observations} - {REFERENCE_STACK})
     names = param_names(arches, stacks)
     mu = np.array([_prior_coordinate(n, prior) for n in names])
-    sigma = np.array([
-        global_prior_log_sigma if n.startswith("global.") else
-        STACK_PRIOR_LOG_SIGMA if n.startswith("stack:") else
-        SM_STREAM_PRIORS[n.split(".")[0]][1] if n.endswith(f".{SM_STREAM_PARAM}") else arch_prior_log_sigma
-        for n in names
-    ])
+    sigma = np.array(
+        [
+            global_prior_log_sigma
+            if n.startswith("global.")
+            else STACK_PRIOR_LOG_SIGMA
+            if n.startswith("stack:")
+            else SM_STREAM_PRIORS[n.split(".")[0]][1]
+            if n.endswith(f".{SM_STREAM_PARAM}")
+            else arch_prior_log_sigma
+            for n in names
+        ]
+    )
     moved = [_rows_moved_by(n, observations) for n in names]
     theta = np.array([(fixed or {}).get(n, (start or {}).get(n, m)) for n, m in zip(names, mu, strict=True)])
     free = [j for j, n in enumerate(names) if n not in (fixed or {})]
@@ -307,7 +328,9 @@ def fit(
         if not improved or old - cost < FIT_TOLERANCE * max(old, 1.0):
             break
     glob, per_arch, terms = constants_from(theta, names, prior)
-    residuals_by_id = {o.id: math.log(predict(o, glob, per_arch, terms) / o.samples_per_s) for o in observations}
+    residuals_by_id = {
+        o.id: math.log(predict(o, glob, per_arch, terms) / o.samples_per_s) for o in observations
+    }
     return CalibrationFit(
         global_constants=glob,
         arch_constants=per_arch,
@@ -319,7 +342,10 @@ def fit(
 
 
 def fit_calibration(
-    observations: Sequence[Observation], prior: TimeConstants, *, start: dict[str, float] | None = None,
+    observations: Sequence[Observation],
+    prior: TimeConstants,
+    *,
+    start: dict[str, float] | None = None,
     **prior_sigmas: float,
 ) -> CalibrationFit:
     """The calibration's fit, in two stages: the eager rows alone first (global constants and the

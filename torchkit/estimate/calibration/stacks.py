@@ -57,7 +57,7 @@ STACKS: dict[str, Stack] = {
         Stack(
             name="mlperf-mxnet",
             description="MLPerf Training ResNet-50, NVIDIA's MXNet container (fused NHWC kernels, DALI, CUDA "
-                        "graphs), throughput per GPU of a data-parallel run",
+            "graphs), throughput per GPU of a data-parallel run",
             # the same card differs 16-19% across submitters and containers (L40S 2204 vs 1852-1858 img/s):
             # about 0.08 in log either way
             row_log_sigma=0.08,
@@ -67,7 +67,7 @@ STACKS: dict[str, Stack] = {
         Stack(
             name="pytorch-compile",
             description="PyTorch 2.8-2.10 torch.compile(mode='reduce-overhead'), one GPU, synthetic data on the GPU, "
-                        "bf16 autocast on compute capability 8.0 and later (xiaoran007/GPU-Insights)",
+            "bf16 autocast on compute capability 8.0 and later (xiaoran007/GPU-Insights)",
             # one run per card, no repeats published; the eager rows' noise plus the compiler's variation
             row_log_sigma=0.06,
             cuda_graphs=True,
@@ -76,8 +76,8 @@ STACKS: dict[str, Stack] = {
         Stack(
             name="pytorch-compile-sm7x",
             description="the same script on compute capability 7.x (Volta, Turing): fp16 autocast with a GradScaler "
-                        "(no bf16), and scaled_dot_product_attention's memory-efficient kernel, since PyTorch's "
-                        "FlashAttention needs sm80: another kernel set, so another stack",
+            "(no bf16), and scaled_dot_product_attention's memory-efficient kernel, since PyTorch's "
+            "FlashAttention needs sm80: another kernel set, so another stack",
             row_log_sigma=0.06,
             cuda_graphs=True,
             fused=True,

@@ -43,13 +43,19 @@ def build_tables(rows: Iterable[MeasuredRow], *, optimizer: str = "sgd", progres
     for i, (model, batch, amp) in enumerate(keys + oom_keys, 1):
         workload = get_workload(model)
         if progress:
-            print(f"[{i}/{len(keys) + len(oom_keys)}] fake pass {model} batch {batch} amp {amp}", file=sys.stderr, flush=True)
+            print(
+                f"[{i}/{len(keys) + len(oom_keys)}] fake pass {model} batch {batch} amp {amp}",
+                file=sys.stderr,
+                flush=True,
+            )
         estimate = estimate_step(workload, batch, amp=amp, optimizer=optimizer)  # type: ignore[arg-type]
         key = table_key(model, batch, amp)
         if (model, batch, amp) in keys:  # an out-of-memory batch needs only its peak
             tables[key] = kernel_table(estimate.kernels).to_json()
         peaks[key] = max(
-            estimate.cuda_peak_with_workspace_bytes, estimate.cuda_rounded_peak_bytes, estimate.peak_allocated_bytes
+            estimate.cuda_peak_with_workspace_bytes,
+            estimate.cuda_rounded_peak_bytes,
+            estimate.peak_allocated_bytes,
         )
         fingerprints[model] = workload_fingerprint(workload)
     return {
