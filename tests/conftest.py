@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from planner.probing.session import WORKER_NICENESS, WORKER_NICENESS_VARIABLE
 from tests import cli_in_process
 from tests.cost_budget import BUDGET_S, Cost, Snapshot
 
@@ -100,8 +101,14 @@ class _TestRay:
         # long one would break it, and the test must not write there. A short one of its own, for its raylets only.
         self.temp_dir = tempfile.mkdtemp(prefix="bpr", dir="/tmp")
         common = {"node_ip_address": "127.0.0.1", "num_cpus": 1, "object_store_memory": 80 * 2**20}
-        saved = {name: os.environ.pop(name, None) for name in ("RAY_TMPDIR", "RAY_ADDRESS", "PYTHONPATH")}
+        saved = {
+            name: os.environ.pop(name, None)
+            for name in ("RAY_TMPDIR", "RAY_ADDRESS", "PYTHONPATH", WORKER_NICENESS_VARIABLE)
+        }
         os.environ["RAY_TMPDIR"] = self.temp_dir
+        # workers at the priority of the tests that wait for them, as batchplan's own Ray has them
+        # (planner.probing.session.WORKER_NICENESS): Ray's default 15 starves them on a loaded machine
+        os.environ[WORKER_NICENESS_VARIABLE] = WORKER_NICENESS
         # the probes build the tests' models (tests.planner.tiny_models): the repository on their path, as a user's
         # package is on theirs, whatever directory the tests run from
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), saved["PYTHONPATH"]) if p)
@@ -113,7 +120,7 @@ class _TestRay:
                 self.cluster.add_node(wait=False, **common)
             self.cluster.wait_for_nodes()
         finally:
-            for name in ("RAY_TMPDIR", "PYTHONPATH"):
+            for name in ("RAY_TMPDIR", "PYTHONPATH", WORKER_NICENESS_VARIABLE):
                 os.environ.pop(name)
             os.environ.update({k: v for k, v in saved.items() if v is not None})
 

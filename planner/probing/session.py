@@ -315,11 +315,27 @@ def ray_session(
 
     check_ray_temp_dir()
     cap = raylet_cap or raylet_cap_from_env()
-    started_env = {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0"}
+    started_env = started_ray_environment(worker_env)
     with _local_ray(max(1, min(num_simulated_nodes, cap)) if num_simulated_nodes > 0 else 0, started_env):
         yield RaySession(
             address="local", started_here=True, nodes=_alive_nodes(), worker_env=dict(worker_env or {})
         )
+
+
+#: Ray runs its workers at niceness 15 (its ``worker_niceness``), below every ordinary process: on a machine
+#: with other work (a laptop, a shared login node) the probes doing the work a plan waits for got a few per
+#: cent of a core (measured: the README's first plan, about a minute on an idle machine, did not finish in 10
+#: minutes at load 10 on 2 cores). A Ray this process starts runs them at the planner's own priority; a joined
+#: cluster keeps its own.
+WORKER_NICENESS = "0"
+WORKER_NICENESS_VARIABLE = "RAY_worker_niceness"
+"""Ray's name for it (its config names are case-sensitive)"""
+
+
+def started_ray_environment(worker_env: dict[str, str] | None) -> dict[str, str]:
+    """The variables a Ray this process starts (and its workers) is given: ``worker_env``, usage statistics
+    off, and workers at the planner's niceness (``WORKER_NICENESS``)."""
+    return {**(worker_env or {}), "RAY_USAGE_STATS_ENABLED": "0", WORKER_NICENESS_VARIABLE: WORKER_NICENESS}
 
 
 @contextlib.contextmanager
