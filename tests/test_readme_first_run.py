@@ -35,6 +35,7 @@ def test_readmes_first_command_prints_readmes_first_block(tmp_path) -> None:
     )
 
 
+@pytest.mark.slow  # a whole plan without Ray, three GPU types estimated: 2.1 s of CPU in one run
 def test_the_shipped_demo_config_draws_no_warning_about_itself(tmp_path) -> None:
     """The first plan a newcomer sees must not tell them to fix the file we ship: the network between its
     nodes is stated (it warned "the network between nodes is not stated ... state it in the cluster config")."""
