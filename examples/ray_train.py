@@ -238,6 +238,9 @@ def _start_ray(address: str | None, num_cpus: int) -> None:
     # and writes ~/.ray/auth_token into the user's home, after which every Ray started on this machine finds
     # it, turns token mode on and says so; a RAY_AUTH_MODE of the user's is kept
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # its workers are this job: at its priority, not Ray's default niceness 15, which on a machine with other
+    # work leaves them a few per cent of a core (and a re-balancer measuring them sees the starvation)
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # address="local": a fresh Ray of our own, even when another one runs on this machine
     ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=num_cpus)
 
