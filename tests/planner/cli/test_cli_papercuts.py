@@ -16,6 +16,8 @@ import yaml
 from planner.cli.devices import render_nodes
 from planner.cluster import load_cluster
 from planner.errors import ConfigError
+from planner.probing.inventory import HostInfo
+from planner.probing.node_entry import NodeEntry
 from tests.planner.cli_helpers import (
     CONFIGS,
     DEMO_MIXED,
@@ -113,14 +115,18 @@ def test_config_errors_are_reported_together(tmp_path: Path) -> None:
 
 
 def test_a_node_without_cpu_count_does_not_print_none(capsys: pytest.CaptureFixture[str]) -> None:
-    node = {
-        "name": "n0",
-        "host": {"cpu": "simulated", "cpu_count": None, "memory_total_bytes": None},
-        "driver": None,
-        "devices": [],
-        "selected": [],
-        "skipped": [],
-    }
+    node = NodeEntry(
+        name="n0",
+        simulated=True,
+        ray_node_id=None,
+        probe_pid=None,
+        driver=None,
+        host=HostInfo(hostname="n0", cpu="simulated", cpu_count=None, memory_total_bytes=None),
+        devices=(),
+        selected=(),
+        skipped=(),
+        warnings=(),
+    )
     render_nodes([node], select="all", explicit=False)
     out = capsys.readouterr().out
     assert "None" not in out
