@@ -538,6 +538,12 @@ def price_all() -> list[Priced]:
     return out
 
 
+def named(priced: list[Priced], benchmark: str, names: tuple[str, ...]) -> list[Priced]:
+    """The priced systems of ``benchmark`` called ``names``, in that order."""
+    by_name = {p.system.name: p for p in priced if p.system.benchmark == benchmark}
+    return [by_name[name] for name in names]
+
+
 def main() -> int:
     priced = price_all()
     print(
@@ -558,10 +564,7 @@ def main() -> int:
         )
     spreads = {}
     for bench in ("bert", "resnet"):
-        three = [
-            next(p for p in priced if p.system.benchmark == bench and p.system.name == n)
-            for n in SPREAD_SYSTEMS
-        ]
+        three = named(priced, bench, SPREAD_SYSTEMS)
         pred = [p.predicted for p in three]
         meas = [p.system.measured for p in three]
         order = pred == sorted(pred, reverse=True) and meas == sorted(meas, reverse=True)
@@ -574,10 +577,7 @@ def main() -> int:
             )
             + f"; spread predicted {spreads[bench][1]:.2f}x, measured {spreads[bench][2]:.2f}x"
         )
-    amd = [
-        next(p for p in priced if p.system.benchmark == "bert" and p.system.name == n)
-        for n in AMD_HOST_SYSTEMS
-    ]
+    amd = named(priced, "bert", AMD_HOST_SYSTEMS)
     print(
         "bert H100 PCIe on AMD EPYC hosts: "
         + ", ".join(
