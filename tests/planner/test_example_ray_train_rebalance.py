@@ -50,8 +50,9 @@ def test_ray_train_workers_rebalance_and_the_driver_keeps_what_they_measured(tmp
     match = LINE.search(lines[0])
     assert match is not None and match["once"] == "true"
     batches_last = [int(b) for b in match["blast"].split(",")]
-    assert all(abs(a - b) <= MULTIPLE_OF for a, b in zip(batches_last, optimum((64, 64, 64)), strict=True)), (
-        f"{lines[0]} (optimum {optimum((64, 64, 64))}):\n{proc.stderr[-3000:]}"
+    best = optimum((64, 64, 64))
+    assert all(abs(a - b) <= MULTIPLE_OF for a, b in zip(batches_last, best, strict=True)), (
+        f"{lines[0]} (optimum {best}):\n{proc.stderr[-3000:]}"
     )
     assert float(match["last"]) < 0.10
     updated = json.loads(plan_path.read_text())
